@@ -1,0 +1,1 @@
+"""Training token sources, each addressed by global sample index (see raytrain.core.batching)."""

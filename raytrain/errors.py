@@ -1,0 +1,75 @@
+"""The one exception tree of raytrain. Every message says what failed, why, and how to fix it.
+
+    RaytrainError
+    ├── SpecError              a job spec (or service config) is invalid; carries field paths
+    ├── JobNotFoundError       no job with that id
+    ├── JobStateError          the job cannot do that in its current state
+    ├── ServiceUnreachableError  the raytrain service cannot be reached
+    ├── ServiceError           the service answered with an unexpected error
+    └── TrainingError          training itself failed (a worker raised, retries exhausted)
+
+Expected outcomes (no capacity, a preemption) are states and decisions, not exceptions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class RaytrainError(Exception):
+    """Base of every error raytrain raises on purpose."""
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One invalid field: `loc` is the path into the document, e.g. ("training", "steps")."""
+
+    loc: tuple[str | int, ...]
+    msg: str
+
+    @property
+    def path(self) -> str:
+        return ".".join(str(part) for part in self.loc) or "<root>"
+
+    def to_json(self) -> dict[str, object]:
+        return {"loc": list(self.loc), "msg": self.msg, "type": "value_error"}
+
+
+class SpecError(RaytrainError):
+    """A job spec or config failed validation. `errors` names each bad field."""
+
+    def __init__(self, errors: list[FieldError], source: str = "job spec") -> None:
+        self.errors = list(errors)
+        self.source = source
+        lines = [f"  {e.path}: {e.msg}" for e in self.errors]
+        super().__init__(f"invalid {source} ({len(self.errors)} error(s)):\n" + "\n".join(lines))
+
+
+class JobNotFoundError(RaytrainError):
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        super().__init__(f"no job with id {job_id!r}. To fix: list jobs with `raytrain list`.")
+
+
+class JobStateError(RaytrainError):
+    """The job's state does not allow the operation."""
+
+
+class ServiceUnreachableError(RaytrainError):
+    def __init__(self, url: str, reason: str) -> None:
+        self.url = url
+        super().__init__(
+            f"cannot reach the raytrain service at {url}: {reason}. To fix: start it with "
+            "`raytrain serve`, or point --server / RAYTRAIN_SERVER at a running one."
+        )
+
+
+class ServiceError(RaytrainError):
+    def __init__(self, status_code: int, detail: object) -> None:
+        self.status_code = status_code
+        self.detail = detail
+        super().__init__(f"the raytrain service answered {status_code}: {detail}")
+
+
+class TrainingError(RaytrainError):
+    """Training failed for a reason other than bad input."""

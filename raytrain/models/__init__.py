@@ -1,0 +1,1 @@
+"""Models raytrain trains out of the box, and the loader for a user's own by import path."""

@@ -1,0 +1,109 @@
+"""The built-in GPT-style decoder, written for the parallel techniques that will cut it.
+
+Shape follows torchtitan's Llama: separate `wq/wk/wv/wo` and `w1/w2` linears (column/row
+tensor parallel apply to them by name), blocks kept in a `ModuleDict` keyed by layer index
+(a pipeline stage deletes the blocks it does not own and the remaining names stay those of
+the whole model, so checkpoints line up), and every top-level part optional in `forward`
+(a stage without the embedding takes hidden states in; one without the head returns them).
+Attention reshapes with -1 heads, so it runs unchanged on a tensor-parallel shard of heads.
+
+    model = GPT(GPTConfig(dim=128, num_layers=2, num_heads=4))
+    logits = model(tokens)            # [batch, seq] int64 -> [batch, seq, vocab]
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from raytrain.spec import GPTConfig
+
+
+class Attention(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.head_dim = config.dim // config.num_heads
+        self.wq = nn.Linear(config.dim, config.dim, bias=False)
+        self.wk = nn.Linear(config.dim, config.dim, bias=False)
+        self.wv = nn.Linear(config.dim, config.dim, bias=False)
+        self.wo = nn.Linear(config.dim, config.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        # -1 heads: under tensor parallelism each rank holds only its share of the heads.
+        q, k, v = (
+            w(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+            for w in (self.wq, self.wk, self.wv)
+        )
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(config.dim, config.hidden_dim, bias=False)
+        self.w2 = nn.Linear(config.hidden_dim, config.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.gelu(self.w1(x)))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.attention_norm = nn.RMSNorm(config.dim)
+        self.attention = Attention(config)
+        self.ffn_norm = nn.RMSNorm(config.dim)
+        self.feed_forward = FeedForward(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x))
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(config.vocab_size, config.dim)
+        self.pos_embeddings: nn.Embedding | None = nn.Embedding(config.max_seq_len, config.dim)
+        self.layers = nn.ModuleDict(
+            {str(i): TransformerBlock(config) for i in range(config.num_layers)}
+        )
+        self.norm: nn.RMSNorm | None = nn.RMSNorm(config.dim)
+        self.output: nn.Linear | None = nn.Linear(config.dim, config.vocab_size, bias=False)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """GPT-2 initialisation; residual projections scaled by depth. Safe after to_empty()."""
+        residual_std = 0.02 / math.sqrt(2 * self.config.num_layers)
+        for name, param in self.named_parameters():
+            if param.dim() < 2:
+                nn.init.ones_(param)
+            elif name.endswith(("wo.weight", "w2.weight")):
+                nn.init.normal_(param, std=residual_std)
+            else:
+                nn.init.normal_(param, std=0.02)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.tok_embeddings is not None:
+            h = self.tok_embeddings(tokens)
+            if self.pos_embeddings is not None:
+                positions = torch.arange(tokens.shape[1], device=tokens.device)
+                h = h + self.pos_embeddings(positions)
+        else:
+            h = tokens
+        for layer in self.layers.values():
+            h = layer(h)
+        if self.norm is not None:
+            h = self.norm(h)
+        return self.output(h) if self.output is not None else h
+
+
+def num_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,510 @@
+"""The wire and file schema: what a user writes (JobSpec), what the service answers (JobStatus,
+JobEvent) and how an operator configures the service (ServiceConfig).
+
+One pydantic schema validates YAML files, REST bodies and stored records alike. Every model is
+strict (`extra="forbid"`), every field is described and has a safe default. Cross-field rules
+(batch divisibility, degrees that multiply to the worker count, sequence length within the
+model's reach) are checked here too and reported at the path of the field to change.
+
+    spec = load_job_spec("examples/demo.yaml")
+    spec = JobSpec.model_validate({"training": {"steps": 200}})
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from enum import Enum
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from raytrain.errors import FieldError, SpecError
+
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _field_error(loc: tuple[str, ...], message: str, value: Any) -> InitErrorDetails:
+    return InitErrorDetails(
+        type=PydanticCustomError("invalid_combination", message), loc=loc, input=value
+    )
+
+
+def _raise_if_any(title: str, errors: list[InitErrorDetails]) -> None:
+    if errors:
+        raise ValidationError.from_exception_data(title, errors)
+
+
+# ---------------------------------------------------------------------------------------- job
+
+
+class GPTConfig(_Strict):
+    """Dimensions of the built-in GPT-style decoder."""
+
+    vocab_size: int = Field(256, ge=2, le=1_000_000, description="Number of token ids.")
+    dim: int = Field(128, ge=8, description="Model (residual stream) width.")
+    num_layers: int = Field(2, ge=1, description="Number of transformer blocks.")
+    num_heads: int = Field(4, ge=1, description="Attention heads per block; must divide dim.")
+    ffn_dim: int | None = Field(
+        None, ge=1, description="Hidden width of each MLP; default 4 x dim."
+    )
+    max_seq_len: int = Field(128, ge=2, description="Longest sequence the model accepts.")
+
+    @model_validator(mode="after")
+    def _heads_divide_dim(self) -> GPTConfig:
+        if self.dim % self.num_heads:
+            _raise_if_any(
+                "GPTConfig",
+                [
+                    _field_error(
+                        ("num_heads",),
+                        f"num_heads={self.num_heads} must divide dim={self.dim}. To fix: pick "
+                        f"num_heads from the divisors of {self.dim}, e.g. "
+                        f"{_nearest_divisor(self.dim, self.num_heads)}",
+                        self.num_heads,
+                    )
+                ],
+            )
+        return self
+
+    @property
+    def hidden_dim(self) -> int:
+        return self.ffn_dim if self.ffn_dim is not None else 4 * self.dim
+
+
+def _nearest_divisor(n: int, near: int) -> int:
+    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - near), d))
+
+
+class ModelSpec(_Strict):
+    """Which model to train: the built-in GPT, or the user's own by import path."""
+
+    kind: Literal["gpt", "import"] = Field(
+        "gpt", description="'gpt' for the built-in decoder, 'import' for a user factory."
+    )
+    gpt: GPTConfig = Field(default_factory=GPTConfig, description="Built-in GPT dimensions.")
+    factory: str | None = Field(
+        None,
+        description="For kind 'import': 'package.module:callable' returning an nn.Module that "
+        "maps int64 tokens [batch, seq] to logits [batch, seq, vocab]. Only packages the "
+        "operator allows (service config allowed_import_packages) are accepted.",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments passed to the factory."
+    )
+
+    @model_validator(mode="after")
+    def _factory_matches_kind(self) -> ModelSpec:
+        _raise_if_any("ModelSpec", _factory_errors(self.kind == "import", self.factory))
+        return self
+
+
+class DataSpec(_Strict):
+    """Where training tokens come from. Every data-parallel rank reads its own shard."""
+
+    kind: Literal["synthetic", "token_file", "import"] = Field(
+        "synthetic",
+        description="'synthetic': seeded learnable token sequences; 'token_file': a flat "
+        "binary file of token ids (memory-mapped); 'import': a user factory.",
+    )
+    seq_len: int = Field(64, ge=1, description="Tokens per training sequence.")
+    seed: int = Field(0, ge=0, description="Seed of the synthetic data.")
+    path: str | None = Field(None, description="For 'token_file': path readable by every worker.")
+    dtype: Literal["uint16", "uint32"] = Field(
+        "uint16", description="For 'token_file': integer type of the stored token ids."
+    )
+    factory: str | None = Field(
+        None,
+        description="For kind 'import': 'package.module:callable' returning a map-style dataset "
+        "whose items are int64 tensors of seq_len + 1 tokens.",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments passed to the factory."
+    )
+
+    @model_validator(mode="after")
+    def _source_is_complete(self) -> DataSpec:
+        errors = _factory_errors(self.kind == "import", self.factory)
+        if self.kind == "token_file" and not self.path:
+            errors.append(
+                _field_error(
+                    ("path",),
+                    "data.kind 'token_file' needs a path. To fix: set data.path to a flat "
+                    "binary file of token ids",
+                    self.path,
+                )
+            )
+        _raise_if_any("DataSpec", errors)
+        return self
+
+
+def _factory_errors(needed: bool, factory: str | None) -> list[InitErrorDetails]:
+    if needed and not factory:
+        return [
+            _field_error(
+                ("factory",),
+                "kind 'import' needs a factory. To fix: set factory to 'package.module:callable'",
+                factory,
+            )
+        ]
+    if factory and not _IMPORT_PATH.match(factory):
+        return [
+            _field_error(
+                ("factory",),
+                f"{factory!r} is not an import path. To fix: write it as "
+                "'package.module:callable'",
+                factory,
+            )
+        ]
+    return []
+
+
+class TrainingSpec(_Strict):
+    """The optimisation: steps, batch, AdamW with linear warmup and cosine decay, checkpoints."""
+
+    steps: int = Field(100, ge=1, description="Optimizer steps to run.")
+    global_batch_size: int = Field(
+        16, ge=1, description="Sequences per optimizer step, summed over all data-parallel ranks."
+    )
+    micro_batch_size: int = Field(
+        4,
+        ge=1,
+        description="Sequences per rank per forward/backward; the rest of the global batch "
+        "is reached by gradient accumulation.",
+    )
+    learning_rate: float = Field(3e-3, gt=0, le=10, description="Peak learning rate.")
+    min_lr_ratio: float = Field(
+        0.1, ge=0, le=1, description="Final learning rate as a fraction of the peak."
+    )
+    warmup_steps: int = Field(10, ge=0, description="Steps of linear warmup from zero.")
+    weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay on matrices.")
+    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas.")
+    grad_clip_norm: float | None = Field(
+        1.0, gt=0, description="Clip the global gradient norm to this; null to disable."
+    )
+    seed: int = Field(0, ge=0, description="Seed of the model's initial weights.")
+    checkpoint_every_steps: int = Field(
+        50, ge=1, description="Save a checkpoint every this many steps (and at the end)."
+    )
+    max_restarts: int = Field(
+        3, ge=0, description="Restarts from the latest checkpoint after a worker failure."
+    )
+
+    @model_validator(mode="after")
+    def _warmup_fits(self) -> TrainingSpec:
+        if self.warmup_steps > self.steps:
+            _raise_if_any(
+                "TrainingSpec",
+                [
+                    _field_error(
+                        ("warmup_steps",),
+                        f"warmup_steps={self.warmup_steps} exceeds steps={self.steps}. To fix: "
+                        "lower warmup_steps or raise steps",
+                        self.warmup_steps,
+                    )
+                ],
+            )
+        return self
+
+
+class ParallelSpec(_Strict):
+    """How the model is spread over the workers."""
+
+    strategy: Literal["data"] = Field(
+        "data", description="'data': every worker holds the whole model (DDP)."
+    )
+    dp_replicate: int | None = Field(
+        None,
+        ge=1,
+        description="Data-parallel replicas; must equal resources.num_workers (default).",
+    )
+
+
+class ResourcesSpec(_Strict):
+    """What each training worker needs. GPUs imply NCCL; CPU-only workers use gloo."""
+
+    num_workers: int = Field(2, ge=1, le=100_000, description="Training processes.")
+    cpus_per_worker: float = Field(1.0, gt=0, description="CPUs reserved per worker.")
+    gpus_per_worker: float = Field(
+        0.0, ge=0, description="GPUs per worker; 0 trains on CPU with gloo."
+    )
+
+    @property
+    def use_gpu(self) -> bool:
+        return self.gpus_per_worker > 0
+
+
+class JobSpec(_Strict):
+    """A whole training job: the user's entire surface."""
+
+    name: str = Field(
+        "job",
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="A label for people; need not be unique.",
+    )
+    model: ModelSpec = Field(default_factory=ModelSpec, description="The model to train.")
+    data: DataSpec = Field(default_factory=DataSpec, description="The training tokens.")
+    training: TrainingSpec = Field(default_factory=TrainingSpec, description="Optimisation.")
+    parallel: ParallelSpec = Field(default_factory=ParallelSpec, description="Parallel layout.")
+    resources: ResourcesSpec = Field(
+        default_factory=ResourcesSpec, description="Workers and what each needs."
+    )
+
+    @model_validator(mode="after")
+    def _sections_agree(self) -> JobSpec:
+        errors: list[InitErrorDetails] = []
+        num_workers = self.resources.num_workers
+        dp = self.data_parallel_degree
+        if self.parallel.dp_replicate is not None and self.parallel.dp_replicate != num_workers:
+            errors.append(
+                _field_error(
+                    ("parallel", "dp_replicate"),
+                    f"degrees multiply to {self.parallel.dp_replicate} but "
+                    f"resources.num_workers={num_workers}. To fix: set parallel.dp_replicate "
+                    f"to {num_workers} (or leave it out), or set num_workers to "
+                    f"{self.parallel.dp_replicate}",
+                    self.parallel.dp_replicate,
+                )
+            )
+        per_step = self.training.micro_batch_size * dp
+        if self.training.global_batch_size % per_step:
+            fits = max(per_step, self.training.global_batch_size // per_step * per_step)
+            errors.append(
+                _field_error(
+                    ("training", "global_batch_size"),
+                    f"global_batch_size={self.training.global_batch_size} is not a multiple of "
+                    f"micro_batch_size x data-parallel ranks = {self.training.micro_batch_size}"
+                    f" x {dp} = {per_step}. To fix: use {fits} or another multiple of "
+                    f"{per_step}",
+                    self.training.global_batch_size,
+                )
+            )
+        if self.model.kind == "gpt" and self.data.seq_len > self.model.gpt.max_seq_len:
+            errors.append(
+                _field_error(
+                    ("data", "seq_len"),
+                    f"seq_len={self.data.seq_len} exceeds model.gpt.max_seq_len="
+                    f"{self.model.gpt.max_seq_len}. To fix: lower data.seq_len or raise "
+                    "model.gpt.max_seq_len",
+                    self.data.seq_len,
+                )
+            )
+        _raise_if_any("JobSpec", errors)
+        return self
+
+    @property
+    def data_parallel_degree(self) -> int:
+        return self.parallel.dp_replicate or self.resources.num_workers
+
+    @property
+    def grad_accum_steps(self) -> int:
+        return self.training.global_batch_size // (
+            self.training.micro_batch_size * self.data_parallel_degree
+        )
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.training.global_batch_size * self.data.seq_len
+
+    def import_paths(self) -> list[tuple[tuple[str, ...], str]]:
+        """Every user import path in the spec, with its field path."""
+        found = []
+        if self.model.kind == "import" and self.model.factory:
+            found.append((("model", "factory"), self.model.factory))
+        if self.data.kind == "import" and self.data.factory:
+            found.append((("data", "factory"), self.data.factory))
+        return found
+
+
+def check_imports_allowed(spec: JobSpec, allowed_packages: list[str]) -> None:
+    """Raise SpecError for any import path outside the operator's allowed packages.
+
+        check_imports_allowed(spec, ["mylab"])  # 'mylab.models:build' passes, 'os:system' not
+    """
+    errors = []
+    for loc, path in spec.import_paths():
+        module = path.split(":", 1)[0]
+        if not any(module == pkg or module.startswith(pkg + ".") for pkg in allowed_packages):
+            allowed = ", ".join(allowed_packages) or "none"
+            errors.append(
+                FieldError(
+                    loc,
+                    f"{path!r} is outside the packages this service allows ({allowed}). To fix: "
+                    "ask the operator to add its package to allowed_import_packages "
+                    "(raytrain serve --allow-import PACKAGE), or use a built-in model/data kind",
+                )
+            )
+    if errors:
+        raise SpecError(errors)
+
+
+def spec_error_from_validation(exc: ValidationError, source: str = "job spec") -> SpecError:
+    return SpecError(
+        [FieldError(tuple(err["loc"]), err["msg"]) for err in exc.errors()], source=source
+    )
+
+
+def parse_job_spec(document: dict[str, Any]) -> JobSpec:
+    """Validate a parsed document into a JobSpec, raising SpecError with field paths."""
+    if not isinstance(document, dict):
+        raise SpecError([FieldError((), "a job spec must be a mapping of sections")])
+    try:
+        return JobSpec.model_validate(document)
+    except ValidationError as exc:
+        raise spec_error_from_validation(exc) from None
+
+
+def load_job_spec(path: str | Path) -> JobSpec:
+    """Read a JobSpec from a YAML or JSON file.
+
+        spec = load_job_spec("examples/demo.yaml")
+    """
+    return parse_job_spec(_read_document(Path(path), "job spec"))
+
+
+def _read_document(path: Path, what: str) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(
+            [FieldError((), f"cannot read {path}: {exc.strerror}. To fix: check the path")],
+            source=what,
+        ) from None
+    try:
+        document = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise SpecError(
+            [FieldError((), f"{path} is not valid {path.suffix.lstrip('.') or 'YAML'}: {exc}")],
+            source=what,
+        ) from None
+    return document if document is not None else {}
+
+
+# ------------------------------------------------------------------------------------- status
+
+
+class JobState(str, Enum):
+    PENDING = "PENDING"
+    PROVISIONING = "PROVISIONING"
+    RUNNING = "RUNNING"
+    RECOVERING = "RECOVERING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Progress(_Record):
+    step: int = Field(0, description="Optimizer steps completed.")
+    total_steps: int = Field(0, description="Optimizer steps the job will run.")
+    loss: float | None = Field(None, description="Training loss of the latest step.")
+    first_loss: float | None = Field(None, description="Training loss of the first step.")
+    tokens_per_s: float | None = Field(None, description="Recent training throughput.")
+    elapsed_s: float = Field(0.0, description="Seconds since training started.")
+    eta_s: float | None = Field(None, description="Estimated seconds to finish.")
+
+
+class Resources(_Record):
+    accelerator: str = Field("cpu", description="The accelerator kind the workers run on.")
+    market: Literal["local", "spot", "on-demand"] = Field("local", description="How bought.")
+    nodes: int = Field(0, description="Nodes the workers span.")
+    gpus: float = Field(0, description="GPUs held by the job.")
+    cpus: float = Field(0, description="CPUs held by the job.")
+    hourly_usd: float = Field(0.0, description="Price of the held capacity per hour.")
+
+
+class PlanSummary(_Record):
+    strategy: str = Field(description="The parallel strategy.")
+    layout: dict[str, int] = Field(description="Degree of each parallel axis.")
+    grad_accum_steps: int = Field(description="Micro-batches accumulated per optimizer step.")
+    tokens_per_step: int = Field(description="Tokens per optimizer step, all ranks.")
+    backend: str = Field(description="Collective backend: nccl on GPU, gloo on CPU.")
+
+
+class CheckpointInfo(_Record):
+    step: int = Field(description="Optimizer steps the checkpoint includes.")
+    path: str = Field(description="Directory of the checkpoint.")
+
+
+class JobResult(_Record):
+    first_loss: float = Field(description="Loss of the first step of the job.")
+    final_loss: float = Field(description="Loss of the last step.")
+    steps: int = Field(description="Optimizer steps completed.")
+    train_wall_s: float = Field(description="Seconds of the final training attempt.")
+    tokens_per_s: float = Field(description="Mean throughput of the final attempt.")
+
+
+class JobStatus(_Record):
+    id: str
+    state: JobState
+    spec: JobSpec
+    plan: PlanSummary | None = None
+    progress: Progress = Field(default_factory=Progress)
+    resources: Resources = Field(default_factory=Resources)
+    cost_usd: float = 0.0
+    restarts: int = Field(0, description="Times training restarted from a checkpoint.")
+    preemptions: int = Field(0, description="Spot preemptions survived.")
+    error: str | None = Field(None, description="Why the job failed; null unless FAILED.")
+    message: str | None = Field(None, description="What the job waits for, when it waits.")
+    checkpoint: CheckpointInfo | None = Field(None, description="The latest durable checkpoint.")
+    result: JobResult | None = Field(None, description="Final figures once SUCCEEDED.")
+    created_at: float = Field(description="Unix time of submission.")
+    started_at: float | None = Field(None, description="Unix time training first started.")
+    finished_at: float | None = Field(None, description="Unix time the job ended.")
+
+
+class JobEvent(_Record):
+    seq: int = Field(description="Position in the job's event stream, from 0.")
+    type: Literal["state", "progress", "checkpoint", "end"]
+    job_id: str
+    time: float
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+# -------------------------------------------------------------------------------------- service
+
+
+class ServiceConfig(_Strict):
+    """How an operator runs the service (`raytrain serve` flags or a YAML file)."""
+
+    state_dir: str = Field(
+        "~/.raytrain",
+        description="Directory on the head node for the job store; checkpoints go under "
+        "storage_path. Must survive service restarts.",
+    )
+    storage_path: str | None = Field(
+        None,
+        description="Where workers write checkpoints; must be reachable by every worker "
+        "(shared filesystem on a multi-node cluster). Default: <state_dir>/jobs.",
+    )
+    allowed_import_packages: list[str] = Field(
+        default_factory=list,
+        description="Packages whose factories jobs may import (model.factory, data.factory).",
+    )
+    scheduler_interval_s: float = Field(
+        0.5, gt=0, le=60, description="How often queued jobs are checked against free capacity."
+    )
+
+    @property
+    def state_path(self) -> Path:
+        return Path(self.state_dir).expanduser()
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return Path(self.storage_path).expanduser() if self.storage_path else self.state_path / "jobs"

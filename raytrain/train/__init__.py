@@ -1,0 +1,1 @@
+"""Training on the workers: the per-worker loop, checkpoints, progress, and the Ray launcher."""

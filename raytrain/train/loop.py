@@ -1,0 +1,187 @@
+"""The per-worker training loop: load, step, save. Knows nothing of Ray.
+
+The same function runs inside Ray Train workers (raytrain.train.launcher), under torchrun in
+benchmarks, and in one plain process in tests; the caller passes who this worker is, where
+checkpoints live and where progress goes. The process group, if any, is already set up.
+
+    result = train(spec, WorkerInfo.single_process(), NullSink(), Path("/tmp/ckpt"))
+
+Order of work: seed and build the model, wrap it for data parallelism (DDP), build AdamW
+(decay on matrices only), resume from the latest checkpoint if there is one, then for each
+optimizer step accumulate gradients over micro-batches (no DDP sync until the last), clip,
+step, publish progress from rank 0, and checkpoint every `checkpoint_every_steps` and at the
+end.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from raytrain.core.batching import BatchPlan
+from raytrain.core.schedule import lr_multiplier
+from raytrain.data.sources import TokenSource, build_source
+from raytrain.models.registry import build_model
+from raytrain.spec import JobSpec
+from raytrain.train.checkpoint import CheckpointManager
+from raytrain.train.progress import ProgressMeter, ProgressSink
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @staticmethod
+    def single_process() -> WorkerInfo:
+        return WorkerInfo(rank=0, world_size=1, device=torch.device("cpu"))
+
+    @staticmethod
+    def from_process_group(device: torch.device) -> WorkerInfo:
+        return WorkerInfo(rank=dist.get_rank(), world_size=dist.get_world_size(), device=device)
+
+
+def build_optimizer(model: nn.Module, spec: JobSpec) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices and none on norms and biases."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": spec.training.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(
+        groups, lr=spec.training.learning_rate, betas=spec.training.betas, foreach=True
+    )
+
+
+def _vocab_size(spec: JobSpec) -> int | None:
+    return spec.model.gpt.vocab_size if spec.model.kind == "gpt" else None
+
+
+def _mean_over_ranks(value: torch.Tensor, world_size: int) -> float:
+    if world_size > 1:
+        dist.all_reduce(value)
+        value = value / world_size
+    return float(value)
+
+
+def train(
+    spec: JobSpec,
+    worker: WorkerInfo,
+    sink: ProgressSink,
+    checkpoint_root: Path,
+    stop_after_steps: int | None = None,
+) -> dict[str, Any]:
+    """Train `spec` on this worker; return the final figures (meaningful on rank 0).
+
+    `stop_after_steps` ends the run early after that many steps of this call (tests use it to
+    compare a resumed run against an uninterrupted one).
+    """
+    training = spec.training
+    torch.manual_seed(training.seed)
+    model = build_model(spec.model).to(worker.device)
+    wrapped: nn.Module = model
+    if worker.world_size > 1:
+        device_ids = [worker.device.index] if worker.device.type == "cuda" else None
+        wrapped = DistributedDataParallel(model, device_ids=device_ids)
+    optimizer = build_optimizer(model, spec)
+    source = build_source(spec.data, _vocab_size(spec))
+    plan = BatchPlan(training.global_batch_size, training.micro_batch_size, worker.world_size)
+    checkpoints = CheckpointManager(checkpoint_root, worker.rank)
+
+    start_step, first_loss = 0, None
+    latest = checkpoints.latest()
+    if latest is not None:
+        meta = checkpoints.load(latest, model, optimizer)
+        start_step, first_loss = meta["step"], meta.get("first_loss")
+        if worker.rank == 0:
+            logger.info("resumed from %s at step %d", latest, start_step)
+    sink.started(start_step)
+
+    meter = ProgressMeter(
+        training.steps, spec.tokens_per_step, start_step, time.monotonic, first_loss=first_loss
+    )
+    last_step = training.steps
+    if stop_after_steps is not None:
+        last_step = min(last_step, start_step + stop_after_steps)
+    loss_value = float("nan")
+    for step in range(start_step, last_step):
+        loss_value = _train_step(
+            step, wrapped, optimizer, source, plan, worker, spec, model_params=model.parameters()
+        )
+        steps_done = step + 1
+        if meter.record(steps_done, loss_value) and worker.rank == 0:
+            sink.progress(meter.snapshot())
+        if steps_done % training.checkpoint_every_steps == 0 or steps_done == training.steps:
+            path = checkpoints.save(
+                steps_done,
+                model,
+                optimizer,
+                {
+                    "samples_seen": plan.samples_consumed(steps_done),
+                    "first_loss": meter.first_loss,
+                    "loss": loss_value,
+                    "world_size": worker.world_size,
+                },
+            )
+            if worker.rank == 0:
+                sink.checkpoint(steps_done, str(path))
+    wall_s = time.monotonic() - meter.started_at
+    steps_run = last_step - start_step
+    result = {
+        "first_loss": meter.first_loss if meter.first_loss is not None else loss_value,
+        "final_loss": loss_value,
+        "steps": last_step,
+        "train_wall_s": wall_s,
+        "tokens_per_s": steps_run * spec.tokens_per_step / wall_s if wall_s > 0 else 0.0,
+    }
+    if worker.rank == 0:
+        sink.finished(result)
+    return result
+
+
+def _train_step(
+    step: int,
+    wrapped: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    source: TokenSource,
+    plan: BatchPlan,
+    worker: WorkerInfo,
+    spec: JobSpec,
+    model_params: Any,
+) -> float:
+    """One optimizer step over `plan.grad_accum_steps` micro-batches; returns the global loss."""
+    training = spec.training
+    scale = lr_multiplier(step, training.warmup_steps, training.steps, training.min_lr_ratio)
+    for group in optimizer.param_groups:
+        group["lr"] = training.learning_rate * scale
+    loss_sum = torch.zeros((), device=worker.device)
+    accum = plan.grad_accum_steps
+    for micro_step in range(accum):
+        tokens = source.batch(plan.sample_range(step, micro_step, worker.rank)).to(worker.device)
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        is_last = micro_step == accum - 1
+        sync = wrapped.no_sync() if (not is_last and hasattr(wrapped, "no_sync")) else nullcontext()
+        with sync:
+            logits = wrapped(inputs)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()) / accum
+            loss.backward()
+        loss_sum += loss.detach()
+    if training.grad_clip_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model_params, training.grad_clip_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return _mean_over_ranks(loss_sum, worker.world_size)
+

@@ -1,0 +1,91 @@
+"""Progress from rank 0 to the job manager: step, loss, tokens/s, elapsed, ETA.
+
+`ray.train.report()` blocks for a controller poll (about 2 s), so per-step progress goes
+through a cheaper channel: a fire-and-forget call on the job manager actor, at most every
+`interval_s` and always for the first and last step. The meter measures throughput over the
+steps since the previous publication, which is what a progress bar wants.
+
+    meter = ProgressMeter(total_steps=100, tokens_per_step=2048, start_step=0, clock=time.monotonic)
+    if meter.record(step, loss): sink.progress(meter.snapshot())
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+
+class ProgressSink(Protocol):
+    def started(self, resumed_step: int) -> None: ...
+
+    def progress(self, payload: dict[str, Any]) -> None: ...
+
+    def checkpoint(self, step: int, path: str) -> None: ...
+
+    def finished(self, result: dict[str, Any]) -> None: ...
+
+
+class NullSink:
+    """For ranks other than 0, and runs nobody watches."""
+
+    def started(self, resumed_step: int) -> None:
+        pass
+
+    def progress(self, payload: dict[str, Any]) -> None:
+        pass
+
+    def checkpoint(self, step: int, path: str) -> None:
+        pass
+
+    def finished(self, result: dict[str, Any]) -> None:
+        pass
+
+
+class ProgressMeter:
+    def __init__(
+        self,
+        total_steps: int,
+        tokens_per_step: int,
+        start_step: int,
+        clock: Callable[[], float],
+        interval_s: float = 0.5,
+        first_loss: float | None = None,
+    ) -> None:
+        self.total_steps = total_steps
+        self.tokens_per_step = tokens_per_step
+        self.clock = clock
+        self.interval_s = interval_s
+        self.started_at = clock()
+        self.first_loss = first_loss
+        self.step = start_step
+        self.loss: float | None = None
+        self._window_start = (self.started_at, start_step)
+        self._last_publish_at = float("-inf")
+        self.tokens_per_s: float | None = None
+
+    def record(self, step: int, loss: float) -> bool:
+        """Note that `step` steps are done with `loss`; True when a publication is due."""
+        self.step, self.loss = step, loss
+        if self.first_loss is None:
+            self.first_loss = loss
+        now = self.clock()
+        due = now - self._last_publish_at >= self.interval_s or step >= self.total_steps
+        if due:
+            window_t, window_step = self._window_start
+            if step > window_step and now > window_t:
+                self.tokens_per_s = (step - window_step) * self.tokens_per_step / (now - window_t)
+            self._window_start = (now, step)
+            self._last_publish_at = now
+        return due
+
+    def snapshot(self) -> dict[str, Any]:
+        remaining = self.total_steps - self.step
+        eta = remaining * self.tokens_per_step / self.tokens_per_s if self.tokens_per_s else None
+        return {
+            "step": self.step,
+            "total_steps": self.total_steps,
+            "loss": self.loss,
+            "first_loss": self.first_loss,
+            "tokens_per_s": self.tokens_per_s,
+            "elapsed_s": self.clock() - self.started_at,
+            "eta_s": eta,
+        }
