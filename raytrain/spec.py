@@ -183,7 +183,9 @@ class TrainingSpec(_Strict):
     min_lr_ratio: float = Field(
         0.1, ge=0, le=1, description="Final learning rate as a fraction of the peak."
     )
-    warmup_steps: int = Field(10, ge=0, description="Steps of linear warmup from zero.")
+    warmup_steps: int | None = Field(
+        None, ge=0, description="Steps of linear warmup from zero; default 10% of steps."
+    )
     weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay on matrices.")
     betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas.")
     grad_clip_norm: float | None = Field(
@@ -199,7 +201,7 @@ class TrainingSpec(_Strict):
 
     @model_validator(mode="after")
     def _warmup_fits(self) -> TrainingSpec:
-        if self.warmup_steps > self.steps:
+        if self.warmup_steps is not None and self.warmup_steps > self.steps:
             _raise_if_any(
                 "TrainingSpec",
                 [
@@ -212,6 +214,10 @@ class TrainingSpec(_Strict):
                 ],
             )
         return self
+
+    @property
+    def warmup(self) -> int:
+        return self.warmup_steps if self.warmup_steps is not None else self.steps // 10
 
 
 class ParallelSpec(_Strict):

@@ -83,6 +83,7 @@ def train(
     sink: ProgressSink,
     checkpoint_root: Path,
     stop_after_steps: int | None = None,
+    progress_interval_s: float = 0.5,
 ) -> dict[str, Any]:
     """Train `spec` on this worker; return the final figures (meaningful on rank 0).
 
@@ -111,7 +112,12 @@ def train(
     sink.started(start_step)
 
     meter = ProgressMeter(
-        training.steps, spec.tokens_per_step, start_step, time.monotonic, first_loss=first_loss
+        training.steps,
+        spec.tokens_per_step,
+        start_step,
+        time.monotonic,
+        interval_s=progress_interval_s,
+        first_loss=first_loss,
     )
     last_step = training.steps
     if stop_after_steps is not None:
@@ -164,7 +170,7 @@ def _train_step(
 ) -> float:
     """One optimizer step over `plan.grad_accum_steps` micro-batches; returns the global loss."""
     training = spec.training
-    scale = lr_multiplier(step, training.warmup_steps, training.steps, training.min_lr_ratio)
+    scale = lr_multiplier(step, training.warmup, training.steps, training.min_lr_ratio)
     for group in optimizer.param_groups:
         group["lr"] = training.learning_rate * scale
     loss_sum = torch.zeros((), device=worker.device)

@@ -1,0 +1,304 @@
+"""`raytrain ...`: a thin command line over the client and the service's deploy helpers.
+
+    raytrain demo                         train examples/demo.yaml on an embedded local Ray
+    raytrain serve [--address ADDR]       deploy the service; foreground until SIGINT/SIGTERM
+    raytrain submit job.yaml --follow     queue a job and follow it to the end
+    raytrain status ID | list | cancel ID [--json]
+
+The server URL comes from --server, else RAYTRAIN_SERVER, else http://127.0.0.1:8000.
+Exit codes: 0 success, 1 the job or service failed, 2 bad input, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from raytrain.client import DEFAULT_URL, Client
+from raytrain.errors import RaytrainError, SpecError
+from raytrain.spec import JobState, JobStatus, ServiceConfig, load_job_spec
+
+out = Console()
+err = Console(stderr=True)
+
+DEMO_SPEC = Path(__file__).resolve().parent.parent / "examples" / "demo.yaml"
+
+
+# ---------------------------------------------------------------------------------- helpers
+
+
+def _client(args: argparse.Namespace) -> Client:
+    return Client(args.server or os.environ.get("RAYTRAIN_SERVER") or DEFAULT_URL)
+
+
+def _print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+
+
+def _jobs_table(jobs: Sequence[JobStatus]) -> Table:
+    table = Table(show_lines=False)
+    for column in ("ID", "NAME", "STATE", "STEP", "LOSS", "TOK/S", "WORKERS", "RESTARTS", "AGE"):
+        table.add_column(column)
+    now = time.time()
+    for job in jobs:
+        p = job.progress
+        table.add_row(
+            job.id,
+            job.spec.name,
+            job.state.value,
+            f"{p.step}/{p.total_steps}",
+            "-" if p.loss is None else f"{p.loss:.4f}",
+            "-" if p.tokens_per_s is None else f"{p.tokens_per_s:,.0f}",
+            str(job.spec.resources.num_workers),
+            str(job.restarts),
+            f"{now - job.created_at:.0f}s",
+        )
+    return table
+
+
+def _status_table(job: JobStatus) -> Table:
+    table = Table(show_header=False, box=None)
+    p, r = job.progress, job.resources
+    rows = [
+        ("id", job.id),
+        ("name", job.spec.name),
+        ("state", job.state.value + (f" ({job.message})" if job.message else "")),
+        ("plan", f"{job.plan.strategy} {job.plan.layout}, {job.plan.backend}, grad accum "
+                 f"{job.plan.grad_accum_steps}" if job.plan else "-"),
+        ("step", f"{p.step}/{p.total_steps}"),
+        ("loss", "-" if p.loss is None else f"{p.loss:.4f} (first {p.first_loss:.4f})"
+         if p.first_loss is not None else f"{p.loss:.4f}"),
+        ("tokens/s", "-" if p.tokens_per_s is None else f"{p.tokens_per_s:,.0f}"),
+        ("elapsed / ETA", f"{p.elapsed_s:.0f}s / " + ("-" if p.eta_s is None else f"{p.eta_s:.0f}s")),
+        ("resources", f"{r.accelerator}, {r.market}, {r.nodes} node(s), {r.cpus:g} CPU, "
+                      f"{r.gpus:g} GPU, ${r.hourly_usd:.2f}/h"),
+        ("cost", f"${job.cost_usd:.2f}"),
+        ("restarts / preemptions", f"{job.restarts} / {job.preemptions}"),
+        ("checkpoint", f"step {job.checkpoint.step}: {job.checkpoint.path}" if job.checkpoint else "-"),
+    ]
+    if job.error:
+        rows.append(("error", job.error))
+    for key, value in rows:
+        table.add_row(f"[bold]{key}", value)
+    return table
+
+
+def _summary(job: JobStatus, wall_s: float | None = None) -> Table:
+    table = Table(title=f"job {job.id} {job.state.value}", show_header=False)
+    result = job.result
+    if result is not None:
+        table.add_row("loss", f"{result.first_loss:.4f} -> {result.final_loss:.4f}")
+        table.add_row("steps", str(result.steps))
+        table.add_row("throughput", f"{result.tokens_per_s:,.0f} tokens/s")
+        table.add_row("training time", f"{result.train_wall_s:.1f} s")
+    if wall_s is not None:
+        table.add_row("wall time", f"{wall_s:.1f} s (submit to end)")
+    table.add_row("restarts", str(job.restarts))
+    if job.checkpoint:
+        table.add_row("checkpoint", job.checkpoint.path)
+    if job.error:
+        table.add_row("error", job.error)
+    return table
+
+
+def _follow(client: Client, job_id: str) -> JobStatus:
+    started = time.monotonic()
+    status = client.job(job_id).wait(progress=True)
+    out.print(_summary(status, time.monotonic() - started))
+    return status
+
+
+# --------------------------------------------------------------------------------- commands
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    client = _client(args)
+    job = client.submit(load_job_spec(args.file))
+    if args.json and not args.follow:
+        _print_json(job.status().model_dump(mode="json"))
+        return 0
+    err.print(f"submitted job [bold]{job.id}[/bold]")
+    if not args.follow:
+        out.print(job.id)
+        return 0
+    status = _follow(client, job.id)
+    if args.json:
+        _print_json(status.model_dump(mode="json"))
+    return 0 if status.state == JobState.SUCCEEDED else 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    job = _client(args).get(args.id)
+    if args.json:
+        _print_json(job.model_dump(mode="json"))
+    else:
+        out.print(_status_table(job))
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    jobs = _client(args).list()
+    if args.json:
+        _print_json([job.model_dump(mode="json") for job in jobs])
+    else:
+        out.print(_jobs_table(jobs))
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    job = _client(args).cancel(args.id)
+    if args.json:
+        _print_json(job.model_dump(mode="json"))
+    else:
+        out.print(f"job {job.id} {job.state.value}")
+    return 0
+
+
+def _service_config(args: argparse.Namespace) -> ServiceConfig:
+    return ServiceConfig(state_dir=args.state_dir, allowed_import_packages=args.allow_import or [])
+
+
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.is_set():
+        stop.wait(1.0)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from raytrain.serve.deploy import connect_ray, deploy, port_is_free, undeploy
+
+    if not port_is_free(args.host, args.port):
+        raise RaytrainError(
+            f"port {args.port} on {args.host} is already in use. To fix: stop what holds it, "
+            "or pass --port"
+        )
+    import ray
+
+    started_ray = connect_ray(args.address)
+    try:
+        url = deploy(_service_config(args), args.host, args.port)
+        err.print(f"raytrain is serving at [bold]{url}[/bold] (OpenAPI at {url}/docs)")
+        if args.detach:
+            return 0
+        err.print("press Ctrl-C to stop")
+        _wait_for_signal()
+        err.print("stopping the service")
+        undeploy(stop_jobs=started_ray)
+    finally:
+        if started_ray and not args.detach:
+            ray.shutdown()
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from raytrain.serve.deploy import connect_ray, deploy, port_is_free, undeploy
+
+    spec = load_job_spec(args.spec)
+    if not port_is_free("127.0.0.1", args.port):
+        raise RaytrainError(
+            f"port {args.port} is already in use. To fix: stop what holds it, or pass --port"
+        )
+    import ray
+
+    wall_started = time.monotonic()
+    err.print("starting a local Ray cluster and the raytrain service ...")
+    connect_ray(None, quiet=True)
+    try:
+        url = deploy(_service_config(args), "127.0.0.1", args.port)
+        err.print(f"service up at {url} after {time.monotonic() - wall_started:.1f} s; "
+                  f"submitting {args.spec}")
+        client = Client(url)
+        job = client.submit(spec)
+        try:
+            status = _follow(client, job.id)
+        except BaseException:
+            job.cancel()  # the demo owns its job: do not leave it queued for the next start
+            raise
+        out.print(f"demo wall time: {time.monotonic() - wall_started:.1f} s")
+        if status.state != JobState.SUCCEEDED:
+            err.print(f"[red]the demo job ended {status.state.value}:[/red] {escape(str(status.error))}")
+            return 1
+        return 0
+    finally:
+        undeploy(stop_jobs=True)
+        ray.shutdown()
+
+
+# ------------------------------------------------------------------------------------ main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="raytrain", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--server", help="service URL (default: $RAYTRAIN_SERVER or %s)" % DEFAULT_URL)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def with_json(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        return p
+
+    def with_service(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--state-dir", default="~/.raytrain", help="job store and checkpoints")
+        p.add_argument("--allow-import", action="append", metavar="PACKAGE",
+                       help="allow jobs to import factories from PACKAGE (repeatable)")
+
+    demo = commands.add_parser("demo", help="train the demo job on an embedded local Ray")
+    demo.add_argument("--spec", default=str(DEMO_SPEC), help="job spec (default: examples/demo.yaml)")
+    demo.add_argument("--port", type=int, default=8000)
+    with_service(demo)
+    demo.set_defaults(func=cmd_demo)
+
+    serve = commands.add_parser("serve", help="deploy the service on a Ray cluster")
+    serve.add_argument("--address", help="Ray cluster address (default: start a local one)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--detach", action="store_true", help="leave it running and return")
+    with_service(serve)
+    serve.set_defaults(func=cmd_serve)
+
+    submit = with_json(commands.add_parser("submit", help="queue a job from a YAML/JSON file"))
+    submit.add_argument("file")
+    submit.add_argument("--follow", action="store_true", help="show progress until the job ends")
+    submit.set_defaults(func=cmd_submit)
+
+    status = with_json(commands.add_parser("status", help="one job's status"))
+    status.add_argument("id")
+    status.set_defaults(func=cmd_status)
+
+    listing = with_json(commands.add_parser("list", help="all jobs"))
+    listing.set_defaults(func=cmd_list)
+
+    cancel = with_json(commands.add_parser("cancel", help="cancel a job"))
+    cancel.add_argument("id")
+    cancel.set_defaults(func=cmd_cancel)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SpecError as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        return 2
+    except RaytrainError as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""The Python client: httpx over the HTTP API, spec models only (no torch, no ray).
+
+    client = Client("http://127.0.0.1:8000")
+    job = client.submit(load_job_spec("examples/demo.yaml"))
+    for event in job.events():
+        print(event.type, event.data)
+    status = job.wait(progress=True)          # blocks until SUCCEEDED, FAILED or CANCELLED
+
+Errors come back as raytrain.errors types: SpecError (422, with field paths),
+JobNotFoundError (404), JobStateError (409), ServiceUnreachableError, ServiceError.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+
+from raytrain.errors import (
+    FieldError,
+    JobNotFoundError,
+    JobStateError,
+    ServiceError,
+    ServiceUnreachableError,
+    SpecError,
+)
+from raytrain.spec import JobEvent, JobSpec, JobStatus, load_job_spec
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+class Client:
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        timeout_s: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------ calls
+
+    def health(self) -> dict[str, Any]:
+        return self._request("GET", "/healthz")
+
+    def submit(self, spec: JobSpec | dict[str, Any] | str | Path) -> Job:
+        """Queue a job from a JobSpec, a plain document, or a YAML/JSON file path."""
+        if isinstance(spec, (str, Path)):
+            spec = load_job_spec(spec)
+        body = spec.model_dump(mode="json") if isinstance(spec, JobSpec) else spec
+        status = JobStatus.model_validate(self._request("POST", "/v1/jobs", json=body))
+        return Job(self, status.id)
+
+    def job(self, job_id: str) -> Job:
+        return Job(self, job_id)
+
+    def get(self, job_id: str) -> JobStatus:
+        return JobStatus.model_validate(self._request("GET", f"/v1/jobs/{job_id}", job_id))
+
+    def list(self) -> list[JobStatus]:
+        return [JobStatus.model_validate(j) for j in self._request("GET", "/v1/jobs")]
+
+    def cancel(self, job_id: str) -> JobStatus:
+        return JobStatus.model_validate(self._request("DELETE", f"/v1/jobs/{job_id}", job_id))
+
+    def events(self, job_id: str, after: int = -1) -> Iterator[JobEvent]:
+        """Follow a job's Server-Sent Events until its `end` event, reconnecting if cut."""
+        while True:
+            try:
+                with self._http.stream(
+                    "GET",
+                    f"/v1/jobs/{job_id}/events",
+                    headers={"Last-Event-ID": str(after)},
+                    timeout=httpx.Timeout(self._http.timeout.connect, read=60.0),
+                ) as response:
+                    if response.status_code != 200:
+                        response.read()
+                        self._raise_for(response, job_id)
+                    for event in _parse_sse(response.iter_lines()):
+                        after = event.seq
+                        yield event
+                        if event.type == "end":
+                            return
+            except (httpx.RemoteProtocolError, httpx.ReadTimeout, httpx.ReadError):
+                time.sleep(0.5)  # the stream was cut: pick up after the last event seen
+            except httpx.ConnectError as exc:
+                raise ServiceUnreachableError(self.url, str(exc)) from None
+
+    # ---------------------------------------------------------------------------- plumbing
+
+    def _request(self, method: str, path: str, job_id: str | None = None, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise ServiceUnreachableError(self.url, str(exc) or type(exc).__name__) from None
+        if response.status_code >= 400:
+            self._raise_for(response, job_id)
+        return response.json()
+
+    @staticmethod
+    def _raise_for(response: httpx.Response, job_id: str | None) -> None:
+        try:
+            detail = response.json().get("detail")
+        except (json.JSONDecodeError, AttributeError):
+            detail = response.text
+        if response.status_code == 422 and isinstance(detail, list):
+            raise SpecError(
+                [
+                    FieldError(tuple(e["loc"][1:] if e["loc"][:1] == ["body"] else e["loc"]), e["msg"])
+                    for e in detail
+                ]
+            )
+        if response.status_code == 404:
+            raise JobNotFoundError(job_id or str(detail))
+        if response.status_code == 409:
+            raise JobStateError(str(detail))
+        raise ServiceError(response.status_code, detail)
+
+
+class Job:
+    """A handle on one submitted job."""
+
+    def __init__(self, client: Client, job_id: str) -> None:
+        self.client = client
+        self.id = job_id
+
+    def __repr__(self) -> str:
+        return f"Job({self.id!r})"
+
+    def status(self) -> JobStatus:
+        return self.client.get(self.id)
+
+    def events(self, after: int = -1) -> Iterator[JobEvent]:
+        return self.client.events(self.id, after)
+
+    def cancel(self) -> JobStatus:
+        return self.client.cancel(self.id)
+
+    def wait(self, progress: bool = False) -> JobStatus:
+        """Block until the job ends; with progress=True, draw a live bar on stderr."""
+        if progress:
+            from raytrain.progress_view import JobProgressView
+
+            with JobProgressView(self.id) as view:
+                for event in self.events():
+                    view.update(event)
+        else:
+            for _ in self.events():
+                pass
+        return self.status()
+
+
+def _parse_sse(lines: Iterator[str]) -> Iterator[JobEvent]:
+    data: list[str] = []
+    for line in lines:
+        if not line:
+            if data:
+                yield JobEvent.model_validate_json("\n".join(data))
+                data = []
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip())

@@ -1,0 +1,46 @@
+"""Admission: does a job's demand fit the capacity the cluster has left?
+
+The job manager queues jobs first-in first-out; a job starts when its whole worker group fits
+what the cluster has minus what running jobs hold (a group never starts half-way).
+
+    demand = worker_group_demand(num_workers=2, cpus_per_worker=1.0, gpus_per_worker=0.0)
+    admit(demand, total={"CPU": 2.0}, held=[])   # Admission(fits=True, reason=...)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+
+@dataclass(frozen=True)
+class Admission:
+    fits: bool
+    reason: str
+
+
+def worker_group_demand(
+    num_workers: int, cpus_per_worker: float, gpus_per_worker: float
+) -> dict[str, float]:
+    demand = {"CPU": num_workers * cpus_per_worker}
+    if gpus_per_worker > 0:
+        demand["GPU"] = num_workers * gpus_per_worker
+    return demand
+
+
+def admit(
+    demand: Mapping[str, float],
+    total: Mapping[str, float],
+    held: Sequence[Mapping[str, float]],
+) -> Admission:
+    """Decide whether `demand` fits `total` minus everything in `held`."""
+    short = []
+    for resource, amount in sorted(demand.items()):
+        free = total.get(resource, 0.0) - sum(h.get(resource, 0.0) for h in held)
+        if amount > free + 1e-9:
+            short.append(
+                f"{amount:g} {resource} (free {max(free, 0.0):g} of {total.get(resource, 0.0):g})"
+            )
+    if short:
+        return Admission(False, "waiting for " + ", ".join(short))
+    return Admission(True, "fits: " + ", ".join(f"{v:g} {k}" for k, v in sorted(demand.items())))

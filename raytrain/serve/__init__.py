@@ -1,0 +1,1 @@
+"""The service: the Ray Serve HTTP app, the job manager actor behind it, and its store."""

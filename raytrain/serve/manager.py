@@ -1,0 +1,423 @@
+"""The job manager: one detached Ray actor on the head node that owns every job.
+
+It validates and queues submissions, starts a job when its whole worker group fits the free
+capacity (raytrain.core.capacity), runs each job in a `JobRunner` actor that calls Ray Train's
+`fit()`, takes progress from rank 0, keeps an event stream per job, and writes every record to
+the durable store. Cancelling a job kills its runner; Ray's ownership then takes down the
+Train controller and workers, and Ray Train's placement-group cleaner frees their resources.
+
+The actor outlives the Serve app (it is detached), so redeploying the HTTP layer loses
+nothing. If the actor itself is lost, a new one reloads every record from the store and puts
+jobs that were in flight back in the queue; they resume from their latest checkpoint.
+
+Methods answer plain values and report expected failures as an envelope
+`{"ok": value}` / `{"error": kind, "detail": ...}` so nothing depends on exceptions
+crossing the actor boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.actor import ActorHandle
+
+from raytrain.core.capacity import admit, worker_group_demand
+from raytrain.errors import SpecError
+from raytrain.spec import (
+    CheckpointInfo,
+    JobEvent,
+    JobResult,
+    JobSpec,
+    JobState,
+    JobStatus,
+    PlanSummary,
+    Progress,
+    Resources,
+    ServiceConfig,
+    check_imports_allowed,
+    parse_job_spec,
+)
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = "raytrain"
+MANAGER_NAME = "raytrain-job-manager"
+PROGRESS_PERSIST_INTERVAL_S = 5.0
+EVENTS_KEPT_PER_JOB = 5000
+
+
+@ray.remote(num_cpus=0)
+class JobRunner:
+    """Runs one job's `fit()`; killing this actor stops the job."""
+
+    def run(
+        self, spec_json: dict[str, Any], job_id: str, checkpoint_root: str, run_root: str
+    ) -> None:
+        from raytrain.train.launcher import run_training_job
+
+        run_training_job(
+            JobSpec.model_validate(spec_json),
+            job_id,
+            Path(checkpoint_root),
+            Path(run_root),
+            (NAMESPACE, MANAGER_NAME),
+        )
+
+
+@dataclass
+class _Run:
+    runner: ActorHandle
+    done: ray.ObjectRef
+    demand: dict[str, float]
+    attempt: int = 0
+    progress_step: int = -1
+    result: dict[str, Any] | None = None
+
+
+@dataclass
+class _EventLog:
+    first_seq: int = 0
+    events: list[JobEvent] = field(default_factory=list)
+
+    @property
+    def next_seq(self) -> int:
+        return self.first_seq + len(self.events)
+
+
+def plan_summary(spec: JobSpec) -> PlanSummary:
+    return PlanSummary(
+        strategy=spec.parallel.strategy,
+        layout={"dp_replicate": spec.data_parallel_degree},
+        grad_accum_steps=spec.grad_accum_steps,
+        tokens_per_step=spec.tokens_per_step,
+        backend="nccl" if spec.resources.use_gpu else "gloo",
+    )
+
+
+class JobManager:
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = ServiceConfig.model_validate(config)
+        from raytrain.serve.store import JobStore
+
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._store = JobStore(self.config.state_path / "jobs.db")
+        self._jobs: dict[str, JobStatus] = {job.id: job for job in self._store.load_all()}
+        self._events: dict[str, _EventLog] = {job_id: _EventLog() for job_id in self._jobs}
+        self._runs: dict[str, _Run] = {}
+        self._persisted_at: dict[str, float] = {}
+        for job in list(self._jobs.values()):
+            if not job.state.is_terminal:
+                self._requeue_after_restart(job)
+        logger.info("job manager up with %d job records from %s", len(self._jobs), self._store.path)
+        self._stopping = threading.Event()
+        threading.Thread(target=self._schedule_forever, name="scheduler", daemon=True).start()
+
+    # ---------------------------------------------------------------- requests from the API
+
+    def submit(self, document: dict[str, Any]) -> dict[str, Any]:
+        try:
+            spec = parse_job_spec(document)
+            check_imports_allowed(spec, self.config.allowed_import_packages)
+        except SpecError as exc:
+            return {"error": "spec", "detail": [e.to_json() for e in exc.errors]}
+        now = time.time()
+        job = JobStatus(
+            id=uuid.uuid4().hex[:12],
+            state=JobState.PENDING,
+            spec=spec,
+            plan=plan_summary(spec),
+            progress=Progress(total_steps=spec.training.steps),
+            message="queued",
+            created_at=now,
+        )
+        with self._lock:
+            self._jobs[job.id] = job
+            self._events[job.id] = _EventLog()
+            self._transition(job, JobState.PENDING, "queued")
+            self._changed.notify_all()
+        logger.info("job %s submitted: %s", job.id, spec.name)
+        return {"ok": job.model_dump(mode="json")}
+
+    def list_jobs(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [job.model_dump(mode="json") for job in self._jobs.values()]
+
+    def get_job(self, job_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            return job.model_dump(mode="json") if job else None
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                return {"error": "not_found", "detail": f"no job with id {job_id!r}"}
+            if job.state.is_terminal:
+                return {
+                    "error": "state",
+                    "detail": f"job {job_id} already ended {job.state.value}; nothing to cancel",
+                }
+            run = self._runs.pop(job_id, None)
+            if run is not None:
+                ray.kill(run.runner, no_restart=True)
+            job.finished_at = time.time()
+            self._transition(job, JobState.CANCELLED, "cancelled by request")
+            self._end(job)
+            logger.info("job %s cancelled (was running: %s)", job_id, run is not None)
+            return {"ok": job.model_dump(mode="json")}
+
+    def wait_events(self, job_id: str, after_seq: int, timeout_s: float) -> list[dict[str, Any]] | None:
+        """Events with seq > after_seq, waiting up to timeout_s for one; None for no such job."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while True:
+                log = self._events.get(job_id)
+                if log is None:
+                    return None
+                if not log.events:  # a record reloaded after a restart has no history
+                    return self._synthetic_events(job_id)
+                fresh = log.events[max(0, after_seq + 1 - log.first_seq) :]
+                if fresh:
+                    return [event.model_dump(mode="json") for event in fresh]
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return []
+                self._changed.wait(remaining)
+
+    def resources_held(self) -> dict[str, float]:
+        with self._lock:
+            held: dict[str, float] = {}
+            for run in self._runs.values():
+                for key, amount in run.demand.items():
+                    held[key] = held.get(key, 0.0) + amount
+            return held
+
+    def shutdown(self) -> None:
+        """Stop scheduling and every running job (used when the service that started us stops)."""
+        self._stopping.set()
+        with self._lock:
+            for job_id in list(self._runs):
+                run = self._runs.pop(job_id)
+                ray.kill(run.runner, no_restart=True)
+                job = self._jobs[job_id]
+                job.message = "the service stopped; the job resumes from its checkpoint on restart"
+                self._save(job)
+        self._store.close()
+
+    # ------------------------------------------------------------ reports from rank 0
+
+    def worker_group_started(self, job_id: str, resumed_step: int, placement: dict[str, Any]) -> int:
+        with self._lock:
+            job, run = self._jobs.get(job_id), self._runs.get(job_id)
+            if job is None or run is None:
+                return -1
+            run.attempt += 1
+            run.progress_step = -1
+            job.resources = Resources(
+                accelerator=placement["accelerator"],
+                market="local",
+                nodes=placement["nodes"],
+                gpus=run.demand.get("GPU", 0.0),
+                cpus=run.demand.get("CPU", 0.0),
+                hourly_usd=0.0,
+            )
+            if job.started_at is None:
+                job.started_at = time.time()
+            if run.attempt == 1 and job.restarts == 0:
+                self._transition(job, JobState.RUNNING, "training")
+            else:
+                if run.attempt > 1:
+                    job.restarts += 1
+                self._transition(
+                    job,
+                    JobState.RECOVERING,
+                    f"worker group restarted; resuming from step {resumed_step}",
+                    resumed_step=resumed_step,
+                )
+            return run.attempt
+
+    def report_progress(self, job_id: str, attempt: int, payload: dict[str, Any]) -> None:
+        with self._lock:
+            job, run = self._jobs.get(job_id), self._runs.get(job_id)
+            if job is None or run is None or attempt != run.attempt:
+                return
+            if payload["step"] < run.progress_step:  # overtaken by a later report
+                return
+            run.progress_step = payload["step"]
+            if job.state == JobState.RECOVERING:
+                self._transition(job, JobState.RUNNING, "training")
+            job.progress = Progress.model_validate(
+                {k: v for k, v in payload.items() if k != "sent_at"}
+            )
+            # sent_at stays in the event: followers can see how fresh each report is.
+            self._emit(job_id, "progress", payload)
+            now = time.monotonic()
+            if now - self._persisted_at.get(job_id, 0.0) >= PROGRESS_PERSIST_INTERVAL_S:
+                self._save(job)
+
+    def report_checkpoint(self, job_id: str, attempt: int, step: int, path: str) -> None:
+        with self._lock:
+            job, run = self._jobs.get(job_id), self._runs.get(job_id)
+            if job is None or run is None or attempt != run.attempt:
+                return
+            job.checkpoint = CheckpointInfo(step=step, path=path)
+            self._emit(job_id, "checkpoint", {"step": step, "path": path})
+            self._save(job)
+
+    def report_finished(self, job_id: str, attempt: int, result: dict[str, Any]) -> None:
+        with self._lock:
+            run = self._runs.get(job_id)
+            if run is not None and attempt == run.attempt:
+                run.result = result
+
+    # -------------------------------------------------------------------- scheduling
+
+    def _schedule_forever(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self._reap_finished()
+                self._start_queued()
+            except Exception:  # keep scheduling whatever one job did
+                logger.exception("scheduler pass failed")
+            self._stopping.wait(self.config.scheduler_interval_s)
+
+    def _reap_finished(self) -> None:
+        with self._lock:
+            refs = [run.done for run in self._runs.values()]
+        if not refs:
+            return
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        for ref in ready:
+            with self._lock:
+                job_id = next((k for k, r in self._runs.items() if r.done == ref), None)
+                if job_id is None:  # cancelled meanwhile
+                    continue
+                run = self._runs.pop(job_id)
+                job = self._jobs[job_id]
+                job.finished_at = time.time()
+                try:
+                    ray.get(ref)
+                    error = None if run.result else "training ended without a final report"
+                except Exception as exc:  # the worker's error, wrapped by Ray
+                    error = _describe_failure(exc)
+                if error is None:
+                    assert run.result is not None
+                    job.result = JobResult.model_validate(run.result)
+                    self._transition(job, JobState.SUCCEEDED, "finished")
+                else:
+                    job.error = error
+                    self._transition(job, JobState.FAILED, "failed")
+                self._end(job)
+                ray.kill(run.runner, no_restart=True)
+
+    def _start_queued(self) -> None:
+        total = {k: float(v) for k, v in ray.cluster_resources().items()}
+        with self._lock:
+            held = [run.demand for run in self._runs.values()]
+            for job in list(self._jobs.values()):
+                if job.state != JobState.PENDING:
+                    continue
+                resources = job.spec.resources
+                demand = worker_group_demand(
+                    resources.num_workers, resources.cpus_per_worker, resources.gpus_per_worker
+                )
+                decision = admit(demand, total, held)
+                if not decision.fits:
+                    if job.message != decision.reason:
+                        logger.info("job %s queued: %s", job.id, decision.reason)
+                        self._transition(job, JobState.PENDING, decision.reason)
+                    break  # first in, first out: later jobs wait behind this one
+                self._launch(job, demand)
+                held.append(demand)
+
+    def _launch(self, job: JobStatus, demand: dict[str, float]) -> None:
+        root = self.config.checkpoint_root / job.id
+        runner = JobRunner.options(name=f"raytrain-job-{job.id}", namespace=NAMESPACE).remote()
+        done = runner.run.remote(
+            job.spec.model_dump(mode="json"), job.id, str(root / "checkpoints"), str(root / "ray")
+        )
+        self._runs[job.id] = _Run(runner=runner, done=done, demand=demand)
+        self._transition(job, JobState.PROVISIONING, "starting the worker group")
+        logger.info("job %s launched with %s", job.id, demand)
+
+    def _requeue_after_restart(self, job: JobStatus) -> None:
+        was = job.state
+        if was in (JobState.RUNNING, JobState.RECOVERING, JobState.PROVISIONING):
+            job.restarts += 1 if job.started_at is not None else 0
+        job.state = JobState.PENDING
+        job.message = f"the service restarted while the job was {was.value}; it resumes from its latest checkpoint"
+        self._save(job)
+        logger.info("job %s requeued after a service restart (was %s)", job.id, was.value)
+
+    # ------------------------------------------------------------------- bookkeeping
+
+    def _transition(self, job: JobStatus, state: JobState, message: str, **extra: Any) -> None:
+        job.state = state
+        job.message = None if state in (JobState.RUNNING, JobState.SUCCEEDED) else message
+        self._emit(job.id, "state", {"state": state.value, "message": message, **extra})
+        self._save(job)
+
+    def _end(self, job: JobStatus) -> None:
+        self._emit(job.id, "end", {"state": job.state.value, "error": job.error})
+        self._save(job)
+
+    def _emit(self, job_id: str, kind: str, data: dict[str, Any]) -> None:
+        log = self._events[job_id]
+        log.events.append(
+            JobEvent(seq=log.next_seq, type=kind, job_id=job_id, time=time.time(), data=data)  # type: ignore[arg-type]
+        )
+        if len(log.events) > EVENTS_KEPT_PER_JOB:
+            drop = len(log.events) - EVENTS_KEPT_PER_JOB
+            del log.events[:drop]
+            log.first_seq += drop
+        self._changed.notify_all()
+
+    def _synthetic_events(self, job_id: str) -> list[dict[str, Any]]:
+        job = self._jobs[job_id]
+        self._emit(job_id, "state", {"state": job.state.value, "message": job.message})
+        if job.state.is_terminal:
+            self._emit(job_id, "end", {"state": job.state.value, "error": job.error})
+        return [event.model_dump(mode="json") for event in self._events[job_id].events]
+
+    def _save(self, job: JobStatus) -> None:
+        self._store.put(job)
+        self._persisted_at[job.id] = time.monotonic()
+
+
+def _describe_failure(exc: BaseException) -> str:
+    """The root cause of a failed fit in a line or a few, not Ray's whole traceback."""
+    text = str(exc).strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    tail = "\n".join(lines[-6:]) if lines else type(exc).__name__
+    return f"training failed: {tail}"[:2000]
+
+
+JobManagerActor = ray.remote(JobManager)
+
+
+def get_or_create_manager(config: ServiceConfig) -> ActorHandle:
+    """The service's job manager: the running one, or a new one on the head node."""
+    return JobManagerActor.options(
+        name=MANAGER_NAME,
+        namespace=NAMESPACE,
+        lifetime="detached",
+        get_if_exists=True,
+        num_cpus=0,
+        max_concurrency=64,
+        resources={"node:__internal_head__": 0.001},
+    ).remote(config.model_dump(mode="json"))
+
+
+def find_manager() -> ActorHandle | None:
+    try:
+        return ray.get_actor(MANAGER_NAME, namespace=NAMESPACE)
+    except ValueError:
+        return None

@@ -1,0 +1,140 @@
+"""Run a job's training on Ray Train V2 workers: one `TorchTrainer.fit()` per job.
+
+Ray Train owns the worker group, the process group (NCCL when workers have GPUs, gloo when
+not), placement, and restarts after a worker failure (`FailureConfig.max_failures`). The loop
+itself is raytrain.train.loop; checkpoints are raytrain's own (see raytrain.train.checkpoint),
+so after a restart the loop finds the latest committed one by itself.
+
+Rank 0 publishes progress to the job manager actor named in the config; other ranks stay quiet.
+
+    run_training_job(spec, job_id="ab12", checkpoint_root=Path(...), run_root=Path(...),
+                     manager=("raytrain", "raytrain-job-manager"))
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+import ray.train
+import ray.train.torch
+import torch
+from ray.train import FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+
+from raytrain.spec import JobSpec
+from raytrain.train.loop import WorkerInfo, train
+from raytrain.train.progress import NullSink, ProgressSink
+
+logger = logging.getLogger(__name__)
+
+
+class ManagerSink:
+    """Progress of one job's rank 0, sent to the job manager actor.
+
+    Progress is fire-and-forget (the training step never waits for it); `started`, checkpoint
+    and finish notices wait for the manager, since state transitions hang on them. Each
+    message carries the attempt number the manager handed out in `started`, so a late message
+    from an earlier attempt cannot move the job backwards.
+    """
+
+    def __init__(self, manager: Any, job_id: str, placement: dict[str, Any]) -> None:
+        self.manager = manager
+        self.job_id = job_id
+        self.placement = placement
+        self.attempt = 0
+
+    def started(self, resumed_step: int) -> None:
+        self.attempt = ray.get(
+            self.manager.worker_group_started.remote(self.job_id, resumed_step, self.placement)
+        )
+
+    def progress(self, payload: dict[str, Any]) -> None:
+        sent = {**payload, "sent_at": time.time()}
+        self.manager.report_progress.remote(self.job_id, self.attempt, sent)
+
+    def checkpoint(self, step: int, path: str) -> None:
+        ray.get(self.manager.report_checkpoint.remote(self.job_id, self.attempt, step, path))
+
+    def finished(self, result: dict[str, Any]) -> None:
+        ray.get(self.manager.report_finished.remote(self.job_id, self.attempt, result))
+
+
+def train_fn_per_worker(config: dict[str, Any]) -> None:
+    """Ray Train's per-worker entry point."""
+    torch.set_num_threads(config["threads_per_worker"])
+    context = ray.train.get_context()
+    spec = JobSpec.model_validate(config["spec"])
+    worker = WorkerInfo(
+        rank=context.get_world_rank(),
+        world_size=context.get_world_size(),
+        device=ray.train.torch.get_device(),
+    )
+    sink: ProgressSink = NullSink()
+    if worker.rank == 0:
+        namespace, name = config["manager"]
+        placement = {
+            "accelerator": _accelerator_name(worker.device),
+            "nodes": max(1, worker.world_size // max(1, context.get_local_world_size())),
+        }
+        sink = ManagerSink(ray.get_actor(name, namespace=namespace), config["job_id"], placement)
+    train(spec, worker, sink, Path(config["checkpoint_root"]))
+
+
+def _accelerator_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return "cpu"
+
+
+def threads_per_worker(spec: JobSpec) -> int:
+    return max(1, int(spec.resources.cpus_per_worker))
+
+
+def build_trainer(
+    spec: JobSpec,
+    job_id: str,
+    checkpoint_root: Path,
+    run_root: Path,
+    manager: tuple[str, str],
+) -> TorchTrainer:
+    resources = spec.resources
+    per_worker: dict[str, float] = {"CPU": resources.cpus_per_worker}
+    if resources.use_gpu:
+        per_worker["GPU"] = resources.gpus_per_worker
+    threads = threads_per_worker(spec)
+    return TorchTrainer(
+        train_fn_per_worker,
+        train_loop_config={
+            "spec": spec.model_dump(mode="json"),
+            "job_id": job_id,
+            "checkpoint_root": str(checkpoint_root),
+            "manager": list(manager),
+            "threads_per_worker": threads,
+        },
+        scaling_config=ScalingConfig(
+            num_workers=resources.num_workers,
+            use_gpu=resources.use_gpu,
+            resources_per_worker=per_worker,
+        ),
+        run_config=RunConfig(
+            name=f"job-{job_id}",
+            storage_path=str(run_root),
+            failure_config=FailureConfig(
+                max_failures=spec.training.max_restarts, controller_failure_limit=0
+            ),
+            worker_runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}},
+        ),
+    )
+
+
+def run_training_job(
+    spec: JobSpec, job_id: str, checkpoint_root: Path, run_root: Path, manager: tuple[str, str]
+) -> None:
+    """Block until the job's training finishes; raise ray.train.TrainingFailedError if it fails."""
+    os.makedirs(run_root, exist_ok=True)
+    build_trainer(spec, job_id, checkpoint_root, run_root, manager).fit()

@@ -1,0 +1,51 @@
+"""Things tests hand to raytrain by import path, and a sink that records every report."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.started_at: list[int] = []
+        self.reports: list[dict[str, Any]] = []
+        self.checkpoints: list[int] = []
+        self.result: dict[str, Any] | None = None
+
+    def started(self, resumed_step: int) -> None:
+        self.started_at.append(resumed_step)
+
+    def progress(self, payload: dict[str, Any]) -> None:
+        self.reports.append(payload)
+
+    def checkpoint(self, step: int, path: str) -> None:
+        self.checkpoints.append(step)
+
+    def finished(self, result: dict[str, Any]) -> None:
+        self.result = result
+
+    def losses(self) -> dict[int, float]:
+        return {r["step"]: r["loss"] for r in self.reports}
+
+
+class CountingDataset:
+    """A user dataset: item i is the tokens i, i+1, ... modulo 50."""
+
+    def __init__(self, seq_len: int) -> None:
+        self.seq_len = seq_len
+
+    def __len__(self) -> int:
+        return 1000
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return (torch.arange(self.seq_len + 1) + index) % 50
+
+
+def make_dataset(seq_len: int) -> CountingDataset:
+    return CountingDataset(seq_len)
+
+
+def make_tiny_model(vocab_size: int = 50, dim: int = 16) -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Embedding(vocab_size, dim), torch.nn.Linear(dim, vocab_size))

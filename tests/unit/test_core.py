@@ -1,0 +1,91 @@
+"""The pure core: batch indexing, learning-rate schedule, admission, and its import rule."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from raytrain.core.batching import BatchPlan
+from raytrain.core.capacity import admit, worker_group_demand
+from raytrain.core.schedule import lr_multiplier
+
+CORE = Path(__file__).resolve().parents[2] / "raytrain" / "core"
+
+
+def test_core_imports_only_stdlib_and_spec() -> None:
+    for module in CORE.glob("*.py"):
+        for node in ast.walk(ast.parse(module.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            for name in names:
+                top = name.split(".")[0]
+                ok = top in sys.stdlib_module_names or top == "__future__" or name.startswith(
+                    ("raytrain.spec", "raytrain.core")
+                )
+                assert ok, f"{module.name} imports {name}"
+
+
+@st.composite
+def batch_plans(draw: st.DrawFn) -> BatchPlan:
+    micro = draw(st.integers(1, 8))
+    dp = draw(st.integers(1, 8))
+    accum = draw(st.integers(1, 4))
+    return BatchPlan(micro * dp * accum, micro, dp)
+
+
+@given(batch_plans(), st.integers(0, 1000))
+def test_each_step_reads_its_global_batch_exactly_once(plan: BatchPlan, step: int) -> None:
+    seen = [
+        index
+        for micro in range(plan.grad_accum_steps)
+        for rank in range(plan.dp_degree)
+        for index in plan.sample_range(step, micro, rank)
+    ]
+    expected = range(step * plan.global_batch_size, (step + 1) * plan.global_batch_size)
+    assert sorted(seen) == list(expected)
+
+
+@given(st.integers(1, 64), st.integers(0, 500))
+def test_data_position_does_not_depend_on_rank_count(global_batch: int, steps: int) -> None:
+    positions = {
+        BatchPlan(global_batch, global_batch // dp, dp).samples_consumed(steps)
+        for dp in range(1, global_batch + 1)
+        if global_batch % dp == 0
+    }
+    assert positions == {steps * global_batch}
+
+
+def test_batch_plan_rejects_indivisible_batches() -> None:
+    with pytest.raises(ValueError):
+        BatchPlan(10, 4, 2)
+
+
+@given(st.integers(0, 50), st.integers(1, 500), st.floats(0, 1))
+def test_lr_multiplier_warms_up_then_decays_to_the_floor(
+    warmup: int, extra: int, floor: float
+) -> None:
+    total = warmup + extra
+    values = [lr_multiplier(s, warmup, total, floor) for s in range(total)]
+    assert all(0.0 < v <= 1.0 + 1e-12 for v in values[:warmup])
+    assert all(floor - 1e-12 <= v <= 1.0 + 1e-12 for v in values[warmup:])
+    assert values[warmup:] == sorted(values[warmup:], reverse=True)
+    assert values[:warmup] == sorted(values[:warmup])
+    assert lr_multiplier(total, warmup, total, floor) == pytest.approx(floor)
+
+
+def test_admission_counts_what_running_jobs_hold() -> None:
+    demand = worker_group_demand(2, 1.0, 0.0)
+    assert admit(demand, {"CPU": 2.0}, []).fits
+    waiting = admit(demand, {"CPU": 2.0}, [{"CPU": 1.0}])
+    assert not waiting.fits and "free 1 of 2" in waiting.reason
+    gpu = worker_group_demand(4, 2.0, 1.0)
+    assert gpu == {"CPU": 8.0, "GPU": 4.0}
+    assert not admit(gpu, {"CPU": 64.0}, []).fits  # no GPUs at all

@@ -1,0 +1,106 @@
+"""Every bad input gets a clear error naming the field; good input gets safe defaults."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from raytrain.errors import SpecError
+from raytrain.spec import JobSpec, check_imports_allowed, load_job_spec, parse_job_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def paths_of(exc: SpecError) -> list[str]:
+    return [error.path for error in exc.errors]
+
+
+def test_defaults_are_a_valid_small_cpu_job() -> None:
+    spec = JobSpec()
+    assert spec.resources.num_workers == 2 and not spec.resources.use_gpu
+    assert spec.data_parallel_degree == 2
+    assert spec.grad_accum_steps == 2  # 16 / (4 x 2)
+
+
+def test_shipped_examples_parse() -> None:
+    assert load_job_spec(ROOT / "examples" / "demo.yaml").name == "demo"
+    assert load_job_spec(ROOT / "examples" / "job.json").name == "curl-job"
+
+
+@pytest.mark.parametrize(
+    ("document", "path", "words"),
+    [
+        ({"training": {"stepz": 10}}, "training.stepz", "Extra inputs"),
+        ({"colour": "red"}, "colour", "Extra inputs"),
+        ({"training": {"steps": "many"}}, "training.steps", "integer"),
+        ({"training": {"steps": -5}}, "training.steps", "greater than or equal to 1"),
+        ({"training": {"learning_rate": 0}}, "training.learning_rate", "greater than 0"),
+        ({"resources": {"num_workers": 0}}, "resources.num_workers", "greater than or equal"),
+        (
+            {"parallel": {"dp_replicate": 3}, "resources": {"num_workers": 2}},
+            "parallel.dp_replicate",
+            "multiply to 3 but resources.num_workers=2",
+        ),
+        (
+            {"training": {"global_batch_size": 10, "micro_batch_size": 4}},
+            "training.global_batch_size",
+            "multiple of",
+        ),
+        ({"data": {"seq_len": 500}}, "data.seq_len", "max_seq_len"),
+        ({"model": {"gpt": {"dim": 100, "num_heads": 3}}}, "model.gpt.num_heads", "must divide"),
+        ({"model": {"kind": "import"}}, "model.factory", "needs a factory"),
+        ({"model": {"kind": "import", "factory": "not a path"}}, "model.factory", "import path"),
+        ({"data": {"kind": "token_file"}}, "data.path", "needs a path"),
+        ({"training": {"warmup_steps": 50, "steps": 10}}, "training.warmup_steps", "exceeds"),
+        ({"name": "bad name!"}, "name", "pattern"),
+    ],
+)
+def test_bad_input_names_the_field(document: dict, path: str, words: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_job_spec(document)
+    assert path in paths_of(caught.value)
+    assert words in str(caught.value)
+
+
+def test_cross_field_errors_say_how_to_fix() -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_job_spec({"training": {"global_batch_size": 10, "micro_batch_size": 4}})
+    assert "To fix: use 8" in str(caught.value)
+
+
+def test_several_errors_are_reported_together() -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_job_spec({"training": {"steps": -1, "seed": -1}, "typo": 1})
+    assert {"training.steps", "training.seed", "typo"} <= set(paths_of(caught.value))
+
+
+def test_import_path_outside_allowed_packages_is_refused() -> None:
+    spec = parse_job_spec({"model": {"kind": "import", "factory": "os.path:join"}})
+    with pytest.raises(SpecError) as caught:
+        check_imports_allowed(spec, ["mylab"])
+    assert paths_of(caught.value) == ["model.factory"]
+    assert "allowed_import_packages" in str(caught.value)
+    check_imports_allowed(spec, ["os"])  # allowed: no error
+    spoof = parse_job_spec({"model": {"kind": "import", "factory": "mylabevil.x:f"}})
+    with pytest.raises(SpecError):
+        check_imports_allowed(spoof, ["mylab"])  # a prefix of the name is not the package
+
+
+def test_files_missing_or_malformed_get_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="cannot read"):
+        load_job_spec(tmp_path / "nope.yaml")
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    with pytest.raises(SpecError, match="not valid json"):
+        load_job_spec(broken)
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- a\n- b\n")
+    with pytest.raises(SpecError, match="mapping"):
+        load_job_spec(listing)
+
+
+def test_spec_round_trips_through_json() -> None:
+    spec = parse_job_spec({"name": "x", "training": {"steps": 7}})
+    assert JobSpec.model_validate(json.loads(spec.model_dump_json())) == spec

@@ -1,0 +1,21 @@
+"""Job records survive a reopened store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from raytrain.serve.store import JobStore
+from raytrain.spec import JobSpec, JobState, JobStatus
+
+
+def test_records_survive_reopening(tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "jobs.db")
+    first = JobStatus(id="a", state=JobState.PENDING, spec=JobSpec(), created_at=1.0)
+    second = JobStatus(id="b", state=JobState.RUNNING, spec=JobSpec(), created_at=2.0)
+    store.put(first)
+    store.put(second)
+    second.state = JobState.SUCCEEDED
+    store.put(second)
+    store.close()
+    reopened = JobStore(tmp_path / "jobs.db").load_all()
+    assert [(j.id, j.state) for j in reopened] == [("a", JobState.PENDING), ("b", JobState.SUCCEEDED)]

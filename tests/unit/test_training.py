@@ -1,0 +1,131 @@
+"""The training loop in plain processes: learning, resume, checkpoints, and DDP parity."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from raytrain.spec import JobSpec
+from raytrain.train.checkpoint import COMMIT_MARKER, CheckpointManager, latest_checkpoint
+from raytrain.train.loop import WorkerInfo, train
+from raytrain.train.progress import ProgressMeter
+from tests.unit.support import RecordingSink
+
+SMALL = {
+    "model": {"gpt": {"vocab_size": 64, "dim": 32, "num_layers": 2, "num_heads": 4,
+                      "max_seq_len": 16}},
+    "data": {"seq_len": 16},
+    "training": {"steps": 20, "global_batch_size": 8, "micro_batch_size": 2,
+                 "checkpoint_every_steps": 10, "learning_rate": 0.01},
+}
+
+
+def small_spec(num_workers: int, **training: Any) -> JobSpec:
+    document = json.loads(json.dumps(SMALL))
+    document["training"].update(training)
+    document["resources"] = {"num_workers": num_workers}
+    return JobSpec.model_validate(document)
+
+
+def run_single(spec: JobSpec, root: Path, **kwargs: Any) -> RecordingSink:
+    sink = RecordingSink()
+    train(spec, WorkerInfo.single_process(), sink, root, progress_interval_s=0.0, **kwargs)
+    return sink
+
+
+def test_loss_falls_and_checkpoints_are_committed(tmp_path: Path) -> None:
+    sink = run_single(small_spec(1, steps=40, checkpoint_every_steps=10), tmp_path)
+    losses = sink.losses()
+    assert sorted(losses) == list(range(1, 41))
+    assert losses[40] < 0.7 * losses[1]
+    assert sink.checkpoints == [10, 20, 30, 40]
+    assert sink.result is not None and sink.result["final_loss"] == losses[40]
+    # Two kept; the latest is the last one and carries the data position.
+    kept = sorted(p.name for p in tmp_path.iterdir())
+    assert kept == ["step_000000030", "step_000000040"]
+    meta = json.loads((latest_checkpoint(tmp_path) / "meta.json").read_text())
+    assert meta["samples_seen"] == 40 * 8 and meta["first_loss"] == losses[1]
+
+
+def test_resume_continues_exactly_where_an_uninterrupted_run_goes(tmp_path: Path) -> None:
+    spec = small_spec(1)
+    whole = run_single(spec, tmp_path / "whole").losses()
+    first = run_single(spec, tmp_path / "cut", stop_after_steps=13)  # last checkpoint: 10
+    assert first.checkpoints == [10]
+    second = run_single(spec, tmp_path / "cut")
+    assert second.started_at == [10]
+    resumed = second.losses()
+    assert sorted(resumed) == list(range(11, 21))
+    for step in resumed:
+        assert resumed[step] == pytest.approx(whole[step], abs=1e-6)
+    assert second.result is not None and second.result["first_loss"] == whole[1]
+
+
+def test_uncommitted_checkpoint_is_ignored(tmp_path: Path) -> None:
+    spec = small_spec(1)
+    run_single(spec, tmp_path, stop_after_steps=10)
+    committed = latest_checkpoint(tmp_path)
+    assert committed is not None and committed.name == "step_000000010"
+    half = tmp_path / "step_000000020"
+    half.mkdir()
+    (half / "meta.json").write_text("{}")  # written, never committed
+    assert latest_checkpoint(tmp_path) == committed
+    assert not (tmp_path / "step_000000010" / f"{COMMIT_MARKER}.tmp").exists()
+
+
+def test_progress_meter_throttles_and_estimates() -> None:
+    now = [100.0]
+    meter = ProgressMeter(total_steps=10, tokens_per_step=1000, start_step=0,
+                          clock=lambda: now[0], interval_s=1.0)
+    now[0] = 100.5
+    assert meter.record(1, 5.0)  # the first report is always due
+    now[0] = 100.9
+    assert not meter.record(2, 4.0)
+    now[0] = 101.5
+    assert meter.record(3, 3.0)
+    snapshot = meter.snapshot()
+    assert snapshot["tokens_per_s"] == pytest.approx(2000 / 1.0)
+    assert snapshot["eta_s"] == pytest.approx(7 * 1000 / 2000)
+    assert snapshot["first_loss"] == 5.0
+    assert meter.record(10, 1.0)  # the last step is always due
+
+
+# ------------------------------------------------------------------ DDP over gloo parity
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ddp_worker(rank: int, world_size: int, port: int, root: str, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        sink = RecordingSink()
+        train(small_spec(world_size, steps=10), WorkerInfo.from_process_group(torch.device("cpu")),
+              sink, Path(root), progress_interval_s=0.0)
+        if rank == 0:
+            Path(out).write_text(json.dumps(sink.losses()))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_on_two_ranks_matches_one_process(tmp_path: Path) -> None:
+    reference = run_single(small_spec(1, steps=10), tmp_path / "single").losses()
+    out = tmp_path / "ddp.json"
+    mp.spawn(_ddp_worker, args=(2, _free_port(), str(tmp_path / "ddp"), str(out)), nprocs=2)
+    ddp = {int(k): v for k, v in json.loads(out.read_text()).items()}
+    assert sorted(ddp) == list(range(1, 11))
+    for step, loss in reference.items():
+        assert ddp[step] == pytest.approx(loss, abs=1e-5), step
