@@ -49,7 +49,7 @@ def _print_json(value: Any) -> None:
 def _jobs_table(jobs: Sequence[JobStatus]) -> Table:
     table = Table(show_lines=False)
     for column in ("ID", "NAME", "STATE", "STEP", "LOSS", "TOK/S", "WORKERS", "RESTARTS", "AGE"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column in ("ID", "STATE"))  # IDs get copied
     now = time.time()
     for job in jobs:
         p = job.progress
@@ -112,10 +112,11 @@ def _summary(job: JobStatus, wall_s: float | None = None) -> Table:
     return table
 
 
-def _follow(client: Client, job_id: str) -> JobStatus:
+def _follow(client: Client, job_id: str, json_output: bool = False) -> JobStatus:
+    """Draw progress until the job ends, then its summary (on stderr when stdout is JSON)."""
     started = time.monotonic()
     status = client.job(job_id).wait(progress=True)
-    out.print(_summary(status, time.monotonic() - started))
+    (err if json_output else out).print(_summary(status, time.monotonic() - started))
     return status
 
 
@@ -132,7 +133,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if not args.follow:
         out.print(job.id)
         return 0
-    status = _follow(client, job.id)
+    status = _follow(client, job.id, json_output=args.json)
     if args.json:
         _print_json(status.model_dump(mode="json"))
     return 0 if status.state == JobState.SUCCEEDED else 1

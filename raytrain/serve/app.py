@@ -50,6 +50,32 @@ def _sse(event: dict[str, Any]) -> str:
     return f"id: {event['seq']}\nevent: {event['type']}\ndata: {json.dumps(event)}\n\n"
 
 
+def render_metrics(jobs: list[JobStatus]) -> str:
+    """Prometheus text exposition of job counts and each active job's progress."""
+    lines = [
+        "# HELP raytrain_jobs Jobs by state.",
+        "# TYPE raytrain_jobs gauge",
+    ]
+    for state in JobState:
+        count = sum(1 for job in jobs if job.state == state)
+        lines.append(f'raytrain_jobs{{state="{state.value}"}} {count}')
+    gauges = {
+        "raytrain_job_step": ("Optimizer steps completed.", lambda j: j.progress.step),
+        "raytrain_job_loss": ("Latest training loss.", lambda j: j.progress.loss),
+        "raytrain_job_tokens_per_second": ("Recent throughput.", lambda j: j.progress.tokens_per_s),
+        "raytrain_job_cost_usd": ("Dollars spent so far.", lambda j: j.cost_usd),
+        "raytrain_job_restarts": ("Restarts from a checkpoint.", lambda j: j.restarts),
+    }
+    for name, (help_text, read) in gauges.items():
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+        for job in jobs:
+            value = read(job)
+            if value is not None and not job.state.is_terminal:
+                lines.append(f'{name}{{job="{job.id}",name="{job.spec.name}"}} {value}')
+    return "\n".join(lines) + "\n"
+
+
+# Helpers the deployment calls are defined above it: Serve ships the class by value.
 @serve.deployment(
     name="RaytrainAPI",
     logging_config={"log_level": "WARNING", "enable_access_log": False},
@@ -117,31 +143,6 @@ class RaytrainAPI:
     async def metrics(self) -> str:
         jobs = [JobStatus.model_validate(j) for j in await self.manager.list_jobs.remote()]
         return render_metrics(jobs)
-
-
-def render_metrics(jobs: list[JobStatus]) -> str:
-    """Prometheus text exposition of job counts and each active job's progress."""
-    lines = [
-        "# HELP raytrain_jobs Jobs by state.",
-        "# TYPE raytrain_jobs gauge",
-    ]
-    for state in JobState:
-        count = sum(1 for job in jobs if job.state == state)
-        lines.append(f'raytrain_jobs{{state="{state.value}"}} {count}')
-    gauges = {
-        "raytrain_job_step": ("Optimizer steps completed.", lambda j: j.progress.step),
-        "raytrain_job_loss": ("Latest training loss.", lambda j: j.progress.loss),
-        "raytrain_job_tokens_per_second": ("Recent throughput.", lambda j: j.progress.tokens_per_s),
-        "raytrain_job_cost_usd": ("Dollars spent so far.", lambda j: j.cost_usd),
-        "raytrain_job_restarts": ("Restarts from a checkpoint.", lambda j: j.restarts),
-    }
-    for name, (help_text, read) in gauges.items():
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
-        for job in jobs:
-            value = read(job)
-            if value is not None and not job.state.is_terminal:
-                lines.append(f'{name}{{job="{job.id}",name="{job.spec.name}"}} {value}')
-    return "\n".join(lines) + "\n"
 
 
 def build_app(config: ServiceConfig) -> serve.Application:

@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray._raylet import PlacementGroupID
 from ray.actor import ActorHandle
+from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from raytrain.core.capacity import admit, worker_group_demand
 from raytrain.errors import SpecError
@@ -50,6 +52,8 @@ logger = logging.getLogger(__name__)
 NAMESPACE = "raytrain"
 MANAGER_NAME = "raytrain-job-manager"
 PROGRESS_PERSIST_INTERVAL_S = 5.0
+# How long a cancelled worker group has to leave on its own before it is killed.
+CANCEL_GRACE_S = 20.0
 EVENTS_KEPT_PER_JOB = 5000
 
 
@@ -79,6 +83,8 @@ class _Run:
     attempt: int = 0
     progress_step: int = -1
     result: dict[str, Any] | None = None
+    placement_group: str | None = None  # reported by rank 0; lets a hard stop free it
+    stop_deadline: float | None = None  # set when the job was asked to stop
 
 
 @dataclass
@@ -165,9 +171,12 @@ class JobManager:
                     "error": "state",
                     "detail": f"job {job_id} already ended {job.state.value}; nothing to cancel",
                 }
-            run = self._runs.pop(job_id, None)
+            run = self._runs.get(job_id)
             if run is not None:
-                ray.kill(run.runner, no_restart=True)
+                # Rank 0 reads this in the reply to its next progress report and every rank
+                # leaves at the same step; the run keeps its resources counted until the
+                # group is gone (or killed after CANCEL_GRACE_S, see _reap_finished).
+                run.stop_deadline = time.monotonic() + CANCEL_GRACE_S
             job.finished_at = time.time()
             self._transition(job, JobState.CANCELLED, "cancelled by request")
             self._end(job)
@@ -205,9 +214,10 @@ class JobManager:
         self._stopping.set()
         with self._lock:
             for job_id in list(self._runs):
-                run = self._runs.pop(job_id)
-                ray.kill(run.runner, no_restart=True)
+                _hard_stop(self._runs.pop(job_id))
                 job = self._jobs[job_id]
+                if job.state.is_terminal:
+                    continue
                 job.message = "the service stopped; the job resumes from its checkpoint on restart"
                 self._save(job)
         self._store.close()
@@ -221,6 +231,9 @@ class JobManager:
                 return -1
             run.attempt += 1
             run.progress_step = -1
+            run.placement_group = placement.get("placement_group")
+            if job.state.is_terminal:  # cancelled while the group was starting
+                return run.attempt
             job.resources = Resources(
                 accelerator=placement["accelerator"],
                 market="local",
@@ -244,13 +257,16 @@ class JobManager:
                 )
             return run.attempt
 
-    def report_progress(self, job_id: str, attempt: int, payload: dict[str, Any]) -> None:
+    def report_progress(self, job_id: str, attempt: int, payload: dict[str, Any]) -> dict[str, bool]:
+        """Record rank 0's report; the reply tells the workers whether to stop."""
         with self._lock:
             job, run = self._jobs.get(job_id), self._runs.get(job_id)
             if job is None or run is None or attempt != run.attempt:
-                return
+                return {"stop": True}  # a report from a run we no longer track
+            if run.stop_deadline is not None or job.state.is_terminal:
+                return {"stop": True}
             if payload["step"] < run.progress_step:  # overtaken by a later report
-                return
+                return {"stop": False}
             run.progress_step = payload["step"]
             if job.state == JobState.RECOVERING:
                 self._transition(job, JobState.RUNNING, "training")
@@ -262,6 +278,7 @@ class JobManager:
             now = time.monotonic()
             if now - self._persisted_at.get(job_id, 0.0) >= PROGRESS_PERSIST_INTERVAL_S:
                 self._save(job)
+            return {"stop": False}
 
     def report_checkpoint(self, job_id: str, attempt: int, step: int, path: str) -> None:
         with self._lock:
@@ -269,6 +286,9 @@ class JobManager:
             if job is None or run is None or attempt != run.attempt:
                 return
             job.checkpoint = CheckpointInfo(step=step, path=path)
+            if job.state.is_terminal:  # a cancelled job's checkpoint: record, no event
+                self._save(job)
+                return
             self._emit(job_id, "checkpoint", {"step": step, "path": path})
             self._save(job)
 
@@ -292,31 +312,41 @@ class JobManager:
     def _reap_finished(self) -> None:
         with self._lock:
             refs = [run.done for run in self._runs.values()]
-        if not refs:
-            return
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        for ref in ready:
-            with self._lock:
-                job_id = next((k for k, r in self._runs.items() if r.done == ref), None)
-                if job_id is None:  # cancelled meanwhile
-                    continue
-                run = self._runs.pop(job_id)
+        ready = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) if refs else set()
+        now = time.monotonic()
+        with self._lock:
+            for job_id, run in list(self._runs.items()):
                 job = self._jobs[job_id]
-                job.finished_at = time.time()
-                try:
-                    ray.get(ref)
-                    error = None if run.result else "training ended without a final report"
-                except Exception as exc:  # the worker's error, wrapped by Ray
-                    error = _describe_failure(exc)
-                if error is None:
-                    assert run.result is not None
-                    job.result = JobResult.model_validate(run.result)
-                    self._transition(job, JobState.SUCCEEDED, "finished")
-                else:
-                    job.error = error
-                    self._transition(job, JobState.FAILED, "failed")
-                self._end(job)
-                ray.kill(run.runner, no_restart=True)
+                if run.done in ready:
+                    del self._runs[job_id]
+                    ray.kill(run.runner, no_restart=True)
+                    if not job.state.is_terminal:  # a cancelled job already has its end
+                        self._finish(job, run)
+                elif run.stop_deadline is not None and now > run.stop_deadline:
+                    logger.warning(
+                        "job %s did not stop within %.0f s of being cancelled; killing it",
+                        job_id, CANCEL_GRACE_S,
+                    )
+                    del self._runs[job_id]
+                    _hard_stop(run)
+
+    def _finish(self, job: JobStatus, run: _Run) -> None:
+        job.finished_at = time.time()
+        try:
+            ray.get(run.done)
+            error = None if run.result else "training ended without a final report"
+        except Exception as exc:  # the worker's error, wrapped by Ray
+            error = _describe_failure(exc)
+        if error is None:
+            assert run.result is not None
+            job.result = JobResult.model_validate(
+                {k: v for k, v in run.result.items() if k != "stopped"}
+            )
+            self._transition(job, JobState.SUCCEEDED, "finished")
+        else:
+            job.error = error
+            self._transition(job, JobState.FAILED, "failed")
+        self._end(job)
 
     def _start_queued(self) -> None:
         total = {k: float(v) for k, v in ray.cluster_resources().items()}
@@ -390,6 +420,15 @@ class JobManager:
     def _save(self, job: JobStatus) -> None:
         self._store.put(job)
         self._persisted_at[job.id] = time.monotonic()
+
+
+def _hard_stop(run: _Run) -> None:
+    """Kill a job's runner (Ray's ownership takes the controller and workers with it) and
+    remove its worker group's placement group, which Ray would otherwise free only through
+    its dashboard-backed cleaner."""
+    ray.kill(run.runner, no_restart=True)
+    if run.placement_group:
+        remove_placement_group(PlacementGroup(PlacementGroupID.from_hex(run.placement_group)))
 
 
 def _describe_failure(exc: BaseException) -> str:

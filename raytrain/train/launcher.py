@@ -21,6 +21,7 @@ from typing import Any
 
 import ray
 import ray.train
+import ray.util
 import ray.train.torch
 import torch
 from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -47,6 +48,8 @@ class ManagerSink:
         self.job_id = job_id
         self.placement = placement
         self.attempt = 0
+        self._last_reply: ray.ObjectRef | None = None
+        self._stop = False
 
     def started(self, resumed_step: int) -> None:
         self.attempt = ray.get(
@@ -55,7 +58,21 @@ class ManagerSink:
 
     def progress(self, payload: dict[str, Any]) -> None:
         sent = {**payload, "sent_at": time.time()}
-        self.manager.report_progress.remote(self.job_id, self.attempt, sent)
+        self._poll_reply()
+        self._last_reply = self.manager.report_progress.remote(self.job_id, self.attempt, sent)
+
+    def should_stop(self) -> bool:
+        self._poll_reply()
+        return self._stop
+
+    def _poll_reply(self) -> None:
+        """Read the manager's answer to the last report if it has come; never waits."""
+        if self._last_reply is None:
+            return
+        ready, _ = ray.wait([self._last_reply], timeout=0)
+        if ready:
+            self._stop = self._stop or bool(ray.get(ready[0]).get("stop"))
+            self._last_reply = None
 
     def checkpoint(self, step: int, path: str) -> None:
         ray.get(self.manager.report_checkpoint.remote(self.job_id, self.attempt, step, path))
@@ -77,7 +94,9 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     sink: ProgressSink = NullSink()
     if worker.rank == 0:
         namespace, name = config["manager"]
+        group = ray.util.get_current_placement_group()
         placement = {
+            "placement_group": group.id.hex() if group is not None else None,
             "accelerator": _accelerator_name(worker.device),
             "nodes": max(1, worker.world_size // max(1, context.get_local_world_size())),
         }

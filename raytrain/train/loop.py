@@ -70,11 +70,18 @@ def _vocab_size(spec: JobSpec) -> int | None:
     return spec.model.gpt.vocab_size if spec.model.kind == "gpt" else None
 
 
-def _mean_over_ranks(value: torch.Tensor, world_size: int) -> float:
+def _agree_on_loss_and_stop(
+    loss_sum: torch.Tensor, stop_here: bool, world_size: int
+) -> tuple[float, bool]:
+    """Mean loss over ranks, and whether any rank was asked to stop, in one all-reduce.
+
+    Rank 0 alone hears from the service; folding its stop flag into the loss reduction that
+    every step already does lets all ranks leave the loop at the same step at no extra cost.
+    """
+    values = torch.stack([loss_sum, torch.tensor(float(stop_here), device=loss_sum.device)])
     if world_size > 1:
-        dist.all_reduce(value)
-        value = value / world_size
-    return float(value)
+        dist.all_reduce(values)
+    return float(values[0]) / world_size, bool(values[1] > 0)
 
 
 def train(
@@ -123,9 +130,14 @@ def train(
     if stop_after_steps is not None:
         last_step = min(last_step, start_step + stop_after_steps)
     loss_value = float("nan")
+    stopped = False
+    steps_done = start_step
     for step in range(start_step, last_step):
-        loss_value = _train_step(
+        loss_sum = _train_step(
             step, wrapped, optimizer, source, plan, worker, spec, model_params=model.parameters()
+        )
+        loss_value, stopped = _agree_on_loss_and_stop(
+            loss_sum, worker.rank == 0 and sink.should_stop(), worker.world_size
         )
         steps_done = step + 1
         if meter.record(steps_done, loss_value) and worker.rank == 0:
@@ -144,12 +156,17 @@ def train(
             )
             if worker.rank == 0:
                 sink.checkpoint(steps_done, str(path))
+        if stopped:
+            if worker.rank == 0:
+                logger.info("stopping at step %d as the service asked", steps_done)
+            break
     wall_s = time.monotonic() - meter.started_at
-    steps_run = last_step - start_step
+    steps_run = steps_done - start_step
     result = {
         "first_loss": meter.first_loss if meter.first_loss is not None else loss_value,
         "final_loss": loss_value,
-        "steps": last_step,
+        "stopped": stopped,
+        "steps": steps_done,
         "train_wall_s": wall_s,
         "tokens_per_s": steps_run * spec.tokens_per_step / wall_s if wall_s > 0 else 0.0,
     }
@@ -167,8 +184,8 @@ def _train_step(
     worker: WorkerInfo,
     spec: JobSpec,
     model_params: Any,
-) -> float:
-    """One optimizer step over `plan.grad_accum_steps` micro-batches; returns the global loss."""
+) -> torch.Tensor:
+    """One optimizer step over `plan.grad_accum_steps` micro-batches; returns this rank's loss."""
     training = spec.training
     scale = lr_multiplier(step, training.warmup, training.steps, training.min_lr_ratio)
     for group in optimizer.param_groups:
@@ -189,5 +206,5 @@ def _train_step(
         torch.nn.utils.clip_grad_norm_(model_params, training.grad_clip_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return _mean_over_ranks(loss_sum, worker.world_size)
+    return loss_sum
 

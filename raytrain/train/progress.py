@@ -23,6 +23,10 @@ class ProgressSink(Protocol):
 
     def finished(self, result: dict[str, Any]) -> None: ...
 
+    def should_stop(self) -> bool:
+        """True once the service asked the job to stop (cancel); must not block."""
+        ...
+
 
 class NullSink:
     """For ranks other than 0, and runs nobody watches."""
@@ -38,6 +42,9 @@ class NullSink:
 
     def finished(self, result: dict[str, Any]) -> None:
         pass
+
+    def should_stop(self) -> bool:
+        return False
 
 
 class ProgressMeter:

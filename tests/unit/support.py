@@ -8,7 +8,10 @@ import torch
 
 
 class RecordingSink:
-    def __init__(self) -> None:
+    """Records every report; asks the loop to stop once `stop_at_step` is reported."""
+
+    def __init__(self, stop_at_step: int | None = None) -> None:
+        self.stop_at_step = stop_at_step
         self.started_at: list[int] = []
         self.reports: list[dict[str, Any]] = []
         self.checkpoints: list[int] = []
@@ -25,6 +28,11 @@ class RecordingSink:
 
     def finished(self, result: dict[str, Any]) -> None:
         self.result = result
+
+    def should_stop(self) -> bool:
+        return self.stop_at_step is not None and any(
+            r["step"] >= self.stop_at_step for r in self.reports
+        )
 
     def losses(self) -> dict[int, float]:
         return {r["step"]: r["loss"] for r in self.reports}

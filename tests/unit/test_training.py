@@ -69,6 +69,15 @@ def test_resume_continues_exactly_where_an_uninterrupted_run_goes(tmp_path: Path
     assert second.result is not None and second.result["first_loss"] == whole[1]
 
 
+def test_a_stop_request_ends_the_loop_at_the_next_step(tmp_path: Path) -> None:
+    sink = RecordingSink(stop_at_step=5)
+    result = train(small_spec(1), WorkerInfo.single_process(), sink, tmp_path,
+                   progress_interval_s=0.0)
+    # The request arrives with step 5's report, so step 6 is the last one run.
+    assert result["stopped"] and result["steps"] == 6
+    assert max(sink.losses()) == 6
+
+
 def test_uncommitted_checkpoint_is_ignored(tmp_path: Path) -> None:
     spec = small_spec(1)
     run_single(spec, tmp_path, stop_after_steps=10)

@@ -1,0 +1,72 @@
+"""One local Ray cluster and one deployed service for the whole integration session.
+
+Each Ray Train fit costs 20-35 s on 2 cores, so these tests are the few that prove the real
+integration: HTTP on 127.0.0.1 -> Serve -> job manager -> Ray Train workers over gloo.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import psutil
+import pytest
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+NUM_CPUS = 2
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def train_worker_pids() -> list[int]:
+    """PIDs of live Ray Train worker processes on this machine."""
+    pids = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = " ".join(proc.info.get("cmdline") or [])
+        if cmdline.startswith("ray::RayTrainWorker"):
+            pids.append(proc.info["pid"])
+    return pids
+
+
+def wait_for(predicate: Callable[[], object], timeout_s: float, what: str) -> object:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+class Service:
+    def __init__(self, url: str, state_dir: Path) -> None:
+        self.url = url
+        self.state_dir = state_dir
+
+
+@pytest.fixture(scope="session")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    import ray
+
+    from raytrain.serve.deploy import connect_ray, deploy, undeploy
+    from raytrain.spec import ServiceConfig
+
+    state_dir = tmp_path_factory.mktemp("raytrain-state")
+    connect_ray(None, num_cpus=NUM_CPUS, quiet=True)
+    config = ServiceConfig(state_dir=str(state_dir), allowed_import_packages=["tests"])
+    url = deploy(config, "127.0.0.1", free_port())
+    instance = Service(url, state_dir)
+    instance.config = config  # type: ignore[attr-defined]
+    try:
+        yield instance
+    finally:
+        undeploy(stop_jobs=True)
+        ray.shutdown()

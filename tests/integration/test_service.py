@@ -1,0 +1,184 @@
+"""End to end over real HTTP on 127.0.0.1 against the real Serve app on a local Ray cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import ray
+
+from raytrain import Client, JobState
+from raytrain.cli import main as cli_main
+from tests.integration.conftest import NUM_CPUS, Service, train_worker_pids, wait_for
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def job_spec(steps: int, checkpoint_every: int = 50, name: str = "itest") -> dict[str, Any]:
+    return {
+        "name": name,
+        "model": {"gpt": {"vocab_size": 128, "dim": 64, "num_layers": 2, "num_heads": 4,
+                          "max_seq_len": 32}},
+        "data": {"seq_len": 32},
+        "training": {"steps": steps, "global_batch_size": 16, "micro_batch_size": 4,
+                     "checkpoint_every_steps": checkpoint_every, "learning_rate": 0.01},
+        "resources": {"num_workers": 2, "cpus_per_worker": 1},
+    }
+
+
+def cpus_free() -> float:
+    return ray.available_resources().get("CPU", 0.0)
+
+
+def test_bad_specs_answer_422_with_field_paths_and_start_nothing(service: Service) -> None:
+    before = httpx.get(f"{service.url}/v1/jobs").json()
+    cases = [
+        ({"training": {"stepz": 3}}, ["body", "training", "stepz"]),
+        ({"training": {"steps": -1}}, ["body", "training", "steps"]),
+        ({"resources": {"num_workers": "two"}}, ["body", "resources", "num_workers"]),
+        ({"parallel": {"dp_replicate": 4}}, ["body", "parallel", "dp_replicate"]),
+        ({"model": {"kind": "import", "factory": "os:system"}}, ["body", "model", "factory"]),
+    ]
+    for body, loc in cases:
+        response = httpx.post(f"{service.url}/v1/jobs", json=body)
+        assert response.status_code == 422, body
+        locs = [error["loc"] for error in response.json()["detail"]]
+        assert loc in locs, (body, locs)
+    assert httpx.get(f"{service.url}/v1/jobs").json() == before
+    assert httpx.get(f"{service.url}/v1/jobs/nope").status_code == 404
+    assert "/v1/jobs" in httpx.get(f"{service.url}/openapi.json").json()["paths"]
+
+
+def test_job_trains_to_success_and_streams_progress(service: Service) -> None:
+    client = Client(service.url)
+    submitted_at = time.time()
+    job = client.submit(job_spec(steps=60, checkpoint_every=30))
+    states, progress, lags = [], [], []
+    for event in job.events():
+        if event.type == "state":
+            states.append(event.data["state"])
+        elif event.type == "progress":
+            progress.append(event.data)
+            lags.append(time.time() - event.data["sent_at"])
+    status = job.wait(progress=True)  # already ended: replays the stream and returns
+    assert status.state == JobState.SUCCEEDED, status.error
+    assert states[:3] == ["PENDING", "PROVISIONING", "RUNNING"] and states[-1] == "SUCCEEDED"
+    steps = [p["step"] for p in progress]
+    assert steps == sorted(steps) and steps[-1] == 60
+    assert progress[-1]["loss"] < progress[0]["loss"]
+    assert max(lags) < 2.0, f"progress reached the client {max(lags):.2f} s after the step"
+    assert status.result is not None and status.result.final_loss < status.result.first_loss
+    assert status.checkpoint is not None and status.checkpoint.step == 60
+    assert Path(status.checkpoint.path, "COMMITTED").is_file()
+    assert status.plan is not None and status.plan.layout == {"dp_replicate": 2}
+    assert status.plan.backend == "gloo" and status.resources.accelerator == "cpu"
+    assert status.restarts == 0 and status.error is None
+    assert status.finished_at is not None and status.finished_at > submitted_at
+    metrics = httpx.get(f"{service.url}/metrics").text
+    assert 'raytrain_jobs{state="SUCCEEDED"}' in metrics
+
+
+def test_cancel_stops_workers_and_frees_cpus(service: Service) -> None:
+    client = Client(service.url)
+    job = client.submit(job_spec(steps=100_000))
+    wait_for(lambda: job.status().progress.step > 0, 120, "the job to take a step")
+    assert train_worker_pids(), "no Ray Train worker processes while running"
+    cancelled = job.cancel()
+    assert cancelled.state == JobState.CANCELLED
+    wait_for(lambda: not train_worker_pids(), 60, "the training workers to exit")
+    wait_for(lambda: cpus_free() >= NUM_CPUS, 60, "the CPUs to be free again")
+    assert job.status().state == JobState.CANCELLED
+    with pytest.raises(Exception, match="already ended CANCELLED"):
+        job.cancel()
+
+
+def test_killed_worker_resumes_from_its_last_checkpoint(service: Service) -> None:
+    client = Client(service.url)
+    job = client.submit(job_spec(steps=150, checkpoint_every=20, name="kill-me"))
+    status = wait_for(
+        lambda: (s := job.status()).checkpoint is not None and s.progress.step >= s.checkpoint.step + 3 and s,
+        150,
+        "a checkpoint and a few steps past it",
+    )
+    checkpoint_step = status.checkpoint.step
+    victim = train_worker_pids()[-1]
+    os.kill(victim, signal.SIGKILL)
+    events = list(job.events())
+    final = job.status()
+    assert final.state == JobState.SUCCEEDED, final.error
+    assert final.restarts == 1
+    recovering = [e for e in events if e.type == "state" and e.data["state"] == "RECOVERING"]
+    assert len(recovering) == 1
+    resumed_step = recovering[0].data["resumed_step"]
+    assert resumed_step >= checkpoint_step
+    after = [e.data["step"] for e in events if e.type == "progress" and e.seq > recovering[0].seq]
+    assert after and min(after) > resumed_step, "steps went back past the checkpoint"
+    assert after[-1] == 150 and final.result is not None and final.result.steps == 150
+
+
+def test_cli_and_curl_example_against_the_server(service: Service, capsys: pytest.CaptureFixture[str]) -> None:
+    env = {**os.environ, "RAYTRAIN_SERVER": service.url}
+    follow = subprocess.run(
+        [sys.executable, "-m", "raytrain.cli", "submit", str(ROOT / "examples" / "job.json"),
+         "--follow", "--json"],
+        env=env, capture_output=True, text=True, timeout=200,
+    )
+    assert follow.returncode == 0, follow.stderr[-2000:]
+    followed = json.loads(follow.stdout)
+    assert followed["state"] == "SUCCEEDED" and followed["progress"]["step"] == 40
+
+    assert cli_main(["--server", service.url, "status", followed["id"], "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["id"] == followed["id"]
+    assert cli_main(["--server", service.url, "list", "--json"]) == 0
+    assert followed["id"] in {j["id"] for j in json.loads(capsys.readouterr().out)}
+    assert cli_main(["--server", service.url, "list"]) == 0
+    assert followed["id"] in capsys.readouterr().out
+    assert cli_main(["--server", service.url, "status", "missing-id"]) == 1
+    assert "no job with id 'missing-id'" in capsys.readouterr().err
+    bad = ROOT / "tests" / "integration" / "bad.yaml"
+    bad.write_text("training: {steps: -3}\n")
+    try:
+        assert cli_main(["--server", service.url, "submit", str(bad)]) == 2
+        assert "training.steps" in capsys.readouterr().err
+    finally:
+        bad.unlink()
+    assert cli_main(["--server", "http://127.0.0.1:9", "list"]) == 1
+    assert "cannot reach the raytrain service" in capsys.readouterr().err
+
+
+def test_records_survive_a_service_restart(service: Service, capsys: pytest.CaptureFixture[str]) -> None:
+    from raytrain.serve.deploy import deploy, undeploy
+    from raytrain.serve.manager import find_manager
+
+    client = Client(service.url)
+    too_big = job_spec(steps=10, name="too-big")
+    too_big["resources"]["num_workers"] = 64
+    too_big["training"]["global_batch_size"] = 256
+    waiting = client.submit(too_big)
+    wait_for(lambda: "waiting for 64 CPU" in (waiting.status().message or ""), 20, "the queue reason")
+    before = {job.id: job.state for job in client.list()}
+    assert before[waiting.id] == JobState.PENDING and len(before) >= 2
+
+    undeploy(stop_jobs=False)  # the HTTP layer goes away ...
+    ray.kill(find_manager(), no_restart=True)  # ... and so does the manager and its memory
+    host, port = service.url.removeprefix("http://").split(":")
+    assert deploy(service.config, host, int(port)) == service.url  # type: ignore[attr-defined]
+
+    after = {job.id: job.state for job in client.list()}
+    assert after == before
+    reloaded = client.get(waiting.id)
+    assert "service restarted" in (reloaded.message or "") or "waiting" in (reloaded.message or "")
+    ended = [e for e in client.events(next(i for i, s in before.items() if s.is_terminal))]
+    assert ended[-1].type == "end"
+    assert cli_main(["--server", service.url, "cancel", waiting.id]) == 0
+    assert "CANCELLED" in capsys.readouterr().out
