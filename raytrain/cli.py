@@ -220,7 +220,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         url = deploy(_service_config(args), "127.0.0.1", args.port)
         err.print(f"service up at {url} after {time.monotonic() - wall_started:.1f} s; "
-                  f"submitting {args.spec}")
+                  f"submitting {args.spec}", soft_wrap=True, highlight=False)
         client = Client(url)
         job = client.submit(spec)
         try:

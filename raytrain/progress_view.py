@@ -23,7 +23,7 @@ def _fmt(value: float | None, spec: str) -> str:
 
 class JobProgressView:
     def __init__(self, job_id: str, console: Console | None = None) -> None:
-        self.console = console or Console(stderr=True)
+        self.console = console or Console(stderr=True, log_path=False)
         self._progress = Progress(
             TextColumn("[bold]{task.fields[state]:<12}"),
             BarColumn(),

@@ -504,7 +504,7 @@ class ServiceConfig(_Strict):
         description="Packages whose factories jobs may import (model.factory, data.factory).",
     )
     scheduler_interval_s: float = Field(
-        0.5, gt=0, le=60, description="How often queued jobs are checked against free capacity."
+        1.0, gt=0, le=60, description="How often queued jobs are checked against free capacity."
     )
 
     @property

@@ -201,14 +201,6 @@ class JobManager:
                     return []
                 self._changed.wait(remaining)
 
-    def resources_held(self) -> dict[str, float]:
-        with self._lock:
-            held: dict[str, float] = {}
-            for run in self._runs.values():
-                for key, amount in run.demand.items():
-                    held[key] = held.get(key, 0.0) + amount
-            return held
-
     def shutdown(self) -> None:
         """Stop scheduling and every running job (used when the service that started us stops)."""
         self._stopping.set()

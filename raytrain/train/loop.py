@@ -90,7 +90,7 @@ def train(
     sink: ProgressSink,
     checkpoint_root: Path,
     stop_after_steps: int | None = None,
-    progress_interval_s: float = 0.5,
+    progress_interval_s: float = 1.0,
 ) -> dict[str, Any]:
     """Train `spec` on this worker; return the final figures (meaningful on rank 0).
 

@@ -2,7 +2,7 @@
 
 `ray.train.report()` blocks for a controller poll (about 2 s), so per-step progress goes
 through a cheaper channel: a fire-and-forget call on the job manager actor, at most every
-`interval_s` and always for the first and last step. The meter measures throughput over the
+`interval_s` (1 s by default) and always for the first and last step. The meter measures throughput over the
 steps since the previous publication, which is what a progress bar wants.
 
     meter = ProgressMeter(total_steps=100, tokens_per_step=2048, start_step=0, clock=time.monotonic)
@@ -54,7 +54,7 @@ class ProgressMeter:
         tokens_per_step: int,
         start_step: int,
         clock: Callable[[], float],
-        interval_s: float = 0.5,
+        interval_s: float = 1.0,
         first_loss: float | None = None,
     ) -> None:
         self.total_steps = total_steps

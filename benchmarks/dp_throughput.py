@@ -1,0 +1,123 @@
+"""Data-parallel throughput of a raytrain job against plain torchrun, side by side in one run.
+
+Prints steady-state tokens/s of (a) a raytrain job submitted over HTTP to the service on a
+local Ray (2 Ray Train workers, gloo, progress reporting on) and (b) benchmarks/torchrun_ddp.py
+(2 processes, same model, data, batch), alternating rounds, and their ratio. Also prints the
+time from POST to the first training step, cold (first job on a fresh cluster) and warm.
+
+Steady state is measured between two progress reports (raytrain) or two step timestamps
+(torchrun) that skip the first `--skip` steps, so start-up is excluded from both.
+
+    python benchmarks/dp_throughput.py --rounds 2 --steps 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+from raytrain.client import Client  # noqa: E402
+from raytrain.serve.deploy import connect_ray, deploy, port_is_free, undeploy  # noqa: E402
+from raytrain.spec import ServiceConfig  # noqa: E402
+
+
+def job_document(steps: int) -> dict:
+    return {
+        "name": "bench-dp",
+        "model": {"gpt": {"vocab_size": 256, "dim": 128, "num_layers": 2, "num_heads": 4,
+                          "max_seq_len": 64}},
+        "data": {"seq_len": 64},
+        "training": {"steps": steps, "global_batch_size": 16, "micro_batch_size": 4,
+                     "checkpoint_every_steps": steps, "learning_rate": 0.003},
+        "resources": {"num_workers": 2, "cpus_per_worker": 1},
+    }
+
+
+def steady_tokens_per_s(points: list[tuple[int, float]], tokens_per_step: int, skip: int) -> float:
+    """Throughput between the first point past `skip` steps and the last point."""
+    window = [(step, t) for step, t in points if step > skip]
+    (step_a, t_a), (step_b, t_b) = window[0], window[-1]
+    return (step_b - step_a) * tokens_per_step / (t_b - t_a)
+
+
+def run_raytrain(client: Client, steps: int, skip: int) -> tuple[float, float]:
+    posted = time.time()
+    job = client.submit(job_document(steps))
+    points = [(e.data["step"], e.data["sent_at"]) for e in job.events() if e.type == "progress"]
+    status = job.status()
+    assert status.state.value == "SUCCEEDED", status.error
+    first_step_s = points[0][1] - posted
+    return steady_tokens_per_s(points, 16 * 64, skip), first_step_s
+
+
+def run_torchrun(steps: int, skip: int) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "times.json"
+        subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+             "--master_port", "29531", str(Path(__file__).with_name("torchrun_ddp.py")),
+             "--steps", str(steps), "--out", str(out)],
+            check=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        record = json.loads(out.read_text())
+    points = [(i + 1, t) for i, t in enumerate(record["step_times"])]
+    return steady_tokens_per_s(points, record["tokens_per_step"], skip)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--skip", type=int, default=30)
+    parser.add_argument("--port", type=int, default=8765)
+    args = parser.parse_args()
+    if not port_is_free("127.0.0.1", args.port):
+        sys.exit(f"port {args.port} is busy; pass --port")
+
+    started = time.monotonic()
+    connect_ray(None, num_cpus=2, quiet=True)
+    with tempfile.TemporaryDirectory() as state_dir:
+        url = deploy(ServiceConfig(state_dir=state_dir), "127.0.0.1", args.port)
+        print(f"service ready {time.monotonic() - started:.1f} s after start", flush=True)
+        client = Client(url)
+        ours, reference, first_steps = [], [], []
+        try:
+            for round_index in range(args.rounds):
+                reference.append(run_torchrun(args.steps, args.skip))
+                tps, first_step_s = run_raytrain(client, args.steps, args.skip)
+                ours.append(tps)
+                first_steps.append(first_step_s)
+                print(f"round {round_index + 1}: torchrun {reference[-1]:,.0f} tok/s, raytrain "
+                      f"{ours[-1]:,.0f} tok/s, POST to first step {first_step_s:.1f} s", flush=True)
+        finally:
+            undeploy(stop_jobs=True)
+    # Each raytrain run is paired with the torchrun run just before it; the median of the
+    # paired ratios cancels the slow drift of a shared machine better than a ratio of medians.
+    paired = [r / t for r, t in zip(ours, reference)]
+    ratio = statistics.median(paired)
+    print()
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    print(f"workload: GPT dim 128 x 2 layers, seq 64, global batch 16 (2 ranks x 4 x accum 2), "
+          f"{args.steps} steps, steady state after step {args.skip}")
+    print(f"torchrun DDP   median {statistics.median(reference):,.0f} tokens/s  {['%.0f' % v for v in reference]}")
+    print(f"raytrain job   median {statistics.median(ours):,.0f} tokens/s  {['%.0f' % v for v in ours]}")
+    print(f"paired ratios raytrain / torchrun: {['%.3f' % r for r in paired]}")
+    print(f"ratio raytrain / torchrun (median of paired): {ratio:.3f}; "
+          f"ratio of medians: {statistics.median(ours) / statistics.median(reference):.3f}")
+    print(f"POST to first training step: cold {first_steps[0]:.1f} s, warm "
+          f"{statistics.median(first_steps[1:]) if len(first_steps) > 1 else float('nan'):.1f} s")
+
+
+if __name__ == "__main__":
+    main()
