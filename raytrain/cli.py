@@ -96,6 +96,8 @@ def _status_table(job: JobStatus) -> Table:
 
 def _summary(job: JobStatus, wall_s: float | None = None) -> Table:
     table = Table(title=f"job {job.id} {job.state.value}", show_header=False)
+    table.add_column("what", no_wrap=True)
+    table.add_column("value", overflow="fold")  # paths are copied: fold, never truncate
     result = job.result
     if result is not None:
         table.add_row("loss", f"{result.first_loss:.4f} -> {result.final_loss:.4f}")
