@@ -31,6 +31,26 @@ api = FastAPI(
 )
 
 
+class JSONBodies:
+    """Read every request body as JSON, whatever its Content-Type says.
+
+    The API takes only JSON, and `curl -d @job.json` (the shortest way to submit) labels its
+    body form-encoded, which FastAPI would hand to the JobSpec model as raw bytes.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] in ("POST", "PUT", "PATCH"):
+            headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
+            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
+
+
+api.add_middleware(JSONBodies)
+
+
 def _unwrap(envelope: dict[str, Any]) -> Any:
     if "ok" in envelope:
         return envelope["ok"]

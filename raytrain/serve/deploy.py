@@ -42,6 +42,10 @@ def connect_ray(address: str | None, num_cpus: int | None = None, quiet: bool = 
                 "to start a local cluster"
             ) from None
         return False
+    # Serve's controller reconciles every 0.1 s by default: on a small head node that is a
+    # measurable share of the CPU training wants (BENCHMARKS.md, background CPU), and a
+    # training service redeploys rarely. Only for clusters we start; an operator's wins.
+    os.environ.setdefault("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "1.0")
     ray.init(
         num_cpus=num_cpus or os.cpu_count() or 2,
         include_dashboard=False,

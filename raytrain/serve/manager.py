@@ -341,6 +341,9 @@ class JobManager:
         self._end(job)
 
     def _start_queued(self) -> None:
+        with self._lock:
+            if not any(job.state == JobState.PENDING for job in self._jobs.values()):
+                return  # nothing waits: spare the GCS a resource query every tick
         total = {k: float(v) for k, v in ray.cluster_resources().items()}
         with self._lock:
             held = [run.demand for run in self._runs.values()]

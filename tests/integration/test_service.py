@@ -167,7 +167,14 @@ def test_records_survive_a_service_restart(service: Service, capsys: pytest.Capt
     too_big = job_spec(steps=10, name="too-big")
     too_big["resources"]["num_workers"] = 64
     too_big["training"]["global_batch_size"] = 256
-    waiting = client.submit(too_big)
+    # Submitted the way `curl -d @job.json` does: a JSON body labelled form-encoded.
+    response = httpx.post(
+        f"{service.url}/v1/jobs",
+        content=json.dumps(too_big),
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
+    assert response.status_code == 202, response.text
+    waiting = client.job(response.json()["id"])
     wait_for(lambda: "waiting for 64 CPU" in (waiting.status().message or ""), 20, "the queue reason")
     before = {job.id: job.state for job in client.list()}
     assert before[waiting.id] == JobState.PENDING and len(before) >= 2

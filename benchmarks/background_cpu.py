@@ -1,0 +1,76 @@
+"""Where the CPU goes while a raytrain job trains: CPU-seconds per process over a window.
+
+Throughput on a shared 2-core machine swings by 10% between runs; CPU time does not. This
+runs the dp_throughput workload through the service, lets it reach steady state, then reads
+every process's CPU time twice, `--window` seconds apart, and prints the training workers'
+share against everything else (Ray, Serve, the job manager, the following client).
+
+    python benchmarks/background_cpu.py --window 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from collections import defaultdict
+
+import psutil
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+from benchmarks.dp_throughput import job_document  # noqa: E402
+from raytrain.client import Client  # noqa: E402
+from raytrain.serve.deploy import connect_ray, deploy, undeploy  # noqa: E402
+from raytrain.spec import ServiceConfig  # noqa: E402
+
+
+def cpu_seconds_by_process() -> dict[int, tuple[str, float]]:
+    seen = {}
+    for proc in psutil.process_iter(["pid", "cmdline", "name"]):
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        cmdline = " ".join(proc.info["cmdline"] or []) or proc.info["name"] or "?"
+        label = cmdline.split()[0].split("/")[-1] if not cmdline.startswith("ray::") else cmdline.split()[0]
+        seen[proc.info["pid"]] = (label, times.user + times.system)
+    return seen
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--window", type=float, default=20.0)
+    parser.add_argument("--port", type=int, default=8775)
+    args = parser.parse_args()
+    connect_ray(None, num_cpus=2, quiet=True)
+    with tempfile.TemporaryDirectory() as state_dir:
+        url = deploy(ServiceConfig(state_dir=state_dir), "127.0.0.1", args.port)
+        client = Client(url)
+        job = client.submit(job_document(100_000))
+        follower = __import__("threading").Thread(target=lambda: [None for _ in job.events()], daemon=True)
+        follower.start()  # progress reporting on, and someone watching it, as a user would
+        while job.status().progress.step < 50:
+            time.sleep(0.5)
+        before, started = cpu_seconds_by_process(), time.monotonic()
+        time.sleep(args.window)
+        after, elapsed = cpu_seconds_by_process(), time.monotonic() - started
+        job.cancel()
+        undeploy(stop_jobs=True)
+    by_label: dict[str, float] = defaultdict(float)
+    for pid, (label, cpu) in after.items():
+        if pid in before:
+            by_label[label] += cpu - before[pid][1]
+    capacity = elapsed * (os.cpu_count() or 1)
+    workers = by_label.pop("ray::RayTrainWorker", 0.0)
+    print(f"window {elapsed:.1f} s x {os.cpu_count()} CPUs = {capacity:.1f} CPU-s")
+    print(f"training workers {workers:6.2f} CPU-s ({workers / capacity:.1%} of capacity)")
+    rest = sum(by_label.values())
+    print(f"everything else  {rest:6.2f} CPU-s ({rest / capacity:.1%} of capacity), of which:")
+    for label, cpu in sorted(by_label.items(), key=lambda kv: -kv[1])[:12]:
+        print(f"  {cpu:6.2f}  {label}")
+
+
+if __name__ == "__main__":
+    main()
