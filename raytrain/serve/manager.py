@@ -32,6 +32,7 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from raytrain.core.capacity import admit, worker_group_demand
 from raytrain.errors import SpecError
+from raytrain.serve.store import JobStore
 from raytrain.spec import (
     CheckpointInfo,
     JobEvent,
@@ -110,8 +111,6 @@ def plan_summary(spec: JobSpec) -> PlanSummary:
 class JobManager:
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = ServiceConfig.model_validate(config)
-        from raytrain.serve.store import JobStore
-
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._store = JobStore(self.config.state_path / "jobs.db")
@@ -148,7 +147,6 @@ class JobManager:
             self._jobs[job.id] = job
             self._events[job.id] = _EventLog()
             self._transition(job, JobState.PENDING, "queued")
-            self._changed.notify_all()
         logger.info("job %s submitted: %s", job.id, spec.name)
         return {"ok": job.model_dump(mode="json")}
 
