@@ -8,7 +8,7 @@ time from POST to the first training step, cold (first job on a fresh cluster) a
 Steady state is measured between two progress reports (raytrain) or two step timestamps
 (torchrun) that skip the first `--skip` steps, so start-up is excluded from both.
 
-    python benchmarks/dp_throughput.py --rounds 2 --steps 300
+    python benchmarks/dp_throughput.py --rounds 5 --steps 600 --skip 50 [--unwatched]
 """
 
 from __future__ import annotations
@@ -50,9 +50,14 @@ def steady_tokens_per_s(points: list[tuple[int, float]], tokens_per_step: int, s
     return (step_b - step_a) * tokens_per_step / (t_b - t_a)
 
 
-def run_raytrain(client: Client, steps: int, skip: int) -> tuple[float, float]:
+def run_raytrain(client: Client, steps: int, skip: int, follow: bool) -> tuple[float, float]:
+    """One job; `follow` streams its events live, else it polls every 5 s and reads the
+    stream once the job has ended (the workers report progress either way)."""
     posted = time.time()
     job = client.submit(job_document(steps))
+    if not follow:
+        while not job.status().state.is_terminal:
+            time.sleep(5)
     points = [(e.data["step"], e.data["sent_at"]) for e in job.events() if e.type == "progress"]
     status = job.status()
     assert status.state.value == "SUCCEEDED", status.error
@@ -81,6 +86,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--skip", type=int, default=30)
     parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--unwatched", action="store_true",
+                        help="also run each round's job with nobody following its events")
     args = parser.parse_args()
     if not port_is_free("127.0.0.1", args.port):
         sys.exit(f"port {args.port} is busy; pass --port")
@@ -91,15 +98,19 @@ def main() -> None:
         url = deploy(ServiceConfig(state_dir=state_dir), "127.0.0.1", args.port)
         print(f"service ready {time.monotonic() - started:.1f} s after start", flush=True)
         client = Client(url)
-        ours, reference, first_steps = [], [], []
+        ours, reference, first_steps, unwatched = [], [], [], []
         try:
             for round_index in range(args.rounds):
                 reference.append(run_torchrun(args.steps, args.skip))
-                tps, first_step_s = run_raytrain(client, args.steps, args.skip)
+                tps, first_step_s = run_raytrain(client, args.steps, args.skip, follow=True)
                 ours.append(tps)
                 first_steps.append(first_step_s)
-                print(f"round {round_index + 1}: torchrun {reference[-1]:,.0f} tok/s, raytrain "
-                      f"{ours[-1]:,.0f} tok/s, POST to first step {first_step_s:.1f} s", flush=True)
+                line = (f"round {round_index + 1}: torchrun {reference[-1]:,.0f} tok/s, raytrain "
+                        f"followed {ours[-1]:,.0f} tok/s")
+                if args.unwatched:
+                    unwatched.append(run_raytrain(client, args.steps, args.skip, follow=False)[0])
+                    line += f", unwatched {unwatched[-1]:,.0f} tok/s"
+                print(f"{line}, POST to first step {first_step_s:.1f} s", flush=True)
         finally:
             undeploy(stop_jobs=True)
     # Each raytrain run is paired with the torchrun run just before it; the median of the
@@ -115,6 +126,12 @@ def main() -> None:
     print(f"paired ratios raytrain / torchrun: {['%.3f' % r for r in paired]}")
     print(f"ratio raytrain / torchrun (median of paired): {ratio:.3f}; "
           f"ratio of medians: {statistics.median(ours) / statistics.median(reference):.3f}")
+    if unwatched:
+        paired_unwatched = [u / t for u, t in zip(unwatched, reference)]
+        print(f"raytrain unwatched median {statistics.median(unwatched):,.0f} tokens/s  "
+              f"{['%.0f' % v for v in unwatched]}")
+        print(f"paired ratios unwatched / torchrun: {['%.3f' % r for r in paired_unwatched]}; "
+              f"median {statistics.median(paired_unwatched):.3f}")
     print(f"POST to first training step: cold {first_steps[0]:.1f} s, warm "
           f"{statistics.median(first_steps[1:]) if len(first_steps) > 1 else float('nan'):.1f} s")
 
