@@ -109,11 +109,12 @@ def train(
     plan = BatchPlan(training.global_batch_size, training.micro_batch_size, worker.world_size)
     checkpoints = CheckpointManager(checkpoint_root, worker.rank)
 
-    start_step, first_loss = 0, None
+    start_step, first_loss, loss_value = 0, None, float("nan")
     latest = checkpoints.latest()
     if latest is not None:
         meta = checkpoints.load(latest, model, optimizer)
         start_step, first_loss = meta["step"], meta.get("first_loss")
+        loss_value = meta.get("loss", loss_value)  # the result, if nothing is left to run
         if worker.rank == 0:
             logger.info("resumed from %s at step %d", latest, start_step)
     sink.started(start_step)
@@ -129,7 +130,6 @@ def train(
     last_step = training.steps
     if stop_after_steps is not None:
         last_step = min(last_step, start_step + stop_after_steps)
-    loss_value = float("nan")
     stopped = False
     steps_done = start_step
     for step in range(start_step, last_step):

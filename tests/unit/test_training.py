@@ -69,6 +69,16 @@ def test_resume_continues_exactly_where_an_uninterrupted_run_goes(tmp_path: Path
     assert second.result is not None and second.result["first_loss"] == whole[1]
 
 
+def test_resuming_a_finished_run_reports_its_final_loss(tmp_path: Path) -> None:
+    spec = small_spec(1)
+    whole = run_single(spec, tmp_path)  # ends with a committed checkpoint at the last step
+    again = run_single(spec, tmp_path)  # as after a crash between that and the final report
+    assert again.started_at == [20] and again.reports == []
+    assert again.result is not None
+    assert again.result["final_loss"] == whole.losses()[20]
+    assert again.result["steps"] == 20
+
+
 def test_a_stop_request_ends_the_loop_at_the_next_step(tmp_path: Path) -> None:
     sink = RecordingSink(stop_at_step=5)
     result = train(small_spec(1), WorkerInfo.single_process(), sink, tmp_path,
