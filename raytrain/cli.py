@@ -172,6 +172,17 @@ def _service_config(args: argparse.Namespace) -> ServiceConfig:
     return ServiceConfig(state_dir=args.state_dir, allowed_import_packages=args.allow_import or [])
 
 
+def _require_free_port(host: str, port: int) -> None:
+    """Fail before anything starts when the service's port is taken."""
+    from raytrain.serve.deploy import port_is_free
+
+    if not port_is_free(host, port):
+        raise RaytrainError(
+            f"port {port} on {host} is already in use. To fix: stop what holds it, "
+            "or pass --port"
+        )
+
+
 def _wait_for_signal() -> None:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -181,13 +192,9 @@ def _wait_for_signal() -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from raytrain.serve.deploy import connect_ray, deploy, port_is_free, undeploy
+    from raytrain.serve.deploy import connect_ray, deploy, undeploy
 
-    if not port_is_free(args.host, args.port):
-        raise RaytrainError(
-            f"port {args.port} on {args.host} is already in use. To fix: stop what holds it, "
-            "or pass --port"
-        )
+    _require_free_port(args.host, args.port)
     import ray
 
     started_ray = connect_ray(args.address)
@@ -207,13 +214,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from raytrain.serve.deploy import connect_ray, deploy, port_is_free, undeploy
+    from raytrain.serve.deploy import connect_ray, deploy, undeploy
 
     spec = load_job_spec(args.spec)
-    if not port_is_free("127.0.0.1", args.port):
-        raise RaytrainError(
-            f"port {args.port} is already in use. To fix: stop what holds it, or pass --port"
-        )
+    _require_free_port("127.0.0.1", args.port)
     import ray
 
     wall_started = time.monotonic()
