@@ -107,7 +107,8 @@ def test_cancel_stops_workers_and_frees_cpus(service: Service) -> None:
 
 def test_killed_worker_resumes_from_its_last_checkpoint(service: Service) -> None:
     client = Client(service.url)
-    job = client.submit(job_spec(steps=150, checkpoint_every=20, name="kill-me"))
+    steps = 400  # ~20 s of training: the kill must land mid-run even on a slow machine
+    job = client.submit(job_spec(steps=steps, checkpoint_every=20, name="kill-me"))
     status = wait_for(
         lambda: (s := job.status()).checkpoint is not None and s.progress.step >= s.checkpoint.step + 3 and s,
         150,
@@ -116,6 +117,7 @@ def test_killed_worker_resumes_from_its_last_checkpoint(service: Service) -> Non
     checkpoint_step = status.checkpoint.step
     victim = train_worker_pids()[-1]
     os.kill(victim, signal.SIGKILL)
+    assert job.status().progress.step < steps - 50, "the kill came too late to test a resume"
     events = list(job.events())
     final = job.status()
     assert final.state == JobState.SUCCEEDED, final.error
@@ -126,7 +128,7 @@ def test_killed_worker_resumes_from_its_last_checkpoint(service: Service) -> Non
     assert resumed_step >= checkpoint_step
     after = [e.data["step"] for e in events if e.type == "progress" and e.seq > recovering[0].seq]
     assert after and min(after) > resumed_step, "steps went back past the checkpoint"
-    assert after[-1] == 150 and final.result is not None and final.result.steps == 150
+    assert after[-1] == steps and final.result is not None and final.result.steps == steps
 
 
 def test_cli_and_curl_example_against_the_server(service: Service, capsys: pytest.CaptureFixture[str]) -> None:
