@@ -276,10 +276,8 @@ class JobManager:
             if job is None or run is None or attempt != run.attempt:
                 return
             job.checkpoint = CheckpointInfo(step=step, path=path)
-            if job.state.is_terminal:  # a cancelled job's checkpoint: record, no event
-                self._save(job)
-                return
-            self._emit(job_id, "checkpoint", {"step": step, "path": path})
+            if not job.state.is_terminal:  # a cancelled job's stream has already ended
+                self._emit(job_id, "checkpoint", {"step": step, "path": path})
             self._save(job)
 
     def report_finished(self, job_id: str, attempt: int, result: dict[str, Any]) -> None:
@@ -389,8 +387,8 @@ class JobManager:
         self._save(job)
 
     def _end(self, job: JobStatus) -> None:
+        """Close the job's event stream; callers have saved the final record in _transition."""
         self._emit(job.id, "end", {"state": job.state.value, "error": job.error})
-        self._save(job)
 
     def _emit(self, job_id: str, kind: str, data: dict[str, Any]) -> None:
         log = self._events[job_id]
