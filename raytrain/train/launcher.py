@@ -146,7 +146,14 @@ def build_trainer(
             failure_config=FailureConfig(
                 max_failures=spec.training.max_restarts, controller_failure_limit=0
             ),
-            worker_runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}},
+            worker_runtime_env={"env_vars": {
+                "OMP_NUM_THREADS": str(threads),
+                # Ray starts worker processes at nice 15, below its own daemons. Training ranks
+                # run at normal priority instead, so Ray's and the service's actors (still at
+                # 15) yield to them when the node's cores are busy, and a rank is not stalled
+                # behind control-plane work while its peers wait at the next collective.
+                "RAY_worker_niceness": "0",
+            }},
         ),
     )
 

@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 
 from raytrain.spec import JobSpec
 from raytrain.train.checkpoint import COMMIT_MARKER, CheckpointManager, latest_checkpoint
-from raytrain.train.loop import WorkerInfo, train
+from raytrain.train.loop import LossSync, WorkerInfo, train
 from raytrain.train.progress import ProgressMeter
 from tests.unit.support import RecordingSink
 
@@ -86,6 +86,22 @@ def test_a_stop_request_ends_the_loop_at_the_next_step(tmp_path: Path) -> None:
     # The request arrives with step 5's report, so step 6 is the last one run.
     assert result["stopped"] and result["steps"] == 6
     assert max(sink.losses()) == 6
+
+
+def test_loss_sync_spaces_reductions_by_measured_step_time() -> None:
+    now = [0.0]
+    sync = LossSync(world_size=1, rank=0, target_s=0.5, clock=lambda: now[0])
+    due_steps = []
+    for step in range(1, 41):
+        now[0] += 0.1  # 100 ms steps: about one reduction per 5 steps
+        if sync.due(forced=step == 40):
+            loss, stop = sync.reduce(torch.tensor(float(step)), stop_here=False)
+            assert loss == step and not stop
+            due_steps.append(step)
+    assert due_steps[:3] == [1, 6, 11] and due_steps[-1] == 40
+    every_step = LossSync(world_size=1, rank=0, target_s=0.0, clock=lambda: now[0])
+    assert all(every_step.due(forced=False) and every_step.reduce(torch.tensor(1.0), False)
+               for _ in range(5))
 
 
 def test_uncommitted_checkpoint_is_ignored(tmp_path: Path) -> None:
