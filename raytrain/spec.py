@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
@@ -22,6 +23,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from raytrain.core.layout import Layout, ModelShape, check_layout, resolve_layout
+from raytrain.core.schedule import lr_batch_scale
 from raytrain.errors import FieldError, SpecError
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
@@ -198,22 +201,49 @@ class TrainingSpec(_Strict):
     max_restarts: int = Field(
         3, ge=0, description="Restarts from the latest checkpoint after a worker failure."
     )
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32",
+        description="Compute precision. 'bf16' runs matmuls in bfloat16 with fp32 weights and "
+        "optimizer; 'fp16' adds dynamic loss scaling and needs GPUs. fp32 suits CPUs.",
+    )
+    lr_scaling: Literal["none", "linear", "sqrt"] = Field(
+        "none",
+        description="Scale learning_rate with the global batch: 'linear' multiplies it by "
+        "global_batch_size / lr_reference_batch_size, 'sqrt' by the square root of that. "
+        "Warmup applies to the scaled rate.",
+    )
+    lr_reference_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="The global batch size learning_rate was tuned for; needed by lr_scaling.",
+    )
 
     @model_validator(mode="after")
     def _warmup_fits(self) -> TrainingSpec:
+        errors = []
         if self.warmup_steps is not None and self.warmup_steps > self.steps:
-            _raise_if_any(
-                "TrainingSpec",
-                [
-                    _field_error(
-                        ("warmup_steps",),
-                        f"warmup_steps={self.warmup_steps} exceeds steps={self.steps}. To fix: "
-                        "lower warmup_steps or raise steps",
-                        self.warmup_steps,
-                    )
-                ],
-            )
+            errors.append(_field_error(
+                ("warmup_steps",),
+                f"warmup_steps={self.warmup_steps} exceeds steps={self.steps}. To fix: "
+                "lower warmup_steps or raise steps",
+                self.warmup_steps,
+            ))
+        if self.lr_scaling != "none" and self.lr_reference_batch_size is None:
+            errors.append(_field_error(
+                ("lr_reference_batch_size",),
+                f"lr_scaling '{self.lr_scaling}' scales from the batch size learning_rate "
+                "was tuned for. To fix: set lr_reference_batch_size to that batch size",
+                None,
+            ))
+        _raise_if_any("TrainingSpec", errors)
         return self
+
+    @property
+    def peak_learning_rate(self) -> float:
+        """learning_rate after lr_scaling for this global batch."""
+        return self.learning_rate * lr_batch_scale(
+            self.lr_scaling, self.global_batch_size, self.lr_reference_batch_size
+        )
 
     @property
     def warmup(self) -> int:
@@ -221,15 +251,51 @@ class TrainingSpec(_Strict):
 
 
 class ParallelSpec(_Strict):
-    """How the model is spread over the workers."""
+    """How the model is spread over the workers: one DeviceMesh of four degrees whose product
+    is resources.num_workers. The strategy names the degree left out to fill the rest."""
 
-    strategy: Literal["data"] = Field(
-        "data", description="'data': every worker holds the whole model (DDP)."
+    strategy: Literal["data", "fsdp", "tensor", "pipeline", "hybrid"] = Field(
+        "data",
+        description="'data': whole model per worker (DDP); 'fsdp': weights, gradients and "
+        "optimizer state sharded (FSDP2); 'tensor': each layer split over workers; "
+        "'pipeline': layers split into stages; 'hybrid': every degree given explicitly. "
+        "The strategy's own degree defaults to num_workers over the others.",
     )
     dp_replicate: int | None = Field(
-        None,
-        ge=1,
-        description="Data-parallel replicas; must equal resources.num_workers (default).",
+        None, ge=1, description="Data-parallel replicas (DDP, or HSDP's replicate dimension)."
+    )
+    dp_shard: int | None = Field(
+        None, ge=1, description="Ranks each replica's weights are sharded over (FSDP2)."
+    )
+    tp: int | None = Field(None, ge=1, description="Tensor-parallel degree.")
+    pp: int | None = Field(None, ge=1, description="Pipeline-parallel ranks.")
+    virtual_stages: int = Field(
+        1, ge=1, description="Pipeline stages per pipeline rank (interleaved_1f1b only)."
+    )
+    pipeline_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = Field(
+        "1f1b",
+        description="Pipeline schedule. The microbatch count is the gradient-accumulation "
+        "count: global_batch_size / (micro_batch_size x data-parallel ranks).",
+    )
+    sequence_parallel: bool = Field(
+        True, description="With tp > 1, also split norms and residuals along the sequence."
+    )
+    activation_checkpointing: bool = Field(
+        False, description="Recompute each block's activations in the backward pass."
+    )
+    compression: Literal["none", "fp16", "bf16", "powersgd", "topk"] = Field(
+        "none",
+        description="Compress data-parallel gradient traffic (DDP only): fp16/bf16 casts, "
+        "PowerSGD low-rank, or top-k sparsification with error feedback.",
+    )
+    powersgd_rank: int = Field(2, ge=1, description="PowerSGD approximation rank.")
+    topk_ratio: float = Field(
+        0.01, gt=0, le=1, description="Fraction of gradient entries top-k sends each step."
+    )
+    topk_error_feedback: bool = Field(
+        True,
+        description="Carry the entries top-k did not send into the next step. Without it "
+        "small gradients are never sent and training lags; off only for comparison.",
     )
 
 
@@ -268,30 +334,58 @@ class JobSpec(_Strict):
     @model_validator(mode="after")
     def _sections_agree(self) -> JobSpec:
         errors: list[InitErrorDetails] = []
-        num_workers = self.resources.num_workers
-        dp = self.data_parallel_degree
-        if self.parallel.dp_replicate is not None and self.parallel.dp_replicate != num_workers:
-            errors.append(
-                _field_error(
-                    ("parallel", "dp_replicate"),
-                    f"degrees multiply to {self.parallel.dp_replicate} but "
-                    f"resources.num_workers={num_workers}. To fix: set parallel.dp_replicate "
-                    f"to {num_workers} (or leave it out), or set num_workers to "
-                    f"{self.parallel.dp_replicate}",
-                    self.parallel.dp_replicate,
-                )
-            )
-        per_step = self.training.micro_batch_size * dp
-        if self.training.global_batch_size % per_step:
-            fits = max(per_step, self.training.global_batch_size // per_step * per_step)
+        parallel, training, resources = self.parallel, self.training, self.resources
+        layout, problems = self._layout_and_problems()
+        per_step = training.micro_batch_size * layout.dp
+        if training.global_batch_size % per_step:
+            fits = max(per_step, training.global_batch_size // per_step * per_step)
             errors.append(
                 _field_error(
                     ("training", "global_batch_size"),
-                    f"global_batch_size={self.training.global_batch_size} is not a multiple of "
-                    f"micro_batch_size x data-parallel ranks = {self.training.micro_batch_size}"
-                    f" x {dp} = {per_step}. To fix: use {fits} or another multiple of "
+                    f"global_batch_size={training.global_batch_size} is not a multiple of "
+                    f"micro_batch_size x data-parallel ranks = {training.micro_batch_size}"
+                    f" x {layout.dp} = {per_step}. To fix: use {fits} or another multiple of "
                     f"{per_step}",
-                    self.training.global_batch_size,
+                    training.global_batch_size,
+                )
+            )
+        elif not problems:
+            shape = ModelShape()
+            if self.model.kind == "gpt":
+                gpt = self.model.gpt
+                shape = ModelShape(gpt.num_layers, gpt.num_heads, gpt.hidden_dim, gpt.vocab_size)
+            problems = check_layout(layout, shape, self.data.seq_len, self.model.kind == "gpt")
+        for problem in problems:
+            errors.append(_field_error(problem.field, problem.message, None))
+        if parallel.compression != "none" and layout.data_parallel_wrapper != "ddp":
+            errors.append(
+                _field_error(
+                    ("parallel", "compression"),
+                    f"gradient compression rides on DDP's communication hooks, but this layout "
+                    f"({layout.describe()}) uses "
+                    + ("FSDP2" if layout.data_parallel_wrapper == "fsdp" else "no data "
+                       "parallelism")
+                    + ". To fix: set compression to 'none', or use data parallelism "
+                    "(dp_replicate > 1) without tp or dp_shard",
+                    parallel.compression,
+                )
+            )
+        if training.precision == "fp16" and layout.pp > 1:
+            errors.append(
+                _field_error(
+                    ("training", "precision"),
+                    "fp16 loss scaling is not wired through pipeline schedules. To fix: use "
+                    "'bf16' (no loss scaling needed) with pipeline parallelism",
+                    training.precision,
+                )
+            )
+        if training.precision == "fp16" and not resources.use_gpu:
+            errors.append(
+                _field_error(
+                    ("training", "precision"),
+                    "fp16 with loss scaling needs GPUs. To fix: use 'bf16' or 'fp32' on CPU, "
+                    "or set resources.gpus_per_worker",
+                    training.precision,
                 )
             )
         if self.model.kind == "gpt" and self.data.seq_len > self.model.gpt.max_seq_len:
@@ -307,9 +401,28 @@ class JobSpec(_Strict):
         _raise_if_any("JobSpec", errors)
         return self
 
+    def _layout_and_problems(self) -> tuple[Layout, list]:
+        parallel = self.parallel
+        layout, problems = resolve_layout(
+            parallel.strategy,
+            self.resources.num_workers,
+            {name: getattr(parallel, name) for name in ("dp_replicate", "dp_shard", "tp", "pp")},
+            virtual_stages=parallel.virtual_stages,
+            schedule=parallel.pipeline_schedule,
+            sequence_parallel=parallel.sequence_parallel,
+        )
+        accum = max(1, self.training.global_batch_size
+                    // (self.training.micro_batch_size * layout.dp))
+        return replace(layout, microbatches=accum), problems
+
+    @property
+    def layout(self) -> Layout:
+        """The resolved parallel layout (valid: the spec was checked on construction)."""
+        return self._layout_and_problems()[0]
+
     @property
     def data_parallel_degree(self) -> int:
-        return self.parallel.dp_replicate or self.resources.num_workers
+        return self.layout.dp
 
     @property
     def grad_accum_steps(self) -> int:

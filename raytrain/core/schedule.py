@@ -20,3 +20,22 @@ def lr_multiplier(step: int, warmup_steps: int, total_steps: int, min_ratio: flo
     progress = min(1.0, (step - warmup_steps) / decay_steps)
     cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
     return min_ratio + (1.0 - min_ratio) * cosine
+
+
+def lr_batch_scale(rule: str, global_batch_size: int, reference_batch_size: int | None) -> float:
+    """Learning-rate factor for a global batch other than the one the rate was tuned for.
+
+    'linear' (Goyal et al., 2017) keeps the update per sample constant; 'sqrt' keeps the
+    gradient noise constant (Krizhevsky, 2014; Hoffer et al., 2017), the gentler choice for
+    Adam-family optimizers. Both are meant to be used with warmup.
+
+        lr_batch_scale("sqrt", 1024, 256)   # 2.0
+    """
+    if rule == "none" or reference_batch_size is None:
+        return 1.0
+    ratio = global_batch_size / reference_batch_size
+    if rule == "linear":
+        return ratio
+    if rule == "sqrt":
+        return math.sqrt(ratio)
+    raise ValueError(f"unknown lr scaling rule {rule!r}")

@@ -7,6 +7,11 @@ the whole model, so checkpoints line up), and every top-level part optional in `
 (a stage without the embedding takes hidden states in; one without the head returns them).
 Attention reshapes with -1 heads, so it runs unchanged on a tensor-parallel shard of heads.
 
+Initial weights depend only on the seed and each parameter's name (`init_weights`), not on
+which other parameters a rank holds or in what order they are created. So a pipeline stage,
+a tensor-parallel shard or an FSDP shard, built on the meta device and materialised by itself,
+starts from exactly the weights a single process would have.
+
     model = GPT(GPTConfig(dim=128, num_layers=2, num_heads=4))
     logits = model(tokens)            # [batch, seq] int64 -> [batch, seq, vocab]
 """
@@ -14,10 +19,14 @@ Attention reshapes with -1 heads, so it runs unchanged on a tensor-parallel shar
 from __future__ import annotations
 
 import math
+import zlib
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+from torch.utils.checkpoint import checkpoint
 
 from raytrain.spec import GPTConfig
 
@@ -60,13 +69,20 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = nn.RMSNorm(config.dim)
         self.feed_forward = FeedForward(config)
 
+        self.recompute = False  # activation checkpointing: recompute in the backward pass
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.recompute and torch.is_grad_enabled():
+            return checkpoint(self._forward, x, use_reentrant=False)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x))
         return x + self.feed_forward(self.ffn_norm(x))
 
 
 class GPT(nn.Module):
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, seed: int = 0) -> None:
         super().__init__()
         self.config = config
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(config.vocab_size, config.dim)
@@ -76,19 +92,28 @@ class GPT(nn.Module):
         )
         self.norm: nn.RMSNorm | None = nn.RMSNorm(config.dim)
         self.output: nn.Linear | None = nn.Linear(config.dim, config.vocab_size, bias=False)
-        self.init_weights()
+        self.seed = seed
+        if self.output.weight.device.type != "meta":
+            self.init_weights()
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        """GPT-2 initialisation; residual projections scaled by depth. Safe after to_empty()."""
+        """GPT-2 initialisation; residual projections scaled by depth. Safe after to_empty().
+
+        Each parameter is drawn from its own generator, seeded by the model seed and the
+        parameter's name, on the CPU; a sharded parameter (DTensor) keeps its own slice.
+        """
         residual_std = 0.02 / math.sqrt(2 * self.config.num_layers)
         for name, param in self.named_parameters():
             if param.dim() < 2:
-                nn.init.ones_(param)
-            elif name.endswith(("wo.weight", "w2.weight")):
-                nn.init.normal_(param, std=residual_std)
-            else:
-                nn.init.normal_(param, std=0.02)
+                param.fill_(1.0)
+                continue
+            std = residual_std if name.endswith(("wo.weight", "w2.weight")) else 0.02
+            generator = torch.Generator().manual_seed(
+                zlib.crc32(f"{self.seed}:{name}".encode())
+            )
+            full = torch.normal(0.0, std, size=tuple(param.shape), generator=generator)
+            _copy_into(param, full)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.tok_embeddings is not None:
@@ -103,6 +128,18 @@ class GPT(nn.Module):
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h) if self.output is not None else h
+
+
+def _copy_into(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy the full tensor `full` into `param`, or into its local slice if it is sharded."""
+    if isinstance(param, DTensor):
+        shape, offset = compute_local_shape_and_global_offset(
+            full.shape, param.device_mesh, param.placements
+        )
+        index = tuple(slice(o, o + n) for o, n in zip(offset, shape))
+        param.to_local().copy_(full[index])
+    else:
+        param.copy_(full)
 
 
 def num_parameters(model: nn.Module) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable
 
+import torch
 from torch import nn
 
 from raytrain.errors import FieldError, SpecError
@@ -37,9 +38,11 @@ def resolve_factory(path: str, loc: tuple[str, ...]) -> Callable[..., Any]:
     return target
 
 
-def build_model(spec: ModelSpec) -> nn.Module:
+def build_model(spec: ModelSpec, seed: int = 0) -> nn.Module:
+    """The model with its initial weights (under `torch.device("meta")`: shapes only)."""
     if spec.kind == "gpt":
-        return GPT(spec.gpt)
+        return GPT(spec.gpt, seed=seed)
+    torch.manual_seed(seed)
     assert spec.factory is not None  # the spec guarantees it
     model = resolve_factory(spec.factory, ("model", "factory"))(**spec.options)
     if not isinstance(model, nn.Module):

@@ -11,9 +11,14 @@ the marker is the registration, written on the same storage as the data, so a ch
 either complete and found, or ignored. DCP makes the files layout-independent: a checkpoint
 saved under one parallel layout loads under another.
 
+A rank may hold several model parts (pipeline stages), each with its own optimizer. State is
+keyed by the parameter names of the whole model, optimizer state flattened per parameter
+(`flatten_optimizer_state_dict`), so parts, shards and replicas of any layout address the
+same entries and DCP reshards between them.
+
     manager = CheckpointManager(root, rank=0)
-    manager.save(step=50, model=model, optimizer=opt, meta={"samples_seen": 800})
-    meta = manager.load(manager.latest(), model, opt)
+    manager.save(step=50, parts=[model], optimizers=[opt], meta={"samples_seen": 800})
+    meta = manager.load(manager.latest(), [model], [opt])
 """
 
 from __future__ import annotations
@@ -30,7 +35,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +78,11 @@ class CheckpointManager:
         return latest_checkpoint(self.root)
 
     def save(
-        self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, meta: dict[str, Any]
+        self,
+        step: int,
+        parts: list[nn.Module],
+        optimizers: list[torch.optim.Optimizer],
+        meta: dict[str, Any],
     ) -> Path:
         path = self.root / f"step_{step:09d}"
         if self.rank == 0:
@@ -77,7 +90,7 @@ class CheckpointManager:
                 shutil.rmtree(path)
             path.mkdir(parents=True)
         _barrier()
-        model_state, optim_state = get_state_dict(model, optimizer)
+        model_state, optim_state, _ = _state(parts, optimizers)
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(path))
         torch.save({"rng": torch.get_rng_state()}, path / f"rank_{self.rank}.pt")
         _barrier()
@@ -88,14 +101,19 @@ class CheckpointManager:
         return path
 
     def load(
-        self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer
+        self, path: Path, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer]
     ) -> dict[str, Any]:
-        model_state, optim_state = get_state_dict(model, optimizer)
+        model_state, optim_state, keys = _state(parts, optimizers)
         state = {"model": model_state, "optim": optim_state}
         dcp.load(state, checkpoint_id=str(path))
-        set_state_dict(
-            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
-        )
+        for part, optimizer, (model_keys, optim_keys) in zip(parts, optimizers, keys):
+            set_state_dict(
+                part,
+                optimizer,
+                model_state_dict={k: state["model"][k] for k in model_keys},
+                optim_state_dict={k: state["optim"][k] for k in optim_keys},
+                options=_OPTIONS,
+            )
         rank_file = path / f"rank_{self.rank}.pt"
         if rank_file.is_file():  # absent when resuming on more ranks than saved
             torch.set_rng_state(torch.load(rank_file, weights_only=True)["rng"])
@@ -109,6 +127,24 @@ class CheckpointManager:
         )
         for name in older[: max(0, len(older) - (self.keep - 1))]:
             shutil.rmtree(self.root / name, ignore_errors=True)
+
+
+_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def _state(
+    parts: list[nn.Module], optimizers: list[torch.optim.Optimizer]
+) -> tuple[dict[str, Any], dict[str, Any], list[tuple[list[str], list[str]]]]:
+    """Model and optimizer state of all parts, merged by name, and which names each part owns."""
+    model_state: dict[str, Any] = {}
+    optim_state: dict[str, Any] = {}
+    keys = []
+    for part, optimizer in zip(parts, optimizers, strict=True):
+        part_model, part_optim = get_state_dict(part, optimizer, options=_OPTIONS)
+        model_state.update(part_model)
+        optim_state.update(part_optim)
+        keys.append((list(part_model), list(part_optim)))
+    return model_state, optim_state, keys
 
 
 def _write_atomically(path: Path, text: str) -> None:

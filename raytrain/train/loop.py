@@ -6,32 +6,30 @@ checkpoints live and where progress goes. The process group, if any, is already 
 
     result = train(spec, WorkerInfo.single_process(), NullSink(), Path("/tmp/ckpt"))
 
-Order of work: seed and build the model, wrap it for data parallelism (DDP), build AdamW
-(decay on matrices only), resume from the latest checkpoint if there is one, then for each
-optimizer step accumulate gradients over micro-batches (no DDP sync until the last), clip,
-step, publish progress from rank 0, and checkpoint every `checkpoint_every_steps` and at the
-end.
+Order of work: build this rank's share of the model under the job's parallel layout
+(raytrain.parallel.parallelize: pipeline stages, tensor parallel, FSDP2 or DDP), one AdamW per
+model part (decay on matrices only), resume from the latest checkpoint if there is one, then
+for each optimizer step push the step's micro-batches through (gradient accumulation, or the
+pipeline's microbatches), clip the gradient norm across every shard and stage, step, publish
+progress from rank 0, and checkpoint every `checkpoint_every_steps` and at the end.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from raytrain.core.batching import BatchPlan
 from raytrain.core.schedule import lr_multiplier
 from raytrain.data.sources import TokenSource, build_source
-from raytrain.models.registry import build_model
+from raytrain.parallel.parallelize import ParallelModel, build_parallel_model, clip_grad_norm
 from raytrain.spec import JobSpec
 from raytrain.train.checkpoint import CheckpointManager
 from raytrain.train.progress import ProgressMeter, ProgressSink
@@ -84,8 +82,11 @@ class LossSync:
 
     MAX_INTERVAL = 1000
 
-    def __init__(self, world_size: int, rank: int, target_s: float, clock=time.monotonic) -> None:
+    def __init__(
+        self, world_size: int, rank: int, target_s: float, dp: int = 0, clock=time.monotonic
+    ) -> None:
         self.world_size = world_size
+        self.dp = dp or world_size  # ranks whose loss shares add up to the job's loss
         self.rank = rank
         self.target_s = target_s
         self.clock = clock
@@ -99,7 +100,8 @@ class LossSync:
         return forced or self._since >= self.interval
 
     def reduce(self, loss_sum: torch.Tensor, stop_here: bool) -> tuple[float, bool]:
-        """Mean loss over ranks and whether any rank was asked to stop; sets the next interval."""
+        """Mean loss over data-parallel ranks (others pass 0) and whether any rank was asked to
+        stop; sets the next interval."""
         now = self.clock()
         next_interval = 0.0
         if self.rank == 0:
@@ -116,7 +118,7 @@ class LossSync:
         self.interval = max(1, int(values[2])) if self.target_s > 0 else 1
         self._since = 0
         self._window_started = now
-        return float(values[0]) / self.world_size, bool(values[1] > 0)
+        return float(values[0]) / self.dp, bool(values[1] > 0)
 
 
 def train(
@@ -133,21 +135,23 @@ def train(
     compare a resumed run against an uninterrupted one).
     """
     training = spec.training
+    layout = spec.layout
+    if layout.world_size != worker.world_size:
+        raise ValueError(
+            f"the job's layout ({layout.describe()}) needs {layout.world_size} ranks, but "
+            f"{worker.world_size} were started"
+        )
     torch.manual_seed(training.seed)
-    model = build_model(spec.model).to(worker.device)
-    wrapped: nn.Module = model
-    if worker.world_size > 1:
-        device_ids = [worker.device.index] if worker.device.type == "cuda" else None
-        wrapped = DistributedDataParallel(model, device_ids=device_ids)
-    optimizer = build_optimizer(model, spec)
+    model = build_parallel_model(spec, worker.device)
+    optimizers = [build_optimizer(part, spec) for part in model.parts]
     source = build_source(spec.data, _vocab_size(spec))
-    plan = BatchPlan(training.global_batch_size, training.micro_batch_size, worker.world_size)
+    plan = BatchPlan(training.global_batch_size, training.micro_batch_size, layout.dp)
     checkpoints = CheckpointManager(checkpoint_root, worker.rank)
 
     start_step, first_loss, loss_value = 0, None, float("nan")
     latest = checkpoints.latest()
     if latest is not None:
-        meta = checkpoints.load(latest, model, optimizer)
+        meta = checkpoints.load(latest, model.parts, optimizers)
         start_step, first_loss = meta["step"], meta.get("first_loss")
         loss_value = meta.get("loss", loss_value)  # the result, if nothing is left to run
         if worker.rank == 0:
@@ -167,11 +171,9 @@ def train(
         last_step = min(last_step, start_step + stop_after_steps)
     stopped = False
     steps_done = start_step
-    sync = LossSync(worker.world_size, worker.rank, target_s=progress_interval_s / 2)
+    sync = LossSync(worker.world_size, worker.rank, progress_interval_s / 2, dp=layout.dp)
     for step in range(start_step, last_step):
-        loss_sum = _train_step(
-            step, wrapped, optimizer, source, plan, worker, spec, model_params=model.parameters()
-        )
+        loss_sum = _train_step(step, model, optimizers, source, plan, spec)
         steps_done = step + 1
         checkpoint_due = (
             steps_done % training.checkpoint_every_steps == 0 or steps_done == training.steps
@@ -183,13 +185,14 @@ def train(
         if checkpoint_due:
             path = checkpoints.save(
                 steps_done,
-                model,
-                optimizer,
+                model.parts,
+                optimizers,
                 {
                     "samples_seen": plan.samples_consumed(steps_done),
                     "first_loss": meter.first_loss,
                     "loss": loss_value,
                     "world_size": worker.world_size,
+                    "layout": asdict(layout),
                 },
             )
             if worker.rank == 0:
@@ -215,34 +218,35 @@ def train(
 
 def _train_step(
     step: int,
-    wrapped: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    model: ParallelModel,
+    optimizers: list[torch.optim.Optimizer],
     source: TokenSource,
     plan: BatchPlan,
-    worker: WorkerInfo,
     spec: JobSpec,
-    model_params: Any,
 ) -> torch.Tensor:
-    """One optimizer step over `plan.grad_accum_steps` micro-batches; returns this rank's loss."""
+    """One optimizer step over the step's micro-batches; returns this rank's loss share."""
     training = spec.training
     scale = lr_multiplier(step, training.warmup, training.steps, training.min_lr_ratio)
-    for group in optimizer.param_groups:
-        group["lr"] = training.learning_rate * scale
-    loss_sum = torch.zeros((), device=worker.device)
-    accum = plan.grad_accum_steps
-    for micro_step in range(accum):
-        tokens = source.batch(plan.sample_range(step, micro_step, worker.rank)).to(worker.device)
-        inputs, targets = tokens[:, :-1], tokens[:, 1:]
-        is_last = micro_step == accum - 1
-        sync = wrapped.no_sync() if (not is_last and hasattr(wrapped, "no_sync")) else nullcontext()
-        with sync:
-            logits = wrapped(inputs)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()) / accum
-            loss.backward()
-        loss_sum += loss.detach()
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            group["lr"] = training.peak_learning_rate * scale
+    micro_batches = [
+        source.batch(plan.sample_range(step, micro_step, model.dp_rank))
+        for micro_step in range(plan.grad_accum_steps)
+    ]
+    loss_share = model.forward_backward(micro_batches)
+    scaler = model.scaler
+    if scaler is not None:
+        for optimizer in optimizers:
+            scaler.unscale_(optimizer)
     if training.grad_clip_norm is not None:
-        torch.nn.utils.clip_grad_norm_(model_params, training.grad_clip_norm)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return loss_sum
-
+        clip_grad_norm(model, training.grad_clip_norm)
+    for optimizer in optimizers:
+        if scaler is not None:
+            scaler.step(optimizer)
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    if scaler is not None:
+        scaler.update()
+    return loss_share

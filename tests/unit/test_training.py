@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from raytrain.spec import JobSpec
-from raytrain.train.checkpoint import COMMIT_MARKER, CheckpointManager, latest_checkpoint
+from raytrain.train.checkpoint import COMMIT_MARKER, latest_checkpoint
 from raytrain.train.loop import LossSync, WorkerInfo, train
 from raytrain.train.progress import ProgressMeter
 from tests.unit.support import RecordingSink

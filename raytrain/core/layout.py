@@ -1,0 +1,224 @@
+"""The parallel layout as a value: degrees for each technique, resolved and checked once.
+
+A layout says how `world_size` ranks split the work: `dp_replicate` copies of the model (DDP,
+or the replicate dimension of HSDP), each sharded `dp_shard` ways (FSDP2), each layer cut
+`tp` ways (tensor parallel), and the stack of layers cut into `pp` pipeline ranks, each
+holding `virtual_stages` stages (interleaved schedules). The pipeline's microbatch count is
+the gradient-accumulation count: one optimizer step pushes `microbatches` microbatches of
+`micro_batch_size` samples through the pipeline on each data-parallel rank.
+
+Checking happens here, before any worker starts, and every problem names the field to change
+and what would fit. Pure: the spec calls it, the planner will too.
+
+    layout = resolve_layout("fsdp", world_size=8, given={"tp": 2})
+    # Layout(dp_replicate=1, dp_shard=4, tp=2, pp=1, ...)
+    problems = check_layout(layout, ModelShape(num_layers=2, num_heads=4, ...), ...)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Which degree a named strategy fills with whatever the explicitly given degrees leave.
+FREE_DEGREE = {
+    "data": "dp_replicate",
+    "fsdp": "dp_shard",
+    "tensor": "tp",
+    "pipeline": "pp",
+    "hybrid": None,
+}
+DEGREES = ("dp_replicate", "dp_shard", "tp", "pp")
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    pp: int = 1
+    virtual_stages: int = 1
+    microbatches: int = 1
+    schedule: str = "1f1b"
+    sequence_parallel: bool = True
+
+    @property
+    def world_size(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.tp * self.pp
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel ranks: how many different slices of each batch are read at once."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp * self.virtual_stages
+
+    @property
+    def data_parallel_wrapper(self) -> str:
+        """'fsdp' (FSDP2, HSDP when also replicated), 'ddp', or 'none'.
+
+        DDP cannot hold tensor-parallel DTensors, so data parallelism alongside tensor
+        parallelism is FSDP2 over a (replicate, shard) mesh even when nothing is sharded.
+        """
+        if self.dp_shard > 1 or (self.dp_replicate > 1 and self.tp > 1):
+            return "fsdp"
+        return "ddp" if self.dp_replicate > 1 else "none"
+
+    def describe(self) -> str:
+        parts = [f"{name}{getattr(self, name)}" for name in DEGREES if getattr(self, name) > 1]
+        if self.pp > 1:
+            parts.append(f"{self.schedule} x{self.microbatches} microbatches")
+            if self.virtual_stages > 1:
+                parts.append(f"{self.virtual_stages} stages per rank")
+        if self.tp > 1 and self.sequence_parallel:
+            parts.append("sequence parallel")
+        return " ".join(parts) or "single process"
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What layout checks need of the model; None where the model is the user's own."""
+
+    num_layers: int | None = None
+    num_heads: int | None = None
+    hidden_dim: int | None = None
+    vocab_size: int | None = None
+
+
+@dataclass(frozen=True)
+class Problem:
+    field: tuple[str, ...]
+    message: str
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def resolve_layout(
+    strategy: str,
+    world_size: int,
+    given: dict[str, int | None],
+    virtual_stages: int = 1,
+    microbatches: int = 1,
+    schedule: str = "1f1b",
+    sequence_parallel: bool = True,
+) -> tuple[Layout, list[Problem]]:
+    """Fill the strategy's free degree from the given ones; report a product that is not
+    `world_size` at the field a user would change."""
+    degrees = {name: given.get(name) or 1 for name in DEGREES}
+    free = FREE_DEGREE[strategy]
+    problems: list[Problem] = []
+    stated_fields = [name for name in DEGREES if given.get(name) is not None]
+    at = ("parallel", stated_fields[0]) if stated_fields else ("parallel",)
+    if free is not None and given.get(free) is None:
+        others = 1
+        for name in DEGREES:
+            if name != free:
+                others *= degrees[name]
+        if world_size % others:
+            problems.append(Problem(
+                at,
+                f"the given degrees multiply to {others}, which does not divide "
+                f"resources.num_workers={world_size}. To fix: use degrees whose product "
+                f"divides {world_size} (divisors: {divisors(world_size)})",
+            ))
+        degrees[free] = max(1, world_size // others)
+    layout = Layout(
+        **degrees,
+        virtual_stages=virtual_stages,
+        microbatches=microbatches,
+        schedule=schedule,
+        sequence_parallel=sequence_parallel,
+    )
+    if not problems and layout.world_size != world_size:
+        stated = " x ".join(f"{n}={degrees[n]}" for n in DEGREES if degrees[n] > 1) or "1"
+        problems.append(Problem(
+            at,
+            f"degrees {stated} multiply to {layout.world_size} but resources.num_workers="
+            f"{world_size}. To fix: set resources.num_workers to {layout.world_size}, or "
+            f"change the degrees so they multiply to {world_size}"
+            + (f" (with strategy '{strategy}', leave parallel.{free} out to have it filled)"
+               if free else ""),
+        ))
+    return layout, problems
+
+
+def check_layout(
+    layout: Layout, shape: ModelShape, seq_len: int, built_in_model: bool
+) -> list[Problem]:
+    """Everything that makes a layout impossible for this model, each with what would fit."""
+    problems: list[Problem] = []
+    if layout.tp > 1:
+        if not built_in_model:
+            problems.append(Problem(
+                ("parallel", "tp"),
+                "tensor parallelism needs the built-in GPT (its plan cuts layers by name). "
+                "To fix: use model.kind 'gpt', or strategy 'fsdp' or 'data' for your model",
+            ))
+        else:
+            sizes = {"num_heads": shape.num_heads, "ffn_dim (default 4 x dim)": shape.hidden_dim,
+                     "vocab_size": shape.vocab_size}
+            clashes = [f"{name}={size}" for name, size in sizes.items()
+                       if size is not None and size % layout.tp]
+            if clashes:
+                fits = [d for d in divisors(layout.tp * (layout.world_size // layout.tp))
+                        if all(size is None or size % d == 0 for size in sizes.values())]
+                problems.append(Problem(
+                    ("parallel", "tp"),
+                    f"tp={layout.tp} does not divide model.gpt {', '.join(clashes)}. To fix: "
+                    f"use a tp that divides them and the worker count ({fits}), or change "
+                    f"those sizes to multiples of {layout.tp}",
+                ))
+            if layout.sequence_parallel and seq_len % layout.tp:
+                problems.append(Problem(
+                    ("parallel", "sequence_parallel"),
+                    f"sequence parallel splits data.seq_len={seq_len} over tp={layout.tp} "
+                    f"ranks. To fix: make seq_len a multiple of {layout.tp}, or set "
+                    "sequence_parallel to false",
+                ))
+    if layout.virtual_stages > 1 and layout.schedule != "interleaved_1f1b":
+        problems.append(Problem(
+            ("parallel", "virtual_stages"),
+            f"virtual_stages={layout.virtual_stages} needs pipeline_schedule "
+            f"'interleaved_1f1b', not '{layout.schedule}'. To fix: set one or the other",
+        ))
+    if layout.schedule == "interleaved_1f1b" and layout.pp > 1 and layout.virtual_stages < 2:
+        problems.append(Problem(
+            ("parallel", "virtual_stages"),
+            "pipeline_schedule 'interleaved_1f1b' needs at least 2 stages per pipeline rank. "
+            "To fix: set virtual_stages to 2 or more, or use schedule '1f1b'",
+        ))
+    if layout.pp > 1:
+        if not built_in_model:
+            problems.append(Problem(
+                ("parallel", "pp"),
+                "pipeline parallelism needs the built-in GPT (it is split by layer). To fix: "
+                "use model.kind 'gpt', or strategy 'fsdp' for your model",
+            ))
+        elif shape.num_layers is not None and layout.num_stages > shape.num_layers:
+            problems.append(Problem(
+                ("parallel", "pp"),
+                f"pp={layout.pp} x virtual_stages={layout.virtual_stages} = "
+                f"{layout.num_stages} stages, but the model has {shape.num_layers} layers "
+                f"(each stage needs one). To fix: use at most {shape.num_layers} stages, or "
+                "more layers",
+            ))
+        if layout.schedule != "gpipe" and layout.microbatches < layout.pp:
+            problems.append(Problem(
+                ("training", "global_batch_size"),
+                f"{layout.schedule} with pp={layout.pp} needs at least {layout.pp} "
+                f"microbatches per step, but global_batch_size / (micro_batch_size x "
+                f"data-parallel ranks) = {layout.microbatches}. To fix: raise "
+                f"global_batch_size to {layout.pp}x that or lower micro_batch_size",
+            ))
+        if layout.schedule == "interleaved_1f1b" and layout.microbatches % layout.pp:
+            problems.append(Problem(
+                ("training", "global_batch_size"),
+                f"interleaved_1f1b needs the microbatch count ({layout.microbatches}) to be "
+                f"a multiple of pp={layout.pp}. To fix: change global_batch_size or "
+                "micro_batch_size so it is",
+            ))
+    return problems

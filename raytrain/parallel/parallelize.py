@@ -1,0 +1,333 @@
+"""Build a job's model on this rank under its layout, and run one forward/backward over it.
+
+Order of application, fixed (torchtitan's order, for the same reasons):
+1. Pipeline split: this rank keeps only its stages' layers (plus the embeddings on the first
+   stage, the final norm and head on the last). Built on the meta device, so no rank ever
+   holds another stage's weights, or the whole model.
+2. Tensor parallel (+ sequence parallel) on each stage: attention and MLP matmuls column-
+   then row-wise, embeddings row-wise, the head column-wise; with sequence parallel the norms
+   and residual stream stay split along the sequence between blocks.
+3. Activation checkpointing per block (recompute in the backward pass).
+4. Data parallel: FSDP2 `fully_shard` per block and per stage (HSDP over a (replicate, shard)
+   mesh when both degrees are set, and whenever tensor parallel meets data parallel, since DDP
+   cannot hold DTensors); otherwise DDP over the replicate group, with optional compression.
+5. Materialise (`to_empty`) and initialise each parameter from its name (GPT.init_weights), so
+   every layout starts from the weights a single process would.
+
+The mesh has four named dimensions, outermost first: ("pp", "dp_replicate", "dp_shard", "tp"),
+so tensor-parallel peers are neighbouring ranks (on one node, over its fastest link) and
+pipeline peers are farthest apart.
+
+    model = build_parallel_model(spec, torch.device("cpu"))
+    loss = model.forward_backward([tokens_micro_0, tokens_micro_1])
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+)
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+from torch.nn.parallel import DistributedDataParallel
+
+from raytrain.core.layout import Layout
+from raytrain.models.gpt import GPT
+from raytrain.models.registry import build_model
+from raytrain.parallel.compression import register_compression
+from raytrain.spec import JobSpec
+
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
+
+
+def stage_layers(num_layers: int, num_stages: int) -> list[range]:
+    """Contiguous layer ranges per stage, sizes differing by at most one (earlier ones larger)."""
+    base, extra = divmod(num_layers, num_stages)
+    ranges, start = [], 0
+    for stage in range(num_stages):
+        size = base + (1 if stage < extra else 0)
+        ranges.append(range(start, start + size))
+        start += size
+    return ranges
+
+
+def stages_of_rank(pp_rank: int, layout: Layout) -> list[int]:
+    """Stage indices on pipeline rank `pp_rank`: one, or every pp-th for interleaved ('loop')."""
+    return list(range(pp_rank, layout.num_stages, layout.pp))
+
+
+def gpt_stage(model: GPT, stage: int, num_stages: int) -> GPT:
+    """Cut `model` (usually on the meta device) down to stage `stage` of `num_stages`, in place.
+
+    Layer names stay those of the whole model, so checkpoints line up across layouts."""
+    keep = {str(i) for i in stage_layers(model.config.num_layers, num_stages)[stage]}
+    for name in list(model.layers.keys()):
+        if name not in keep:
+            del model.layers[name]
+    if stage > 0:
+        model.tok_embeddings = None
+        model.pos_embeddings = None
+    if stage < num_stages - 1:
+        model.norm = None
+        model.output = None
+    return model
+
+
+def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """Megatron-style tensor parallel on the GPT's linears; with sequence parallel, the norms
+    and the residual stream between blocks are split along the sequence (dimension 1)."""
+    seq = Shard(1) if sequence_parallel else Replicate()
+    top: dict[str, Any] = {}
+    if model.tok_embeddings is not None:
+        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
+        # Positions: rows of the table, output [seq, dim] split like the tokens' output.
+        top["pos_embeddings"] = RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Shard(0) if sequence_parallel else Replicate()
+        )
+    if model.output is not None:
+        if sequence_parallel:
+            top["norm"] = SequenceParallel()
+        top["output"] = ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
+    if top:
+        parallelize_module(model, tp_mesh, top)
+    for block in model.layers.values():
+        plan: dict[str, Any] = {
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=seq),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=seq),
+        }
+        if sequence_parallel:
+            plan.update({
+                "attention_norm": SequenceParallel(),
+                "attention": PrepareModuleInput(
+                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                ),
+                "ffn_norm": SequenceParallel(),
+                "feed_forward": PrepareModuleInput(
+                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                ),
+            })
+        parallelize_module(block, tp_mesh, plan)
+
+
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool) -> None:
+    """FSDP2 per transformer block (one all-gather each), then the rest at the root."""
+    layers = getattr(model, "layers", None)
+    if isinstance(layers, nn.ModuleDict):
+        for block in layers.values():
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+
+
+def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+@dataclass
+class ParallelModel:
+    """This rank's share of the model, and how to push a step's micro-batches through it."""
+
+    layout: Layout
+    device: torch.device
+    parts: list[nn.Module]  # checkpointed modules (state-dict names of the whole model)
+    runners: list[nn.Module]  # what forward runs (DDP-wrapped where DDP applies)
+    mesh: DeviceMesh | None = None
+    schedule: Any = None
+    stage_ids: list[int] = field(default_factory=lambda: [0])
+    dp_rank: int = 0
+    owns_loss: bool = True  # this rank's loss counts in the job's loss (last stage, tp rank 0)
+    precision: str = "fp32"
+    scaler: torch.amp.GradScaler | None = None
+
+    @property
+    def pp_group(self) -> dist.ProcessGroup | None:
+        return self.mesh["pp"].get_group() if self.mesh is not None and self.layout.pp > 1 else None
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for part in self.parts for p in part.parameters() if p.requires_grad]
+
+    def _autocast(self):
+        if self.precision == "fp32":
+            return nullcontext()
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    def forward_backward(self, micro_batches: list[torch.Tensor]) -> torch.Tensor:
+        """Gradients of the mean loss over `micro_batches` (each [micro, seq + 1] tokens);
+        returns this rank's share of that loss (0 on ranks that do not own it)."""
+        if self.schedule is not None:
+            return self._pipeline_step(micro_batches)
+        runner = self.runners[0]
+        total = torch.zeros((), device=self.device)
+        count = len(micro_batches)
+        for index, tokens in enumerate(micro_batches):
+            tokens = tokens.to(self.device)
+            last = index == count - 1
+            sync = runner.no_sync() if (not last and isinstance(runner, DistributedDataParallel)) \
+                else nullcontext()
+            with sync:
+                with self._autocast():
+                    loss = _cross_entropy(runner(tokens[:, :-1]), tokens[:, 1:]) / count
+                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            total += loss.detach()
+        return total if self.owns_loss else torch.zeros((), device=self.device)
+
+    def _pipeline_step(self, micro_batches: list[torch.Tensor]) -> torch.Tensor:
+        tokens = torch.cat(micro_batches).to(self.device)
+        first, last = 0 in self.stage_ids, self.layout.num_stages - 1 in self.stage_ids
+        losses: list[torch.Tensor] = []
+        args = (tokens[:, :-1],) if first else ()
+        with self._autocast():
+            self.schedule.step(
+                *args,
+                target=tokens[:, 1:] if last else None,
+                losses=losses if last else None,
+                return_outputs=False,
+            )
+        if last and self.owns_loss:
+            # The schedule scales gradients by 1 / microbatches: the step's loss is the mean.
+            return torch.stack([loss.detach() for loss in losses]).mean()
+        return torch.zeros((), device=self.device)
+
+
+def build_mesh(layout: Layout, device: torch.device) -> DeviceMesh:
+    shape = (layout.pp, layout.dp_replicate, layout.dp_shard, layout.tp)
+    return init_device_mesh(device.type, shape, mesh_dim_names=MESH_DIMS)
+
+
+def build_parallel_model(spec: JobSpec, device: torch.device) -> ParallelModel:
+    """This rank's model parts under `spec.layout`, initialised, on `device`."""
+    layout = spec.layout
+    parallel, training = spec.parallel, spec.training
+    scaler = torch.amp.GradScaler(device.type) if training.precision == "fp16" else None
+    if layout.world_size == 1:
+        model = build_model(spec.model, seed=training.seed).to(device)
+        _set_recompute(model, parallel.activation_checkpointing)
+        return ParallelModel(layout, device, [model], [model], precision=training.precision,
+                             scaler=scaler)
+
+    mesh = build_mesh(layout, device)
+    pp_rank, rep_rank, shard_rank, tp_rank = mesh.get_coordinate()
+    stage_ids = stages_of_rank(pp_rank, layout)
+    wrapper = layout.data_parallel_wrapper
+    parts: list[nn.Module] = []
+    runners: list[nn.Module] = []
+    for stage in stage_ids:
+        if spec.model.kind == "gpt":
+            with torch.device("meta"):
+                part = build_model(spec.model, seed=training.seed)
+            if layout.pp > 1:
+                gpt_stage(part, stage, layout.num_stages)
+            if layout.tp > 1:
+                apply_tensor_parallel(part, mesh["tp"], layout.sequence_parallel)
+        else:  # a user model: data parallel only (the spec rejects anything else)
+            part = build_model(spec.model, seed=training.seed)
+        _set_recompute(part, parallel.activation_checkpointing)
+        if wrapper == "fsdp":
+            dp_mesh = (mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1
+                       else mesh["dp_shard"])
+            apply_fsdp(part, dp_mesh, reshard_after_forward=layout.pp == 1)
+        if isinstance(part, GPT) and _on_meta(part):
+            part.to_empty(device=device)
+            part.init_weights()
+        else:
+            part.to(device)
+        runner: nn.Module = part
+        if wrapper == "ddp":
+            runner = DistributedDataParallel(
+                part,
+                process_group=mesh["dp_replicate"].get_group(),
+                device_ids=[device.index] if device.type == "cuda" else None,
+            )
+            register_compression(
+                runner, parallel.compression, mesh["dp_replicate"].get_group(),
+                powersgd_rank=parallel.powersgd_rank, topk_ratio=parallel.topk_ratio,
+                topk_error_feedback=parallel.topk_error_feedback,
+            )
+        parts.append(part)
+        runners.append(runner)
+
+    model = ParallelModel(
+        layout, device, parts, runners, mesh=mesh, stage_ids=stage_ids,
+        dp_rank=rep_rank * layout.dp_shard + shard_rank,
+        owns_loss=(pp_rank == layout.pp - 1 and tp_rank == 0),
+        precision=training.precision, scaler=scaler,
+    )
+    if layout.pp > 1:
+        pp_group = mesh["pp"].get_group()
+        stages = [
+            PipelineStage(runner, stage, layout.num_stages, device, group=pp_group)
+            for runner, stage in zip(runners, stage_ids)
+        ]
+        schedule_cls = SCHEDULES[layout.schedule]
+        model.schedule = schedule_cls(
+            stages if layout.schedule == "interleaved_1f1b" else stages[0],
+            n_microbatches=layout.microbatches,
+            loss_fn=_cross_entropy,
+        )
+    return model
+
+
+def _on_meta(module: nn.Module) -> bool:
+    return any(p.device.type == "meta" for p in module.parameters())
+
+
+def _set_recompute(model: nn.Module, on: bool) -> None:
+    for module in model.modules():
+        if hasattr(module, "recompute"):
+            module.recompute = on
+
+
+def clip_grad_norm(model: ParallelModel, max_norm: float | None) -> float:
+    """Clip the gradient norm of the whole model, wherever its pieces live; return the norm.
+
+    torch's clip_grad_norm_ sees one rank's parameters: it is right for DDP and for DTensors
+    (tensor parallel, FSDP2), whose norms it reduces over their mesh, but not across pipeline
+    stages, each holding different layers. So: the norm of local plain tensors and of each
+    mesh's DTensors, squared and summed, then summed over the pipeline ranks.
+    """
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    squared = torch.zeros((), device=model.device, dtype=torch.float32)
+    plain = [g for g in grads if not isinstance(g, DTensor)]
+    if plain:
+        squared += torch.nn.utils.get_total_norm(plain).float() ** 2
+    by_mesh: dict[Any, list[torch.Tensor]] = {}
+    for grad in grads:
+        if isinstance(grad, DTensor):
+            by_mesh.setdefault((grad.device_mesh, tuple(grad.placements)), []).append(grad)
+    for group in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm(group)
+        squared += (norm.full_tensor() if isinstance(norm, DTensor) else norm).float() ** 2
+    if model.pp_group is not None:
+        dist.all_reduce(squared, group=model.pp_group)
+    total = squared.sqrt()
+    if max_norm is not None:
+        coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        with torch.no_grad():
+            for grad in grads:  # plain tensors and shards alike: scale what this rank holds
+                (grad.to_local() if isinstance(grad, DTensor) else grad).mul_(coef)
+    return float(total) if math.isfinite(float(total)) else float("inf")

@@ -1,0 +1,165 @@
+"""Every parallel layout trains exactly like one process, checkpoints move between layouts,
+and gradient compression converges. Plain processes over gloo (mp.spawn), no Ray.
+
+All layouts of one rank count run one after another in one spawn (a spawn costs seconds of
+imports per rank); each test then reads its layout's loss history.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from raytrain.spec import JobSpec
+from raytrain.train.checkpoint import latest_checkpoint
+from raytrain.train.loop import WorkerInfo, train
+from tests.unit.support import RecordingSink
+
+STEPS = 10
+MODEL = {"gpt": {"vocab_size": 64, "dim": 32, "num_layers": 4, "num_heads": 4,
+                 "max_seq_len": 16}}
+
+
+def job(num_workers: int, parallel: dict[str, Any] | None = None, **training: Any) -> dict:
+    return {
+        "model": MODEL,
+        "data": {"seq_len": 16},
+        "training": {"steps": STEPS, "global_batch_size": 8, "micro_batch_size": 2,
+                     "checkpoint_every_steps": STEPS, "learning_rate": 0.01, **training},
+        "parallel": parallel or {},
+        "resources": {"num_workers": num_workers},
+    }
+
+
+TWO_RANKS = {
+    "dp2": {"strategy": "data"},
+    "fsdp2": {"strategy": "fsdp"},
+    "tp2_sequence_parallel": {"strategy": "tensor"},
+    "tp2_no_sequence_parallel": {"strategy": "tensor", "sequence_parallel": False},
+    "pp2_gpipe": {"strategy": "pipeline", "pipeline_schedule": "gpipe"},
+    "pp2_1f1b": {"strategy": "pipeline", "pipeline_schedule": "1f1b"},
+    "pp2_interleaved_1f1b_v2": {"strategy": "pipeline", "pipeline_schedule": "interleaved_1f1b",
+                                "virtual_stages": 2},
+    "fsdp2_recompute": {"strategy": "fsdp", "activation_checkpointing": True},
+}
+FOUR_RANKS = {
+    "dp2_tp2": {"strategy": "hybrid", "dp_replicate": 2, "tp": 2},
+    "pp2_tp2": {"strategy": "hybrid", "pp": 2, "tp": 2},
+    "hsdp_dp2_fsdp2": {"strategy": "hybrid", "dp_replicate": 2, "dp_shard": 2},
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run_cases(rank: int, world_size: int, port: int, cases: list[tuple[str, dict, dict]],
+               out_dir: str) -> None:
+    """Run each (name, job document, train kwargs) on this rank; rank 0 writes the losses.
+    A case may name a checkpoint to start from ('resume_from'), copied in by rank 0."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        for name, document, kwargs in cases:
+            root = Path(out_dir) / name
+            kwargs = dict(kwargs)
+            resume_from = kwargs.pop("resume_from", None)
+            if rank == 0 and resume_from:
+                shutil.copytree(resume_from, root / Path(resume_from).name)
+            dist.barrier()
+            sink = RecordingSink()
+            train(JobSpec.model_validate(document),
+                  WorkerInfo.from_process_group(torch.device("cpu")), sink, root,
+                  progress_interval_s=0.0, **kwargs)
+            if rank == 0:
+                (root / "losses.json").write_text(json.dumps(sink.losses()))
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(world_size: int, cases: list[tuple[str, dict, dict]], out_dir: Path) -> None:
+    mp.spawn(_run_cases, args=(world_size, _free_port(), cases, str(out_dir)), nprocs=world_size)
+
+
+def _losses(path: Path) -> dict[int, float]:
+    return {int(k): v for k, v in json.loads(path.read_text()).items()}
+
+
+def _single(document: dict, root: Path, **kwargs: Any) -> dict[int, float]:
+    sink = RecordingSink()
+    train(JobSpec.model_validate(document), WorkerInfo.single_process(), sink, root,
+          progress_interval_s=0.0, **kwargs)
+    return sink.losses()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
+    return _single(job(1), tmp_path_factory.mktemp("single"))
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("two")
+    cases = [(name, job(2, parallel), {}) for name, parallel in TWO_RANKS.items()]
+    # A layout change: 6 steps under tp2, then resume under dp2 (and, below, one process).
+    cases.append(("cut_tp2", job(2, TWO_RANKS["tp2_sequence_parallel"],
+                                 checkpoint_every_steps=6), {"stop_after_steps": 6}))
+    cases.append(("resume_dp2", job(2, {"strategy": "data"}, checkpoint_every_steps=6),
+                  {"resume_from": str(out / "cut_tp2" / "step_000000006")}))
+    _spawn(2, cases, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def four_rank_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("four")
+    cases = [(name, job(4, parallel), {}) for name, parallel in FOUR_RANKS.items()]
+    _spawn(4, cases, out)
+    return out
+
+
+@pytest.mark.parametrize("name", list(TWO_RANKS))
+def test_two_rank_layout_matches_one_process(name: str, two_rank_runs: Path,
+                                             reference: dict[int, float]) -> None:
+    losses = _losses(two_rank_runs / name / "losses.json")
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    for step, loss in reference.items():
+        assert losses[step] == pytest.approx(loss, abs=1e-5), (name, step)
+
+
+@pytest.mark.parametrize("name", list(FOUR_RANKS))
+def test_four_rank_layout_matches_one_process(name: str, four_rank_runs: Path,
+                                              reference: dict[int, float]) -> None:
+    losses = _losses(four_rank_runs / name / "losses.json")
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    for step, loss in reference.items():
+        assert losses[step] == pytest.approx(loss, abs=1e-5), (name, step)
+
+
+def test_a_tp2_checkpoint_resumes_under_dp2_and_one_process(
+    two_rank_runs: Path, tmp_path: Path, reference: dict[int, float]
+) -> None:
+    saved = two_rank_runs / "cut_tp2"
+    assert latest_checkpoint(saved).name == "step_000000006"
+    meta = json.loads((saved / "step_000000006" / "meta.json").read_text())
+    assert meta["layout"]["tp"] == 2
+    under_dp2 = _losses(two_rank_runs / "resume_dp2" / "losses.json")
+    shutil.copytree(saved / "step_000000006", tmp_path / "step_000000006")
+    under_one = _single(job(1, checkpoint_every_steps=6), tmp_path)
+    for resumed in (under_dp2, under_one):
+        assert sorted(resumed) == list(range(7, STEPS + 1))
+        for step in resumed:
+            assert resumed[step] == pytest.approx(reference[step], abs=1e-5), step
