@@ -74,7 +74,7 @@ def _status_table(job: JobStatus) -> Table:
         ("id", job.id),
         ("name", job.spec.name),
         ("state", job.state.value + (f" ({job.message})" if job.message else "")),
-        ("plan", f"{job.plan.strategy} {job.plan.layout}, {job.plan.backend}, grad accum "
+        ("plan", f"{job.plan.strategy}: {job.plan.description}, {job.plan.backend}, grad accum "
                  f"{job.plan.grad_accum_steps}" if job.plan else "-"),
         ("step", f"{p.step}/{p.total_steps}"),
         ("loss", "-" if p.loss is None else f"{p.loss:.4f} (first {p.first_loss:.4f})"

@@ -353,7 +353,8 @@ class JobSpec(_Strict):
             shape = ModelShape()
             if self.model.kind == "gpt":
                 gpt = self.model.gpt
-                shape = ModelShape(gpt.num_layers, gpt.num_heads, gpt.hidden_dim, gpt.vocab_size)
+                shape = ModelShape(gpt.num_layers, gpt.num_heads, gpt.hidden_dim, gpt.vocab_size,
+                                   gpt.max_seq_len)
             problems = check_layout(layout, shape, self.data.seq_len, self.model.kind == "gpt")
         for problem in problems:
             errors.append(_field_error(problem.field, problem.message, None))
@@ -551,6 +552,7 @@ class Resources(_Record):
 class PlanSummary(_Record):
     strategy: str = Field(description="The parallel strategy.")
     layout: dict[str, int] = Field(description="Degree of each parallel axis.")
+    description: str = Field("", description="The layout in words, e.g. 'dp_shard2 tp2'.")
     grad_accum_steps: int = Field(description="Micro-batches accumulated per optimizer step.")
     tokens_per_step: int = Field(description="Tokens per optimizer step, all ranks.")
     backend: str = Field(description="Collective backend: nccl on GPU, gloo on CPU.")

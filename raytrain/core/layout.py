@@ -59,10 +59,12 @@ class Layout:
     def data_parallel_wrapper(self) -> str:
         """'fsdp' (FSDP2, HSDP when also replicated), 'ddp', or 'none'.
 
-        DDP cannot hold tensor-parallel DTensors, so data parallelism alongside tensor
-        parallelism is FSDP2 over a (replicate, shard) mesh even when nothing is sharded.
+        DDP cannot hold tensor-parallel DTensors, and it expects one backward per forward,
+        which a pipeline schedule's microbatches break, so data parallelism alongside tensor
+        or pipeline parallelism is FSDP2 over a (replicate, shard) mesh even when nothing is
+        sharded.
         """
-        if self.dp_shard > 1 or (self.dp_replicate > 1 and self.tp > 1):
+        if self.dp_shard > 1 or (self.dp_replicate > 1 and (self.tp > 1 or self.pp > 1)):
             return "fsdp"
         return "ddp" if self.dp_replicate > 1 else "none"
 
@@ -85,6 +87,7 @@ class ModelShape:
     num_heads: int | None = None
     hidden_dim: int | None = None
     vocab_size: int | None = None
+    max_seq_len: int | None = None
 
 
 @dataclass(frozen=True)
@@ -160,7 +163,7 @@ def check_layout(
             ))
         else:
             sizes = {"num_heads": shape.num_heads, "ffn_dim (default 4 x dim)": shape.hidden_dim,
-                     "vocab_size": shape.vocab_size}
+                     "vocab_size": shape.vocab_size, "max_seq_len": shape.max_seq_len}
             clashes = [f"{name}={size}" for name, size in sizes.items()
                        if size is not None and size % layout.tp]
             if clashes:

@@ -9,8 +9,9 @@ Order of application, fixed (torchtitan's order, for the same reasons):
    and residual stream stay split along the sequence between blocks.
 3. Activation checkpointing per block (recompute in the backward pass).
 4. Data parallel: FSDP2 `fully_shard` per block and per stage (HSDP over a (replicate, shard)
-   mesh when both degrees are set, and whenever tensor parallel meets data parallel, since DDP
-   cannot hold DTensors); otherwise DDP over the replicate group, with optional compression.
+   mesh when both degrees are set, and whenever data parallel meets tensor or pipeline
+   parallel: see Layout.data_parallel_wrapper); otherwise DDP over the replicate group, with
+   optional compression hooks.
 5. Materialise (`to_empty`) and initialise each parameter from its name (GPT.init_weights), so
    every layout starts from the weights a single process would.
 

@@ -99,9 +99,18 @@ class _EventLog:
 
 
 def plan_summary(spec: JobSpec) -> PlanSummary:
+    layout = spec.layout
     return PlanSummary(
         strategy=spec.parallel.strategy,
-        layout={"dp_replicate": spec.data_parallel_degree},
+        layout={
+            "dp_replicate": layout.dp_replicate,
+            "dp_shard": layout.dp_shard,
+            "tp": layout.tp,
+            "pp": layout.pp,
+            "virtual_stages": layout.virtual_stages,
+            "microbatches": layout.microbatches,
+        },
+        description=layout.describe(),
         grad_accum_steps=spec.grad_accum_steps,
         tokens_per_step=spec.tokens_per_step,
         backend="nccl" if spec.resources.use_gpu else "gloo",

@@ -48,6 +48,8 @@ def test_bad_specs_answer_422_with_field_paths_and_start_nothing(service: Servic
         ({"resources": {"num_workers": "two"}}, ["body", "resources", "num_workers"]),
         ({"parallel": {"dp_replicate": 4}}, ["body", "parallel", "dp_replicate"]),
         ({"model": {"kind": "import", "factory": "os:system"}}, ["body", "model", "factory"]),
+        ({"parallel": {"strategy": "tensor"}, "resources": {"num_workers": 3}},
+         ["body", "parallel", "tp"]),
     ]
     for body, loc in cases:
         response = httpx.post(f"{service.url}/v1/jobs", json=body)
@@ -89,6 +91,20 @@ def test_job_trains_to_success_and_streams_progress(service: Service) -> None:
     assert status.finished_at is not None and status.finished_at > submitted_at
     metrics = httpx.get(f"{service.url}/metrics").text
     assert 'raytrain_jobs{state="SUCCEEDED"}' in metrics
+
+
+def test_hybrid_pipeline_by_tensor_job_trains_through_the_api(service: Service) -> None:
+    """pp2 x tp2 on four workers sharing the two CPUs, submitted and followed over HTTP."""
+    spec = job_spec(steps=30, checkpoint_every=30, name="hybrid")
+    spec["parallel"] = {"strategy": "hybrid", "pp": 2, "tp": 2}
+    spec["resources"] = {"num_workers": 4, "cpus_per_worker": 0.5}
+    job = Client(service.url).submit(spec)
+    assert job.status().plan.description == "tp2 pp2 1f1b x4 microbatches sequence parallel"
+    status = job.wait()
+    assert status.state is JobState.SUCCEEDED, status.error
+    assert status.plan.layout["pp"] == 2 and status.plan.layout["tp"] == 2
+    assert status.result.final_loss < status.result.first_loss
+    assert status.checkpoint is not None and status.checkpoint.step == 30
 
 
 def test_cancel_stops_workers_and_frees_cpus(service: Service) -> None:

@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 
 from raytrain.core.batching import BatchPlan
 from raytrain.core.capacity import admit, worker_group_demand
-from raytrain.core.schedule import lr_multiplier
+from raytrain.core.layout import (
+    DEGREES,
+    FREE_DEGREE,
+    ModelShape,
+    check_layout,
+    resolve_layout,
+)
+from raytrain.core.schedule import lr_batch_scale, lr_multiplier
 
 CORE = Path(__file__).resolve().parents[2] / "raytrain" / "core"
 
@@ -89,3 +96,39 @@ def test_admission_counts_what_running_jobs_hold() -> None:
     gpu = worker_group_demand(4, 2.0, 1.0)
     assert gpu == {"CPU": 8.0, "GPU": 4.0}
     assert not admit(gpu, {"CPU": 64.0}, []).fits  # no GPUs at all
+
+
+@given(
+    st.sampled_from(["data", "fsdp", "tensor", "pipeline"]),
+    st.lists(st.sampled_from([1, 2, 4]), min_size=4, max_size=4),
+    st.sampled_from([1, 2, 4, 8, 16]),
+)
+def test_a_resolved_layout_covers_the_workers_or_says_why(
+    strategy: str, given_degrees: list[int], world: int
+) -> None:
+    given_map = dict(zip(DEGREES, given_degrees))
+    given_map[FREE_DEGREE[strategy]] = None  # the strategy's own degree is left out
+    layout, problems = resolve_layout(strategy, world, given_map)
+    if problems:
+        assert all(p.field[0] == "parallel" and "To fix" in p.message for p in problems)
+    else:
+        assert layout.world_size == world
+
+
+def test_layout_checks_name_what_would_fit() -> None:
+    layout, _ = resolve_layout("hybrid", 8, {"pp": 4, "tp": 2}, virtual_stages=2,
+                               schedule="interleaved_1f1b", microbatches=6)
+    problems = check_layout(layout, ModelShape(num_layers=6, num_heads=4, hidden_dim=64,
+                                               vocab_size=100), seq_len=32, built_in_model=True)
+    messages = " | ".join(p.message for p in problems)
+    assert "8 stages, but the model has 6 layers" in messages
+    assert "multiple of pp=4" in messages
+    assert layout.describe() == "tp2 pp4 interleaved_1f1b x6 microbatches 2 stages per rank " \
+        "sequence parallel"
+
+
+def test_lr_batch_scale_rules() -> None:
+    assert lr_batch_scale("none", 1024, 256) == 1.0
+    assert lr_batch_scale("linear", 1024, 256) == 4.0
+    assert lr_batch_scale("sqrt", 1024, 256) == 2.0
+    assert lr_batch_scale("linear", 1024, None) == 1.0

@@ -2,7 +2,8 @@
 and gradient compression converges. Plain processes over gloo (mp.spawn), no Ray.
 
 All layouts of one rank count run one after another in one spawn (a spawn costs seconds of
-imports per rank); each test then reads its layout's loss history.
+imports per rank); each test then reads its layout's loss history. RAYTRAIN_TEST_DEVICE=cuda
+runs the same over NCCL, one GPU per rank (scripts/gpu_check.sh).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from raytrain.train.loop import WorkerInfo, train
 from tests.unit.support import RecordingSink
 
 STEPS = 10
+DEVICE = os.environ.get("RAYTRAIN_TEST_DEVICE", "cpu")
 MODEL = {"gpt": {"vocab_size": 64, "dim": 32, "num_layers": 4, "num_heads": 4,
                  "max_seq_len": 16}}
 
@@ -55,7 +57,13 @@ FOUR_RANKS = {
     "dp2_tp2": {"strategy": "hybrid", "dp_replicate": 2, "tp": 2},
     "pp2_tp2": {"strategy": "hybrid", "pp": 2, "tp": 2},
     "hsdp_dp2_fsdp2": {"strategy": "hybrid", "dp_replicate": 2, "dp_shard": 2},
+    "pp2_dp2": {"strategy": "pipeline", "dp_replicate": 2},
+    "pp2_fsdp2": {"strategy": "pipeline", "dp_shard": 2},
 }
+
+
+def _device(rank: int) -> torch.device:
+    return torch.device("cuda", rank) if DEVICE == "cuda" else torch.device("cpu")
 
 
 def _free_port() -> int:
@@ -70,7 +78,10 @@ def _run_cases(rank: int, world_size: int, port: int, cases: list[tuple[str, dic
     A case may name a checkpoint to start from ('resume_from'), copied in by rank 0."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    if DEVICE == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo", rank=rank,
+                            world_size=world_size)
     try:
         for name, document, kwargs in cases:
             root = Path(out_dir) / name
@@ -81,7 +92,7 @@ def _run_cases(rank: int, world_size: int, port: int, cases: list[tuple[str, dic
             dist.barrier()
             sink = RecordingSink()
             train(JobSpec.model_validate(document),
-                  WorkerInfo.from_process_group(torch.device("cpu")), sink, root,
+                  WorkerInfo.from_process_group(_device(rank)), sink, root,
                   progress_interval_s=0.0, **kwargs)
             if rank == 0:
                 (root / "losses.json").write_text(json.dumps(sink.losses()))
@@ -100,7 +111,7 @@ def _losses(path: Path) -> dict[int, float]:
 
 def _single(document: dict, root: Path, **kwargs: Any) -> dict[int, float]:
     sink = RecordingSink()
-    train(JobSpec.model_validate(document), WorkerInfo.single_process(), sink, root,
+    train(JobSpec.model_validate(document), WorkerInfo(0, 1, _device(0)), sink, root,
           progress_interval_s=0.0, **kwargs)
     return sink.losses()
 
@@ -125,6 +136,8 @@ def two_rank_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def four_rank_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if DEVICE == "cuda" and torch.cuda.device_count() < 4:
+        pytest.skip("four-rank layouts need 4 GPUs")
     out = tmp_path_factory.mktemp("four")
     cases = [(name, job(4, parallel), {}) for name, parallel in FOUR_RANKS.items()]
     _spawn(4, cases, out)

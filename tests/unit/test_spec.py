@@ -55,6 +55,29 @@ def test_shipped_examples_parse() -> None:
         ({"data": {"kind": "token_file"}}, "data.path", "needs a path"),
         ({"training": {"warmup_steps": 50, "steps": 10}}, "training.warmup_steps", "exceeds"),
         ({"name": "bad name!"}, "name", "pattern"),
+        # Impossible layouts, each rejected at the field to change, with what would fit.
+        ({"parallel": {"strategy": "hybrid", "tp": 2}, "resources": {"num_workers": 4}},
+         "parallel.tp", "multiply to 2 but resources.num_workers=4"),
+        ({"parallel": {"strategy": "fsdp", "tp": 3}, "resources": {"num_workers": 4}},
+         "parallel.tp", "does not divide resources.num_workers=4"),
+        ({"parallel": {"strategy": "tensor"}, "resources": {"num_workers": 3}},
+         "parallel.tp", "use a tp that divides them and the worker count ([1])"),
+        ({"parallel": {"strategy": "pipeline"}, "resources": {"num_workers": 4}},
+         "parallel.pp", "use at most 2 stages"),
+        ({"parallel": {"strategy": "pipeline", "virtual_stages": 2},
+          "model": {"gpt": {"num_layers": 4}}}, "parallel.virtual_stages", "interleaved_1f1b"),
+        ({"parallel": {"strategy": "pipeline", "pipeline_schedule": "interleaved_1f1b"}},
+         "parallel.virtual_stages", "at least 2 stages per pipeline rank"),
+        ({"parallel": {"strategy": "pipeline"}, "training": {"global_batch_size": 4}},
+         "training.global_batch_size", "needs at least 2 microbatches"),
+        ({"parallel": {"strategy": "tensor"}, "data": {"seq_len": 63}},
+         "parallel.sequence_parallel", "multiple of 2"),
+        ({"parallel": {"strategy": "fsdp", "compression": "powersgd"}},
+         "parallel.compression", "uses FSDP2"),
+        ({"parallel": {"strategy": "tensor"}, "model": {"kind": "import", "factory": "a.b:c"}},
+         "parallel.tp", "needs the built-in GPT"),
+        ({"training": {"precision": "fp16"}}, "training.precision", "needs GPUs"),
+        ({"training": {"lr_scaling": "sqrt"}}, "training.lr_reference_batch_size", "tuned for"),
     ],
 )
 def test_bad_input_names_the_field(document: dict, path: str, words: str) -> None:
@@ -104,3 +127,30 @@ def test_files_missing_or_malformed_get_clear_errors(tmp_path: Path) -> None:
 def test_spec_round_trips_through_json() -> None:
     spec = parse_job_spec({"name": "x", "training": {"steps": 7}})
     assert JobSpec.model_validate(json.loads(spec.model_dump_json())) == spec
+
+
+@pytest.mark.parametrize(
+    ("parallel", "workers", "degrees"),
+    [
+        ({"strategy": "data"}, 4, (4, 1, 1, 1)),
+        ({"strategy": "fsdp"}, 4, (1, 4, 1, 1)),
+        ({"strategy": "fsdp", "dp_replicate": 2}, 8, (2, 4, 1, 1)),
+        ({"strategy": "fsdp", "tp": 2}, 8, (1, 4, 2, 1)),
+        ({"strategy": "tensor"}, 2, (1, 1, 2, 1)),
+        ({"strategy": "pipeline", "dp_replicate": 2}, 4, (2, 1, 1, 2)),
+        ({"strategy": "hybrid", "pp": 2, "tp": 2}, 4, (1, 1, 2, 2)),
+    ],
+)
+def test_strategy_fills_its_own_degree(parallel: dict, workers: int, degrees: tuple) -> None:
+    spec = parse_job_spec({"parallel": parallel, "resources": {"num_workers": workers},
+                           "training": {"global_batch_size": 32, "micro_batch_size": 2}})
+    layout = spec.layout
+    assert (layout.dp_replicate, layout.dp_shard, layout.tp, layout.pp) == degrees
+    assert layout.world_size == workers
+    assert spec.grad_accum_steps * layout.dp * 2 == 32
+
+
+def test_lr_scaling_uses_the_reference_batch() -> None:
+    spec = parse_job_spec({"training": {"global_batch_size": 64, "learning_rate": 0.001,
+                                        "lr_scaling": "sqrt", "lr_reference_batch_size": 16}})
+    assert spec.training.peak_learning_rate == pytest.approx(0.002)

@@ -104,6 +104,13 @@ def test_loss_sync_spaces_reductions_by_measured_step_time() -> None:
                for _ in range(5))
 
 
+def test_bf16_training_follows_fp32_closely(tmp_path: Path) -> None:
+    fp32 = run_single(small_spec(1, steps=20), tmp_path / "fp32").losses()
+    bf16 = run_single(small_spec(1, steps=20, precision="bf16"), tmp_path / "bf16").losses()
+    assert bf16[20] < 0.8 * bf16[1]
+    assert bf16[20] == pytest.approx(fp32[20], rel=0.05)
+
+
 def test_uncommitted_checkpoint_is_ignored(tmp_path: Path) -> None:
     spec = small_spec(1)
     run_single(spec, tmp_path, stop_after_steps=10)
