@@ -27,7 +27,15 @@ from rich.table import Table
 
 from raytrain.client import DEFAULT_URL, Client
 from raytrain.errors import RaytrainError, SpecError
-from raytrain.spec import JobState, JobStatus, ServiceConfig, load_job_spec
+from raytrain.core.planner import NothingFits
+from raytrain.spec import (
+    JobState,
+    JobStatus,
+    PlanRequest,
+    ServiceConfig,
+    load_job_spec,
+    rank_plans,
+)
 
 out = Console()
 err = Console(stderr=True)
@@ -139,6 +147,35 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(status.model_dump(mode="json"))
     return 0 if status.state == JobState.SUCCEEDED else 1
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Rank layouts locally (no server needed): the planner is pure arithmetic."""
+    request = PlanRequest(spec=load_job_spec(args.file), gpus=args.gpus, accelerator=args.gpu,
+                          usd_per_gpu_hour=args.price, keep=args.top)
+    try:
+        response = rank_plans(request)
+    except NothingFits as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        return 1
+    if args.json:
+        _print_json(response.model_dump(mode="json"))
+        return 0
+    table = Table(title=f"{response.gpus} x {response.accelerator} "
+                        f"(catalog {response.catalog_version}), fastest first")
+    for column in ("#", "layout", "step s", "tokens/s", "MFU", "GiB/device", "scaling",
+                   "$/M tokens"):
+        table.add_column(column, justify="left" if column == "layout" else "right")
+    for row in response.plans:
+        table.add_row(
+            str(row.rank), row.layout, f"{row.step_s:.3f}", f"{row.tokens_per_s:,.0f}",
+            f"{row.mfu:.0%}", f"{row.memory_gib:.1f}/{row.memory_limit_gib:.0f}",
+            f"{row.scaling_efficiency:.0%}",
+            "-" if row.usd_per_million_tokens is None else f"{row.usd_per_million_tokens:.2f}",
+        )
+    out.print(table)
+    out.print(f"best: {response.plans[0].reason}")
+    return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -279,6 +316,16 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("file")
     submit.add_argument("--follow", action="store_true", help="show progress until the job ends")
     submit.set_defaults(func=cmd_submit)
+
+    planning = with_json(commands.add_parser(
+        "plan", help="rank the parallel layouts of a job spec on some hardware (offline)"))
+    planning.add_argument("file")
+    planning.add_argument("--gpus", type=int, help="devices (default: resources.num_workers)")
+    planning.add_argument("--gpu", help="device kind, e.g. h100-sxm, rtx4090 (default: "
+                          "resources.accelerator, or cpu)")
+    planning.add_argument("--price", type=float, help="USD per device-hour, for $/M tokens")
+    planning.add_argument("--top", type=int, default=10, help="plans to show (default 10)")
+    planning.set_defaults(func=cmd_plan)
 
     status = with_json(commands.add_parser("status", help="one job's status"))
     status.add_argument("id")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from functools import cached_property
 from dataclasses import replace
 from enum import Enum
 from pathlib import Path
@@ -23,7 +24,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from raytrain.core.layout import Layout, ModelShape, check_layout, resolve_layout
+from raytrain.core.hardware import CATALOG_VERSION, GPUS, node_shape, with_cpu_share
+from raytrain.core.layout import Layout, ModelShape, Problem, check_layout, resolve_layout
+from raytrain.core.planner import Candidate, ModelDims, NothingFits, Plan, Workload, evaluate, plan
 from raytrain.core.schedule import lr_batch_scale
 from raytrain.errors import FieldError, SpecError
 
@@ -254,12 +257,13 @@ class ParallelSpec(_Strict):
     """How the model is spread over the workers: one DeviceMesh of four degrees whose product
     is resources.num_workers. The strategy names the degree left out to fill the rest."""
 
-    strategy: Literal["data", "fsdp", "tensor", "pipeline", "hybrid"] = Field(
+    strategy: Literal["data", "fsdp", "tensor", "pipeline", "hybrid", "auto"] = Field(
         "data",
         description="'data': whole model per worker (DDP); 'fsdp': weights, gradients and "
         "optimizer state sharded (FSDP2); 'tensor': each layer split over workers; "
-        "'pipeline': layers split into stages; 'hybrid': every degree given explicitly. "
-        "The strategy's own degree defaults to num_workers over the others.",
+        "'pipeline': layers split into stages; 'hybrid': every degree given explicitly; "
+        "'auto': the planner's fastest layout that fits (built-in GPT). The strategy's own "
+        "degree defaults to num_workers over the others.",
     )
     dp_replicate: int | None = Field(
         None, ge=1, description="Data-parallel replicas (DDP, or HSDP's replicate dimension)."
@@ -307,10 +311,31 @@ class ResourcesSpec(_Strict):
     gpus_per_worker: float = Field(
         0.0, ge=0, description="GPUs per worker; 0 trains on CPU with gloo."
     )
+    accelerator: str | None = Field(
+        None,
+        description="GPU kind, for the planner's predictions and for strategy 'auto': one of "
+        + ", ".join(sorted(k for k in GPUS if k != "cpu")) + ". CPU workers are 'cpu'.",
+    )
+
+    @model_validator(mode="after")
+    def _accelerator_known(self) -> ResourcesSpec:
+        if self.accelerator is not None and self.accelerator not in GPUS:
+            _raise_if_any("ResourcesSpec", [_field_error(
+                ("accelerator",),
+                f"unknown accelerator {self.accelerator!r}. To fix: use one of "
+                + ", ".join(sorted(GPUS)),
+                self.accelerator,
+            )])
+        return self
 
     @property
     def use_gpu(self) -> bool:
         return self.gpus_per_worker > 0
+
+    @property
+    def device_kind(self) -> str | None:
+        """The catalog kind the workers run on, when known."""
+        return self.accelerator if self.use_gpu else "cpu"
 
 
 class JobSpec(_Strict):
@@ -402,8 +427,10 @@ class JobSpec(_Strict):
         _raise_if_any("JobSpec", errors)
         return self
 
-    def _layout_and_problems(self) -> tuple[Layout, list]:
-        parallel = self.parallel
+    def _layout_and_problems(self) -> tuple[Layout, list[Problem]]:
+        parallel, training = self.parallel, self.training
+        if parallel.strategy == "auto":
+            return self._planned_layout()
         layout, problems = resolve_layout(
             parallel.strategy,
             self.resources.num_workers,
@@ -412,11 +439,65 @@ class JobSpec(_Strict):
             schedule=parallel.pipeline_schedule,
             sequence_parallel=parallel.sequence_parallel,
         )
-        accum = max(1, self.training.global_batch_size
-                    // (self.training.micro_batch_size * layout.dp))
+        accum = max(1, training.global_batch_size // (training.micro_batch_size * layout.dp))
         return replace(layout, microbatches=accum), problems
 
-    @property
+    def _planned_layout(self) -> tuple[Layout, list[Problem]]:
+        """strategy 'auto': the planner's fastest fitting layout for this model and hardware."""
+        here = ("parallel", "strategy")
+        if self.model.kind != "gpt":
+            return Layout(dp_replicate=self.resources.num_workers), []  # dims unknown: DDP
+        if self.resources.device_kind is None:
+            return Layout(), [Problem(("resources", "accelerator"), (
+                "strategy 'auto' plans for a GPU kind. To fix: set resources.accelerator "
+                "(e.g. 'h100-sxm'), or choose a strategy"))]
+        try:
+            best = self.plans(keep=1)[0]
+        except NothingFits as exc:
+            return Layout(), [Problem(here, str(exc))]
+        c = best.candidate
+        return Layout(dp_replicate=c.dp_replicate, dp_shard=c.dp_shard, tp=c.tp, pp=c.pp,
+                      virtual_stages=c.virtual_stages, microbatches=c.microbatches,
+                      schedule=c.schedule if c.pp > 1 else self.parallel.pipeline_schedule,
+                      sequence_parallel=True), []
+
+    def planner_inputs(self, gpus: int | None = None, accelerator: str | None = None
+                       ) -> tuple[ModelDims, Workload, str, int]:
+        """What the planner needs to know of this job (built-in GPT only)."""
+        gpt = self.model.gpt
+        dims = ModelDims.from_gpt(gpt.num_layers, gpt.dim, gpt.num_heads, gpt.hidden_dim,
+                                  gpt.vocab_size, self.data.seq_len, gpt.max_seq_len)
+        work = Workload(
+            global_batch=self.training.global_batch_size,
+            precision="fp32" if self.training.precision == "fp32" else "bf16",
+            recompute_options=("full",) if self.parallel.activation_checkpointing
+            else ("none",),
+            micro_batch_options=(self.training.micro_batch_size,),
+        )
+        kind = accelerator or self.resources.device_kind or "cpu"
+        return dims, work, kind, gpus or self.resources.num_workers
+
+    def plans(self, gpus: int | None = None, accelerator: str | None = None,
+              usd_per_device_hour: float | None = None, keep: int = 20) -> list[Plan]:
+        """Ranked plans for this job (raises NothingFits with what would)."""
+        dims, work, kind, count = self.planner_inputs(gpus, accelerator)
+        return plan(dims, work, kind, count, usd_per_device_hour, keep=keep)
+
+    def predicted(self) -> Plan | None:
+        """The planner's figures for this job's own layout, when the model is the built-in GPT
+        and the device kind is known."""
+        if self.model.kind != "gpt" or self.resources.device_kind is None:
+            return None
+        dims, work, kind, _ = self.planner_inputs()
+        layout = self.layout
+        candidate = Candidate(layout.dp_replicate, layout.dp_shard, layout.tp, layout.pp,
+                              layout.virtual_stages, self.training.micro_batch_size,
+                              layout.microbatches, work.recompute_options[0],
+                              gpipe=layout.pp > 1 and layout.schedule == "gpipe")
+        shape = with_cpu_share(node_shape(kind), self.resources.cpus_per_worker)
+        return evaluate(dims, work, candidate, shape)
+
+    @cached_property
     def layout(self) -> Layout:
         """The resolved parallel layout (valid: the spec was checked on construction)."""
         return self._layout_and_problems()[0]
@@ -553,6 +634,16 @@ class PlanSummary(_Record):
     strategy: str = Field(description="The parallel strategy.")
     layout: dict[str, int] = Field(description="Degree of each parallel axis.")
     description: str = Field("", description="The layout in words, e.g. 'dp_shard2 tp2'.")
+    predicted_step_s: float | None = Field(None, description="The planner's step time.")
+    predicted_tokens_per_s: float | None = Field(None, description="The planner's throughput.")
+    predicted_memory_gib: float | None = Field(
+        None, description="The planner's memory per device (weights, gradients, optimizer "
+        "state, activations)."
+    )
+    measured_step_s: float | None = Field(
+        None, description="Step time from the latest progress report, once running."
+    )
+    reason: str | None = Field(None, description="The planner's one-line account of the plan.")
     grad_accum_steps: int = Field(description="Micro-batches accumulated per optimizer step.")
     tokens_per_step: int = Field(description="Tokens per optimizer step, all ranks.")
     backend: str = Field(description="Collective backend: nccl on GPU, gloo on CPU.")
@@ -629,3 +720,88 @@ class ServiceConfig(_Strict):
     @property
     def checkpoint_root(self) -> Path:
         return Path(self.storage_path).expanduser() if self.storage_path else self.state_path / "jobs"
+
+
+# ------------------------------------------------------------------------------------ plans
+
+
+class PlanRequest(_Strict):
+    """POST /v1/plans: rank the layouts of a job on some hardware."""
+
+    spec: JobSpec = Field(description="The job (its model, batch and precision matter).")
+    gpus: int | None = Field(None, ge=1, description="Devices; default resources.num_workers.")
+    accelerator: str | None = Field(
+        None, description="Device kind; default resources.accelerator, or 'cpu'."
+    )
+    usd_per_gpu_hour: float | None = Field(
+        None, ge=0, description="Hourly price per device, for dollars per million tokens."
+    )
+    keep: int = Field(10, ge=1, le=200, description="How many plans to return.")
+
+    @model_validator(mode="after")
+    def _kind_known(self) -> PlanRequest:
+        if self.accelerator is not None and self.accelerator not in GPUS:
+            _raise_if_any("PlanRequest", [_field_error(
+                ("accelerator",),
+                f"unknown accelerator {self.accelerator!r}. To fix: use one of "
+                + ", ".join(sorted(GPUS)),
+                self.accelerator,
+            )])
+        if self.spec.model.kind != "gpt":
+            _raise_if_any("PlanRequest", [_field_error(
+                ("spec", "model", "kind"),
+                "the planner needs the model's dimensions: it plans the built-in GPT. To "
+                "fix: describe your model as model.gpt, or pick a strategy yourself",
+                self.spec.model.kind,
+            )])
+        return self
+
+
+class PlanRow(_Record):
+    rank: int
+    layout: str = Field(description="Degrees, schedule, micro-batch x count, recomputation.")
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+    pp: int
+    virtual_stages: int
+    micro_batch_size: int
+    microbatches: int
+    recompute: str
+    step_s: float
+    tokens_per_s: float
+    mfu: float
+    memory_gib: float = Field(description="Predicted memory per device.")
+    memory_limit_gib: float = Field(description="Usable memory per device.")
+    scaling_efficiency: float = Field(description="Throughput over N x one device's.")
+    usd_per_million_tokens: float | None
+    reason: str
+
+
+class PlanResponse(_Record):
+    accelerator: str
+    gpus: int
+    catalog_version: str
+    plans: list[PlanRow]
+
+
+def rank_plans(request: PlanRequest) -> PlanResponse:
+    """The ranked plans for a request; raises NothingFits with the smallest changes."""
+    spec = request.spec
+    dims, work, kind, gpus = spec.planner_inputs(request.gpus, request.accelerator)
+    # Ranking searches micro-batch sizes and recomputation too, not only the spec's own.
+    work = replace(work, micro_batch_options=(1, 2, 4, 8, 16), recompute_options=("none", "full"))
+    plans = plan(dims, work, kind, gpus, request.usd_per_gpu_hour, keep=request.keep)
+    rows = []
+    for index, p in enumerate(plans, start=1):
+        c = p.candidate
+        rows.append(PlanRow(
+            rank=index, layout=c.describe(), dp_replicate=c.dp_replicate, dp_shard=c.dp_shard,
+            tp=c.tp, pp=c.pp, virtual_stages=c.virtual_stages, micro_batch_size=c.micro_batch,
+            microbatches=c.microbatches, recompute=c.recompute, step_s=p.step_s,
+            tokens_per_s=p.tokens_per_s, mfu=p.mfu, memory_gib=p.memory_bytes / 2**30,
+            memory_limit_gib=p.memory_limit_bytes / 2**30,
+            scaling_efficiency=p.scaling_efficiency,
+            usd_per_million_tokens=p.usd_per_million_tokens, reason=p.reason,
+        ))
+    return PlanResponse(accelerator=kind, gpus=gpus, catalog_version=CATALOG_VERSION, plans=rows)

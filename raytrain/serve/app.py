@@ -19,7 +19,16 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from ray import serve
 
 from raytrain import __version__
-from raytrain.spec import JobSpec, JobState, JobStatus, ServiceConfig
+from raytrain.core.planner import NothingFits
+from raytrain.spec import (
+    JobSpec,
+    JobState,
+    JobStatus,
+    PlanRequest,
+    PlanResponse,
+    ServiceConfig,
+    rank_plans,
+)
 
 APP_NAME = "raytrain"
 EVENT_POLL_S = 10.0
@@ -154,6 +163,17 @@ class RaytrainAPI:
                         return
 
         return StreamingResponse(stream(), media_type="text/event-stream")
+
+    @api.post("/v1/plans", response_model=PlanResponse)
+    async def plans(self, request: PlanRequest) -> PlanResponse:
+        """Rank every feasible layout of the job on the hardware asked about."""
+        try:
+            return rank_plans(request)
+        except NothingFits as exc:
+            raise HTTPException(status_code=422, detail=[{
+                "loc": ["body", "spec", "parallel"], "msg": str(exc),
+                "type": "nothing_fits", "suggestions": exc.suggestions,
+            }]) from None
 
     @api.get("/healthz")
     async def healthz(self) -> dict[str, str]:

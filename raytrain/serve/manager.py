@@ -98,6 +98,18 @@ class _EventLog:
         return self.first_seq + len(self.events)
 
 
+def predictions(spec: JobSpec) -> dict[str, Any]:
+    predicted = spec.predicted()
+    if predicted is None:
+        return {}
+    return {
+        "predicted_step_s": predicted.step_s,
+        "predicted_tokens_per_s": predicted.tokens_per_s,
+        "predicted_memory_gib": predicted.memory_bytes / 2**30,
+        "reason": predicted.reason,
+    }
+
+
 def plan_summary(spec: JobSpec) -> PlanSummary:
     layout = spec.layout
     return PlanSummary(
@@ -111,6 +123,7 @@ def plan_summary(spec: JobSpec) -> PlanSummary:
             "microbatches": layout.microbatches,
         },
         description=layout.describe(),
+        **predictions(spec),
         grad_accum_steps=spec.grad_accum_steps,
         tokens_per_step=spec.tokens_per_step,
         backend="nccl" if spec.resources.use_gpu else "gloo",
@@ -272,6 +285,8 @@ class JobManager:
             job.progress = Progress.model_validate(
                 {k: v for k, v in payload.items() if k != "sent_at"}
             )
+            if job.plan is not None and job.progress.tokens_per_s:
+                job.plan.measured_step_s = job.spec.tokens_per_step / job.progress.tokens_per_s
             # sent_at stays in the event: followers can see how fresh each report is.
             self._emit(job_id, "progress", payload)
             now = time.monotonic()

@@ -58,6 +58,16 @@ def test_bad_specs_answer_422_with_field_paths_and_start_nothing(service: Servic
         assert loc in locs, (body, locs)
     assert httpx.get(f"{service.url}/v1/jobs").json() == before
     assert httpx.get(f"{service.url}/v1/jobs/nope").status_code == 404
+    # The planner over HTTP: ranked plans, or 422 with the smallest change that would fit.
+    plans = httpx.post(f"{service.url}/v1/plans", json={
+        "spec": job_spec(steps=10), "gpus": 8, "accelerator": "h100-sxm",
+        "usd_per_gpu_hour": 2.0}).json()
+    assert plans["gpus"] == 8 and plans["plans"][0]["rank"] == 1
+    huge = {"model": {"gpt": {"dim": 8192, "num_layers": 80, "num_heads": 64}},
+            "training": {"global_batch_size": 8, "micro_batch_size": 1}}
+    refused = httpx.post(f"{service.url}/v1/plans",
+                         json={"spec": huge, "gpus": 2, "accelerator": "rtx4090"})
+    assert refused.status_code == 422 and "To fix" in refused.json()["detail"][0]["msg"]
     assert "/v1/jobs" in httpx.get(f"{service.url}/openapi.json").json()["paths"]
 
 
@@ -85,7 +95,9 @@ def test_job_trains_to_success_and_streams_progress(service: Service) -> None:
     assert status.result is not None and status.result.final_loss < status.result.first_loss
     assert status.checkpoint is not None and status.checkpoint.step == 60
     assert Path(status.checkpoint.path, "COMMITTED").is_file()
-    assert status.plan is not None and status.plan.layout == {"dp_replicate": 2}
+    assert status.plan is not None and status.plan.layout["dp_replicate"] == 2
+    assert status.plan.description == "dp_replicate2"
+    assert status.plan.predicted_step_s > 0 and status.plan.measured_step_s > 0
     assert status.plan.backend == "gloo" and status.resources.accelerator == "cpu"
     assert status.restarts == 0 and status.error is None
     assert status.finished_at is not None and status.finished_at > submitted_at

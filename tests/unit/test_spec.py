@@ -78,6 +78,14 @@ def test_shipped_examples_parse() -> None:
          "parallel.tp", "needs the built-in GPT"),
         ({"training": {"precision": "fp16"}}, "training.precision", "needs GPUs"),
         ({"training": {"lr_scaling": "sqrt"}}, "training.lr_reference_batch_size", "tuned for"),
+        ({"parallel": {"strategy": "auto"}, "resources": {"gpus_per_worker": 1}},
+         "resources.accelerator", "strategy 'auto' plans for a GPU kind"),
+        ({"resources": {"accelerator": "tpu-v9"}}, "resources.accelerator", "use one of"),
+        ({"parallel": {"strategy": "auto"}, "training": {"global_batch_size": 8,
+                                                         "micro_batch_size": 1},
+          "model": {"gpt": {"dim": 8192, "num_layers": 80, "num_heads": 64}},
+          "resources": {"num_workers": 2, "gpus_per_worker": 1, "accelerator": "rtx4090"}},
+         "parallel.strategy", "To fix: use"),
     ],
 )
 def test_bad_input_names_the_field(document: dict, path: str, words: str) -> None:
@@ -154,3 +162,36 @@ def test_lr_scaling_uses_the_reference_batch() -> None:
     spec = parse_job_spec({"training": {"global_batch_size": 64, "learning_rate": 0.001,
                                         "lr_scaling": "sqrt", "lr_reference_batch_size": 16}})
     assert spec.training.peak_learning_rate == pytest.approx(0.002)
+
+
+def test_auto_picks_a_valid_layout_and_predicts_it() -> None:
+    spec = parse_job_spec({"parallel": {"strategy": "auto"}, "resources": {"num_workers": 4}})
+    assert spec.layout.world_size == 4
+    predicted = spec.predicted()
+    assert predicted is not None and predicted.step_s > 0
+    assert predicted.reason.startswith(predicted.candidate.describe())
+    big = parse_job_spec({
+        "parallel": {"strategy": "auto"},
+        "model": {"gpt": {"vocab_size": 32000, "dim": 4096, "num_layers": 32, "num_heads": 32,
+                          "max_seq_len": 4096}},
+        "data": {"seq_len": 4096},
+        "training": {"global_batch_size": 64, "micro_batch_size": 1, "precision": "bf16"},
+        "resources": {"num_workers": 16, "gpus_per_worker": 1, "accelerator": "h100-sxm"},
+    })
+    assert big.layout.world_size == 16 and big.predicted().fits
+
+
+def test_plan_command_ranks_layouts_offline(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from raytrain.cli import main
+
+    assert main(["plan", str(ROOT / "examples" / "demo.yaml"), "--gpus", "8", "--gpu",
+                 "h100-sxm", "--price", "2.0", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["gpus"] == 8 and report["accelerator"] == "h100-sxm"
+    times = [row["step_s"] for row in report["plans"]]
+    assert times == sorted(times) and report["plans"][0]["usd_per_million_tokens"] > 0
+    too_big = tmp_path / "big.yaml"
+    too_big.write_text("model: {gpt: {dim: 8192, num_layers: 80, num_heads: 64}}\n"
+                       "training: {global_batch_size: 8, micro_batch_size: 1}\n")
+    assert main(["plan", str(too_big), "--gpus", "2", "--gpu", "rtx4090"]) == 1
+    assert "To fix" in capsys.readouterr().err

@@ -1,0 +1,152 @@
+"""The hardware catalog: GPU kinds, links and node shapes, as versioned data.
+
+Figures are public specifications (dense, i.e. without 2:4 sparsity) except the `cpu` entry,
+which is this project's CI machine as measured by benchmarks/calibrate_cpu.py. Bandwidths are
+per direction, per GPU, in bytes/s; `efficiency` is the fraction of a link's bandwidth that
+NCCL-style ring collectives reach in practice (bus bandwidth over link bandwidth), and
+`latency_s` the fixed cost of one collective step on it.
+
+Where a GPU's link is PCIe without peer-to-peer (RTX 4090: the driver does not allow P2P
+between 4090s), GPU-to-GPU traffic is staged through host memory: half the PCIe bandwidth at
+best and several times the latency. That is what makes tensor parallelism across 4090s slow,
+and the planner sees it through the link, not through a special case.
+
+    shape = NODE_SHAPES["h100-sxm-8"]
+    shape.gpu.bf16_flops, shape.intra.bandwidth, shape.inter.bandwidth
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+CATALOG_VERSION = "2026-11-30"
+
+TB = 1e12
+GB = 1e9
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class GPUKind:
+    name: str
+    bf16_flops: float  # dense tensor-core FLOP/s
+    fp32_flops: float  # non-tensor FP32 FLOP/s
+    memory_bytes: float
+    memory_bandwidth: float  # bytes/s
+    # Fraction of dense peak that large training matmuls reach (model FLOP utilisation of a
+    # compute-bound step); calibrated where a measurement exists, see `calibration`.
+    achievable: float = 0.40
+    calibration: str = "default for GPUs without a calibration run: 0.40 of peak"
+    # GPUs run collectives on their own streams beside compute; a CPU rank with one thread
+    # runs both on the same core, one after the other.
+    overlaps_communication: bool = True
+
+    def flops(self, precision: str) -> float:
+        return self.fp32_flops if precision == "fp32" else self.bf16_flops
+
+
+@dataclass(frozen=True)
+class Link:
+    name: str
+    bandwidth: float  # bytes/s per direction per GPU
+    latency_s: float
+    efficiency: float = 0.75
+    # Cost of a reduce-scatter over an all-gather of the same size: 1 where the backend has
+    # one (NCCL); gloo has none and torch falls back to an all-reduce.
+    reduce_scatter_factor: float = 1.0
+    # Extra fixed cost per tensor-parallel collective: DTensor's redistribution around the
+    # communication (benchmarks/calibrate_cpu.py measured none on CPU).
+    dtensor_overhead_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    name: str
+    gpu: GPUKind
+    gpus_per_node: int
+    intra: Link  # between GPUs of one node
+    inter: Link  # between nodes, per GPU (the node's network shared by its GPUs)
+
+
+GPUS: dict[str, GPUKind] = {
+    "rtx4090": GPUKind("rtx4090", 165 * TB, 82.6 * TB, 24 * GB, 1.008 * TB),
+    "l40s": GPUKind("l40s", 362 * TB, 91.6 * TB, 48 * GB, 0.864 * TB),
+    "a100-80gb-sxm": GPUKind("a100-80gb-sxm", 312 * TB, 19.5 * TB, 80 * GB, 2.039 * TB),
+    # H100 achievable fraction: the one figure fitted to a measurement, torchtitan's Llama 3.1
+    # 8B FSDP run on 8 H100s (5,762 tokens/s per GPU, eager, bf16, selective recomputation);
+    # its other published runs validate it (BENCHMARKS.md, tests/unit/test_planner.py).
+    "h100-sxm": GPUKind("h100-sxm", 989 * TB, 67 * TB, 80 * GB, 3.35 * TB, achievable=0.357,
+                        calibration="torchtitan Llama 3.1 8B, 8x H100, FSDP, eager"),
+    "h100-pcie": GPUKind("h100-pcie", 756 * TB, 51 * TB, 80 * GB, 2.0 * TB, achievable=0.357,
+                         calibration="as h100-sxm"),
+    "h200": GPUKind("h200", 989 * TB, 67 * TB, 141 * GB, 4.8 * TB, achievable=0.357,
+                    calibration="as h100-sxm"),
+    # This machine: one thread per rank; FLOP/s of a whole fp32 training step of the benchmark
+    # GPT in one process (so `achievable` is 1), by benchmarks/calibrate_cpu.py, 2026-11-30.
+    "cpu": GPUKind("cpu", 59e9, 59e9, 8 * GiB, 10 * GB, achievable=1.0,
+                   calibration="benchmarks/calibrate_cpu.py on the CI machine",
+                   overlaps_communication=False),
+}
+
+LINKS: dict[str, Link] = {
+    "nvlink4": Link("nvlink4", 450 * GB, 10e-6),
+    "nvlink3": Link("nvlink3", 300 * GB, 10e-6),
+    "pcie5-p2p": Link("pcie5-p2p", 50 * GB, 15e-6),
+    "pcie4-p2p": Link("pcie4-p2p", 25 * GB, 15e-6),
+    # Through host memory: each transfer crosses PCIe twice.
+    "pcie4-no-p2p": Link("pcie4-no-p2p", 10 * GB, 60e-6, efficiency=0.6),
+    "efa-3200": Link("efa-3200", 3200e9 / 8 / 8, 30e-6),  # p5: 3,200 Gbit/s per 8 GPUs
+    "rdma-400-per-gpu": Link("rdma-400-per-gpu", 400e9 / 8, 30e-6),
+    "eth-100": Link("eth-100", 100e9 / 8 / 8, 50e-6, efficiency=0.6),  # 100 Gbit/s per 8 GPUs
+    "eth-25": Link("eth-25", 25e9 / 8 / 8, 80e-6, efficiency=0.6),
+    # gloo between processes on this machine, measured by benchmarks/calibrate_cpu.py (four
+    # runs: 0.93-1.02 GB/s, 0.58-1.11 ms; reduce-scatter 1.74-2.00x an all-gather).
+    "gloo-local": Link("gloo-local", 1.0 * GB, 0.85e-3, efficiency=1.0,
+                       reduce_scatter_factor=1.9),
+}
+
+NODE_SHAPES: dict[str, NodeShape] = {
+    "h100-sxm-8": NodeShape("h100-sxm-8", GPUS["h100-sxm"], 8, LINKS["nvlink4"],
+                            LINKS["efa-3200"]),
+    "h200-8": NodeShape("h200-8", GPUS["h200"], 8, LINKS["nvlink4"], LINKS["efa-3200"]),
+    "h100-pcie-8": NodeShape("h100-pcie-8", GPUS["h100-pcie"], 8, LINKS["pcie5-p2p"],
+                             LINKS["eth-100"]),
+    "a100-80gb-sxm-8": NodeShape("a100-80gb-sxm-8", GPUS["a100-80gb-sxm"], 8, LINKS["nvlink3"],
+                                 LINKS["efa-3200"]),
+    "l40s-8": NodeShape("l40s-8", GPUS["l40s"], 8, LINKS["pcie4-p2p"], LINKS["eth-100"]),
+    "rtx4090-8": NodeShape("rtx4090-8", GPUS["rtx4090"], 8, LINKS["pcie4-no-p2p"],
+                           LINKS["eth-25"]),
+    "cpu-local": NodeShape("cpu-local", GPUS["cpu"], 64, LINKS["gloo-local"],
+                           LINKS["gloo-local"]),
+}
+
+# The usual node shape of each GPU kind, for planning by GPU kind alone.
+DEFAULT_SHAPE = {
+    "h100-sxm": "h100-sxm-8",
+    "h200": "h200-8",
+    "h100-pcie": "h100-pcie-8",
+    "a100-80gb-sxm": "a100-80gb-sxm-8",
+    "l40s": "l40s-8",
+    "rtx4090": "rtx4090-8",
+    "cpu": "cpu-local",
+}
+
+
+def node_shape(gpu_kind: str) -> NodeShape:
+    """The default node shape for a GPU kind; KeyError names the kinds there are."""
+    if gpu_kind not in DEFAULT_SHAPE:
+        raise KeyError(f"unknown GPU kind {gpu_kind!r}; known: {', '.join(DEFAULT_SHAPE)}")
+    return NODE_SHAPES[DEFAULT_SHAPE[gpu_kind]]
+
+
+def with_cpu_share(shape: NodeShape, cpus_per_device: float) -> NodeShape:
+    """A CPU node shape whose ranks each get `cpus_per_device` cores (4 ranks on 2 cores:
+    0.5 each), their compute scaled accordingly. GPU shapes are returned unchanged."""
+    if shape.gpu.name != "cpu" or cpus_per_device >= 1:
+        return shape
+    gpu = replace(shape.gpu, bf16_flops=shape.gpu.bf16_flops * cpus_per_device,
+                  fp32_flops=shape.gpu.fp32_flops * cpus_per_device)
+    # gloo's copies run on the same cores: its bandwidth shrinks with them.
+    intra = replace(shape.intra, bandwidth=shape.intra.bandwidth * cpus_per_device)
+    inter = replace(shape.inter, bandwidth=shape.inter.bandwidth * cpus_per_device)
+    return replace(shape, gpu=gpu, intra=intra, inter=inter)
