@@ -167,7 +167,7 @@ def check_layout(
             clashes = [f"{name}={size}" for name, size in sizes.items()
                        if size is not None and size % layout.tp]
             if clashes:
-                fits = [d for d in divisors(layout.tp * (layout.world_size // layout.tp))
+                fits = [d for d in divisors(layout.world_size)
                         if all(size is None or size % d == 0 for size in sizes.values())]
                 problems.append(Problem(
                     ("parallel", "tp"),

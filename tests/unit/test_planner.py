@@ -105,7 +105,7 @@ def test_nothing_fits_names_the_smallest_change() -> None:
 
 dims_strategy = st.builds(
     lambda layers, dim_k, heads, vocab, seq: ModelDims.from_gpt(
-        layers, 64 * dim_k * heads // heads * 1, heads, 4 * 64 * dim_k, vocab, seq, seq),
+        layers, 64 * dim_k, heads, 4 * 64 * dim_k, vocab, seq, seq),
     st.integers(2, 48), st.integers(1, 32), st.sampled_from([4, 8, 16]),
     st.sampled_from([8192, 32000, 128256]), st.sampled_from([512, 2048, 8192]),
 )
