@@ -1,12 +1,14 @@
 """The CPU device profile for the planner, and the planner's predictions against measurement.
 
-1. Profile: the FLOP/s one rank reaches on a training step of the benchmark GPT (one process,
-   one thread; FLOPs counted as the planner counts them), and gloo's all-gather bandwidth and
-   latency between two processes (a least-squares line through times of 64 KiB - 16 MiB).
-   Paste the printed figures into raytrain/core/hardware.py ("cpu" and "gloo-local").
-2. Validation (`--validate`): for layouts on 2 and 4 ranks, the planner's step time and
-   memory per rank against raytrain's loop under torchrun (benchmarks/parallel_strategies.py
-   measures), with the error of each and the median.
+1. Profile, from runs that are not validated: gloo's all-gather bandwidth and latency between
+   two processes (a least-squares line through 64 KiB - 16 MiB) and its reduce-scatter cost
+   against an all-gather; the FLOP/s of one rank (one thread) and its fixed cost per block,
+   from one-process runs of the benchmark GPT and of a tiny GPT (two equations, two
+   unknowns); the extra fixed cost of a tensor-parallel block and of an FSDP unit, from tiny
+   2-rank runs. Paste the printed figures into raytrain/core/hardware.py ("cpu", "gloo-local").
+2. Validation (`--validate`): for ten layouts on 2 and 4 ranks, the planner's step time and
+   memory per rank (with the profile just measured) against raytrain's loop under torchrun
+   (benchmarks/parallel_strategies.py measures), each error and the median.
 
     python -m benchmarks.calibrate_cpu [--validate]
 """
@@ -26,7 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent.parent))  # torchrun runs this file as a script
 
-from benchmarks.parallel_strategies import MODEL, SEQ, run  # noqa: E402
+from benchmarks.parallel_strategies import MODEL, run  # noqa: E402
 
 SIZES = [2**16, 2**18, 2**20, 2**22, 2**24]
 CORES = os.cpu_count() or 1
@@ -105,13 +107,68 @@ def measure_gloo() -> tuple[float, float, float, float]:
     return 1 / slope, latency, factor, overhead
 
 
-def measure_flops(steps: int) -> float:
+TINY = {"vocab_size": 64, "dim": 64, "num_layers": 4, "num_heads": 4, "max_seq_len": 16}
+
+
+def _prediction(parallel: dict, ranks: int, model: dict, steps: int) -> float:
+    from raytrain.spec import parse_job_spec
+
+    from benchmarks.parallel_strategies import document
+
+    job = document(parallel, ranks, steps, 8 * ranks, 2, "cpu", model)
+    return parse_job_spec(job).predicted().step_s
+
+
+def measure_compute(steps: int) -> dict[str, float]:
+    """FLOP/s and fixed costs of one CPU rank, from runs of the benchmark GPT and of a tiny
+    one (whose step is almost all fixed cost): one process each, then a tiny tensor-parallel
+    and a tiny FSDP run on 2 ranks, each read against the planner's prediction without the
+    fixed cost it isolates. Nothing here uses the validation runs."""
+    import dataclasses
+
+    from raytrain.core import hardware
     from raytrain.core.planner import ModelDims
 
-    dims = ModelDims.from_gpt(MODEL["num_layers"], MODEL["dim"], MODEL["num_heads"],
-                              4 * MODEL["dim"], MODEL["vocab_size"], SEQ, MODEL["max_seq_len"])
-    result = run({"strategy": "data"}, 1, steps, global_batch=8, micro_batch=2, device="cpu")
-    return dims.flops_per_token * 8 * SEQ / result["step_s"]
+    def dims(model: dict) -> ModelDims:
+        return ModelDims.from_gpt(model["num_layers"], model["dim"], model["num_heads"],
+                                  4 * model["dim"], model["vocab_size"], model["max_seq_len"],
+                                  model["max_seq_len"])
+
+    def flops(model: dict) -> float:
+        return dims(model).flops_per_token * 8 * model["max_seq_len"]
+
+    def optimizer_s(model: dict) -> float:
+        return dims(model).params * 32 / hardware.GPUS["cpu"].memory_bandwidth
+
+    big = run({"strategy": "data"}, 1, steps, 8, 2, "cpu")["step_s"] - optimizer_s(MODEL)
+    tiny = run({"strategy": "data"}, 1, steps, 8, 2, "cpu", TINY)["step_s"] - optimizer_s(TINY)
+    passes = 4 * TINY["num_layers"]  # 4 microbatches x layers
+    peak, block = flops(MODEL) / big, 0.0
+    for _ in range(5):  # two equations, two unknowns; converges in a few rounds
+        block = max(0.0, (tiny - flops(TINY) / peak) / passes)
+        peak = flops(MODEL) / (big - 4 * MODEL["num_layers"] * block)
+    cpu = dataclasses.replace(hardware.GPUS["cpu"], fp32_flops=peak, bf16_flops=peak,
+                              block_overhead_s=block, tp_block_overhead_s=0.0,
+                              fsdp_unit_overhead_s=0.0)
+    hardware.GPUS["cpu"] = cpu
+    hardware.NODE_SHAPES["cpu-local"] = dataclasses.replace(
+        hardware.NODE_SHAPES["cpu-local"], gpu=cpu)
+    figures = {"fp32_flops": peak, "block_overhead_s": block}
+    for name, parallel, per in (("tp_block_overhead_s", {"strategy": "tensor"},
+                                 8 * TINY["num_layers"]),
+                                ("fsdp_unit_overhead_s", {"strategy": "fsdp"},
+                                 4 * (TINY["num_layers"] + 1))):
+        measured = run(parallel, 2, steps, 16, 2, "cpu", TINY)["step_s"]
+        predicted = _prediction(parallel, 2, TINY, steps)
+        figures[name] = max(0.0, (measured - predicted) / per)
+        print(f"  tiny {parallel['strategy']}: measured {measured:.4f} s, predicted without "
+              f"its fixed cost {predicted:.4f} s")
+    # The validation below predicts with what was just measured.
+    hardware.GPUS["cpu"] = dataclasses.replace(hardware.GPUS["cpu"], **{
+        k: v for k, v in figures.items() if k.endswith("overhead_s")})
+    hardware.NODE_SHAPES["cpu-local"] = dataclasses.replace(
+        hardware.NODE_SHAPES["cpu-local"], gpu=hardware.GPUS["cpu"])
+    return figures
 
 
 LAYOUTS = [
@@ -168,8 +225,11 @@ def main() -> None:
     bandwidth, latency, factor, overhead = measure_gloo()
     print(f"gloo, 2 processes: {bandwidth / 1e9:.2f} GB/s, latency {latency * 1e6:.0f} us, "
           f"reduce-scatter/all-gather {factor:.2f}, DTensor overhead {overhead * 1e6:.0f} us")
-    flops = measure_flops(args.steps)
-    print(f"one rank, one thread, fp32 training step: {flops / 1e9:.1f} GFLOP/s")
+    figures = measure_compute(args.steps)
+    print(f"one rank, one thread, fp32: {figures['fp32_flops'] / 1e9:.1f} GFLOP/s; fixed "
+          f"costs per microbatch: block {figures['block_overhead_s'] * 1e3:.2f} ms, "
+          f"tensor-parallel block +{figures['tp_block_overhead_s'] * 1e3:.2f} ms, "
+          f"FSDP unit +{figures['fsdp_unit_overhead_s'] * 1e3:.2f} ms")
     if args.validate:
         validate(args.steps)
 

@@ -38,10 +38,11 @@ SEQ = 64
 
 
 def document(parallel: dict, ranks: int, steps: int, global_batch: int, micro_batch: int,
-             device: str) -> dict:
+             device: str, model: dict | None = None) -> dict:
+    model = model or MODEL
     return {
-        "model": {"gpt": MODEL},
-        "data": {"seq_len": SEQ},
+        "model": {"gpt": model},
+        "data": {"seq_len": model["max_seq_len"]},
         "training": {"steps": steps, "global_batch_size": global_batch,
                      "micro_batch_size": micro_batch, "checkpoint_every_steps": 10_000,
                      "learning_rate": 1e-3},
@@ -107,12 +108,12 @@ def _rss_bytes() -> int:
 
 
 def run(parallel: dict, ranks: int, steps: int, global_batch: int, micro_batch: int,
-        device: str) -> dict[str, Any]:
+        device: str, model: dict | None = None) -> dict[str, Any]:
     """One torchrun of the loop; step time (median over steady steps) and peak memory."""
     with tempfile.TemporaryDirectory() as tmp:
         spec_path = Path(tmp, "spec.json")
         spec_path.write_text(json.dumps(
-            document(parallel, ranks, steps, global_batch, micro_batch, device)))
+            document(parallel, ranks, steps, global_batch, micro_batch, device, model)))
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
                    str(ranks), "--master_port", "29541", str(HERE), "--worker", str(spec_path),
                    tmp, device]
@@ -123,7 +124,7 @@ def run(parallel: dict, ranks: int, steps: int, global_batch: int, micro_batch: 
     # Steady state: skip the first two steps (warm-up, lazy optimizer state).
     gaps = [b[1] - a[1] for a, b in zip(points[2:], points[3:])]
     return {"step_s": statistics.median(gaps),
-            "tokens_per_s": global_batch * SEQ / statistics.median(gaps),
+            "tokens_per_s": global_batch * (model or MODEL)["max_seq_len"] / statistics.median(gaps),
             "peak_bytes": [r["peak_bytes"] for r in records]}
 
 

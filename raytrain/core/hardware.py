@@ -40,6 +40,13 @@ class GPUKind:
     # GPUs run collectives on their own streams beside compute; a CPU rank with one thread
     # runs both on the same core, one after the other.
     overlaps_communication: bool = True
+    # Fixed costs that do not shrink with the work: framework dispatch per transformer block
+    # per microbatch (forward and backward), the extra of DTensor's tensor-parallel block, and
+    # of one FSDP unit. At GPU training sizes kernels run asynchronously behind them and they
+    # are taken as 0; on CPU they are measured (benchmarks/calibrate_cpu.py).
+    block_overhead_s: float = 0.0
+    tp_block_overhead_s: float = 0.0
+    fsdp_unit_overhead_s: float = 0.0
 
     def flops(self, precision: str) -> float:
         return self.fp32_flops if precision == "fp32" else self.bf16_flops
@@ -81,11 +88,12 @@ GPUS: dict[str, GPUKind] = {
                          calibration="as h100-sxm"),
     "h200": GPUKind("h200", 989 * TB, 67 * TB, 141 * GB, 4.8 * TB, achievable=0.357,
                     calibration="as h100-sxm"),
-    # This machine: one thread per rank; FLOP/s of a whole fp32 training step of the benchmark
-    # GPT in one process (so `achievable` is 1), by benchmarks/calibrate_cpu.py, 2026-11-30.
-    "cpu": GPUKind("cpu", 59e9, 59e9, 8 * GiB, 10 * GB, achievable=1.0,
-                   calibration="benchmarks/calibrate_cpu.py on the CI machine",
-                   overlaps_communication=False),
+    # This machine: one thread per rank; FLOP/s and fixed costs of fp32 training steps of the
+    # benchmark GPT and a tiny one (so `achievable` is 1), by benchmarks/calibrate_cpu.py.
+    "cpu": GPUKind("cpu", 66.6e9, 66.6e9, 8 * GiB, 10 * GB, achievable=1.0,
+                   calibration="benchmarks/calibrate_cpu.py on the CI machine, 2026-12-01",
+                   overlaps_communication=False, block_overhead_s=1.28e-3,
+                   tp_block_overhead_s=12.7e-3, fsdp_unit_overhead_s=1.95e-3),
 }
 
 LINKS: dict[str, Link] = {
@@ -99,10 +107,10 @@ LINKS: dict[str, Link] = {
     "rdma-400-per-gpu": Link("rdma-400-per-gpu", 400e9 / 8, 30e-6),
     "eth-100": Link("eth-100", 100e9 / 8 / 8, 50e-6, efficiency=0.6),  # 100 Gbit/s per 8 GPUs
     "eth-25": Link("eth-25", 25e9 / 8 / 8, 80e-6, efficiency=0.6),
-    # gloo between processes on this machine, measured by benchmarks/calibrate_cpu.py (four
-    # runs: 0.93-1.02 GB/s, 0.58-1.11 ms; reduce-scatter 1.74-2.00x an all-gather).
-    "gloo-local": Link("gloo-local", 1.0 * GB, 0.85e-3, efficiency=1.0,
-                       reduce_scatter_factor=1.9),
+    # gloo between processes on this machine, measured by benchmarks/calibrate_cpu.py (the
+    # run recorded in BENCHMARKS.md; six runs ranged 0.75-1.02 GB/s, 0.58-1.24 ms, 1.5-2.1x).
+    "gloo-local": Link("gloo-local", 0.90 * GB, 1.24e-3, efficiency=1.0,
+                       reduce_scatter_factor=1.97),
 }
 
 NODE_SHAPES: dict[str, NodeShape] = {
@@ -144,8 +152,12 @@ def with_cpu_share(shape: NodeShape, cpus_per_device: float) -> NodeShape:
     0.5 each), their compute scaled accordingly. GPU shapes are returned unchanged."""
     if shape.gpu.name != "cpu" or cpus_per_device >= 1:
         return shape
+    # Compute and the fixed costs (CPU work too) stretch by the share.
     gpu = replace(shape.gpu, bf16_flops=shape.gpu.bf16_flops * cpus_per_device,
-                  fp32_flops=shape.gpu.fp32_flops * cpus_per_device)
+                  fp32_flops=shape.gpu.fp32_flops * cpus_per_device,
+                  block_overhead_s=shape.gpu.block_overhead_s / cpus_per_device,
+                  tp_block_overhead_s=shape.gpu.tp_block_overhead_s / cpus_per_device,
+                  fsdp_unit_overhead_s=shape.gpu.fsdp_unit_overhead_s / cpus_per_device)
     # gloo's copies run on the same cores: its bandwidth shrinks with them.
     intra = replace(shape.intra, bandwidth=shape.intra.bandwidth * cpus_per_device)
     inter = replace(shape.inter, bandwidth=shape.inter.bandwidth * cpus_per_device)

@@ -16,7 +16,9 @@ buckets (4 bytes per parameter). Activations per token per layer, in compute pre
 8*d + 2*d_kv + (3 or 2)*f values (norm inputs and outputs, q/k/v, attention output, the MLP's
 hidden activations); sequence parallel divides all of it by `tp`, tensor parallel without it
 all but the 4*d around the norms; full recomputation keeps only each block's input (d) plus
-one block's activations; selective recomputation is counted as half. Microbatches in flight:
+one block's activations; selective recomputation is counted as half. The optimizer step's
+intermediate (4 bytes per parameter held, foreach AdamW's square root of the second moment)
+follows the backward pass, so the peak holds the larger of it and the activations. Microbatches in flight:
 one without a pipeline, m for GPipe, min(m, pp) for 1F1B, and (1 + (pp-1)/(pp*v)) times that
 for interleaved 1F1B (Narayanan et al., 2021). The head's logits (fp32 for the loss, and
 their gradient) sit on the last stage, whole unless the loss is computed tensor-parallel.
@@ -34,14 +36,17 @@ microbatch, and the schedule's bubble: a step is (m + (pp-1)/v) microbatch times
 all-gather of parameters in forward and backward and reduce-scatter of fp32 gradients per
 microbatch (once per step under a pipeline, which keeps parameters gathered), overlapped with
 compute except one block's worth. DDP: all-reduce of fp32 gradients once per step, overlapped
-with the last backward. HSDP's all-reduce across replicas is not overlapped. The optimizer
+with the last backward. HSDP's all-reduce across replicas is not overlapped, and comes after
+every microbatch without a pipeline. The optimizer
 step is memory-bound: 32 bytes of traffic per parameter held.
 
-CPU ranks (the `cpu` kind, calibrated on this project's CI machine) differ in three stated
+CPU ranks (the `cpu` kind, calibrated on this project's CI machine) differ in four stated
 ways: a rank's one thread runs communication and compute one after the other (no overlap);
-gloo has no native reduce-scatter (it costs `reduce_scatter_factor` all-gathers); and ranks
+gloo has no native reduce-scatter (it costs `reduce_scatter_factor` all-gathers); ranks
 sharing cores (4 workers at 0.5 CPU on 2 cores) get that share of the FLOP/s and of gloo's
-bandwidth, whose copies run on the same cores (hardware.with_cpu_share).
+bandwidth, whose copies run on the same cores (hardware.with_cpu_share); and fixed costs per
+block per microbatch (framework dispatch, more of it under DTensor tensor parallelism and
+per FSDP unit), measured on a tiny model where they are nearly the whole step, count.
 
     plans = plan(ModelDims.from_gpt(...), Workload(global_batch=512), "h100-sxm", gpus=64)
     plans[0].tokens_per_s, plans[0].reason
@@ -258,8 +263,12 @@ def memory_per_device(dims: ModelDims, work: Workload, c: Candidate, shape: Node
     logits = tokens * dims.vocab_size * (work.act_bytes + 8)
     if work.loss_parallel:
         logits /= c.tp
+    # The foreach AdamW step's intermediate (an fp32 copy of the parameters it updates, the
+    # square root of the second moment) comes after the backward pass has freed the
+    # activations: the peak holds the larger of the two.
+    optimizer_temporaries = held / c.dp_shard * 4
     reserve = RUNTIME_RESERVE_BYTES if shape.gpu.name != "cpu" else 0.0
-    return state + activations + logits + reserve
+    return state + max(activations + logits, optimizer_temporaries) + reserve
 
 
 def step_time(dims: ModelDims, work: Workload, c: Candidate,
@@ -273,8 +282,8 @@ def step_time(dims: ModelDims, work: Workload, c: Candidate,
         matmul_flops *= 4 / 3
     elif c.recompute == "selective":
         matmul_flops *= 1.05
-    compute_mb = matmul_flops / (c.tp * c.pp) / peak
     layers_here = math.ceil(dims.num_layers / c.pp)
+    compute_mb = matmul_flops / (c.tp * c.pp) / peak + layers_here * gpu.block_overhead_s
     tp_passes = 12 if c.recompute == "full" else 8
     act_bytes_mb = tokens * dims.dim * work.act_bytes
     tp_link = _link_for_span(c.tp, shape)
@@ -284,6 +293,7 @@ def step_time(dims: ModelDims, work: Workload, c: Candidate,
         one_pass = _collective_s(act_bytes_mb, c.tp, tp_link)
         tp_mb = layers_here * (tp_passes / 2) * (
             one_pass * (1 + tp_link.reduce_scatter_factor) + 2 * tp_link.dtensor_overhead_s)
+        tp_mb += layers_here * gpu.tp_block_overhead_s
     pp_link = _link_for_span(c.world, shape) if c.pp > 1 else shape.intra
     pp_mb = 0.0
     if c.pp > 1:
@@ -294,10 +304,11 @@ def step_time(dims: ModelDims, work: Workload, c: Candidate,
     fsdp_mb = 0.0
     dp_step = 0.0
     overlap = gpu.overlaps_communication
-    if c.wrapper == "fsdp" and c.dp_shard > 1:
+    if c.wrapper == "fsdp":
         groups = layers_here + 1  # one FSDP unit per block, one at the root
         gather = _collective_s(held * work.act_bytes, c.dp_shard, shard_link) + \
-            shard_link.latency_s * (groups - 1) * (c.dp_shard - 1)
+            shard_link.latency_s * (groups - 1) * (c.dp_shard - 1) + \
+            groups * gpu.fsdp_unit_overhead_s
         scatter = _collective_s(held * 4, c.dp_shard, shard_link) * \
             shard_link.reduce_scatter_factor + shard_link.latency_s * (groups - 1)
         if c.pp > 1:
@@ -315,6 +326,10 @@ def step_time(dims: ModelDims, work: Workload, c: Candidate,
         if c.wrapper == "ddp" and overlap:
             backward = compute_mb * 2 / 3
             dp_step += max(0.0, allreduce - backward) + allreduce / max(1, layers_here)
+        elif c.wrapper == "fsdp" and c.pp == 1:
+            # HSDP reduces across replicas after every microbatch's backward (raytrain does not
+            # hold gradient sync back during accumulation), not hidden.
+            fsdp_mb += allreduce
         else:
             dp_step += allreduce
     per_mb = compute_mb + tp_mb + pp_mb + fsdp_mb

@@ -90,7 +90,7 @@ def test_tensor_parallel_over_pcie_without_p2p_is_punished() -> None:
 
 
 def test_nothing_fits_names_the_smallest_change() -> None:
-    dims = ModelDims(40, 5120, 40, 13824, 32000, 4096, gated_mlp=True)  # ~13B
+    dims = ModelDims(32, 5120, 40, 13824, 32000, 4096, gated_mlp=True)  # ~10.5B
     with pytest.raises(NothingFits) as caught:
         plan(dims, Workload(global_batch=16), "rtx4090", 2)
     message = str(caught.value)
