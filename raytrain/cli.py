@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -35,6 +36,7 @@ from raytrain.spec import (
     ServiceConfig,
     load_job_spec,
     rank_plans,
+    spec_error_from_validation,
 )
 
 out = Console()
@@ -151,8 +153,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Rank layouts locally (no server needed): the planner is pure arithmetic."""
-    request = PlanRequest(spec=load_job_spec(args.file), gpus=args.gpus, accelerator=args.gpu,
-                          usd_per_gpu_hour=args.price, keep=args.top)
+    try:
+        request = PlanRequest(spec=load_job_spec(args.file), gpus=args.gpus,
+                              accelerator=args.gpu, usd_per_gpu_hour=args.price, keep=args.top)
+    except ValidationError as exc:
+        raise spec_error_from_validation(exc, source="plan request") from None
     try:
         response = rank_plans(request)
     except NothingFits as exc:

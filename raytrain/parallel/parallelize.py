@@ -246,7 +246,7 @@ def build_parallel_model(spec: JobSpec, device: torch.device) -> ParallelModel:
             if layout.tp > 1:
                 apply_tensor_parallel(part, mesh["tp"], layout.sequence_parallel)
         else:  # a user model: data parallel only (the spec rejects anything else)
-            part = build_model(spec.model, seed=training.seed)
+            part = build_model(spec.model, seed=training.seed).to(device)
         _set_recompute(part, parallel.activation_checkpointing)
         if wrapper == "fsdp":
             dp_mesh = (mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1
@@ -255,8 +255,6 @@ def build_parallel_model(spec: JobSpec, device: torch.device) -> ParallelModel:
         if isinstance(part, GPT) and _on_meta(part):
             part.to_empty(device=device)
             part.init_weights()
-        else:
-            part.to(device)
         runner: nn.Module = part
         if wrapper == "ddp":
             runner = DistributedDataParallel(

@@ -42,6 +42,15 @@ def job(num_workers: int, parallel: dict[str, Any] | None = None, **training: An
     }
 
 
+def user_job(num_workers: int, strategy: str) -> dict:
+    """A model and dataset of the user's own, by import path: data parallel layouts only."""
+    document = job(num_workers, {"strategy": strategy})
+    document["model"] = {"kind": "import", "factory": "tests.unit.support:make_tiny_model"}
+    document["data"] = {"kind": "import", "seq_len": 16,
+                        "factory": "tests.unit.support:make_dataset", "options": {"seq_len": 16}}
+    return document
+
+
 TWO_RANKS = {
     "dp2": {"strategy": "data"},
     "fsdp2": {"strategy": "fsdp"},
@@ -125,6 +134,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
 def two_rank_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("two")
     cases = [(name, job(2, parallel), {}) for name, parallel in TWO_RANKS.items()]
+    cases += [(f"user_{strategy}", user_job(2, strategy), {}) for strategy in ("data", "fsdp")]
     # A layout change: 6 steps under tp2, then resume under dp2 (and, below, one process).
     cases.append(("cut_tp2", job(2, TWO_RANKS["tp2_sequence_parallel"],
                                  checkpoint_every_steps=6), {"stop_after_steps": 6}))
@@ -160,6 +170,17 @@ def test_four_rank_layout_matches_one_process(name: str, four_rank_runs: Path,
     assert sorted(losses) == list(range(1, STEPS + 1))
     for step, loss in reference.items():
         assert losses[step] == pytest.approx(loss, abs=1e-5), (name, step)
+
+
+@pytest.mark.parametrize("strategy", ["data", "fsdp"])
+def test_a_users_own_model_trains_alike_under_ddp_and_fsdp(
+    strategy: str, two_rank_runs: Path, tmp_path: Path
+) -> None:
+    alone = _single(user_job(1, "data"), tmp_path)
+    losses = _losses(two_rank_runs / f"user_{strategy}" / "losses.json")
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    for step, loss in alone.items():
+        assert losses[step] == pytest.approx(loss, abs=1e-5), (strategy, step)
 
 
 def test_a_tp2_checkpoint_resumes_under_dp2_and_one_process(
