@@ -176,7 +176,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             str(row.rank), row.layout, f"{row.step_s:.3f}", f"{row.tokens_per_s:,.0f}",
             f"{row.mfu:.0%}", f"{row.memory_gib:.1f}/{row.memory_limit_gib:.0f}",
             f"{row.scaling_efficiency:.0%}",
-            "-" if row.usd_per_million_tokens is None else f"{row.usd_per_million_tokens:.2f}",
+            "-" if row.usd_per_million_tokens is None else f"{row.usd_per_million_tokens:.3g}",
         )
     out.print(table)
     out.print(f"best: {response.plans[0].reason}")

@@ -372,7 +372,7 @@ def _reason(plan: Plan, gpu: str) -> str:
     parts = {k: v for k, v in plan.breakdown.items() if k not in ("total", "compute")}
     worst = max(parts, key=parts.get) if parts else "compute"
     share = plan.breakdown["compute"] / plan.breakdown["total"]
-    cost = f"; ${plan.usd_per_million_tokens:.2f}/M tokens" \
+    cost = f"; ${plan.usd_per_million_tokens:.3g}/M tokens" \
         if plan.usd_per_million_tokens is not None else ""
     overhead = (f"largest overhead {worst.replace('_', ' ')} "
                 f"{plan.breakdown[worst] / plan.breakdown['total']:.0%}")

@@ -27,6 +27,8 @@ def test_defaults_are_a_valid_small_cpu_job() -> None:
 def test_shipped_examples_parse() -> None:
     assert load_job_spec(ROOT / "examples" / "demo.yaml").name == "demo"
     assert load_job_spec(ROOT / "examples" / "job.json").name == "curl-job"
+    hybrid = load_job_spec(ROOT / "examples" / "hybrid.yaml")
+    assert hybrid.layout.describe() == "tp2 pp2 1f1b x4 microbatches sequence parallel"
 
 
 @pytest.mark.parametrize(
