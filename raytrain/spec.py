@@ -303,6 +303,16 @@ class ParallelSpec(_Strict):
     )
 
 
+def _accelerator_errors(accelerator: str | None) -> list[InitErrorDetails]:
+    if accelerator is None or accelerator in GPUS:
+        return []
+    return [_field_error(
+        ("accelerator",),
+        f"unknown accelerator {accelerator!r}. To fix: use one of " + ", ".join(sorted(GPUS)),
+        accelerator,
+    )]
+
+
 class ResourcesSpec(_Strict):
     """What each training worker needs. GPUs imply NCCL; CPU-only workers use gloo."""
 
@@ -319,13 +329,7 @@ class ResourcesSpec(_Strict):
 
     @model_validator(mode="after")
     def _accelerator_known(self) -> ResourcesSpec:
-        if self.accelerator is not None and self.accelerator not in GPUS:
-            _raise_if_any("ResourcesSpec", [_field_error(
-                ("accelerator",),
-                f"unknown accelerator {self.accelerator!r}. To fix: use one of "
-                + ", ".join(sorted(GPUS)),
-                self.accelerator,
-            )])
+        _raise_if_any("ResourcesSpec", _accelerator_errors(self.accelerator))
         return self
 
     @property
@@ -740,13 +744,7 @@ class PlanRequest(_Strict):
 
     @model_validator(mode="after")
     def _kind_known(self) -> PlanRequest:
-        if self.accelerator is not None and self.accelerator not in GPUS:
-            _raise_if_any("PlanRequest", [_field_error(
-                ("accelerator",),
-                f"unknown accelerator {self.accelerator!r}. To fix: use one of "
-                + ", ".join(sorted(GPUS)),
-                self.accelerator,
-            )])
+        _raise_if_any("PlanRequest", _accelerator_errors(self.accelerator))
         if self.spec.model.kind != "gpt":
             _raise_if_any("PlanRequest", [_field_error(
                 ("spec", "model", "kind"),

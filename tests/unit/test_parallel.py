@@ -154,22 +154,23 @@ def four_rank_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def _assert_every_step_matches(run: Path, reference: dict[int, float]) -> None:
+    losses = _losses(run / "losses.json")
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    for step, loss in reference.items():
+        assert losses[step] == pytest.approx(loss, abs=1e-5), (run.name, step)
+
+
 @pytest.mark.parametrize("name", list(TWO_RANKS))
 def test_two_rank_layout_matches_one_process(name: str, two_rank_runs: Path,
                                              reference: dict[int, float]) -> None:
-    losses = _losses(two_rank_runs / name / "losses.json")
-    assert sorted(losses) == list(range(1, STEPS + 1))
-    for step, loss in reference.items():
-        assert losses[step] == pytest.approx(loss, abs=1e-5), (name, step)
+    _assert_every_step_matches(two_rank_runs / name, reference)
 
 
 @pytest.mark.parametrize("name", list(FOUR_RANKS))
 def test_four_rank_layout_matches_one_process(name: str, four_rank_runs: Path,
                                               reference: dict[int, float]) -> None:
-    losses = _losses(four_rank_runs / name / "losses.json")
-    assert sorted(losses) == list(range(1, STEPS + 1))
-    for step, loss in reference.items():
-        assert losses[step] == pytest.approx(loss, abs=1e-5), (name, step)
+    _assert_every_step_matches(four_rank_runs / name, reference)
 
 
 @pytest.mark.parametrize("strategy", ["data", "fsdp"])
@@ -177,10 +178,7 @@ def test_a_users_own_model_trains_alike_under_ddp_and_fsdp(
     strategy: str, two_rank_runs: Path, tmp_path: Path
 ) -> None:
     alone = _single(user_job(1, "data"), tmp_path)
-    losses = _losses(two_rank_runs / f"user_{strategy}" / "losses.json")
-    assert sorted(losses) == list(range(1, STEPS + 1))
-    for step, loss in alone.items():
-        assert losses[step] == pytest.approx(loss, abs=1e-5), (strategy, step)
+    _assert_every_step_matches(two_rank_runs / f"user_{strategy}", alone)
 
 
 def test_a_tp2_checkpoint_resumes_under_dp2_and_one_process(
