@@ -130,23 +130,14 @@ def run(parallel: dict, ranks: int, steps: int, global_batch: int, micro_batch: 
 
 def held_parameters(parallel: dict, ranks: int) -> int:
     """Parameters (with their gradient and AdamW state) the busiest rank holds, analytically."""
-    from raytrain.parallel.parallelize import stage_layers
+    from raytrain.core.planner import ModelDims, stage_params
     from raytrain.spec import parse_job_spec
 
     layout = parse_job_spec(document(parallel, ranks, 2, 8, 1, "cpu")).layout
-    d, v, s = MODEL["dim"], MODEL["vocab_size"], MODEL["max_seq_len"]
-    block = 12 * d * d + 2 * d
-    parts = {"embed": (v + s) * d, "head": v * d + d}
-    stages = stage_layers(MODEL["num_layers"], layout.num_stages)
-    per_pp_rank = []
-    for pp_rank in range(layout.pp):
-        held = 0
-        for stage in range(pp_rank, layout.num_stages, layout.pp):
-            held += len(stages[stage]) * block
-            held += parts["embed"] if stage == 0 else 0
-            held += parts["head"] if stage == layout.num_stages - 1 else 0
-        per_pp_rank.append(held)
-    return max(per_pp_rank) // (layout.tp * layout.dp_shard)
+    dims = ModelDims.from_gpt(MODEL["num_layers"], MODEL["dim"], MODEL["num_heads"],
+                              4 * MODEL["dim"], MODEL["vocab_size"], MODEL["max_seq_len"],
+                              MODEL["max_seq_len"])
+    return stage_params(dims, layout.pp, layout.virtual_stages) // (layout.tp * layout.dp_shard)
 
 
 def main() -> None:

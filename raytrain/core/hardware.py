@@ -61,9 +61,6 @@ class Link:
     # Cost of a reduce-scatter over an all-gather of the same size: 1 where the backend has
     # one (NCCL); gloo has none and torch falls back to an all-reduce.
     reduce_scatter_factor: float = 1.0
-    # Extra fixed cost per tensor-parallel collective: DTensor's redistribution around the
-    # communication (benchmarks/calibrate_cpu.py measured none on CPU).
-    dtensor_overhead_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,6 @@ FREE_DEGREE = {
     "hybrid": None,
 }
 DEGREES = ("dp_replicate", "dp_shard", "tp", "pp")
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 
 
 @dataclass(frozen=True)
@@ -94,6 +93,22 @@ class ModelShape:
 class Problem:
     field: tuple[str, ...]
     message: str
+
+
+def stage_layers(num_layers: int, num_stages: int) -> list[range]:
+    """Contiguous layer ranges per stage, sizes differing by at most one (earlier ones larger)."""
+    base, extra = divmod(num_layers, num_stages)
+    ranges, start = [], 0
+    for stage in range(num_stages):
+        size = base + (1 if stage < extra else 0)
+        ranges.append(range(start, start + size))
+        start += size
+    return ranges
+
+
+def stages_of_rank(pp_rank: int, pp: int, num_stages: int) -> list[int]:
+    """Stage indices on pipeline rank `pp_rank`: one, or every pp-th for interleaved ('loop')."""
+    return list(range(pp_rank, num_stages, pp))
 
 
 def divisors(n: int) -> list[int]:

@@ -58,7 +58,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from raytrain.core.hardware import GPUS, GiB, Link, NodeShape, node_shape
-from raytrain.core.layout import divisors
+from raytrain.core.layout import Layout, divisors, stage_layers, stages_of_rank
 
 RUNTIME_RESERVE_BYTES = 1.5 * GiB  # CUDA context, NCCL buffers, allocator slack
 USABLE_MEMORY = 0.92
@@ -153,9 +153,8 @@ class Candidate:
 
     @property
     def wrapper(self) -> str:
-        if self.dp_shard > 1 or (self.dp_replicate > 1 and (self.tp > 1 or self.pp > 1)):
-            return "fsdp"
-        return "ddp" if self.dp_replicate > 1 else "none"
+        """The data-parallel wrapper raytrain uses for these degrees (Layout decides)."""
+        return Layout(self.dp_replicate, self.dp_shard, self.tp, self.pp).data_parallel_wrapper
 
     def describe(self) -> str:
         parts = [f"{n}{getattr(self, n)}" for n in ("dp_replicate", "dp_shard", "tp", "pp")
@@ -211,15 +210,16 @@ def _link_for_span(span: int, shape: NodeShape) -> Link:
     return shape.intra if span <= shape.gpus_per_node else shape.inter
 
 
-def _stage_params(dims: ModelDims, pp: int, v: int) -> int:
-    """Parameters on the busiest pipeline rank (its v stages' layers, plus the ends)."""
+def stage_params(dims: ModelDims, pp: int, v: int) -> int:
+    """Parameters on the busiest pipeline rank (its v stages' layers, plus the ends), split
+    as raytrain.parallel splits the built-in GPT."""
     stages = pp * v
-    base, extra = divmod(dims.num_layers, stages)
+    layers = stage_layers(dims.num_layers, stages)
     busiest = 0
     for rank in range(pp):
         held = 0
-        for stage in range(rank, stages, pp):
-            held += (base + (1 if stage < extra else 0)) * dims.block_params
+        for stage in stages_of_rank(rank, pp, stages):
+            held += len(layers[stage]) * dims.block_params
             held += dims.embedding_params if stage == 0 else 0
             held += dims.head_params if stage == stages - 1 else 0
         busiest = max(busiest, held)
@@ -227,7 +227,7 @@ def _stage_params(dims: ModelDims, pp: int, v: int) -> int:
 
 
 def memory_per_device(dims: ModelDims, work: Workload, c: Candidate, shape: NodeShape) -> float:
-    held = _stage_params(dims, c.pp, c.virtual_stages) / c.tp
+    held = stage_params(dims, c.pp, c.virtual_stages) / c.tp
     state = held / c.dp_shard * 16
     param_bytes = work.act_bytes
     block_held = dims.block_params / c.tp
@@ -292,14 +292,14 @@ def step_time(dims: ModelDims, work: Workload, c: Candidate,
         # Half the passes are all-gathers, half reduce-scatters.
         one_pass = _collective_s(act_bytes_mb, c.tp, tp_link)
         tp_mb = layers_here * (tp_passes / 2) * (
-            one_pass * (1 + tp_link.reduce_scatter_factor) + 2 * tp_link.dtensor_overhead_s)
+            one_pass * (1 + tp_link.reduce_scatter_factor))
         tp_mb += layers_here * gpu.tp_block_overhead_s
     pp_link = _link_for_span(c.world, shape) if c.pp > 1 else shape.intra
     pp_mb = 0.0
     if c.pp > 1:
         message = act_bytes_mb / c.tp
         pp_mb = 2 * (message / (pp_link.bandwidth * pp_link.efficiency) + pp_link.latency_s)
-    held = _stage_params(dims, c.pp, c.virtual_stages) / c.tp
+    held = stage_params(dims, c.pp, c.virtual_stages) / c.tp
     shard_link = _link_for_span(c.tp * c.dp_shard, shape)
     fsdp_mb = 0.0
     dp_step = 0.0

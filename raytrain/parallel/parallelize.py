@@ -25,7 +25,6 @@ pipeline peers are farthest apart.
 
 from __future__ import annotations
 
-import math
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,7 +51,7 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
-from raytrain.core.layout import Layout
+from raytrain.core.layout import Layout, stage_layers, stages_of_rank
 from raytrain.models.gpt import GPT
 from raytrain.models.registry import build_model
 from raytrain.parallel.compression import register_compression
@@ -60,22 +59,6 @@ from raytrain.spec import JobSpec
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
-
-
-def stage_layers(num_layers: int, num_stages: int) -> list[range]:
-    """Contiguous layer ranges per stage, sizes differing by at most one (earlier ones larger)."""
-    base, extra = divmod(num_layers, num_stages)
-    ranges, start = [], 0
-    for stage in range(num_stages):
-        size = base + (1 if stage < extra else 0)
-        ranges.append(range(start, start + size))
-        start += size
-    return ranges
-
-
-def stages_of_rank(pp_rank: int, layout: Layout) -> list[int]:
-    """Stage indices on pipeline rank `pp_rank`: one, or every pp-th for interleaved ('loop')."""
-    return list(range(pp_rank, layout.num_stages, layout.pp))
 
 
 def gpt_stage(model: GPT, stage: int, num_stages: int) -> GPT:
@@ -233,7 +216,7 @@ def build_parallel_model(spec: JobSpec, device: torch.device) -> ParallelModel:
 
     mesh = build_mesh(layout, device)
     pp_rank, rep_rank, shard_rank, tp_rank = mesh.get_coordinate()
-    stage_ids = stages_of_rank(pp_rank, layout)
+    stage_ids = stages_of_rank(pp_rank, layout.pp, layout.num_stages)
     wrapper = layout.data_parallel_wrapper
     parts: list[nn.Module] = []
     runners: list[nn.Module] = []
@@ -301,13 +284,14 @@ def _set_recompute(model: nn.Module, on: bool) -> None:
             module.recompute = on
 
 
-def clip_grad_norm(model: ParallelModel, max_norm: float | None) -> float:
+def clip_grad_norm(model: ParallelModel, max_norm: float | None) -> torch.Tensor:
     """Clip the gradient norm of the whole model, wherever its pieces live; return the norm.
 
     torch's clip_grad_norm_ sees one rank's parameters: it is right for DDP and for DTensors
     (tensor parallel, FSDP2), whose norms it reduces over their mesh, but not across pipeline
     stages, each holding different layers. So: the norm of local plain tensors and of each
-    mesh's DTensors, squared and summed, then summed over the pipeline ranks.
+    mesh's DTensors, squared and summed, then summed over the pipeline ranks. Returns the
+    norm as a tensor on the device.
     """
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     squared = torch.zeros((), device=model.device, dtype=torch.float32)
@@ -329,4 +313,4 @@ def clip_grad_norm(model: ParallelModel, max_norm: float | None) -> float:
         with torch.no_grad():
             for grad in grads:  # plain tensors and shards alike: scale what this rank holds
                 (grad.to_local() if isinstance(grad, DTensor) else grad).mul_(coef)
-    return float(total) if math.isfinite(float(total)) else float("inf")
+    return total  # a tensor: reading it would wait for the device every step
