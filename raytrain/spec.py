@@ -24,7 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from raytrain.core.hardware import CATALOG_VERSION, GPUS, node_shape, with_cpu_share
+from raytrain.core.hardware import CATALOG_VERSION, GPUS, LINKS, node_shape, with_cpu_share
 from raytrain.core.layout import Layout, ModelShape, Problem, check_layout, resolve_layout
 from raytrain.core.planner import Candidate, ModelDims, NothingFits, Plan, Workload, evaluate, plan
 from raytrain.core.schedule import lr_batch_scale
@@ -342,6 +342,33 @@ class ResourcesSpec(_Strict):
         return self.accelerator if self.use_gpu else "cpu"
 
 
+Market = Literal["spot", "on-demand"]
+
+
+class CapacitySpec(_Strict):
+    """How the service buys capacity for the job (on an autoscaling cluster); ignored on a
+    fixed local cluster, where the job runs on what is there."""
+
+    policy: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9][a-z0-9-]*$",
+        description="A named autoscaling policy from policies/ (cost-first, deadline-aware, "
+        "on-demand-only, spot-only); default: the service's.",
+    )
+    market: Literal["auto", "spot", "on-demand"] = Field(
+        "auto", description="Restrict to one market; 'auto' lets the policy choose."
+    )
+    deadline_hours: float | None = Field(
+        None, gt=0, description="Finish within this many hours of submission, if possible."
+    )
+    budget_usd: float | None = Field(
+        None, gt=0, description="Do not choose capacity expected to cost more than this."
+    )
+    max_usd_per_hour: float | None = Field(
+        None, gt=0, description="Never hold capacity priced above this per hour, all nodes."
+    )
+
+
 class JobSpec(_Strict):
     """A whole training job: the user's entire surface."""
 
@@ -358,6 +385,9 @@ class JobSpec(_Strict):
     parallel: ParallelSpec = Field(default_factory=ParallelSpec, description="Parallel layout.")
     resources: ResourcesSpec = Field(
         default_factory=ResourcesSpec, description="Workers and what each needs."
+    )
+    capacity: CapacitySpec = Field(
+        default_factory=CapacitySpec, description="How capacity is bought (autoscaling)."
     )
 
     @model_validator(mode="after")
@@ -493,13 +523,17 @@ class JobSpec(_Strict):
         if self.model.kind != "gpt" or self.resources.device_kind is None:
             return None
         dims, work, kind, _ = self.planner_inputs()
-        layout = self.layout
-        candidate = Candidate(layout.dp_replicate, layout.dp_shard, layout.tp, layout.pp,
-                              layout.virtual_stages, self.training.micro_batch_size,
-                              layout.microbatches, work.recompute_options[0],
-                              gpipe=layout.pp > 1 and layout.schedule == "gpipe")
         shape = with_cpu_share(node_shape(kind), self.resources.cpus_per_worker)
-        return evaluate(dims, work, candidate, shape)
+        return evaluate(dims, work, self.own_candidate(), shape)
+
+    def own_candidate(self) -> Candidate:
+        """This job's layout in the planner's terms (built-in GPT)."""
+        layout = self.layout
+        return Candidate(layout.dp_replicate, layout.dp_shard, layout.tp, layout.pp,
+                         layout.virtual_stages, self.training.micro_batch_size,
+                         layout.microbatches,
+                         "full" if self.parallel.activation_checkpointing else "none",
+                         gpipe=layout.pp > 1 and layout.schedule == "gpipe")
 
     @cached_property
     def layout(self) -> Layout:
@@ -691,6 +725,176 @@ class JobEvent(_Record):
     job_id: str
     time: float
     data: dict[str, Any] = Field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------- offers and policies
+
+
+class Offer(_Strict):
+    """One instance type one provider rents, with its prices and spot interruption rate."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    provider: str = Field(description="aws, or the GPU cloud that rents it.")
+    region: str = Field(description="Region the prices are for.")
+    spot_zone: str | None = Field(None, description="Zone of the cheapest spot price.")
+    instance_type: str = Field(description="The provider's name for the instance type.")
+    gpu_kind: str = Field(description="A GPU kind of the hardware catalog.")
+    gpus_per_node: int = Field(ge=1, description="GPUs per instance.")
+    intra_link: str = Field(description="Link between the GPUs of one node (catalog name).")
+    network_gbps: float = Field(gt=0, description="Network bandwidth between nodes, Gbit/s.")
+    rdma: bool = Field(False, description="RDMA between nodes (EFA, InfiniBand).")
+    on_demand_usd_per_hour: float | None = Field(None, ge=0, description="Per node.")
+    spot_usd_per_hour: float | None = Field(None, ge=0, description="Per node; null: no spot.")
+    spot_interruptions_per_hour: float = Field(
+        0.0, ge=0, description="Expected spot interruptions per node-hour."
+    )
+    interruption_band: str | None = Field(
+        None, description="The provider's published band, e.g. AWS Spot Advisor '>20%' a month."
+    )
+    note: str = Field("", description="Where the figures come from.")
+
+    @model_validator(mode="after")
+    def _known_parts(self) -> Offer:
+        errors = _accelerator_errors(self.gpu_kind)
+        if self.intra_link not in LINKS:
+            errors.append(_field_error(("intra_link",), f"unknown link {self.intra_link!r}. "
+                                       "To fix: use one of " + ", ".join(sorted(LINKS)),
+                                       self.intra_link))
+        if self.on_demand_usd_per_hour is None and self.spot_usd_per_hour is None:
+            errors.append(_field_error(("on_demand_usd_per_hour",), "an offer needs a price. "
+                                       "To fix: give on_demand_usd_per_hour or "
+                                       "spot_usd_per_hour", None))
+        _raise_if_any("Offer", [_relocate(e, ("gpu_kind",)) if e["loc"] == ("accelerator",)
+                                else e for e in errors])
+        return self
+
+    @property
+    def id(self) -> str:
+        return f"{self.provider}/{self.region}/{self.instance_type}"
+
+    def usd_per_hour(self, market: str) -> float | None:
+        return self.spot_usd_per_hour if market == "spot" else self.on_demand_usd_per_hour
+
+    def markets(self) -> list[str]:
+        return [m for m in ("spot", "on-demand") if self.usd_per_hour(m) is not None]
+
+
+def _relocate(error: InitErrorDetails, loc: tuple[str, ...]) -> InitErrorDetails:
+    return {**error, "loc": loc}
+
+
+class OfferCatalog(_Record):
+    version: str = Field(description="Date of the figures (snapshot) or of the refresh.")
+    source: Literal["snapshot", "aws", "file"] = Field(description="Where the offers came from.")
+    fetched_at: float | None = Field(None, description="Unix time of the refresh, if any.")
+    warnings: list[str] = Field(default_factory=list, description="What could not be refreshed.")
+    offers: list[Offer]
+
+    def find(self, offer_id: str) -> Offer | None:
+        return next((o for o in self.offers if o.id == offer_id), None)
+
+
+class PolicySpec(_Strict):
+    """A named autoscaling policy (policies/*.yaml): how the service buys capacity."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$", description="The file's stem.")
+    description: str = Field(description="One line for `raytrain offers`.")
+    markets: list[Market] = Field(
+        ["spot", "on-demand"], min_length=1, description="Markets the policy may buy."
+    )
+    objective: Literal["cost", "time"] = Field(
+        "cost", description="Minimise expected dollars to finish, or expected hours."
+    )
+    deadline_margin: float = Field(
+        0.15, ge=0, le=2, description="Plans must finish this fraction before the deadline."
+    )
+    failover_after_preemptions: int | None = Field(
+        None, ge=1, description="Move to on-demand after this many preemptions; null: never."
+    )
+    capacity_wait_s: float = Field(
+        600.0, gt=0, description="Spot capacity missing this long: take the next best offer."
+    )
+    switch_min_saving: float = Field(
+        0.2, ge=0, le=1,
+        description="Move a running job to a cheaper offer only when the expected cost to "
+        "finish falls by this fraction (and by more than the move costs).",
+    )
+    checkpoint_interval_s: float | None = Field(
+        None, gt=0, description="Seconds between periodic checkpoints; null: Young/Daly optimum."
+    )
+    max_checkpoint_interval_s: float = Field(
+        3600.0, gt=0, description="Checkpoint at least this often, whatever the optimum says "
+        "(it trusts a rate measured over few preemptions)."
+    )
+    checkpoint_cost_s: float = Field(
+        60.0, gt=0, description="Assumed seconds one checkpoint costs, until one is measured."
+    )
+    restart_s: float = Field(
+        300.0, ge=0, description="Assumed seconds from new capacity to the first step again."
+    )
+    notice_coverage: float = Field(
+        0.0, ge=0, le=1,
+        description="Fraction of preemptions whose notice leaves time to checkpoint (no work "
+        "lost); 0 counts every preemption as losing half an interval.",
+    )
+    max_nodes: int = Field(16, ge=1, le=4096, description="Most nodes one job may hold.")
+    prior_node_hours: float = Field(
+        20.0, gt=0, description="Weight of the catalog's interruption rate against preemptions "
+        "observed, in node-hours.",
+    )
+
+    @model_validator(mode="after")
+    def _failover_needs_both(self) -> PolicySpec:
+        if self.failover_after_preemptions is not None and self.markets != ["spot", "on-demand"]:
+            _raise_if_any("PolicySpec", [_field_error(
+                ("failover_after_preemptions",),
+                "failing over to on-demand needs markets [spot, on-demand]. To fix: list both "
+                "markets or drop failover_after_preemptions", self.failover_after_preemptions)])
+        return self
+
+
+class OfferRow(_Record):
+    """One option of the policy's ranking: an offer, a market and a node count for a job."""
+
+    rank: int
+    offer: str
+    instance_type: str
+    gpu_kind: str
+    market: Market
+    nodes: int
+    gpus: int
+    usd_per_hour: float = Field(description="All nodes.")
+    tokens_per_s: float
+    layout: str
+    preemptions_per_hour: float
+    checkpoint_interval_s: float | None
+    expected_hours: float
+    expected_cost_usd: float
+
+
+class OffersResponse(_Record):
+    catalog_version: str
+    source: str
+    warnings: list[str]
+    offers: list[Offer]
+    policy: str | None = Field(None, description="The policy that ranked, with a job.")
+    ranking: list[OfferRow] = Field(default_factory=list)
+    decision: str | None = Field(None, description="What the policy would do, and why.")
+
+
+class DecisionRecord(_Record):
+    time: float = Field(description="Unix time of the decision.")
+    event: str = Field(description="What prompted it: submit, preemption, deadline, ...")
+    action: str = Field(description="start, stay, switch, wait.")
+    offer: str | None = Field(None, description="The chosen offer's id.")
+    market: str | None = None
+    nodes: int = 0
+    usd_per_hour: float = 0.0
+    expected_hours: float | None = None
+    expected_cost_usd: float | None = None
+    checkpoint_interval_s: float | None = None
+    reason: str = Field(description="Why, in one line.")
 
 
 # -------------------------------------------------------------------------------------- service

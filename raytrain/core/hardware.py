@@ -85,6 +85,9 @@ GPUS: dict[str, GPUKind] = {
                          calibration="as h100-sxm"),
     "h200": GPUKind("h200", 989 * TB, 67 * TB, 141 * GB, 4.8 * TB, achievable=0.357,
                     calibration="as h100-sxm"),
+    # The GPUs of the spot fleets whose preemption traces the simulator replays (p3, g4dn).
+    "v100-16gb": GPUKind("v100-16gb", 125 * TB, 15.7 * TB, 16 * GB, 0.9 * TB),
+    "t4": GPUKind("t4", 65 * TB, 8.1 * TB, 16 * GB, 0.32 * TB),
     # This machine: one thread per rank; FLOP/s and fixed costs of fp32 training steps of the
     # benchmark GPT and a tiny one (so `achievable` is 1), by benchmarks/calibrate_cpu.py.
     "cpu": GPUKind("cpu", 66.6e9, 66.6e9, 8 * GiB, 10 * GB, achievable=1.0,
@@ -104,6 +107,8 @@ LINKS: dict[str, Link] = {
     "rdma-400-per-gpu": Link("rdma-400-per-gpu", 400e9 / 8, 30e-6),
     "eth-100": Link("eth-100", 100e9 / 8 / 8, 50e-6, efficiency=0.6),  # 100 Gbit/s per 8 GPUs
     "eth-25": Link("eth-25", 25e9 / 8 / 8, 80e-6, efficiency=0.6),
+    "eth-10-1gpu": Link("eth-10-1gpu", 10e9 / 8, 80e-6, efficiency=0.6),  # p3.2xlarge
+    "eth-25-1gpu": Link("eth-25-1gpu", 25e9 / 8, 80e-6, efficiency=0.6),  # g4dn.xlarge
     # gloo between processes on this machine, measured by benchmarks/calibrate_cpu.py (the
     # run recorded in BENCHMARKS.md; six runs ranged 0.75-1.02 GB/s, 0.58-1.24 ms, 1.5-2.1x).
     "gloo-local": Link("gloo-local", 0.90 * GB, 1.24e-3, efficiency=1.0,
@@ -121,6 +126,9 @@ NODE_SHAPES: dict[str, NodeShape] = {
     "l40s-8": NodeShape("l40s-8", GPUS["l40s"], 8, LINKS["pcie4-p2p"], LINKS["eth-100"]),
     "rtx4090-8": NodeShape("rtx4090-8", GPUS["rtx4090"], 8, LINKS["pcie4-no-p2p"],
                            LINKS["eth-25"]),
+    "v100-16gb-1": NodeShape("v100-16gb-1", GPUS["v100-16gb"], 1, LINKS["pcie4-p2p"],
+                             LINKS["eth-10-1gpu"]),
+    "t4-1": NodeShape("t4-1", GPUS["t4"], 1, LINKS["pcie4-p2p"], LINKS["eth-25-1gpu"]),
     "cpu-local": NodeShape("cpu-local", GPUS["cpu"], 64, LINKS["gloo-local"],
                            LINKS["gloo-local"]),
 }
@@ -133,8 +141,19 @@ DEFAULT_SHAPE = {
     "a100-80gb-sxm": "a100-80gb-sxm-8",
     "l40s": "l40s-8",
     "rtx4090": "rtx4090-8",
+    "v100-16gb": "v100-16gb-1",
+    "t4": "t4-1",
     "cpu": "cpu-local",
 }
+
+
+def network_link(gbps: float, gpus_per_node: int, rdma: bool) -> Link:
+    """The between-node link of a node with a `gbps` network shared by its GPUs; RDMA
+    (EFA, InfiniBand) has lower latency and reaches more of its bandwidth than TCP."""
+    per_gpu = gbps * 1e9 / 8 / max(1, gpus_per_node)
+    if rdma:
+        return Link(f"rdma-{gbps:g}g", per_gpu, 30e-6, efficiency=0.75)
+    return Link(f"eth-{gbps:g}g", per_gpu, 60e-6, efficiency=0.6)
 
 
 def node_shape(gpu_kind: str) -> NodeShape:

@@ -423,12 +423,18 @@ def plan(dims: ModelDims, work: Workload, gpu_kind: str, gpus: int,
     shape = shape or node_shape(gpu_kind)
     plans = [evaluate(dims, work, c, shape, usd_per_device_hour)
              for c in candidates(dims, work, gpus, shape)]
-    fitting = [p for p in plans if p.fits]
+    fitting = sorted((p for p in plans if p.fits), key=lambda p: (p.step_s, p.memory_bytes))
     if not fitting:
         raise NothingFits(_nothing_fits_message(dims, work, gpus, shape, plans),
                           suggest(dims, work, gpu_kind, gpus))
-    fitting.sort(key=lambda p: (p.step_s, p.memory_bytes))
     return fitting[:keep]
+
+
+def fastest(dims: ModelDims, work: Workload, gpus: int, shape: NodeShape) -> Plan | None:
+    """The fastest plan that fits, or None (no suggestions: for searches over many shapes)."""
+    fitting = [p for p in (evaluate(dims, work, c, shape, None)
+                           for c in candidates(dims, work, gpus, shape)) if p.fits]
+    return min(fitting, key=lambda p: (p.step_s, p.memory_bytes), default=None)
 
 
 def _nothing_fits_message(dims: ModelDims, work: Workload, gpus: int, shape: NodeShape,
