@@ -4,6 +4,9 @@
     raytrain serve [--address ADDR]       deploy the service; foreground until SIGINT/SIGTERM
     raytrain submit job.yaml --follow     queue a job and follow it to the end
     raytrain status ID | list | cancel ID [--json]
+    raytrain plan job.yaml --gpus 16 --gpu rtx4090   rank parallel layouts (offline)
+    raytrain offers [job.yaml] [--refresh]           offers, prices, the policy's ranking
+    raytrain simulate [--trace FILE]                 replay spot traces under four strategies
 
 The server URL comes from --server, else RAYTRAIN_SERVER, else http://127.0.0.1:8000.
 Exit codes: 0 success, 1 the job or service failed, 2 bad input, 130 interrupted.
@@ -18,6 +21,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -26,13 +30,18 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from raytrain.catalog import DEFAULT_POLICY, load_offers, load_policies, save_offers
 from raytrain.client import DEFAULT_URL, Client
-from raytrain.errors import RaytrainError, SpecError
+from raytrain.core.simulate import SimJob, compare
+from raytrain.errors import FieldError, RaytrainError, SpecError
+from raytrain.offers import offers_response
+from raytrain.traces import load_trace
 from raytrain.core.planner import NothingFits
 from raytrain.spec import (
     JobState,
     JobStatus,
     PlanRequest,
+    PolicySpec,
     ServiceConfig,
     load_job_spec,
     rank_plans,
@@ -43,6 +52,8 @@ out = Console()
 err = Console(stderr=True)
 
 DEMO_SPEC = Path(__file__).resolve().parent.parent / "examples" / "demo.yaml"
+DEFAULT_TRACE = Path(__file__).resolve().parent.parent / "data" / "spot-traces" / "bamboo" / \
+    "p3-trace.csv"
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -180,6 +191,111 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
     out.print(table)
     out.print(f"best: {response.plans[0].reason}")
+    return 0
+
+
+def cmd_offers(args: argparse.Namespace) -> int:
+    """The offer catalog and, for a job, the policy's ranking (offline, like `plan`)."""
+    state_dir = Path(args.state_dir).expanduser()
+    catalog = load_offers(state_dir)
+    if args.refresh:
+        from raytrain.cloud.aws import Clients, refresh
+
+        with err.status(f"refreshing AWS offers in {args.region}"):
+            catalog = refresh(catalog, Clients.create(args.region, args.endpoint_url),
+                              args.region, now=time.time())
+        if not catalog.warnings or any(o.note.startswith("refreshed") for o in catalog.offers):
+            err.print(f"saved {save_offers(catalog, state_dir)}")
+    for warning in catalog.warnings:
+        err.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
+    policy = spec = None
+    if args.file:
+        spec = load_job_spec(args.file)
+        policy = _policy(args.policy or spec.capacity.policy)
+    response = offers_response(catalog, policy, spec, keep=args.top)
+    if args.json:
+        _print_json(response.model_dump(mode="json"))
+        return 0
+    if not response.ranking:
+        table = Table(title=f"offers (catalog {catalog.version}, {catalog.source})")
+        for column in ("provider", "instance", "GPUs", "link", "network", "on-demand $/h",
+                       "spot $/h", "interruptions/h"):
+            table.add_column(column, justify="left" if column in (
+                "provider", "instance", "link") else "right")
+        for o in response.offers:
+            table.add_row(f"{o.provider} {o.region}", o.instance_type,
+                          f"{o.gpus_per_node} x {o.gpu_kind}", o.intra_link,
+                          f"{o.network_gbps:g} Gb/s" + (" RDMA" if o.rdma else ""),
+                          _usd(o.on_demand_usd_per_hour), _usd(o.spot_usd_per_hour),
+                          f"{o.spot_interruptions_per_hour:.2g}")
+        out.print(table)
+        return 0
+    table = Table(title=f"{spec.name if spec else ''}: options by expected cost to finish "
+                        f"(policy {response.policy}, catalog {catalog.version})")
+    for column in ("#", "nodes x offer", "market", "$/h", "tokens/s", "layout", "hours",
+                   "$ to finish", "ckpt every"):
+        table.add_column(column, justify="left" if column in ("nodes x offer", "layout",
+                                                             "market") else "right")
+    for row in response.ranking:
+        table.add_row(str(row.rank), f"{row.nodes} x {row.instance_type}", row.market,
+                      f"{row.usd_per_hour:,.2f}", f"{row.tokens_per_s:,.0f}", row.layout,
+                      f"{row.expected_hours:,.3g}", f"{row.expected_cost_usd:,.3g}",
+                      "-" if row.checkpoint_interval_s is None
+                      else f"{row.checkpoint_interval_s:,.0f} s")
+    out.print(table)
+    out.print(f"decision: {escape(response.decision or '')}", highlight=False)
+    return 0
+
+
+def _usd(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.2f}"
+
+
+def _policy(name: str | None) -> PolicySpec:
+    policies = load_policies()
+    chosen = name or DEFAULT_POLICY
+    if chosen not in policies:
+        raise SpecError([FieldError(("capacity", "policy"), f"no policy named {chosen!r}. To "
+                                    "fix: use one of " + ", ".join(sorted(policies)))])
+    return policies[chosen]
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """Replay spot-fleet traces against one job under each way of buying capacity."""
+    catalog = load_offers(Path(args.state_dir).expanduser())
+    offer = next((o for o in catalog.offers if o.instance_type == args.instance), None)
+    if offer is None or offer.spot_usd_per_hour is None or offer.on_demand_usd_per_hour is None:
+        raise SpecError([FieldError(("instance",), f"{args.instance!r} has no spot and "
+                                    "on-demand prices in the catalog. To fix: use one of " + ", "
+                                    .join(o.instance_type for o in catalog.offers
+                                          if o.spot_usd_per_hour and o.on_demand_usd_per_hour))],
+                        "simulation")
+    job = SimJob(offer=offer, nodes=args.nodes, work_s=args.work_hours * 3600,
+                 deadline_s=args.deadline_hours * 3600 if args.deadline_hours else None,
+                 checkpoint_cost_s=args.checkpoint_s, restart_s=args.restart_s,
+                 fixed_interval_s=args.interval_s, notice_s=args.notice_s)
+    policy = _policy(args.policy)
+    rows = []
+    for path in args.trace or [DEFAULT_TRACE]:
+        trace = load_trace(Path(path))
+        with err.status(f"replaying {trace.name}"):
+            rows.extend(compare(trace, job, policy, starts=args.starts))
+    if args.json:
+        _print_json([asdict(row) for row in rows])
+        return 0
+    table = Table(title=f"{args.nodes} x {offer.instance_type}, {args.work_hours:g} h of work, "
+                        f"deadline {args.deadline_hours or '-'} h, notice {args.notice_s:g} s, "
+                        f"{args.starts} start times per trace")
+    for column in ("trace", "strategy", "mean $", "mean hours", "deadline misses",
+                   "preemptions", "work lost h", "on-demand h"):
+        table.add_column(column, justify="left" if column in ("trace", "strategy") else "right")
+    for row in rows:
+        table.add_row(row.trace, row.strategy if row.strategy != "policy" else
+                      f"policy ({policy.name})", f"{row.mean_cost_usd:,.2f}",
+                      f"{row.mean_hours:.2f}", f"{row.deadline_misses}/{row.runs}",
+                      f"{row.mean_preemptions:.1f}", f"{row.mean_lost_work_hours:.2f}",
+                      f"{row.mean_on_demand_hours:.2f}")
+    out.print(table)
     return 0
 
 
@@ -331,6 +447,38 @@ def build_parser() -> argparse.ArgumentParser:
     planning.add_argument("--price", type=float, help="USD per device-hour, for $/M tokens")
     planning.add_argument("--top", type=int, default=10, help="plans to show (default 10)")
     planning.set_defaults(func=cmd_plan)
+
+    offering = with_json(commands.add_parser(
+        "offers", help="instance offers and prices; with a job file, the policy's ranking"))
+    offering.add_argument("file", nargs="?", help="a job spec to rank the offers for")
+    offering.add_argument("--policy", help="policy name (default: the job's, else cost-first)")
+    offering.add_argument("--refresh", action="store_true",
+                          help="refresh AWS prices and facts through boto3 first")
+    offering.add_argument("--region", default="us-east-1", help="AWS region to refresh")
+    offering.add_argument("--endpoint-url", help="EC2 endpoint (default: AWS's)")
+    offering.add_argument("--state-dir", default="~/.raytrain", help="where the cache lives")
+    offering.add_argument("--top", type=int, default=10, help="options to show (default 10)")
+    offering.set_defaults(func=cmd_offers)
+
+    simulating = with_json(commands.add_parser(
+        "simulate", help="replay spot preemption traces: on-demand, spot, failover, policy"))
+    simulating.add_argument("--trace", action="append", help="trace file (repeatable; default "
+                            "data/spot-traces/bamboo/p3-trace.csv)")
+    simulating.add_argument("--instance", default="p3.2xlarge", help="offer's instance type")
+    simulating.add_argument("--nodes", type=int, default=8)
+    simulating.add_argument("--work-hours", type=float, default=6.0,
+                            help="hours of training on those nodes without interruption")
+    simulating.add_argument("--deadline-hours", type=float, default=12.0)
+    simulating.add_argument("--policy", default=None, help="policy name (default cost-first)")
+    simulating.add_argument("--notice-s", type=float, default=0.0,
+                            help="preemption notice the job can checkpoint in (AWS: 120)")
+    simulating.add_argument("--interval-s", type=float, default=1800.0,
+                            help="checkpoint interval of the spot and failover strategies")
+    simulating.add_argument("--checkpoint-s", type=float, default=60.0)
+    simulating.add_argument("--restart-s", type=float, default=300.0)
+    simulating.add_argument("--starts", type=int, default=11, help="start times per trace")
+    simulating.add_argument("--state-dir", default="~/.raytrain", help="offer cache")
+    simulating.set_defaults(func=cmd_simulate)
 
     status = with_json(commands.add_parser("status", help="one job's status"))
     status.add_argument("id")

@@ -1,0 +1,308 @@
+"""Trace-driven simulation of one job on a spot fleet: cost, completion time, deadline and work
+lost under four ways of buying capacity, on the same recorded preemptions.
+
+A trace is the life of a real spot fleet: when each node came and when it was taken away. The
+job needs `nodes` of them at once (a fixed-size worker group). Spot nodes it holds are billed
+while held; a held node that the trace removes is a preemption: the job loses the work since
+its last checkpoint (none when the notice let it checkpoint first), keeps its other nodes,
+waits for a replacement and restarts. On-demand capacity is always there, at its price.
+
+Strategies:
+- `on-demand`: on-demand from the start.
+- `spot`: spot only, restarting from a checkpoint taken every `fixed_interval_s`.
+- `failover`: as `spot` until the first preemption, then on-demand.
+- `policy`: raytrain.core.autoscale deciding at the start, on every preemption, when spot
+  capacity stays missing, and every `recheck_s` (deadline); its checkpoint interval is Young's
+  for the preemption rate it has seen.
+
+Pure: the trace is a list of values and time is simulated; the files are read by
+raytrain.traces.
+
+    result = simulate(trace, job, "policy", policy, start_s=0)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from raytrain.core.autoscale import Goal, Observed, Option, choose, redecide, with_history
+from raytrain.spec import Offer, PolicySpec
+
+STRATEGIES = ("on-demand", "spot", "failover", "policy")
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    time_s: float
+    kind: str  # add | remove
+    node: str
+
+
+@dataclass(frozen=True)
+class Trace:
+    name: str
+    events: tuple[TraceEvent, ...]
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class SimJob:
+    """A job of `work_s` seconds of training on `nodes` nodes of `offer`."""
+
+    offer: Offer
+    nodes: int
+    work_s: float
+    deadline_s: float | None
+    checkpoint_cost_s: float = 60.0
+    restart_s: float = 300.0  # capacity in hand to the first step again
+    fixed_interval_s: float = 3600.0  # the `spot` and `failover` checkpoint interval
+    notice_s: float = 0.0  # warning before a preemption (AWS: 120); 0 = none
+    step_s: float = 10.0  # simulation resolution
+    recheck_s: float = 900.0
+
+
+@dataclass
+class SimResult:
+    strategy: str
+    trace: str
+    start_s: float
+    finished_s: float
+    cost_usd: float
+    preemptions: int
+    lost_work_s: float
+    on_demand_s: float
+    met_deadline: bool
+    decisions: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _State:
+    market: str
+    held: set[str] = field(default_factory=set)
+    done_s: float = 0.0
+    saved_s: float = 0.0  # work in the latest checkpoint
+    since_checkpoint_s: float = 0.0
+    checkpointing_left_s: float = 0.0
+    restart_left_s: float = 0.0
+    waiting_since: float | None = None
+    pending_switch: Option | None = None
+    interval_s: float = 3600.0
+
+
+def _replay(trace: Trace, start_s: float, horizon_s: float) -> list[TraceEvent]:
+    """The trace from `start_s`, repeated end to end, as events in time from the start (what
+    happened before the start arrives at time 0). Across a lap's seam the fleet carries on:
+    the new lap's first adds are the nodes still alive, and only the surplus leaves."""
+    out: list[TraceEvent] = []
+    alive: set[str] = set()
+    carry: list[str] = []
+    lap, base = 0, -start_s
+    while base <= horizon_s:
+        names: dict[str, str] = {}
+        for event in trace.events:
+            t = max(0.0, event.time_s + base)
+            if t > horizon_s:
+                break
+            if carry and event.time_s > 0:  # the lap's opening adds are done
+                out.extend(TraceEvent(t, "remove", node) for node in carry)
+                alive.difference_update(carry)
+                carry = []
+            if event.kind == "add":
+                node = carry.pop(0) if carry else f"{event.node}#{lap}"
+                names[event.node] = node
+                if node not in alive:
+                    alive.add(node)
+                    out.append(TraceEvent(t, "add", node))
+            elif event.node in names:
+                node = names.pop(event.node)
+                alive.discard(node)
+                out.append(TraceEvent(t, "remove", node))
+        carry = sorted(alive)
+        lap += 1
+        base += trace.duration_s
+    return out
+
+
+def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
+             start_s: float = 0.0) -> SimResult:
+    """Run the job from `start_s` into the trace until it finishes (or 20x its work)."""
+    horizon = job.work_s * 20 + (job.deadline_s or 0)
+    events = _replay(trace, start_s, horizon)
+    offer, n = job.offer, job.nodes
+    spot_usd, od_usd = offer.usd_per_hour("spot") or math.inf, offer.usd_per_hour("on-demand")
+    assert od_usd is not None, "the simulated offer needs an on-demand price"
+    throughput = (lambda o, nodes: (1.0, f"{nodes} nodes") if nodes == n else None)
+    policy = replace_policy(policy, job)
+    observed = Observed()
+
+    def goal(now: float, state: _State) -> Goal:
+        left = job.work_s - state.done_s
+        deadline = None if job.deadline_s is None else max(1.0, job.deadline_s - now)
+        return Goal(tokens_left=max(left, 1.0), deadline_s=deadline)
+
+    result = SimResult(strategy, trace.name, start_s, math.inf, 0.0, 0, 0.0, 0.0, False)
+    first = "on-demand" if strategy == "on-demand" else "spot"
+    state = _State(market=first, interval_s=job.fixed_interval_s)
+    current: Option | None = None
+    if strategy == "policy":
+        decision = choose(goal(0.0, state), [offer], throughput, policy, observed)
+        assert decision.option is not None, decision.reason
+        current = decision.option
+        state.market = current.market
+        state.interval_s = current.checkpoint_interval_s or job.fixed_interval_s
+        result.decisions.append(f"0 h: {decision.reason}")
+    alive: set[str] = set()
+    index, now, next_recheck = 0, 0.0, job.recheck_s
+    state.restart_left_s = job.restart_s if state.market == "on-demand" else 0.0
+    state.waiting_since = 0.0 if state.market == "spot" else None
+
+    def adopt(option: Option, why: str) -> None:
+        nonlocal current
+        current = option
+        if option.market != state.market:
+            state.market = option.market
+            state.held.clear()
+            state.since_checkpoint_s = 0.0
+            state.done_s = state.saved_s
+            state.restart_left_s = job.restart_s if option.market == "on-demand" else 0.0
+            state.waiting_since = now if option.market == "spot" else None
+        state.interval_s = option.checkpoint_interval_s or job.fixed_interval_s
+        result.decisions.append(f"{now / 3600:.2f} h: {why}")
+
+    while now < horizon and state.done_s < job.work_s:
+        # Trace events up to now.
+        while index < len(events) and events[index].time_s <= now:
+            event = events[index]
+            index += 1
+            if event.kind == "add":
+                alive.add(event.node)
+                continue
+            alive.discard(event.node)
+            if state.market != "spot" or event.node not in state.held:
+                continue
+            # A preemption of a node the job holds.
+            result.preemptions += 1
+            if state.checkpointing_left_s <= 0 and state.restart_left_s <= 0 and \
+                    state.waiting_since is None and job.notice_s >= job.checkpoint_cost_s:
+                state.saved_s = state.done_s  # checkpointed on the notice
+            result.lost_work_s += state.done_s - state.saved_s
+            state.done_s = state.saved_s
+            state.since_checkpoint_s = 0.0
+            state.checkpointing_left_s = 0.0
+            state.held.discard(event.node)
+            state.waiting_since = now
+            state.restart_left_s = 0.0
+            if strategy == "failover":
+                state.market, state.held = "on-demand", set()
+                state.restart_left_s, state.waiting_since = job.restart_s, None
+            elif strategy == "policy" and current is not None:
+                observed = with_history(observed, offer.id, 1, 0.0)
+                decision = redecide(current, "preemption", goal(now, state), [offer],
+                                    throughput, policy, observed)
+                if decision.option is not None:
+                    adopt(decision.option, f"preemption: {decision.action} "
+                                           f"{decision.option.describe()}")
+        # Acquire spot capacity.
+        if state.market == "spot" and state.waiting_since is not None:
+            free = sorted(alive - state.held)
+            state.held.update(free[: n - len(state.held)])
+            if len(state.held) == n:
+                state.waiting_since = None
+                state.restart_left_s = job.restart_s
+            elif strategy == "policy" and current is not None and \
+                    now - state.waiting_since >= policy.capacity_wait_s:
+                observed = replace(observed, unavailable=observed.unavailable
+                                   | {(offer.id, "spot")})
+                decision = redecide(current, "capacity-missing", goal(now, state), [offer],
+                                    throughput, policy, observed)
+                if decision.option is not None:
+                    adopt(decision.option, f"spot missing {policy.capacity_wait_s:.0f} s: "
+                                           f"{decision.option.describe()}")
+        # Re-decide on progress (deadline, and spot coming back after a capacity gap).
+        if strategy == "policy" and current is not None and now >= next_recheck:
+            next_recheck = now + job.recheck_s
+            if state.market == "on-demand" and (offer.id, "spot") in observed.unavailable \
+                    and len(alive) >= n:
+                observed = replace(observed, unavailable=frozenset())
+            decision = redecide(current, "progress", goal(now, state), [offer], throughput,
+                                policy, observed)
+            if decision.action == "switch" and decision.option is not None:
+                state.pending_switch = decision.option
+                result.decisions.append(f"{now / 3600:.2f} h: {decision.reason}")
+        # Advance one step.
+        dt = job.step_s
+        holding = n if state.market == "on-demand" else len(state.held)
+        price = od_usd if state.market == "on-demand" else spot_usd
+        result.cost_usd += holding * price * dt / 3600
+        if state.market == "spot":
+            observed = with_history(observed, offer.id, 0, holding * dt / 3600) \
+                if strategy == "policy" else observed
+        else:
+            result.on_demand_s += dt
+        if state.waiting_since is None:
+            if state.restart_left_s > 0:
+                state.restart_left_s -= dt
+            elif state.checkpointing_left_s > 0:
+                state.checkpointing_left_s -= dt
+                if state.checkpointing_left_s <= 0:
+                    state.saved_s = state.done_s
+                    if state.pending_switch is not None:
+                        switch, state.pending_switch = state.pending_switch, None
+                        adopt(switch, f"switched at the checkpoint to {switch.describe()}")
+            else:
+                state.done_s += dt
+                state.since_checkpoint_s += dt
+                if state.since_checkpoint_s >= state.interval_s and state.done_s < job.work_s:
+                    state.since_checkpoint_s = 0.0
+                    state.checkpointing_left_s = job.checkpoint_cost_s
+        now += dt
+    result.finished_s = now if state.done_s >= job.work_s else math.inf
+    result.met_deadline = job.deadline_s is None or result.finished_s <= job.deadline_s
+    return result
+
+
+def replace_policy(policy: PolicySpec, job: SimJob) -> PolicySpec:
+    """The policy told the job's real checkpoint and restart costs, and whether notices
+    arrive in time to checkpoint on them."""
+    coverage = 1.0 if job.notice_s >= job.checkpoint_cost_s else 0.0
+    return policy.model_copy(update={"checkpoint_cost_s": job.checkpoint_cost_s,
+                                     "restart_s": job.restart_s, "notice_coverage": coverage})
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One strategy on one trace, over several start times."""
+
+    trace: str
+    strategy: str
+    runs: int
+    mean_cost_usd: float
+    mean_hours: float  # to finish (runs that never finish count at the horizon)
+    deadline_misses: int
+    mean_preemptions: float
+    mean_lost_work_hours: float
+    mean_on_demand_hours: float
+
+
+def compare(trace: Trace, job: SimJob, policy: PolicySpec, starts: int,
+            strategies: tuple[str, ...] = STRATEGIES) -> list[Summary]:
+    """Every strategy from `starts` start times spread evenly over the trace.
+
+        for row in compare(trace, job, policy, starts=11): print(row)
+    """
+    times = [trace.duration_s * i / starts for i in range(starts)]
+    rows = []
+    for strategy in strategies:
+        results = [simulate(trace, job, strategy, policy, t) for t in times]
+        horizon = job.work_s * 20 + (job.deadline_s or 0)
+        rows.append(Summary(
+            trace.name, strategy, len(results),
+            sum(r.cost_usd for r in results) / len(results),
+            sum(min(r.finished_s, horizon) for r in results) / len(results) / 3600,
+            sum(not r.met_deadline for r in results),
+            sum(r.preemptions for r in results) / len(results),
+            sum(r.lost_work_s for r in results) / len(results) / 3600,
+            sum(r.on_demand_s for r in results) / len(results) / 3600,
+        ))
+    return rows
