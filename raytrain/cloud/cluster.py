@@ -1,0 +1,125 @@
+"""Cluster launcher configs (`cluster.yaml`) as the service reads them: which Ray node type
+buys which offer in which market, and the checks Ray's own schema does not make.
+
+Every worker node type carries a custom resource named after itself (amount 1 per node); the
+service asks Ray's autoscaler for a node type by that resource and places a job's workers on
+it by the same resource. On AWS the market comes from the node type's
+`InstanceMarketOptions` (spot) or its absence (on-demand), and the offer from its instance
+type and the provider's region.
+
+    problems = check_cluster_config(document, catalog)         # [] when good
+    bindings = node_type_bindings(document, catalog)            # {"p5-spot": NodeTypeBinding}
+    validate_with_ray(document)                                 # Ray's schema, offline
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raytrain.errors import FieldError, SpecError
+from raytrain.spec import NodeTypeBinding, OfferCatalog
+
+
+def load_cluster_config(path: Path) -> dict[str, Any]:
+    try:
+        document = yaml.safe_load(path.expanduser().read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise SpecError([FieldError(("cluster_config",), f"cannot read {path}: {exc}. To fix: "
+                                    "give the path of the cluster YAML")], "service config")
+    if not isinstance(document, dict):
+        raise SpecError([FieldError(("cluster_config",), f"{path} is not a YAML mapping")],
+                        "service config")
+    return document
+
+
+def _worker_types(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    head = document.get("head_node_type")
+    return {name: spec for name, spec in (document.get("available_node_types") or {}).items()
+            if name != head}
+
+
+def _market(node_config: dict[str, Any]) -> str:
+    options = node_config.get("InstanceMarketOptions") or {}
+    return "spot" if str(options.get("MarketType", "")).lower() == "spot" else "on-demand"
+
+
+def check_cluster_config(document: dict[str, Any], catalog: OfferCatalog) -> list[FieldError]:
+    """What Ray's schema lets through: a missing region, min above max, unknown instance types,
+    typos in node_config keys we rely on, node types without their own resource."""
+    problems: list[FieldError] = []
+    provider = document.get("provider") or {}
+    if provider.get("type") == "aws" and not provider.get("region"):
+        problems.append(FieldError(("provider", "region"), "an AWS cluster needs a region. To "
+                                   "fix: set provider.region, e.g. us-east-1"))
+    region = provider.get("region")
+    known = {o.instance_type for o in catalog.offers if o.provider == "aws"
+             and o.region == region}
+    total_max = document.get("max_workers")
+    if not _worker_types(document):
+        problems.append(FieldError(("available_node_types",), "no worker node types: the "
+                                   "service has nothing to buy. To fix: add node types besides "
+                                   "head_node_type"))
+    for name, spec in _worker_types(document).items():
+        here = ("available_node_types", name)
+        low, high = spec.get("min_workers", 0), spec.get("max_workers", 0)
+        if low > high:
+            problems.append(FieldError(here + ("min_workers",), f"min_workers={low} exceeds "
+                                       f"max_workers={high}. To fix: lower min_workers"))
+        if isinstance(total_max, int) and high > total_max:
+            problems.append(FieldError(here + ("max_workers",), f"max_workers={high} exceeds the "
+                                       f"cluster's max_workers={total_max}"))
+        if (spec.get("resources") or {}).get(name) != 1:
+            problems.append(FieldError(here + ("resources",), f"the node type needs the custom "
+                                       f"resource {name!r}: 1, by which the service requests it "
+                                       f"and places jobs on it. To fix: add {{{name}: 1}}"))
+        node_config = spec.get("node_config") or {}
+        if provider.get("type") != "aws":
+            continue
+        misspelt = [k for k in node_config if k.lower() == "instancetype" and k != "InstanceType"]
+        problems += [FieldError(here + ("node_config", k), "misspelt. To fix: InstanceType")
+                     for k in misspelt]
+        instance = node_config.get("InstanceType")
+        if instance is None and not misspelt:
+            problems.append(FieldError(here + ("node_config", "InstanceType"), "missing. To "
+                                       "fix: name the EC2 instance type"))
+        elif instance is not None and region and instance not in known:
+            problems.append(FieldError(here + ("node_config", "InstanceType"), f"{instance!r} "
+                                       f"is not an offer in {region}. To fix: use one of "
+                                       + ", ".join(sorted(known))))
+        options = node_config.get("InstanceMarketOptions")
+        if options is not None and str(options.get("MarketType", "")).lower() != "spot":
+            problems.append(FieldError(here + ("node_config", "InstanceMarketOptions"),
+                                       "MarketType must be 'spot' (leave the block out for "
+                                       "on-demand)"))
+    return problems
+
+
+def node_type_bindings(document: dict[str, Any], catalog: OfferCatalog
+                       ) -> dict[str, NodeTypeBinding]:
+    """The offer and market each worker node type buys; SpecError lists every problem."""
+    problems = check_cluster_config(document, catalog)
+    if problems:
+        raise SpecError(problems, "cluster config")
+    region = (document.get("provider") or {}).get("region")
+    bindings = {}
+    for name, spec in _worker_types(document).items():
+        node_config = spec.get("node_config") or {}
+        offer = next(o for o in catalog.offers if o.provider == "aws" and o.region == region
+                     and o.instance_type == node_config["InstanceType"])
+        bindings[name] = NodeTypeBinding(offer=offer.id, market=_market(node_config),
+                                         max_nodes=spec.get("max_workers", 0))
+    return bindings
+
+
+def validate_with_ray(document: dict[str, Any], fill_defaults: bool = True) -> None:
+    """Ray's own schema check of a cluster config, offline; raises its error. fill_defaults:
+    merge the provider's defaults first, as `ray up` does (the fake multi-node provider's
+    defaults file is missing from Ray's wheel: check its configs as written)."""
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    document = copy.deepcopy(document)
+    validate_config(prepare_config(document) if fill_defaults else document)

@@ -1,0 +1,115 @@
+"""cluster.yaml: Ray's own schema, the checks it misses, and the node types it binds to offers;
+the provisioner's requests to the autoscaler for a job, with the request function recorded."""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from raytrain.catalog import snapshot
+from raytrain.cloud.cluster import check_cluster_config, node_type_bindings, validate_with_ray
+from raytrain.errors import SpecError
+from raytrain.serve.provisioning import Provisioner
+from raytrain.spec import JobSpec, JobState, JobStatus, ServiceConfig
+
+REPO = Path(__file__).resolve().parents[2]
+CLUSTER = yaml.safe_load((REPO / "cluster.yaml").read_text())
+
+
+def test_the_shipped_cluster_configs_pass_rays_schema_and_ours() -> None:
+    validate_with_ray(CLUSTER)
+    assert check_cluster_config(CLUSTER, snapshot()) == []
+    bindings = node_type_bindings(CLUSTER, snapshot())
+    assert {name: (b.offer, b.market) for name, b in bindings.items()} == {
+        "p5-spot": ("aws/us-east-1/p5.48xlarge", "spot"),
+        "p5-on-demand": ("aws/us-east-1/p5.48xlarge", "on-demand"),
+        "g6e-spot": ("aws/us-east-1/g6e.12xlarge", "spot"),
+        "g6e-on-demand": ("aws/us-east-1/g6e.12xlarge", "on-demand"),
+    }
+    fake = yaml.safe_load((REPO / "cluster/local-fake.yaml").read_text())
+    validate_with_ray(fake, fill_defaults=False)
+    assert check_cluster_config(fake, snapshot()) == []
+
+
+def _broken(change: Any) -> dict[str, Any]:
+    document = copy.deepcopy(CLUSTER)
+    change(document)
+    return document
+
+
+@pytest.mark.parametrize("change, where, says", [
+    (lambda d: d["provider"].pop("region"), ("provider", "region"), "needs a region"),
+    (lambda d: d["available_node_types"]["p5-spot"].update(min_workers=5),
+     ("available_node_types", "p5-spot", "min_workers"), "exceeds max_workers"),
+    (lambda d: d["available_node_types"]["g6e-spot"]["node_config"].update(
+        InstanceType="g9z.huge"), ("available_node_types", "g6e-spot", "node_config",
+                                   "InstanceType"), "not an offer in us-east-1"),
+    (lambda d: d["available_node_types"]["p5-on-demand"]["node_config"].update(
+        instanceType=d["available_node_types"]["p5-on-demand"]["node_config"].pop(
+            "InstanceType")), ("available_node_types", "p5-on-demand", "node_config",
+                               "instanceType"), "misspelt"),
+    (lambda d: d["available_node_types"]["p5-spot"].update(resources={"GPU": 8}),
+     ("available_node_types", "p5-spot", "resources"), "custom resource 'p5-spot'"),
+    (lambda d: d["available_node_types"]["p5-spot"]["node_config"].update(
+        InstanceMarketOptions={"MarketType": "capacity-block"}),
+     ("available_node_types", "p5-spot", "node_config", "InstanceMarketOptions"), "spot"),
+])
+def test_what_rays_schema_lets_through_is_caught(change: Any, where: tuple[str, ...],
+                                                 says: str) -> None:
+    document = _broken(change)
+    problems = check_cluster_config(document, snapshot())
+    assert [p.loc for p in problems] == [where] and says in problems[0].msg
+    with pytest.raises(SpecError):
+        node_type_bindings(document, snapshot())
+
+
+def test_rays_schema_catches_what_it_knows() -> None:
+    with pytest.raises(Exception, match="max_wrkers|Additional properties"):
+        validate_with_ray(_broken(lambda d: d.update(max_wrkers=3)))
+
+
+def _job(spec: dict[str, Any]) -> JobStatus:
+    return JobStatus(id="j1", state=JobState.PENDING, spec=JobSpec.model_validate(spec),
+                     created_at=time.time())
+
+
+def test_the_provisioner_requests_the_chosen_node_type_and_moves_when_it_does_not_come(
+) -> None:
+    requests: list[list[dict[str, float]]] = []
+    config = ServiceConfig(node_types=node_type_bindings(CLUSTER, snapshot()))
+    provisioner = Provisioner(config, request=requests.append)
+    job = _job({
+        "model": {"gpt": {"vocab_size": 32000, "dim": 2048, "num_layers": 16, "num_heads": 16,
+                          "max_seq_len": 2048}},
+        "data": {"seq_len": 2048},
+        "training": {"steps": 20000, "global_batch_size": 64, "micro_batch_size": 4,
+                     "precision": "bf16"},
+        "parallel": {"strategy": "auto"},
+        "resources": {"num_workers": 8, "gpus_per_worker": 1, "accelerator": "h100-sxm"},
+        "capacity": {"policy": "cost-first"},
+    })
+    placement = provisioner.place(job, now=time.time())
+    assert placement is not None
+    first = job.decisions[-1]
+    assert placement.node_type in config.node_types and first.action == "start"
+    assert requests[-1] == [{placement.node_type: 1.0}] * placement.nodes
+    assert placement.worker_resources == {placement.node_type: round(1 / 8 if "p5" in
+                                           placement.node_type else 1 / 4, 4)}
+    assert placement.spec.resources.num_workers == placement.workers
+    assert job.resources.node_type == placement.node_type and job.resources.hourly_usd > 0
+    # The nodes do not come: that offer and market are off the table for this job.
+    moved = provisioner.capacity_missing(job, now=time.time())
+    assert moved is not None and (moved.option.offer.id, moved.option.market) != (
+        placement.option.offer.id, placement.option.market)
+    assert job.decisions[-1].event == "capacity-missing"
+    assert requests[-1] == [{moved.node_type: 1.0}] * moved.nodes
+    provisioner.release(job.id)
+    assert requests[-1] == []
+    with_unknown = _job({"capacity": {"policy": "cheapest-ever"}})
+    error = provisioner.policy_error(with_unknown.spec)
+    assert error is not None and error.loc == ("capacity", "policy") and "cost-first" in error.msg
