@@ -25,6 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
+import yaml
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
@@ -327,7 +328,53 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def _service_config(args: argparse.Namespace) -> ServiceConfig:
-    return ServiceConfig(state_dir=args.state_dir, allowed_import_packages=args.allow_import or [])
+    """The service's config: a --config YAML if given, then each flag given on top; with
+    --cluster-config, the node types the service may buy, each bound to its offer (checked
+    before anything starts)."""
+    base: dict[str, Any] = {}
+    if getattr(args, "config", None):
+        base = _read_yaml(Path(args.config), "service config")
+        base = _absolute_paths(base, Path(args.config).expanduser().resolve().parent)
+    flags = _absolute_paths({
+        "state_dir": args.state_dir,
+        "allowed_import_packages": args.allow_import,
+        "storage_path": getattr(args, "storage_path", None),
+        "offers_file": getattr(args, "offers_file", None),
+        "policy_dir": getattr(args, "policy_dir", None),
+        "default_policy": getattr(args, "default_policy", None),
+    }, Path.cwd())
+    try:
+        config = ServiceConfig.model_validate(
+            {**base, **{k: v for k, v in flags.items() if v is not None}})
+    except ValidationError as exc:
+        raise spec_error_from_validation(exc, source="service config") from None
+    cluster_path = getattr(args, "cluster_config", None)
+    if cluster_path:
+        from raytrain.cloud.cluster import load_cluster_config, node_type_bindings
+        from raytrain.serve.provisioning import catalog_for
+
+        bindings = node_type_bindings(load_cluster_config(Path(cluster_path)),
+                                      catalog_for(config))
+        config = config.model_copy(update={"node_types": bindings})
+    return config
+
+
+def _absolute_paths(values: dict[str, Any], base: Path) -> dict[str, Any]:
+    """Relative paths made absolute against `base`: the service's actors run elsewhere."""
+    paths = ("state_dir", "storage_path", "offers_file", "policy_dir")
+    return {k: str(base / Path(v).expanduser()) if k in paths and isinstance(v, str)
+            and not Path(v).expanduser().is_absolute() else v for k, v in values.items()}
+
+
+def _read_yaml(path: Path, what: str) -> dict[str, Any]:
+    try:
+        document = yaml.safe_load(path.expanduser().read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise SpecError([FieldError(("config",), f"cannot read {path}: {exc}. To fix: give "
+                                    f"the path of a {what} YAML")], what) from None
+    if not isinstance(document, dict):
+        raise SpecError([FieldError(("config",), f"{path} is not a YAML mapping")], what)
+    return document
 
 
 def _require_free_port(host: str, port: int) -> None:
@@ -415,7 +462,9 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     def with_service(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--state-dir", default="~/.raytrain", help="job store and checkpoints")
+        p.add_argument("--state-dir", help="job store and checkpoints (default ~/.raytrain)")
+        p.add_argument("--config", metavar="YAML", help="a service config file (ServiceConfig); "
+                       "flags given override it")
         p.add_argument("--allow-import", action="append", metavar="PACKAGE",
                        help="allow jobs to import factories from PACKAGE (repeatable)")
 
@@ -430,6 +479,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--detach", action="store_true", help="leave it running and return")
+    serve.add_argument("--cluster-config", metavar="YAML",
+                       help="the cluster's launcher YAML: the service buys its worker node "
+                       "types through Ray's autoscaler (default: a fixed cluster)")
+    serve.add_argument("--storage-path", help="checkpoints, on storage every node reaches "
+                       "(default: <state-dir>/jobs)")
+    serve.add_argument("--offers-file", help="offer catalog to use instead of the cached one")
+    serve.add_argument("--policy-dir", help="folder of named policies (default: policies/)")
+    serve.add_argument("--default-policy", help="policy of jobs that name none (cost-first)")
     with_service(serve)
     serve.set_defaults(func=cmd_serve)
 

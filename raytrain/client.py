@@ -27,7 +27,7 @@ from raytrain.errors import (
     ServiceUnreachableError,
     SpecError,
 )
-from raytrain.spec import JobEvent, JobSpec, JobStatus, load_job_spec
+from raytrain.spec import JobEvent, JobSpec, JobStatus, OffersResponse, load_job_spec
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -75,6 +75,16 @@ class Client:
 
     def cancel(self, job_id: str) -> JobStatus:
         return JobStatus.model_validate(self._request("DELETE", f"/v1/jobs/{job_id}", job_id))
+
+    def offers(self, spec: JobSpec | None = None, job_id: str | None = None,
+               policy: str | None = None) -> OffersResponse:
+        """The service's offers; with a spec or a job id, the policy's ranking for it."""
+        if spec is not None:
+            body = {"spec": spec.model_dump(mode="json"), "policy": policy}
+            return OffersResponse.model_validate(self._request("POST", "/v1/offers", json=body))
+        params = {k: v for k, v in (("job", job_id), ("policy", policy)) if v is not None}
+        return OffersResponse.model_validate(
+            self._request("GET", "/v1/offers", job_id, params=params))
 
     def events(self, job_id: str, after: int = -1) -> Iterator[JobEvent]:
         """Follow a job's Server-Sent Events until its `end` event, reconnecting if cut."""

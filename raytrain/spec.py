@@ -661,6 +661,8 @@ class Progress(_Record):
 
 class Resources(_Record):
     accelerator: str = Field("cpu", description="The accelerator kind the workers run on.")
+    node_type: str | None = Field(None, description="The Ray node type, when autoscaled.")
+    offer: str | None = Field(None, description="The offer bought, when autoscaled.")
     market: Literal["local", "spot", "on-demand"] = Field("local", description="How bought.")
     nodes: int = Field(0, description="Nodes the workers span.")
     gpus: float = Field(0, description="GPUs held by the job.")
@@ -713,6 +715,9 @@ class JobStatus(_Record):
     error: str | None = Field(None, description="Why the job failed; null unless FAILED.")
     message: str | None = Field(None, description="What the job waits for, when it waits.")
     checkpoint: CheckpointInfo | None = Field(None, description="The latest durable checkpoint.")
+    decisions: list[DecisionRecord] = Field(
+        default_factory=list, description="The autoscaling policy's decisions, with reasons."
+    )
     result: JobResult | None = Field(None, description="Final figures once SUCCEEDED.")
     created_at: float = Field(description="Unix time of submission.")
     started_at: float | None = Field(None, description="Unix time training first started.")
@@ -854,6 +859,15 @@ class PolicySpec(_Strict):
         return self
 
 
+class OffersRequest(_Strict):
+    """POST /v1/offers: rank the offers for a job that has not been submitted."""
+
+    spec: JobSpec = Field(description="The job to rank offers for.")
+    policy: str | None = Field(None, description="Policy name; default: the job's, else the "
+                               "service's.")
+    keep: int = Field(20, ge=1, le=500, description="How many options to return.")
+
+
 class OfferRow(_Record):
     """One option of the policy's ranking: an offer, a market and a node count for a job."""
 
@@ -881,6 +895,12 @@ class OffersResponse(_Record):
     policy: str | None = Field(None, description="The policy that ranked, with a job.")
     ranking: list[OfferRow] = Field(default_factory=list)
     decision: str | None = Field(None, description="What the policy would do, and why.")
+
+
+class NodeTypeBinding(_Strict):
+    offer: str = Field(description="Id of the offer the node type buys (provider/region/type).")
+    market: Market = Field(description="spot or on-demand.")
+    max_nodes: int = Field(0, ge=0, description="The node type's max_workers; 0: no limit.")
 
 
 class DecisionRecord(_Record):
@@ -919,6 +939,22 @@ class ServiceConfig(_Strict):
     )
     scheduler_interval_s: float = Field(
         1.0, gt=0, le=60, description="How often queued jobs are checked against free capacity."
+    )
+    node_types: dict[str, NodeTypeBinding] = Field(
+        default_factory=dict,
+        description="Ray node types the service may ask the autoscaler for, each with the "
+        "offer and market it buys (`raytrain serve --cluster-config` fills it from a cluster "
+        "YAML). Empty: a fixed cluster; jobs run on what is there.",
+    )
+    offers_file: str | None = Field(
+        None, description="An offer catalog (YAML or JSON) to use instead of the refreshed "
+        "cache in state_dir or the shipped snapshot.",
+    )
+    policy_dir: str | None = Field(
+        None, description="Folder of named policies; default: policies/ of the installation."
+    )
+    default_policy: str = Field(
+        "cost-first", description="The policy of jobs that name none."
     )
 
     @property

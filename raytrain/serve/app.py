@@ -24,6 +24,8 @@ from raytrain.spec import (
     JobSpec,
     JobState,
     JobStatus,
+    OffersRequest,
+    OffersResponse,
     PlanRequest,
     PlanResponse,
     ServiceConfig,
@@ -174,6 +176,19 @@ class RaytrainAPI:
                 "loc": ["body", "spec", "parallel"], "msg": str(exc),
                 "type": "nothing_fits", "suggestions": exc.suggestions,
             }]) from None
+
+    @api.get("/v1/offers", response_model=OffersResponse)
+    async def offers(self, job: str | None = None, policy: str | None = None,
+                     keep: int = 20) -> dict[str, Any]:
+        """The instance offers with current prices; with `?job=ID`, the policy's ranking of
+        offer x market x node count for that job."""
+        return _unwrap(await self.manager.offers.remote(None, policy, keep, job))
+
+    @api.post("/v1/offers", response_model=OffersResponse)
+    async def rank_offers(self, request: OffersRequest) -> dict[str, Any]:
+        """The policy's ranking for a job spec, nothing submitted."""
+        return _unwrap(await self.manager.offers.remote(
+            request.spec.model_dump(mode="json"), request.policy, request.keep))
 
     @api.get("/healthz")
     async def healthz(self) -> dict[str, str]:

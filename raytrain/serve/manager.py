@@ -32,6 +32,8 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from raytrain.core.capacity import admit, worker_group_demand
 from raytrain.errors import SpecError
+from raytrain.offers import offers_response
+from raytrain.serve.provisioning import Provisioner
 from raytrain.serve.store import JobStore
 from raytrain.spec import (
     CheckpointInfo,
@@ -56,6 +58,7 @@ PROGRESS_PERSIST_INTERVAL_S = 5.0
 # How long a cancelled worker group has to leave on its own before it is killed.
 CANCEL_GRACE_S = 20.0
 EVENTS_KEPT_PER_JOB = 5000
+HEAD_NODE_RESOURCE = "node:__internal_head__"
 
 
 @ray.remote(num_cpus=0)
@@ -63,7 +66,8 @@ class JobRunner:
     """Runs one job's `fit()`; killing this actor stops the job."""
 
     def run(
-        self, spec_json: dict[str, Any], job_id: str, checkpoint_root: str, run_root: str
+        self, spec_json: dict[str, Any], job_id: str, checkpoint_root: str, run_root: str,
+        worker_resources: dict[str, float] | None = None,
     ) -> None:
         from raytrain.train.launcher import run_training_job
 
@@ -73,6 +77,7 @@ class JobRunner:
             Path(checkpoint_root),
             Path(run_root),
             (NAMESPACE, MANAGER_NAME),
+            worker_resources or {},
         )
 
 
@@ -86,6 +91,8 @@ class _Run:
     result: dict[str, Any] | None = None
     placement_group: str | None = None  # reported by rank 0; lets a hard stop free it
     stop_deadline: float | None = None  # set when the job was asked to stop
+    billed_since: float | None = None  # unix time the job's bought nodes started to count
+    cost_before: float = 0.0  # dollars spent before this run
 
 
 @dataclass
@@ -140,6 +147,7 @@ class JobManager:
         self._events: dict[str, _EventLog] = {job_id: _EventLog() for job_id in self._jobs}
         self._runs: dict[str, _Run] = {}
         self._persisted_at: dict[str, float] = {}
+        self._provisioner = Provisioner(self.config)
         for job in list(self._jobs.values()):
             if not job.state.is_terminal:
                 self._requeue_after_restart(job)
@@ -153,6 +161,9 @@ class JobManager:
         try:
             spec = parse_job_spec(document)
             check_imports_allowed(spec, self.config.allowed_import_packages)
+            policy_error = self._provisioner.policy_error(spec)
+            if policy_error is not None:
+                raise SpecError([policy_error])
         except SpecError as exc:
             return {"error": "spec", "detail": [e.to_json() for e in exc.errors]}
         now = time.time()
@@ -171,6 +182,26 @@ class JobManager:
             self._transition(job, JobState.PENDING, "queued")
         logger.info("job %s submitted: %s", job.id, spec.name)
         return {"ok": job.model_dump(mode="json")}
+
+    def offers(self, spec_json: dict[str, Any] | None, policy: str | None, keep: int,
+               job_id: str | None = None) -> dict[str, Any]:
+        """The catalog, and the policy's ranking for a spec or an existing job."""
+        with self._lock:
+            if job_id is not None:
+                job = self._jobs.get(job_id)
+                if job is None:
+                    return {"error": "not_found", "detail": f"no job with id {job_id!r}"}
+                spec_json = job.spec.model_dump(mode="json")
+        spec = JobSpec.model_validate(spec_json) if spec_json is not None else None
+        provisioner = self._provisioner
+        name = policy or (spec.capacity.policy if spec else None) or self.config.default_policy
+        if name not in provisioner.policies:
+            return {"error": "spec", "detail": [{
+                "loc": ["policy"], "type": "value_error",
+                "msg": f"no policy named {name!r}. To fix: use one of "
+                       + ", ".join(sorted(provisioner.policies))}]}
+        response = offers_response(provisioner.catalog, provisioner.policies[name], spec, keep)
+        return {"ok": response.model_dump(mode="json")}
 
     def list_jobs(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -246,14 +277,15 @@ class JobManager:
             run.placement_group = placement.get("placement_group")
             if job.state.is_terminal:  # cancelled while the group was starting
                 return run.attempt
-            job.resources = Resources(
-                accelerator=placement["accelerator"],
-                market="local",
-                nodes=placement["nodes"],
-                gpus=run.demand.get("GPU", 0.0),
-                cpus=run.demand.get("CPU", 0.0),
-                hourly_usd=0.0,
-            )
+            if job.resources.node_type is None:  # a fixed cluster: what the workers found
+                job.resources = Resources(
+                    accelerator=placement["accelerator"],
+                    market="local",
+                    nodes=placement["nodes"],
+                    gpus=run.demand.get("GPU", 0.0),
+                    cpus=run.demand.get("CPU", 0.0),
+                    hourly_usd=0.0,
+                )
             if job.started_at is None:
                 job.started_at = time.time()
             if run.attempt == 1 and job.restarts == 0:
@@ -280,6 +312,7 @@ class JobManager:
             if payload["step"] < run.progress_step:  # overtaken by a later report
                 return {"stop": False}
             run.progress_step = payload["step"]
+            self._bill(job, run)
             if job.state == JobState.RECOVERING:
                 self._transition(job, JobState.RUNNING, "training")
             job.progress = Progress.model_validate(
@@ -344,6 +377,7 @@ class JobManager:
 
     def _finish(self, job: JobStatus, run: _Run) -> None:
         job.finished_at = time.time()
+        self._bill(job, run)
         try:
             ray.get(run.done)
             error = None if run.result else "training ended without a final report"
@@ -362,13 +396,16 @@ class JobManager:
 
     def _start_queued(self) -> None:
         with self._lock:
-            if not any(job.state == JobState.PENDING for job in self._jobs.values()):
+            if not any(self._waiting(job) for job in self._jobs.values()):
                 return  # nothing waits: spare the GCS a resource query every tick
         total = {k: float(v) for k, v in ray.cluster_resources().items()}
         with self._lock:
             held = [run.demand for run in self._runs.values()]
             for job in list(self._jobs.values()):
-                if job.state != JobState.PENDING:
+                if not self._waiting(job):
+                    continue
+                if self._provisioner.enabled:
+                    self._start_on_bought_nodes(job, total, held)
                     continue
                 resources = job.spec.resources
                 demand = worker_group_demand(
@@ -380,16 +417,54 @@ class JobManager:
                         logger.info("job %s queued: %s", job.id, decision.reason)
                         self._transition(job, JobState.PENDING, decision.reason)
                     break  # first in, first out: later jobs wait behind this one
-                self._launch(job, demand)
+                self._launch(job, job.spec, demand)
                 held.append(demand)
 
-    def _launch(self, job: JobStatus, demand: dict[str, float]) -> None:
+    def _waiting(self, job: JobStatus) -> bool:
+        """Queued, or (autoscaled) provisioning with its nodes not yet up."""
+        return job.state == JobState.PENDING or (
+            job.state == JobState.PROVISIONING and job.id not in self._runs)
+
+    def _start_on_bought_nodes(self, job: JobStatus, total: dict[str, float],
+                               held: list[dict[str, float]]) -> None:
+        """An autoscaled job: decide and request its nodes, start it once they are up, and
+        decide again if they do not come in time. Jobs do not queue behind each other: each
+        gets nodes of its own."""
+        now = time.time()
+        before = (job.message, len(job.decisions))
+        placement = self._provisioner.place(job, now)
+        if placement is not None and now - placement.requested_at > \
+                self._provisioner.policy_for(job.spec).capacity_wait_s:
+            placement = self._provisioner.capacity_missing(job, now)
+        if placement is None:
+            if (job.message, len(job.decisions)) != before:
+                self._transition(job, JobState.PENDING, job.message or "waiting for capacity")
+            return
+        resources = placement.spec.resources
+        demand = {**worker_group_demand(placement.workers, resources.cpus_per_worker,
+                                        resources.gpus_per_worker), **placement.demand}
+        if not admit(demand, total, held).fits:
+            if (job.message, len(job.decisions)) != before:
+                self._transition(job, JobState.PROVISIONING, job.message or "requesting nodes")
+            return
+        self._launch(job, placement.spec, demand, placement.worker_resources)
+        held.append(demand)
+
+    def _launch(self, job: JobStatus, spec: JobSpec, demand: dict[str, float],
+                worker_resources: dict[str, float] | None = None) -> None:
         root = self.config.checkpoint_root / job.id
-        runner = JobRunner.options(name=f"raytrain-job-{job.id}", namespace=NAMESPACE).remote()
+        # On the head node: Ray Train puts its controller (and Ray Data its detached
+        # autoscaling coordinator) beside the caller, and a bought node that keeps any actor
+        # is never idle, so the autoscaler would never let it go.
+        runner = JobRunner.options(name=f"raytrain-job-{job.id}", namespace=NAMESPACE,
+                                   resources={HEAD_NODE_RESOURCE: 0.001}).remote()
         done = runner.run.remote(
-            job.spec.model_dump(mode="json"), job.id, str(root / "checkpoints"), str(root / "ray")
+            spec.model_dump(mode="json"), job.id, str(root / "checkpoints"), str(root / "ray"),
+            worker_resources,
         )
-        self._runs[job.id] = _Run(runner=runner, done=done, demand=demand)
+        self._runs[job.id] = _Run(runner=runner, done=done, demand=demand,
+                                  billed_since=time.time() if worker_resources else None,
+                                  cost_before=job.cost_usd)
         self._transition(job, JobState.PROVISIONING, "starting the worker group")
         logger.info("job %s launched with %s", job.id, demand)
 
@@ -411,8 +486,19 @@ class JobManager:
         self._save(job)
 
     def _end(self, job: JobStatus) -> None:
-        """Close the job's event stream; callers have saved the final record in _transition."""
+        """Close the job's event stream and withdraw its request for nodes; callers have saved
+        the final record in _transition."""
+        self._provisioner.release(job.id)
+        run = self._runs.get(job.id)
+        if run is not None:
+            self._bill(job, run)
         self._emit(job.id, "end", {"state": job.state.value, "error": job.error})
+
+    def _bill(self, job: JobStatus, run: _Run) -> None:
+        """Dollars spent: what earlier runs cost plus this run's nodes for as long as held."""
+        if run.billed_since is not None:
+            held_h = (time.time() - run.billed_since) / 3600
+            job.cost_usd = run.cost_before + held_h * job.resources.hourly_usd
 
     def _emit(self, job_id: str, kind: str, data: dict[str, Any]) -> None:
         log = self._events[job_id]
@@ -466,7 +552,7 @@ def get_or_create_manager(config: ServiceConfig) -> ActorHandle:
         get_if_exists=True,
         num_cpus=0,
         max_concurrency=64,
-        resources={"node:__internal_head__": 0.001},
+        resources={HEAD_NODE_RESOURCE: 0.001},
     ).remote(config.model_dump(mode="json"))
 
 

@@ -120,9 +120,12 @@ def build_trainer(
     checkpoint_root: Path,
     run_root: Path,
     manager: tuple[str, str],
+    worker_resources: dict[str, float] | None = None,
 ) -> TorchTrainer:
+    """worker_resources: custom resources each worker also asks for (the share of a bought
+    node type's resource that pins the worker to those nodes)."""
     resources = spec.resources
-    per_worker: dict[str, float] = {"CPU": resources.cpus_per_worker}
+    per_worker: dict[str, float] = {"CPU": resources.cpus_per_worker, **(worker_resources or {})}
     if resources.use_gpu:
         per_worker["GPU"] = resources.gpus_per_worker
     threads = threads_per_worker(spec)
@@ -159,8 +162,9 @@ def build_trainer(
 
 
 def run_training_job(
-    spec: JobSpec, job_id: str, checkpoint_root: Path, run_root: Path, manager: tuple[str, str]
+    spec: JobSpec, job_id: str, checkpoint_root: Path, run_root: Path, manager: tuple[str, str],
+    worker_resources: dict[str, float] | None = None,
 ) -> None:
     """Block until the job's training finishes; raise ray.train.TrainingFailedError if it fails."""
     os.makedirs(run_root, exist_ok=True)
-    build_trainer(spec, job_id, checkpoint_root, run_root, manager).fit()
+    build_trainer(spec, job_id, checkpoint_root, run_root, manager, worker_resources).fit()
