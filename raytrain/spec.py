@@ -694,6 +694,23 @@ class CheckpointInfo(_Record):
     path: str = Field(description="Directory of the checkpoint.")
 
 
+class PreemptionRecord(_Record):
+    time: float = Field(description="Unix time the workers stopped (or were lost).")
+    notice: bool = Field(description="Whether an interruption notice came first.")
+    reached_step: int = Field(description="Last step the job reported before it stopped.")
+    checkpoint_step: int | None = Field(description="The checkpoint it resumes from.")
+    lost_steps: int = Field(description="Steps trained since that checkpoint, to redo.")
+    notice_to_checkpoint_s: float | None = Field(
+        None, description="From the notice to the checkpoint being durable.")
+    capacity_to_first_step_s: float | None = Field(
+        None, description="From the new capacity in hand to the first step after resuming.")
+    down_s: float | None = Field(None, description="From stopping to training again.")
+    before: str = Field(description="Nodes and layout before.")
+    after: str | None = Field(None, description="Nodes and layout after resuming.")
+    extra_cost_usd: float = Field(
+        0.0, description="Nodes billed while the job was down, plus the lost steps' time.")
+
+
 class JobResult(_Record):
     first_loss: float = Field(description="Loss of the first step of the job.")
     final_loss: float = Field(description="Loss of the last step.")
@@ -718,6 +735,9 @@ class JobStatus(_Record):
     decisions: list[DecisionRecord] = Field(
         default_factory=list, description="The autoscaling policy's decisions, with reasons."
     )
+    preemption_log: list[PreemptionRecord] = Field(
+        default_factory=list, description="Every preemption survived: what it cost."
+    )
     result: JobResult | None = Field(None, description="Final figures once SUCCEEDED.")
     created_at: float = Field(description="Unix time of submission.")
     started_at: float | None = Field(None, description="Unix time training first started.")
@@ -726,7 +746,7 @@ class JobStatus(_Record):
 
 class JobEvent(_Record):
     seq: int = Field(description="Position in the job's event stream, from 0.")
-    type: Literal["state", "progress", "checkpoint", "end"]
+    type: Literal["state", "progress", "checkpoint", "preemption", "end"]
     job_id: str
     time: float
     data: dict[str, Any] = Field(default_factory=dict)
@@ -955,6 +975,12 @@ class ServiceConfig(_Strict):
     )
     default_policy: str = Field(
         "cost-first", description="The policy of jobs that name none."
+    )
+    interruption_endpoint: str | None = Field(
+        "http://169.254.169.254",
+        description="Instance metadata service every worker watches for spot interruption "
+        "notices (IMDSv2); null: do not watch. Where there is none, the watcher stops after "
+        "its first try.",
     )
 
     @property

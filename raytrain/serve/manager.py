@@ -43,6 +43,7 @@ from raytrain.spec import (
     JobState,
     JobStatus,
     PlanSummary,
+    PreemptionRecord,
     Progress,
     Resources,
     ServiceConfig,
@@ -59,6 +60,9 @@ PROGRESS_PERSIST_INTERVAL_S = 5.0
 CANCEL_GRACE_S = 20.0
 EVENTS_KEPT_PER_JOB = 5000
 HEAD_NODE_RESOURCE = "node:__internal_head__"
+# After an interruption notice the instance goes within two minutes; wait that long at most
+# for the noticed nodes to leave before resuming on the same node type.
+NOTICE_GRACE_S = 150.0
 
 
 @ray.remote(num_cpus=0)
@@ -68,6 +72,7 @@ class JobRunner:
     def run(
         self, spec_json: dict[str, Any], job_id: str, checkpoint_root: str, run_root: str,
         worker_resources: dict[str, float] | None = None,
+        interruption_endpoint: str | None = None,
     ) -> None:
         from raytrain.train.launcher import run_training_job
 
@@ -78,6 +83,7 @@ class JobRunner:
             Path(run_root),
             (NAMESPACE, MANAGER_NAME),
             worker_resources or {},
+            interruption_endpoint,
         )
 
 
@@ -93,6 +99,9 @@ class _Run:
     stop_deadline: float | None = None  # set when the job was asked to stop
     billed_since: float | None = None  # unix time the job's bought nodes started to count
     cost_before: float = 0.0  # dollars spent before this run
+    launched_at: float = 0.0  # unix time: capacity in hand, worker group asked for
+    nodes_at_launch: frozenset[str] = frozenset()  # bought nodes alive at launch (Ray ids)
+    describe: str = ""  # nodes and layout, for the preemption log
 
 
 @dataclass
@@ -148,6 +157,8 @@ class JobManager:
         self._runs: dict[str, _Run] = {}
         self._persisted_at: dict[str, float] = {}
         self._provisioner = Provisioner(self.config)
+        # Jobs resuming after a notice: (until, nodes) - wait for those nodes to go first.
+        self._leaving: dict[str, tuple[float, set[str]]] = {}
         for job in list(self._jobs.values()):
             if not job.state.is_terminal:
                 self._requeue_after_restart(job)
@@ -275,6 +286,7 @@ class JobManager:
             run.attempt += 1
             run.progress_step = -1
             run.placement_group = placement.get("placement_group")
+            self._provisioner.handed_over(job_id)
             if job.state.is_terminal:  # cancelled while the group was starting
                 return run.attempt
             if job.resources.node_type is None:  # a fixed cluster: what the workers found
@@ -311,8 +323,11 @@ class JobManager:
                 return {"stop": True}
             if payload["step"] < run.progress_step:  # overtaken by a later report
                 return {"stop": False}
+            first_report = run.progress_step < 0
             run.progress_step = payload["step"]
             self._bill(job, run)
+            if first_report and job.preemption_log and job.preemption_log[-1].after is None:
+                self._resumed_after_preemption(job, run)
             if job.state == JobState.RECOVERING:
                 self._transition(job, JobState.RUNNING, "training")
             job.progress = Progress.model_validate(
@@ -350,6 +365,7 @@ class JobManager:
             try:
                 self._reap_finished()
                 self._start_queued()
+                self._provisioner.refresh(time.time())
             except Exception:  # keep scheduling whatever one job did
                 logger.exception("scheduler pass failed")
             self._stopping.wait(self.config.scheduler_interval_s)
@@ -376,17 +392,19 @@ class JobManager:
                     _hard_stop(run)
 
     def _finish(self, job: JobStatus, run: _Run) -> None:
-        job.finished_at = time.time()
         self._bill(job, run)
         try:
             ray.get(run.done)
             error = None if run.result else "training ended without a final report"
         except Exception as exc:  # the worker's error, wrapped by Ray
             error = _describe_failure(exc)
+        if run.billed_since is not None and self._recovered(job, run, error):
+            return
+        job.finished_at = time.time()
         if error is None:
             assert run.result is not None
             job.result = JobResult.model_validate(
-                {k: v for k, v in run.result.items() if k != "stopped"}
+                {k: run.result[k] for k in JobResult.model_fields}
             )
             self._transition(job, JobState.SUCCEEDED, "finished")
         else:
@@ -423,7 +441,8 @@ class JobManager:
     def _waiting(self, job: JobStatus) -> bool:
         """Queued, or (autoscaled) provisioning with its nodes not yet up."""
         return job.state == JobState.PENDING or (
-            job.state == JobState.PROVISIONING and job.id not in self._runs)
+            job.state in (JobState.PROVISIONING, JobState.RECOVERING)
+            and job.id not in self._runs)
 
     def _start_on_bought_nodes(self, job: JobStatus, total: dict[str, float],
                                held: list[dict[str, float]]) -> None:
@@ -431,6 +450,12 @@ class JobManager:
         decide again if they do not come in time. Jobs do not queue behind each other: each
         gets nodes of its own."""
         now = time.time()
+        leaving = self._leaving.get(job.id)
+        if leaving is not None:  # after a notice: let the noticed nodes go before resuming
+            until, nodes = leaving
+            if now < until and nodes & _alive_nodes():
+                return
+            del self._leaving[job.id]
         before = (job.message, len(job.decisions))
         placement = self._provisioner.place(job, now)
         if placement is not None and now - placement.requested_at > \
@@ -438,20 +463,26 @@ class JobManager:
             placement = self._provisioner.capacity_missing(job, now)
         if placement is None:
             if (job.message, len(job.decisions)) != before:
-                self._transition(job, JobState.PENDING, job.message or "waiting for capacity")
+                state = JobState.RECOVERING if job.state == JobState.RECOVERING \
+                    else JobState.PENDING
+                self._transition(job, state, job.message or "waiting for capacity")
             return
         resources = placement.spec.resources
         demand = {**worker_group_demand(placement.workers, resources.cpus_per_worker,
                                         resources.gpus_per_worker), **placement.demand}
         if not admit(demand, total, held).fits:
             if (job.message, len(job.decisions)) != before:
-                self._transition(job, JobState.PROVISIONING, job.message or "requesting nodes")
+                state = JobState.RECOVERING if job.state == JobState.RECOVERING \
+                    else JobState.PROVISIONING
+                self._transition(job, state, job.message or "requesting nodes")
             return
-        self._launch(job, placement.spec, demand, placement.worker_resources)
+        self._launch(job, placement.spec, demand, placement.worker_resources,
+                     f"{placement.nodes} x {placement.node_type}, "
+                     f"{placement.spec.layout.describe()}")
         held.append(demand)
 
     def _launch(self, job: JobStatus, spec: JobSpec, demand: dict[str, float],
-                worker_resources: dict[str, float] | None = None) -> None:
+                worker_resources: dict[str, float] | None = None, describe: str = "") -> None:
         root = self.config.checkpoint_root / job.id
         # On the head node: Ray Train puts its controller (and Ray Data its detached
         # autoscaling coordinator) beside the caller, and a bought node that keeps any actor
@@ -460,13 +491,68 @@ class JobManager:
                                    resources={HEAD_NODE_RESOURCE: 0.001}).remote()
         done = runner.run.remote(
             spec.model_dump(mode="json"), job.id, str(root / "checkpoints"), str(root / "ray"),
-            worker_resources,
+            worker_resources, self.config.interruption_endpoint,
         )
-        self._runs[job.id] = _Run(runner=runner, done=done, demand=demand,
-                                  billed_since=time.time() if worker_resources else None,
-                                  cost_before=job.cost_usd)
-        self._transition(job, JobState.PROVISIONING, "starting the worker group")
+        now = time.time()
+        bought = set(worker_resources or ())
+        self._runs[job.id] = _Run(
+            runner=runner, done=done, demand=demand,
+            billed_since=now if worker_resources else None, cost_before=job.cost_usd,
+            launched_at=now, describe=describe or spec.layout.describe(),
+            nodes_at_launch=frozenset(_alive_nodes(bought)) if bought else frozenset(),
+        )
+        if job.state != JobState.RECOVERING:
+            self._transition(job, JobState.PROVISIONING, "starting the worker group")
         logger.info("job %s launched with %s", job.id, demand)
+
+    def _recovered(self, job: JobStatus, run: _Run, error: str | None) -> bool:
+        """On bought capacity, the job manager (not Ray Train) restarts a stopped worker
+        group: after a notice (the workers checkpointed and stopped), after a node loss
+        without one (a preemption too: it never uses the failure budget), or after a real
+        error while max_restarts allows. True if the job goes on."""
+        now = time.time()
+        if error is None and run.result and run.result.get("preempted"):
+            notice = True
+        elif error is not None and run.nodes_at_launch - _alive_nodes():
+            notice = False
+        elif error is not None and job.restarts < job.spec.training.max_restarts:
+            job.restarts += 1
+            self._transition(job, JobState.RECOVERING, f"restarting after an error "
+                             f"({job.restarts} of {job.spec.training.max_restarts}): {error}")
+            return True
+        else:
+            return False
+        reached = max(job.progress.step, run.progress_step)
+        saved = job.checkpoint.step if job.checkpoint else None
+        result = run.result or {}
+        noticed, durable = result.get("noticed_at"), result.get("checkpointed_at")
+        record = PreemptionRecord(
+            time=now, notice=notice, reached_step=reached, checkpoint_step=saved,
+            lost_steps=max(0, reached - (saved or 0)),
+            notice_to_checkpoint_s=durable - noticed if noticed and durable else None,
+            before=run.describe,
+        )
+        job.preemptions += 1
+        job.preemption_log.append(record)
+        self._provisioner.preempted(job, now, run.nodes_at_launch)
+        if notice:  # the noticed nodes go within two minutes: do not start on them again
+            self._leaving[job.id] = (now + NOTICE_GRACE_S, set(run.nodes_at_launch))
+        self._emit(job.id, "preemption", record.model_dump(mode="json"))
+        self._transition(job, JobState.RECOVERING, (
+            f"preempted {'after a notice' if notice else 'without notice'} at step {reached}; "
+            f"resuming from step {saved or 0} on the policy's next-best capacity"))
+        return True
+
+    def _resumed_after_preemption(self, job: JobStatus, run: _Run) -> None:
+        now = time.time()
+        last = job.preemption_log[-1]
+        last.after = run.describe
+        last.capacity_to_first_step_s = now - run.launched_at
+        last.down_s = now - last.time
+        step_s = job.plan.measured_step_s if job.plan and job.plan.measured_step_s else 0.0
+        last.extra_cost_usd = job.resources.hourly_usd * (
+            last.down_s + last.lost_steps * step_s) / 3600
+        self._save(job)
 
     def _requeue_after_restart(self, job: JobStatus) -> None:
         was = job.state
@@ -521,6 +607,12 @@ class JobManager:
     def _save(self, job: JobStatus) -> None:
         self._store.put(job)
         self._persisted_at[job.id] = time.monotonic()
+
+
+def _alive_nodes(with_resources: set[str] | None = None) -> set[str]:
+    """Ids of alive Ray nodes (that carry one of `with_resources`, if given)."""
+    return {node["NodeID"] for node in ray.nodes() if node["Alive"] and (
+        not with_resources or with_resources & set(node["Resources"]))}
 
 
 def _hard_stop(run: _Run) -> None:

@@ -9,8 +9,13 @@ land on exactly those nodes. If the nodes do not come within the policy's capaci
 that offer and market are marked unavailable for the job and the policy decides again. When
 the job ends its request is withdrawn and the autoscaler lets the idle nodes go.
 
-`ray.autoscaler.sdk.request_resources` replaces the previous request each time, so one
-object keeps the whole cluster's request: the union of every job's node bundles.
+Requests go through the autoscaling coordinator actor Ray 2.60 itself uses (Ray Train asks
+it for a starting worker group, Ray Data for its operators): it merges every requester's
+bundles into the one `request_resources` call the autoscaler reads, which a direct call would
+overwrite (and be overwritten by). The service's request covers a job from the decision until
+its worker group has started, and again from a preemption until it resumes; while the group
+runs, Ray Train's own request holds the nodes, so the two never count a node twice. Requests
+expire unless refreshed, so a lost job manager cannot hold nodes forever.
 
     provisioner = Provisioner(config)
     placement = provisioner.place(job, now)     # Placement, or None while it waits (job.message says why)
@@ -61,6 +66,8 @@ class Placement:
     spec: JobSpec  # the job's spec with its worker count and accelerator set to the choice
     requested_at: float
     unavailable: frozenset[tuple[str, str]] = frozenset()
+    requesting: bool = True  # False while the job's worker group holds the nodes
+    sent_at: float = 0.0
 
     @property
     def worker_resources(self) -> dict[str, float]:
@@ -72,19 +79,38 @@ class Placement:
         return {self.node_type: float(self.nodes)}
 
 
-def _ray_request(bundles: list[dict[str, float]]) -> None:
-    from ray.autoscaler.sdk import request_resources
+REQUEST_EXPIRE_S = 180.0  # as Ray Train's own requests
+REQUEST_REFRESH_S = 60.0
 
-    request_resources(bundles=bundles)
+
+def _coordinator_request(job_id: str, bundles: list[dict[str, float]]) -> None:
+    """Ask Ray's autoscaling coordinator for `bundles` for the job ([] withdraws)."""
+    from ray.data._internal.cluster_autoscaler.base_autoscaling_coordinator import (
+        ResourceRequestPriority,
+    )
+    from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+        get_or_create_autoscaling_coordinator,
+    )
+
+    coordinator = get_or_create_autoscaling_coordinator()
+    requester = f"raytrain-job-{job_id}"
+    if bundles:
+        coordinator.request_resources.remote(
+            requester_id=requester, resources=bundles, expire_after_s=REQUEST_EXPIRE_S,
+            priority=ResourceRequestPriority.HIGH)
+    else:
+        coordinator.cancel_request.remote(requester)
 
 
 @dataclass
 class Provisioner:
     config: ServiceConfig
-    request: Callable[[list[dict[str, float]]], None] = _ray_request
+    request: Callable[[str, list[dict[str, float]]], None] = _coordinator_request
     catalog: OfferCatalog = field(init=False)
     policies: dict[str, PolicySpec] = field(init=False)
     placements: dict[str, Placement] = field(default_factory=dict)
+    # Spot preemptions this service has seen per offer: (count, node-hours held on spot).
+    history: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.catalog = catalog_for(self.config)
@@ -125,9 +151,34 @@ class Provisioner:
         unavailable = old.unavailable | {(old.option.offer.id, old.option.market)}
         return self._decide(job, now, "capacity-missing", unavailable, old.option)
 
+    def preempted(self, job: JobStatus, now: float, nodes: frozenset[str]) -> Placement | None:
+        """The job's nodes were taken: count it against the offer's spot rate and decide
+        where it resumes (the same kind of nodes, or the next best)."""
+        old = self.placements.get(job.id)
+        if old is None:
+            return self.place(job, now)
+        if old.option.market == "spot":
+            count, hours = self.history.get(old.option.offer.id, (0, 0.0))
+            held_h = (now - old.requested_at) / 3600 * old.nodes
+            self.history[old.option.offer.id] = (count + 1, hours + held_h)
+        return self._decide(job, now, "preemption", old.unavailable, old.option)
+
+    def handed_over(self, job_id: str) -> None:
+        """The job's worker group is up: Ray Train's request holds the nodes now."""
+        placement = self.placements.get(job_id)
+        if placement is not None and placement.requesting:
+            placement.requesting = False
+            self.request(job_id, [])
+
+    def refresh(self, now: float) -> None:
+        """Renew requests before they expire (call it every scheduling pass)."""
+        for job_id, placement in self.placements.items():
+            if placement.requesting and now - placement.sent_at > REQUEST_REFRESH_S:
+                self._send(job_id, placement, now)
+
     def release(self, job_id: str) -> None:
         if self.placements.pop(job_id, None) is not None:
-            self._apply()
+            self.request(job_id, [])
 
     def _bound_offers(self) -> tuple[list[Offer], dict[tuple[str, str], str]]:
         """Offers as the bindings allow them: a market without a node type has no price."""
@@ -153,7 +204,8 @@ class Provisioner:
         spec, policy = job.spec, self.policy_for(job.spec)
         offers, node_type = self._bound_offers()
         throughput = _limit_nodes(job_throughput(spec), self.config, node_type)
-        observed = Observed(unavailable=unavailable, preemptions=job.preemptions)
+        observed = Observed(spot_history=dict(self.history), unavailable=unavailable,
+                            preemptions=job.preemptions)
         goal = job_goal(spec, job.checkpoint.step if job.checkpoint else 0,
                         now - job.created_at, job.cost_usd)
         decision = (redecide(current, event, goal, offers, throughput, policy, observed)
@@ -174,7 +226,7 @@ class Provisioner:
         self.placements.pop(job.id, None)
         if option is None:
             job.message = f"no capacity to buy: {decision.reason}"
-            self._apply()
+            self.request(job.id, [])
             return None
         offer = option.offer
         devices = option.nodes * offer.gpus_per_node
@@ -192,12 +244,12 @@ class Provisioner:
             nodes=option.nodes, gpus=devices * resources.gpus_per_worker if on_gpu else 0.0,
             cpus=devices * resources.cpus_per_worker, hourly_usd=option.usd_per_hour)
         job.message = f"requested {option.nodes} x {placement.node_type} from the autoscaler"
-        self._apply()
+        self._send(job.id, placement, now)
         return placement
 
-    def _apply(self) -> None:
-        bundles = [{p.node_type: 1.0} for p in self.placements.values() for _ in range(p.nodes)]
-        self.request(bundles)
+    def _send(self, job_id: str, placement: Placement, now: float) -> None:
+        placement.sent_at = now
+        self.request(job_id, [{placement.node_type: 1.0}] * placement.nodes)
 
 
 def _limit_nodes(throughput: Callable[[Offer, int], tuple[float, str] | None],

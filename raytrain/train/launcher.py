@@ -27,6 +27,7 @@ import torch
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
+from raytrain.cloud.interruption import Ec2Metadata, Watcher
 from raytrain.spec import JobSpec
 from raytrain.train.loop import WorkerInfo, train
 from raytrain.train.progress import NullSink, ProgressSink
@@ -101,7 +102,13 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
             "nodes": max(1, worker.world_size // max(1, context.get_local_world_size())),
         }
         sink = ManagerSink(ray.get_actor(name, namespace=namespace), config["job_id"], placement)
-    train(spec, worker, sink, Path(config["checkpoint_root"]))
+    endpoint = config.get("interruption_endpoint")
+    watcher = Watcher(Ec2Metadata(endpoint)).start() if endpoint else None
+    try:
+        train(spec, worker, sink, Path(config["checkpoint_root"]), notices=watcher)
+    finally:
+        if watcher is not None:
+            watcher.stop()
 
 
 def _accelerator_name(device: torch.device) -> str:
@@ -121,9 +128,13 @@ def build_trainer(
     run_root: Path,
     manager: tuple[str, str],
     worker_resources: dict[str, float] | None = None,
+    interruption_endpoint: str | None = None,
 ) -> TorchTrainer:
     """worker_resources: custom resources each worker also asks for (the share of a bought
-    node type's resource that pins the worker to those nodes)."""
+    node type's resource that pins the worker to those nodes); with them, a failed worker
+    group is not restarted by Ray Train but handed back to the job manager, which tells a
+    preempted node from a real error. interruption_endpoint: the instance metadata service
+    every worker watches for spot notices (None: none)."""
     resources = spec.resources
     per_worker: dict[str, float] = {"CPU": resources.cpus_per_worker, **(worker_resources or {})}
     if resources.use_gpu:
@@ -137,6 +148,7 @@ def build_trainer(
             "checkpoint_root": str(checkpoint_root),
             "manager": list(manager),
             "threads_per_worker": threads,
+            "interruption_endpoint": interruption_endpoint,
         },
         scaling_config=ScalingConfig(
             num_workers=resources.num_workers,
@@ -147,7 +159,8 @@ def build_trainer(
             name=f"job-{job_id}",
             storage_path=str(run_root),
             failure_config=FailureConfig(
-                max_failures=spec.training.max_restarts, controller_failure_limit=0
+                max_failures=0 if worker_resources else spec.training.max_restarts,
+                controller_failure_limit=0,
             ),
             worker_runtime_env={"env_vars": {
                 "OMP_NUM_THREADS": str(threads),
@@ -164,7 +177,9 @@ def build_trainer(
 def run_training_job(
     spec: JobSpec, job_id: str, checkpoint_root: Path, run_root: Path, manager: tuple[str, str],
     worker_resources: dict[str, float] | None = None,
+    interruption_endpoint: str | None = None,
 ) -> None:
     """Block until the job's training finishes; raise ray.train.TrainingFailedError if it fails."""
     os.makedirs(run_root, exist_ok=True)
-    build_trainer(spec, job_id, checkpoint_root, run_root, manager, worker_resources).fit()
+    build_trainer(spec, job_id, checkpoint_root, run_root, manager, worker_resources,
+                  interruption_endpoint).fit()

@@ -20,7 +20,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -68,11 +68,40 @@ def _vocab_size(spec: JobSpec) -> int | None:
     return spec.model.gpt.vocab_size if spec.model.kind == "gpt" else None
 
 
+class Notices(Protocol):
+    """What a worker hears about its node's fate (raytrain.cloud.interruption.Watcher)."""
+
+    @property
+    def stop_requested(self) -> bool: ...  # the node is being taken: checkpoint and stop
+
+    def take_checkpoint_request(self) -> bool: ...  # it may be: checkpoint now, once
+
+    @property
+    def noticed_at(self) -> float | None: ...  # unix time the interruption notice came
+
+
+class NoNotices:
+    stop_requested = False
+    noticed_at = None
+
+    def take_checkpoint_request(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class Synced:
+    loss: float
+    stop: bool  # the service asked the job to stop
+    checkpoint: bool  # some rank's node may be taken: checkpoint now
+    preempt: bool  # some rank's node is being taken: checkpoint and stop
+
+
 class LossSync:
     """When ranks agree on the loss and on stopping: one small all-reduce every few steps.
 
     Rank 0 alone hears from the service; its stop flag rides in the same all-reduce as the
-    loss, so all ranks leave the loop at the same step. Doing that every step would add a
+    loss, so all ranks leave the loop at the same step. So do each rank's interruption
+    notices: any rank's notice makes every rank checkpoint (and stop) at the same step. Doing that every step would add a
     barrier per step (about 4% of a small model's throughput on 2 CPU ranks, measured with
     benchmarks/loop_overhead.py), so the reduction happens about every `target_s` seconds of
     training instead. The interval is rank 0's choice from its measured step time, and it
@@ -99,26 +128,26 @@ class LossSync:
         self._since += 1
         return forced or self._since >= self.interval
 
-    def reduce(self, loss_sum: torch.Tensor, stop_here: bool) -> tuple[float, bool]:
+    def reduce(self, loss_sum: torch.Tensor, stop_here: bool, checkpoint_here: bool = False,
+               preempt_here: bool = False) -> Synced:
         """Mean loss over data-parallel ranks (others pass 0) and whether any rank was asked to
-        stop; sets the next interval."""
+        stop, to checkpoint, or to checkpoint and stop; sets the next interval."""
         now = self.clock()
         next_interval = 0.0
         if self.rank == 0:
             step_s = (now - self._window_started) / max(1, self._since)
             wanted = self.target_s / step_s if step_s > 0 else self.MAX_INTERVAL
             next_interval = float(min(self.MAX_INTERVAL, max(1, int(wanted))))
-        values = torch.stack([
-            loss_sum.to(torch.float64),
-            torch.tensor(float(stop_here), dtype=torch.float64, device=loss_sum.device),
-            torch.tensor(next_interval, dtype=torch.float64, device=loss_sum.device),
-        ])
+        flags = [float(stop_here), float(checkpoint_here), float(preempt_here), next_interval]
+        values = torch.cat([loss_sum.to(torch.float64).reshape(1),
+                            torch.tensor(flags, dtype=torch.float64, device=loss_sum.device)])
         if self.world_size > 1:
             dist.all_reduce(values)
-        self.interval = max(1, int(values[2])) if self.target_s > 0 else 1
+        self.interval = max(1, int(values[4])) if self.target_s > 0 else 1
         self._since = 0
         self._window_started = now
-        return float(values[0]) / self.dp, bool(values[1] > 0)
+        return Synced(float(values[0]) / self.dp, bool(values[1] > 0), bool(values[2] > 0),
+                      bool(values[3] > 0))
 
 
 def train(
@@ -128,12 +157,16 @@ def train(
     checkpoint_root: Path,
     stop_after_steps: int | None = None,
     progress_interval_s: float = 1.0,
+    notices: Notices | None = None,
 ) -> dict[str, Any]:
     """Train `spec` on this worker; return the final figures (meaningful on rank 0).
 
     `stop_after_steps` ends the run early after that many steps of this call (tests use it to
-    compare a resumed run against an uninterrupted one).
+    compare a resumed run against an uninterrupted one). `notices`: this node's interruption
+    notices; on one, every rank checkpoints at the same step (and stops, for an interruption:
+    the result then says `preempted`).
     """
+    notices = notices or NoNotices()
     training = spec.training
     layout = spec.layout
     if layout.world_size != worker.world_size:
@@ -169,7 +202,7 @@ def train(
     last_step = training.steps
     if stop_after_steps is not None:
         last_step = min(last_step, start_step + stop_after_steps)
-    stopped = False
+    stopped = preempted = False
     steps_done = start_step
     sync = LossSync(worker.world_size, worker.rank, progress_interval_s / 2, dp=layout.dp)
     for step in range(start_step, last_step):
@@ -179,7 +212,11 @@ def train(
             steps_done % training.checkpoint_every_steps == 0 or steps_done == training.steps
         )
         if sync.due(forced=checkpoint_due or steps_done == last_step):
-            loss_value, stopped = sync.reduce(loss_sum, worker.rank == 0 and sink.should_stop())
+            synced = sync.reduce(loss_sum, worker.rank == 0 and sink.should_stop(),
+                                 notices.take_checkpoint_request(), notices.stop_requested)
+            loss_value, preempted = synced.loss, synced.preempt
+            stopped = synced.stop or synced.preempt
+            checkpoint_due = checkpoint_due or synced.checkpoint or synced.preempt
             if meter.record(steps_done, loss_value) and worker.rank == 0:
                 sink.progress(meter.snapshot())
         if checkpoint_due:
@@ -199,14 +236,25 @@ def train(
                 sink.checkpoint(steps_done, str(path))
         if stopped:
             if worker.rank == 0:
-                logger.info("stopping at step %d as the service asked", steps_done)
+                logger.info("stopping at step %d: %s", steps_done,
+                            "the node is being taken" if preempted else "the service asked")
             break
+    noticed_at = notices.noticed_at
+    if preempted and worker.world_size > 1:  # the earliest notice of any rank's node
+        earliest = torch.tensor(noticed_at or float("inf"), dtype=torch.float64,
+                                device=worker.device)
+        dist.all_reduce(earliest, op=dist.ReduceOp.MIN)
+        noticed_at = float(earliest) if float(earliest) != float("inf") else None
     wall_s = time.monotonic() - meter.started_at
     steps_run = steps_done - start_step
     result = {
         "first_loss": meter.first_loss if meter.first_loss is not None else loss_value,
         "final_loss": loss_value,
         "stopped": stopped,
+        "preempted": preempted,
+        # When this rank heard of the interruption, and when its checkpoint was durable.
+        "noticed_at": noticed_at,
+        "checkpointed_at": time.time() if preempted else None,
         "steps": steps_done,
         "train_wall_s": wall_s,
         "tokens_per_s": steps_run * spec.tokens_per_step / wall_s if wall_s > 0 else 0.0,

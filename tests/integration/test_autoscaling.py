@@ -23,7 +23,11 @@ import yaml
 
 from raytrain.client import Client
 from raytrain.spec import JobState
+from raytrain.spec import JobSpec
+from raytrain.train.loop import WorkerInfo, train
+from tests.imds_server import MetadataServer
 from tests.integration.conftest import free_port, wait_for
+from tests.unit.support import RecordingSink
 from tests.integration.test_service import job_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,19 +37,40 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(400)]
 
 
 class FakeCluster:
-    def __init__(self, root: Path, port: int, url: str) -> None:
-        self.root, self.port, self.url = root, port, url
+    def __init__(self, root: Path, port: int, url: str, metadata: MetadataServer) -> None:
+        self.root, self.port, self.url, self.metadata = root, port, url, metadata
         self.address = f"127.0.0.1:{port}"
 
-    def worker_node_types(self) -> list[str]:
-        """The node types of the alive worker nodes (each carries its own type's resource)."""
+    def worker_nodes(self) -> dict[str, str]:
+        """Alive worker nodes: id -> node type (each carries its own type's resource)."""
         out = subprocess.run([sys.executable, "-m", "tests.integration.cluster_probe",
                               self.address], cwd=REPO, capture_output=True, text=True,
                              timeout=60, check=True).stdout
-        types = []
+        nodes = {}
         for node in json.loads(out.strip().splitlines()[-1]):
-            types += [k for k in node["resources"] if k in ("cpu-spot", "cpu-on-demand")]
-        return sorted(types)
+            for kind in ("cpu-spot", "cpu-on-demand"):
+                if kind in node["resources"]:
+                    nodes[node["id"]] = kind
+        return nodes
+
+    def worker_node_types(self) -> list[str]:
+        return sorted(self.worker_nodes().values())
+
+    def take_node(self, node_id: str) -> None:
+        """Take a node away as a cloud would. Killing its processes is not enough: the fake
+        provider would still list it, so the autoscaler would wait for it forever. Instead,
+        its node type's max_workers drops to 0 for a moment (the autoscaler rereads its
+        config every round), and the autoscaler terminates it through the provider."""
+        path = self.root / "cluster.yaml"
+        original = path.read_text()
+        config = yaml.safe_load(original)
+        kind = self.worker_nodes()[node_id]
+        config["available_node_types"][kind]["max_workers"] = 0
+        path.write_text(yaml.safe_dump(config))
+        try:
+            wait_for(lambda: node_id not in self.worker_nodes(), 60, f"{kind} node to go")
+        finally:
+            path.write_text(original)
 
 
 def _stop(root: Path, port: int) -> None:
@@ -72,6 +97,11 @@ def _stop(root: Path, port: int) -> None:
 def fake_cluster() -> Iterator[FakeCluster]:
     root = Path(tempfile.mkdtemp(prefix="rtf", dir="/tmp"))  # short: Ray's socket paths
     port, http_port = free_port(), free_port()
+    metadata = MetadataServer()  # every fake node's instance metadata service
+    service = yaml.safe_load((REPO / "cluster/local-fake-service.yaml").read_text())
+    service["offers_file"] = str(REPO / "cluster" / service["offers_file"])
+    service["interruption_endpoint"] = metadata.url
+    (root / "service.yaml").write_text(yaml.safe_dump(service))
     config = yaml.safe_load((REPO / "cluster/local-fake.yaml").read_text())
     config["provider"]["gcs_address"] = f"127.0.0.1:{port}"
     (root / "cluster.yaml").write_text(yaml.safe_dump(config))
@@ -84,12 +114,13 @@ def fake_cluster() -> Iterator[FakeCluster]:
                         f"--temp-dir={root / 'ray'}"],
                        env=env, check=True, capture_output=True, timeout=120)
         subprocess.run([str(BIN / "raytrain"), "serve", f"--address=127.0.0.1:{port}",
-                        f"--port={http_port}", "--config", str(REPO / "cluster/local-fake-service.yaml"),
+                        f"--port={http_port}", "--config", str(root / "service.yaml"),
                         f"--state-dir={root / 'state'}", "--detach"],
                        env=env, check=True, capture_output=True, timeout=180, cwd=REPO)
-        yield FakeCluster(root, port, f"http://127.0.0.1:{http_port}")
+        yield FakeCluster(root, port, f"http://127.0.0.1:{http_port}", metadata)
     finally:
         _stop(root, port)
+        metadata.close()
 
 
 def test_the_autoscaler_launches_the_chosen_node_type_and_lets_it_go(
@@ -122,3 +153,64 @@ def test_the_autoscaler_launches_the_chosen_node_type_and_lets_it_go(
     offers = client.offers(job_id=job.id)
     assert offers.ranking[0].market == "spot" and offers.decision
     assert offers.source == "file" and offers.offers[0].id == "local/here/cpu-2"
+
+
+def _reference_final_loss(spec: dict, root: Path) -> float:
+    """The same job uninterrupted, in one process (every layout matches it to 1e-5)."""
+    one = JobSpec.model_validate({**spec, "resources": {"num_workers": 1}})
+    sink = RecordingSink()
+    train(one, WorkerInfo.single_process(), sink, root, progress_interval_s=0.0)
+    assert sink.result is not None
+    return sink.result["final_loss"]
+
+
+def _wait_step(client: Client, job_id: str, step: int) -> None:
+    wait_for(lambda: (s := client.get(job_id)).progress.step >= step or s.state.is_terminal,
+             150, f"step {step}")
+
+
+def test_a_notice_checkpoints_at_once_and_the_job_finishes_on_a_replacement_node(
+    fake_cluster: FakeCluster, tmp_path: Path
+) -> None:
+    client = Client(fake_cluster.url)
+    spec = job_spec(steps=300, checkpoint_every=200)
+    job = client.submit(spec)
+    _wait_step(client, job.id, 40)
+    [(node, kind)] = fake_cluster.worker_nodes().items()
+    assert kind == "cpu-spot"
+    fake_cluster.metadata.interrupt()  # AWS: this instance goes in two minutes
+    recovering = wait_for(lambda: (s := client.get(job.id)).preemption_log and s, 60,
+                          "the job to checkpoint on the notice")
+    fake_cluster.metadata.clear()  # the replacement hears no notice
+    record = recovering.preemption_log[0]
+    assert record.notice and record.lost_steps == 0
+    assert record.checkpoint_step == record.reached_step >= 40
+    assert recovering.checkpoint.step == record.checkpoint_step
+    assert record.notice_to_checkpoint_s is not None and record.notice_to_checkpoint_s < 60
+    assert recovering.state == JobState.RECOVERING and recovering.preemptions == 1
+    fake_cluster.take_node(node)  # the instance is taken
+    final = job.wait()
+    assert final.state == JobState.SUCCEEDED, final.error
+    assert final.restarts == 0 and final.preemptions == 1  # the failure budget is untouched
+    done = final.preemption_log[0]
+    assert done.after is not None and done.capacity_to_first_step_s is not None
+    assert node not in fake_cluster.worker_nodes()  # it ran on the replacement
+    assert [d.event for d in final.decisions] == ["submit", "preemption"]
+    assert final.result.final_loss == pytest.approx(
+        _reference_final_loss(spec, tmp_path / "reference"), abs=1e-5)
+
+
+def test_a_node_lost_without_notice_costs_at_most_one_checkpoint_interval(
+    fake_cluster: FakeCluster,
+) -> None:
+    client = Client(fake_cluster.url)
+    job = client.submit(job_spec(steps=200, checkpoint_every=40))
+    _wait_step(client, job.id, 60)  # past the step-40 checkpoint
+    [(node, _)] = fake_cluster.worker_nodes().items()
+    fake_cluster.take_node(node)
+    final = job.wait()
+    assert final.state == JobState.SUCCEEDED, final.error
+    assert final.restarts == 0 and final.preemptions == 1
+    record = final.preemption_log[0]
+    assert not record.notice and record.checkpoint_step is not None
+    assert 0 <= record.lost_steps <= 40 and record.reached_step >= 60

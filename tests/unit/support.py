@@ -57,3 +57,25 @@ def make_dataset(seq_len: int) -> CountingDataset:
 
 def make_tiny_model(vocab_size: int = 50, dim: int = 16) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Embedding(vocab_size, dim), torch.nn.Linear(dim, vocab_size))
+
+
+class NoticeAfter:
+    """An interruption notice heard by one rank only, after `syncs` loss syncs."""
+
+    def __init__(self, rank: int, syncs: int, rebalance_first: bool = False) -> None:
+        self.rank, self.syncs, self.rebalance_first = rank, syncs, rebalance_first
+        self.calls = 0
+        self.noticed_at: float | None = None
+
+    def _mine(self) -> bool:
+        import torch.distributed as dist
+
+        return dist.get_rank() == self.rank
+
+    def take_checkpoint_request(self) -> bool:
+        self.calls += 1
+        return self._mine() and self.rebalance_first and self.calls == self.syncs - 1
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._mine() and self.calls >= self.syncs

@@ -80,9 +80,10 @@ def _job(spec: dict[str, Any]) -> JobStatus:
 
 def test_the_provisioner_requests_the_chosen_node_type_and_moves_when_it_does_not_come(
 ) -> None:
-    requests: list[list[dict[str, float]]] = []
+    sent: list[tuple[str, list[dict[str, float]]]] = []
     config = ServiceConfig(node_types=node_type_bindings(CLUSTER, snapshot()))
-    provisioner = Provisioner(config, request=requests.append)
+    provisioner = Provisioner(config, request=lambda job_id, bundles: sent.append(
+        (job_id, bundles)))
     job = _job({
         "model": {"gpt": {"vocab_size": 32000, "dim": 2048, "num_layers": 16, "num_heads": 16,
                           "max_seq_len": 2048}},
@@ -97,7 +98,7 @@ def test_the_provisioner_requests_the_chosen_node_type_and_moves_when_it_does_no
     assert placement is not None
     first = job.decisions[-1]
     assert placement.node_type in config.node_types and first.action == "start"
-    assert requests[-1] == [{placement.node_type: 1.0}] * placement.nodes
+    assert sent[-1] == ("j1", [{placement.node_type: 1.0}] * placement.nodes)
     assert placement.worker_resources == {placement.node_type: round(1 / 8 if "p5" in
                                            placement.node_type else 1 / 4, 4)}
     assert placement.spec.resources.num_workers == placement.workers
@@ -107,9 +108,15 @@ def test_the_provisioner_requests_the_chosen_node_type_and_moves_when_it_does_no
     assert moved is not None and (moved.option.offer.id, moved.option.market) != (
         placement.option.offer.id, placement.option.market)
     assert job.decisions[-1].event == "capacity-missing"
-    assert requests[-1] == [{moved.node_type: 1.0}] * moved.nodes
+    assert sent[-1] == ("j1", [{moved.node_type: 1.0}] * moved.nodes)
+    # Once the worker group is up Ray Train's own request holds the nodes; ours is renewed
+    # only while it is the one that counts.
+    provisioner.handed_over(job.id)
+    assert sent[-1] == ("j1", [])
+    provisioner.refresh(time.time() + 3600)
+    assert sent[-1] == ("j1", [])
     provisioner.release(job.id)
-    assert requests[-1] == []
+    assert sent[-1] == ("j1", []) and job.id not in provisioner.placements
     with_unknown = _job({"capacity": {"policy": "cheapest-ever"}})
     error = provisioner.policy_error(with_unknown.spec)
     assert error is not None and error.loc == ("capacity", "policy") and "cost-first" in error.msg

@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 from raytrain.spec import JobSpec
 from raytrain.train.checkpoint import latest_checkpoint
 from raytrain.train.loop import WorkerInfo, train
-from tests.unit.support import RecordingSink
+from tests.unit.support import NoticeAfter, RecordingSink
 
 STEPS = 10
 DEVICE = os.environ.get("RAYTRAIN_TEST_DEVICE", "cpu")
@@ -150,6 +150,9 @@ def four_rank_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip("four-rank layouts need 4 GPUs")
     out = tmp_path_factory.mktemp("four")
     cases = [(name, job(4, parallel), {}) for name, parallel in FOUR_RANKS.items()]
+    # A job on 4 workers, cut at step 6 (it resumes on 2 below).
+    cases.append(("cut_dp4", job(4, {"strategy": "data"}, checkpoint_every_steps=6),
+                  {"stop_after_steps": 6}))
     _spawn(4, cases, out)
     return out
 
@@ -195,3 +198,32 @@ def test_a_tp2_checkpoint_resumes_under_dp2_and_one_process(
         assert sorted(resumed) == list(range(7, STEPS + 1))
         for step in resumed:
             assert resumed[step] == pytest.approx(reference[step], abs=1e-5), step
+
+
+def test_a_notice_checkpoints_every_rank_at_one_step_and_a_reshaped_job_continues(
+    four_rank_runs: Path, tmp_path: Path, reference: dict[int, float]
+) -> None:
+    """Rank 1 alone hears an interruption notice (after a rebalance recommendation): both
+    ranks checkpoint at the same step and stop, losing no step; the job resumes from it. And a
+    job cut on 4 workers resumes on 2 from the same kind of checkpoint. Both continue the
+    uninterrupted loss curve to 1e-5, so no sample was skipped or seen twice."""
+    dp2 = {"strategy": "data"}
+    cases = [
+        ("noticed", job(2, dp2), {"notices": NoticeAfter(rank=1, syncs=4,
+                                                         rebalance_first=True)}),
+        ("after_notice", job(2, dp2), {"resume_from": str(tmp_path / "noticed" /
+                                                          "step_000000004")}),
+        ("dp4_on_2", job(2, dp2), {"resume_from": str(four_rank_runs / "cut_dp4" /
+                                                      "step_000000006")}),
+    ]
+    _spawn(2, cases, tmp_path)
+    noticed = tmp_path / "noticed"
+    # The rebalance recommendation checkpointed step 3; the notice step 4, then it stopped.
+    assert sorted(p.name for p in noticed.glob("step_*")) == ["step_000000003",
+                                                               "step_000000004"]
+    assert sorted(_losses(noticed / "losses.json")) == [1, 2, 3, 4]
+    for run, first in (("after_notice", 5), ("dp4_on_2", 7)):
+        resumed = _losses(tmp_path / run / "losses.json")
+        assert sorted(resumed) == list(range(first, STEPS + 1)), run
+        for step in resumed:
+            assert resumed[step] == pytest.approx(reference[step], abs=1e-5), (run, step)

@@ -95,8 +95,8 @@ def test_loss_sync_spaces_reductions_by_measured_step_time() -> None:
     for step in range(1, 41):
         now[0] += 0.1  # 100 ms steps: about one reduction per 5 steps
         if sync.due(forced=step == 40):
-            loss, stop = sync.reduce(torch.tensor(float(step)), stop_here=False)
-            assert loss == step and not stop
+            synced = sync.reduce(torch.tensor(float(step)), stop_here=False)
+            assert synced.loss == step and not (synced.stop or synced.checkpoint or synced.preempt)
             due_steps.append(step)
     assert due_steps[:3] == [1, 6, 11] and due_steps[-1] == 40
     every_step = LossSync(world_size=1, rank=0, target_s=0.0, clock=lambda: now[0])

@@ -1,0 +1,63 @@
+"""A small instance metadata service speaking IMDSv2 on 127.0.0.1, for tests and benchmarks:
+a token from PUT /latest/api/token (401 without one), 404 for the notices until set."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class MetadataServer:
+    def __init__(self) -> None:
+        self.tokens: set[str] = set()
+        self.action: dict[str, str] | None = None
+        self.rebalance: dict[str, str] | None = None
+        self.polls = 0
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_PUT(self) -> None:  # noqa: N802
+                if self.path != "/latest/api/token" or \
+                        "X-aws-ec2-metadata-token-ttl-seconds" not in self.headers:
+                    return self._send(400, "")
+                token = uuid.uuid4().hex
+                server.tokens.add(token)
+                self._send(200, token)
+
+            def do_GET(self) -> None:  # noqa: N802
+                if self.headers.get("X-aws-ec2-metadata-token") not in server.tokens:
+                    return self._send(401, "")
+                server.polls += 1
+                body = {"/latest/meta-data/spot/instance-action": server.action,
+                        "/latest/meta-data/events/recommendations/rebalance":
+                            server.rebalance}.get(self.path)
+                self._send(404, "") if body is None else self._send(200, json.dumps(body))
+
+            def _send(self, code: int, text: str) -> None:
+                data = text.encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._http.server_address[1]}"
+        threading.Thread(target=self._http.serve_forever, daemon=True).start()
+
+    def interrupt(self, action: str = "terminate", time: str = "2026-12-01T12:00:00Z") -> None:
+        self.action = {"action": action, "time": time}
+
+    def recommend_rebalance(self, time: str = "2026-12-01T11:55:00Z") -> None:
+        self.rebalance = {"noticeTime": time}
+
+    def clear(self) -> None:
+        self.action = self.rebalance = None
+
+    def close(self) -> None:
+        self._http.shutdown()
