@@ -697,9 +697,11 @@ class CheckpointInfo(_Record):
 class PreemptionRecord(_Record):
     time: float = Field(description="Unix time the workers stopped (or were lost).")
     notice: bool = Field(description="Whether an interruption notice came first.")
-    reached_step: int = Field(description="Last step the job reported before it stopped.")
+    reached_step: int = Field(description="Step the job reached: exact after a notice; "
+                              "after a loss without one, its last report (a lower bound).")
     checkpoint_step: int | None = Field(description="The checkpoint it resumes from.")
-    lost_steps: int = Field(description="Steps trained since that checkpoint, to redo.")
+    lost_steps: int = Field(description="Steps trained since that checkpoint, to redo (a "
+                            "lower bound without a notice).")
     notice_to_checkpoint_s: float | None = Field(
         None, description="From the notice to the checkpoint being durable.")
     capacity_to_first_step_s: float | None = Field(
@@ -738,6 +740,11 @@ class JobStatus(_Record):
     preemption_log: list[PreemptionRecord] = Field(
         default_factory=list, description="Every preemption survived: what it cost."
     )
+    lost_steps: int = Field(0, description="Steps redone after preemptions, all of them.")
+    down_s: float = Field(0.0, description="Seconds not training after preemptions, in all.")
+    preemption_cost_usd: float = Field(
+        0.0, description="What the preemptions cost in all (nodes held while down, redone "
+        "steps).")
     result: JobResult | None = Field(None, description="Final figures once SUCCEEDED.")
     created_at: float = Field(description="Unix time of submission.")
     started_at: float | None = Field(None, description="Unix time training first started.")

@@ -522,9 +522,11 @@ class JobManager:
             return True
         else:
             return False
-        reached = max(job.progress.step, run.progress_step)
         saved = job.checkpoint.step if job.checkpoint else None
         result = run.result or {}
+        # After a notice the workers say where they stopped; after a loss, the last report
+        # (sent about once a second) is all there is: a lower bound.
+        reached = result.get("steps") or max(job.progress.step, run.progress_step, saved or 0)
         noticed, durable = result.get("noticed_at"), result.get("checkpointed_at")
         record = PreemptionRecord(
             time=now, notice=notice, reached_step=reached, checkpoint_step=saved,
@@ -534,6 +536,7 @@ class JobManager:
         )
         job.preemptions += 1
         job.preemption_log.append(record)
+        job.lost_steps += record.lost_steps
         self._provisioner.preempted(job, now, run.nodes_at_launch)
         if notice:  # the noticed nodes go within two minutes: do not start on them again
             self._leaving[job.id] = (now + NOTICE_GRACE_S, set(run.nodes_at_launch))
@@ -552,6 +555,8 @@ class JobManager:
         step_s = job.plan.measured_step_s if job.plan and job.plan.measured_step_s else 0.0
         last.extra_cost_usd = job.resources.hourly_usd * (
             last.down_s + last.lost_steps * step_s) / 3600
+        job.down_s += last.down_s
+        job.preemption_cost_usd += last.extra_cost_usd
         self._save(job)
 
     def _requeue_after_restart(self, job: JobStatus) -> None:

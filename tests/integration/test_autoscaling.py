@@ -214,3 +214,33 @@ def test_a_node_lost_without_notice_costs_at_most_one_checkpoint_interval(
     record = final.preemption_log[0]
     assert not record.notice and record.checkpoint_step is not None
     assert 0 <= record.lost_steps <= 40 and record.reached_step >= 60
+
+
+def test_six_preemptions_of_both_kinds_and_the_job_still_ends_where_it_would_have(
+    fake_cluster: FakeCluster, tmp_path: Path
+) -> None:
+    client = Client(fake_cluster.url)
+    spec = job_spec(steps=800, checkpoint_every=50)
+    job = client.submit(spec)
+    for fault in range(6):
+        status = client.get(job.id)
+        _wait_step(client, job.id, status.progress.step + 25)
+        wait_for(lambda: client.get(job.id).state == JobState.RUNNING, 150, "training")
+        [node] = fake_cluster.worker_nodes()
+        if fault % 2 == 0:  # a notice first, then the node goes
+            fake_cluster.metadata.interrupt()
+            wait_for(lambda: len(client.get(job.id).preemption_log) == fault + 1, 60,
+                     "the checkpoint on the notice")
+            fake_cluster.metadata.clear()
+        fake_cluster.take_node(node)
+    final = job.wait()
+    assert final.state == JobState.SUCCEEDED, final.error
+    assert final.preemptions == 6 and final.restarts == 0
+    log = final.preemption_log
+    assert [r.notice for r in log] == [True, False] * 3
+    assert all(r.lost_steps == 0 for r in log if r.notice)
+    assert all(r.lost_steps <= 50 for r in log if not r.notice)
+    assert final.lost_steps == sum(r.lost_steps for r in log)
+    assert all(r.after is not None for r in log) and final.down_s > 0
+    assert final.result.final_loss == pytest.approx(
+        _reference_final_loss(spec, tmp_path / "reference"), abs=1e-5)
