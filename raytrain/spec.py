@@ -983,6 +983,10 @@ class ServiceConfig(_Strict):
     default_policy: str = Field(
         "cost-first", description="The policy of jobs that name none."
     )
+    review_interval_s: float = Field(
+        300.0, gt=0, description="How often the policy looks at a running job again (the "
+        "deadline); a change of the offers prompts a look at once.",
+    )
     interruption_endpoint: str | None = Field(
         "http://169.254.169.254",
         description="Instance metadata service every worker watches for spot interruption "

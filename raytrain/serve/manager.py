@@ -102,6 +102,8 @@ class _Run:
     launched_at: float = 0.0  # unix time: capacity in hand, worker group asked for
     nodes_at_launch: frozenset[str] = frozenset()  # bought nodes alive at launch (Ray ids)
     describe: str = ""  # nodes and layout, for the preemption log
+    moving_to: str | None = None  # the policy moves the job: checkpoint, stop, resume there
+    reviewed_at: float = 0.0  # unix time of the policy's last look at the running job
 
 
 @dataclass
@@ -321,6 +323,8 @@ class JobManager:
                 return {"stop": True}  # a report from a run we no longer track
             if run.stop_deadline is not None or job.state.is_terminal:
                 return {"stop": True}
+            if run.moving_to is not None:
+                return {"stop": False, "move": True}
             if payload["step"] < run.progress_step:  # overtaken by a later report
                 return {"stop": False}
             first_report = run.progress_step < 0
@@ -365,6 +369,7 @@ class JobManager:
             try:
                 self._reap_finished()
                 self._start_queued()
+                self._review_running()
                 self._provisioner.refresh(time.time())
             except Exception:  # keep scheduling whatever one job did
                 logger.exception("scheduler pass failed")
@@ -437,6 +442,31 @@ class JobManager:
                     break  # first in, first out: later jobs wait behind this one
                 self._launch(job, job.spec, demand)
                 held.append(demand)
+
+    def _review_running(self) -> None:
+        """Let the policy look at running jobs on bought capacity again: when the offers
+        change (a cheaper one may pay for the move) and every review_interval_s (the
+        deadline). A move happens at a checkpoint taken for it."""
+        if not self._provisioner.enabled:
+            return
+        now = time.time()
+        with self._lock:
+            prices_changed = self._provisioner.reload_if_changed()
+            for job_id, run in self._runs.items():
+                job = self._jobs[job_id]
+                if job.state != JobState.RUNNING or run.moving_to is not None:
+                    continue
+                due = now - run.reviewed_at >= self.config.review_interval_s
+                if not (prices_changed or due):
+                    continue
+                run.reviewed_at = now
+                placement = self._provisioner.review(job, now, "prices" if prices_changed
+                                                     else "progress")
+                if placement is not None:
+                    run.moving_to = f"{placement.nodes} x {placement.node_type}"
+                    job.message = (f"moving to {run.moving_to} at a checkpoint: "
+                                   f"{job.decisions[-1].reason}")
+                    self._save(job)
 
     def _waiting(self, job: JobStatus) -> bool:
         """Queued, or (autoscaled) provisioning with its nodes not yet up."""
@@ -511,6 +541,10 @@ class JobManager:
         without one (a preemption too: it never uses the failure budget), or after a real
         error while max_restarts allows. True if the job goes on."""
         now = time.time()
+        if error is None and run.result and run.result.get("preempted") and run.moving_to:
+            self._transition(job, JobState.RECOVERING, f"moving to {run.moving_to} from step "
+                             f"{run.result.get('steps')}, as the policy decided")
+            return True
         if error is None and run.result and run.result.get("preempted"):
             notice = True
         elif error is not None and run.nodes_at_launch - _alive_nodes():

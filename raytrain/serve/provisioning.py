@@ -31,8 +31,9 @@ from typing import Callable
 
 import yaml
 
-from raytrain.catalog import load_offers, load_policies, parse_offers
+from raytrain.catalog import CACHE_FILE, load_offers, load_policies, parse_offers
 from raytrain.core.autoscale import (
+    Decision,
     Observed,
     Option,
     choose,
@@ -114,6 +115,7 @@ class Provisioner:
 
     def __post_init__(self) -> None:
         self.catalog = catalog_for(self.config)
+        self._catalog_stamp = _catalog_stamp(self.config)
         folder = Path(self.config.policy_dir).expanduser() if self.config.policy_dir else None
         self.policies = load_policies(folder)
         missing = [f"{name} -> {b.offer}" for name, b in self.config.node_types.items()
@@ -198,9 +200,28 @@ class Provisioner:
                 node_type.update({(offer_id, m): n for m, n in markets.items()})
         return offers, node_type
 
-    def _decide(self, job: JobStatus, now: float, event: str,
-                unavailable: frozenset[tuple[str, str]], current: Option | None = None
-                ) -> Placement | None:
+    def review(self, job: JobStatus, now: float, event: str) -> Placement | None:
+        """Decide again for a running job ('progress': the deadline; 'prices': the catalog
+        changed); a new placement when the policy moves it, else None (nothing recorded)."""
+        old = self.placements.get(job.id)
+        if old is None:
+            return None
+        decision = self._decision(job, now, event, old.unavailable, old.option)
+        if decision.action != "switch":
+            return None
+        return self._adopt(job, now, event, old.unavailable, decision)
+
+    def reload_if_changed(self) -> bool:
+        """Read the offers again if their file changed (a refresh, or an operator's edit)."""
+        stamp = _catalog_stamp(self.config)
+        if stamp == self._catalog_stamp:
+            return False
+        self._catalog_stamp = stamp
+        self.catalog = catalog_for(self.config)
+        return True
+
+    def _decision(self, job: JobStatus, now: float, event: str,
+                  unavailable: frozenset[tuple[str, str]], current: Option | None) -> Decision:
         spec, policy = job.spec, self.policy_for(job.spec)
         offers, node_type = self._bound_offers()
         throughput = _limit_nodes(job_throughput(spec), self.config, node_type)
@@ -208,9 +229,21 @@ class Provisioner:
                             preemptions=job.preemptions)
         goal = job_goal(spec, job.checkpoint.step if job.checkpoint else 0,
                         now - job.created_at, job.cost_usd)
-        decision = (redecide(current, event, goal, offers, throughput, policy, observed)
-                    if current is not None else choose(goal, offers, throughput, policy,
-                                                       observed))
+        if current is None:
+            return choose(goal, offers, throughput, policy, observed)
+        return redecide(current, event, goal, offers, throughput, policy, observed)
+
+    def _decide(self, job: JobStatus, now: float, event: str,
+                unavailable: frozenset[tuple[str, str]], current: Option | None = None
+                ) -> Placement | None:
+        decision = self._decision(job, now, event, unavailable, current)
+        return self._adopt(job, now, event, unavailable, decision)
+
+    def _adopt(self, job: JobStatus, now: float, event: str,
+               unavailable: frozenset[tuple[str, str]], decision: Decision
+               ) -> Placement | None:
+        spec = job.spec
+        _, node_type = self._bound_offers()
         option = decision.option
         job.decisions.append(DecisionRecord(
             time=now, event=event, action=decision.action,
@@ -262,6 +295,13 @@ def _limit_nodes(throughput: Callable[[Offer, int], tuple[float, str] | None],
         limits[offer_id] = min(limits.get(offer_id, cap), cap)
     return lambda offer, nodes: (None if nodes > limits.get(offer.id, 10**9)
                                  else throughput(offer, nodes))
+
+
+def _catalog_stamp(config: ServiceConfig) -> float | None:
+    """When the offers the service reads last changed (None: the shipped snapshot)."""
+    path = Path(config.offers_file).expanduser() if config.offers_file \
+        else config.state_path / CACHE_FILE
+    return path.stat().st_mtime if path.exists() else None
 
 
 def catalog_for(config: ServiceConfig) -> OfferCatalog:

@@ -50,7 +50,7 @@ class ManagerSink:
         self.placement = placement
         self.attempt = 0
         self._last_reply: ray.ObjectRef | None = None
-        self._stop = False
+        self._stop = self._move = False
 
     def started(self, resumed_step: int) -> None:
         self.attempt = ray.get(
@@ -66,13 +66,19 @@ class ManagerSink:
         self._poll_reply()
         return self._stop
 
+    def should_move(self) -> bool:
+        self._poll_reply()
+        return self._move
+
     def _poll_reply(self) -> None:
         """Read the manager's answer to the last report if it has come; never waits."""
         if self._last_reply is None:
             return
         ready, _ = ray.wait([self._last_reply], timeout=0)
         if ready:
-            self._stop = self._stop or bool(ray.get(ready[0]).get("stop"))
+            reply = ray.get(ready[0])
+            self._stop = self._stop or bool(reply.get("stop"))
+            self._move = self._move or bool(reply.get("move"))
             self._last_reply = None
 
     def checkpoint(self, step: int, path: str) -> None:

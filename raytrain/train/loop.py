@@ -101,8 +101,8 @@ class LossSync:
 
     Rank 0 alone hears from the service; its stop flag rides in the same all-reduce as the
     loss, so all ranks leave the loop at the same step. So do each rank's interruption
-    notices: any rank's notice makes every rank checkpoint (and stop) at the same step. Doing that every step would add a
-    barrier per step (about 4% of a small model's throughput on 2 CPU ranks, measured with
+    notices: any rank's notice makes every rank checkpoint (and stop) at the same step.
+    Reducing every step would add a barrier per step (about 4% of a small model's throughput on 2 CPU ranks, measured with
     benchmarks/loop_overhead.py), so the reduction happens about every `target_s` seconds of
     training instead. The interval is rank 0's choice from its measured step time, and it
     travels in the same all-reduce, so every rank knows the next sync step without another
@@ -164,7 +164,8 @@ def train(
     `stop_after_steps` ends the run early after that many steps of this call (tests use it to
     compare a resumed run against an uninterrupted one). `notices`: this node's interruption
     notices; on one, every rank checkpoints at the same step (and stops, for an interruption:
-    the result then says `preempted`).
+    the result then says `preempted`). The service asks for the same through rank 0's sink
+    (`should_move`) to move the job to other capacity.
     """
     notices = notices or NoNotices()
     training = spec.training
@@ -213,7 +214,9 @@ def train(
         )
         if sync.due(forced=checkpoint_due or steps_done == last_step):
             synced = sync.reduce(loss_sum, worker.rank == 0 and sink.should_stop(),
-                                 notices.take_checkpoint_request(), notices.stop_requested)
+                                 notices.take_checkpoint_request(),
+                                 notices.stop_requested or (worker.rank == 0
+                                                            and sink.should_move()))
             loss_value, preempted = synced.loss, synced.preempt
             stopped = synced.stop or synced.preempt
             checkpoint_due = checkpoint_due or synced.checkpoint or synced.preempt

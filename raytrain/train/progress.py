@@ -27,6 +27,11 @@ class ProgressSink(Protocol):
         """True once the service asked the job to stop (cancel); must not block."""
         ...
 
+    def should_move(self) -> bool:
+        """True once the service asked the job to checkpoint and stop, to resume on other
+        capacity; must not block."""
+        ...
+
 
 class NullSink:
     """For ranks other than 0, and runs nobody watches."""
@@ -44,6 +49,9 @@ class NullSink:
         pass
 
     def should_stop(self) -> bool:
+        return False
+
+    def should_move(self) -> bool:
         return False
 
 

@@ -1,126 +1,38 @@
 """The real Ray autoscaler, with Ray's fake multi-node provider, buys exactly the node type the
 policy chose for a job; the job trains there and the node goes away after it ends.
 
-The fake cluster is a second Ray cluster on this host (cluster/local-fake.yaml), started and
-stopped by this test; the service runs on it through `raytrain serve --detach`, and the test
-talks to it only over HTTP (and a probe process that lists the cluster's nodes).
+And preemptions: an interruption notice from the nodes' metadata service, a node taken with
+no notice, six of them in one run; the job resumes on the replacement node each time and
+ends with the loss an uninterrupted run has.
+
+The fake cluster is a second Ray cluster on this host (tests/fake_cluster.py), started and
+stopped by this module; the service runs on it through `raytrain serve --detach`, and the
+tests talk to it only over HTTP (and a probe process that lists the cluster's nodes).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Iterator
 
-import psutil
 import pytest
 import yaml
 
 from raytrain.client import Client
-from raytrain.spec import JobState
-from raytrain.spec import JobSpec
+from raytrain.spec import JobSpec, JobState
 from raytrain.train.loop import WorkerInfo, train
-from tests.imds_server import MetadataServer
-from tests.integration.conftest import free_port, wait_for
-from tests.unit.support import RecordingSink
+from tests.fake_cluster import FakeCluster, started_fake_cluster
+from tests.integration.conftest import wait_for
 from tests.integration.test_service import job_spec
-
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
+from tests.unit.support import RecordingSink
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(400)]
 
 
-class FakeCluster:
-    def __init__(self, root: Path, port: int, url: str, metadata: MetadataServer) -> None:
-        self.root, self.port, self.url, self.metadata = root, port, url, metadata
-        self.address = f"127.0.0.1:{port}"
-
-    def worker_nodes(self) -> dict[str, str]:
-        """Alive worker nodes: id -> node type (each carries its own type's resource)."""
-        out = subprocess.run([sys.executable, "-m", "tests.integration.cluster_probe",
-                              self.address], cwd=REPO, capture_output=True, text=True,
-                             timeout=60, check=True).stdout
-        nodes = {}
-        for node in json.loads(out.strip().splitlines()[-1]):
-            for kind in ("cpu-spot", "cpu-on-demand"):
-                if kind in node["resources"]:
-                    nodes[node["id"]] = kind
-        return nodes
-
-    def worker_node_types(self) -> list[str]:
-        return sorted(self.worker_nodes().values())
-
-    def take_node(self, node_id: str) -> None:
-        """Take a node away as a cloud would. Killing its processes is not enough: the fake
-        provider would still list it, so the autoscaler would wait for it forever. Instead,
-        its node type's max_workers drops to 0 for a moment (the autoscaler rereads its
-        config every round), and the autoscaler terminates it through the provider."""
-        path = self.root / "cluster.yaml"
-        original = path.read_text()
-        config = yaml.safe_load(original)
-        kind = self.worker_nodes()[node_id]
-        config["available_node_types"][kind]["max_workers"] = 0
-        path.write_text(yaml.safe_dump(config))
-        try:
-            wait_for(lambda: node_id not in self.worker_nodes(), 60, f"{kind} node to go")
-        finally:
-            path.write_text(original)
-
-
-def _stop(root: Path, port: int) -> None:
-    """Kill this cluster's processes and their children only (`ray stop` would kill every
-    Ray on the host, the other tests' cluster included)."""
-    marks = (str(root), f"127.0.0.1:{port}")
-    found: list[psutil.Process] = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        cmdline = " ".join(proc.info.get("cmdline") or [])
-        if proc.info["pid"] != os.getpid() and any(mark in cmdline for mark in marks):
-            try:
-                found += [proc, *proc.children(recursive=True)]
-            except psutil.Error:
-                pass
-    for proc in found:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(found, timeout=10)
-
-
 @pytest.fixture(scope="module")
 def fake_cluster() -> Iterator[FakeCluster]:
-    root = Path(tempfile.mkdtemp(prefix="rtf", dir="/tmp"))  # short: Ray's socket paths
-    port, http_port = free_port(), free_port()
-    metadata = MetadataServer()  # every fake node's instance metadata service
-    service = yaml.safe_load((REPO / "cluster/local-fake-service.yaml").read_text())
-    service["offers_file"] = str(REPO / "cluster" / service["offers_file"])
-    service["interruption_endpoint"] = metadata.url
-    (root / "service.yaml").write_text(yaml.safe_dump(service))
-    config = yaml.safe_load((REPO / "cluster/local-fake.yaml").read_text())
-    config["provider"]["gcs_address"] = f"127.0.0.1:{port}"
-    (root / "cluster.yaml").write_text(yaml.safe_dump(config))
-    env = {**os.environ, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
-           "RAY_enable_autoscaler_v2": "0", "RAY_AUTH_MODE": "disabled"}
-    try:
-        subprocess.run([str(BIN / "ray"), "start", "--head", f"--port={port}", "--num-cpus=1",
-                        "--include-dashboard=false", "--disable-usage-stats",
-                        f"--autoscaling-config={root / 'cluster.yaml'}",
-                        f"--temp-dir={root / 'ray'}"],
-                       env=env, check=True, capture_output=True, timeout=120)
-        subprocess.run([str(BIN / "raytrain"), "serve", f"--address=127.0.0.1:{port}",
-                        f"--port={http_port}", "--config", str(root / "service.yaml"),
-                        f"--state-dir={root / 'state'}", "--detach"],
-                       env=env, check=True, capture_output=True, timeout=180, cwd=REPO)
-        yield FakeCluster(root, port, f"http://127.0.0.1:{http_port}", metadata)
-    finally:
-        _stop(root, port)
-        metadata.close()
+    with started_fake_cluster() as cluster:
+        yield cluster
 
 
 def test_the_autoscaler_launches_the_chosen_node_type_and_lets_it_go(
@@ -242,5 +154,30 @@ def test_six_preemptions_of_both_kinds_and_the_job_still_ends_where_it_would_hav
     assert all(r.lost_steps <= 50 for r in log if not r.notice)
     assert final.lost_steps == sum(r.lost_steps for r in log)
     assert all(r.after is not None for r in log) and final.down_s > 0
+    assert final.result.final_loss == pytest.approx(
+        _reference_final_loss(spec, tmp_path / "reference"), abs=1e-5)
+
+
+def test_a_much_cheaper_offer_moves_the_running_job_at_a_checkpoint(
+    fake_cluster: FakeCluster, tmp_path: Path
+) -> None:
+    client = Client(fake_cluster.url)
+    spec = job_spec(steps=1500, checkpoint_every=1000)
+    job = client.submit(spec)
+    _wait_step(client, job.id, 40)
+    assert client.get(job.id).resources.node_type == "cpu-spot"
+    original = fake_cluster.offers.read_text()
+    try:  # on-demand becomes far cheaper than spot: the service reads the offers again
+        cheaper = yaml.safe_load(original)
+        cheaper["offers"][0]["on_demand_usd_per_hour"] = 0.0001
+        fake_cluster.offers.write_text(yaml.safe_dump(cheaper))
+        final = job.wait()
+    finally:
+        fake_cluster.offers.write_text(original)
+    assert final.state == JobState.SUCCEEDED, final.error
+    assert final.resources.node_type == "cpu-on-demand" and final.resources.market == "on-demand"
+    assert final.preemptions == 0 and final.restarts == 0  # a move is neither
+    [move] = [d for d in final.decisions if d.event == "prices"]
+    assert move.action == "switch" and move.market == "on-demand" and "saves" in move.reason
     assert final.result.final_loss == pytest.approx(
         _reference_final_loss(spec, tmp_path / "reference"), abs=1e-5)

@@ -34,6 +34,9 @@ class RecordingSink:
             r["step"] >= self.stop_at_step for r in self.reports
         )
 
+    def should_move(self) -> bool:
+        return False
+
     def losses(self) -> dict[int, float]:
         return {r["step"]: r["loss"] for r in self.reports}
 
