@@ -238,7 +238,8 @@ def redecide(current: Option, event: str, goal: Goal, offers: list[Offer],
     best = choose(goal, offers, throughput, policy, observed)
     if best.option is None:
         return Decision("wait", None, best.reason)
-    offer = next((o for o in offers if o.id == current.offer.id), current.offer)
+    offer = next((o for o in offers if o.id == current.offer.id
+                  and o.usd_per_hour(current.market) is not None), current.offer)
     now = evaluate_option(offer, current.market, current.nodes, current.tokens_per_s,
                           current.layout, goal, policy, observed)
     if best.option.key == now.key:

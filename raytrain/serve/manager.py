@@ -288,7 +288,6 @@ class JobManager:
             run.attempt += 1
             run.progress_step = -1
             run.placement_group = placement.get("placement_group")
-            self._provisioner.handed_over(job_id)
             if job.state.is_terminal:  # cancelled while the group was starting
                 return run.attempt
             if job.resources.node_type is None:  # a fixed cluster: what the workers found
@@ -509,6 +508,9 @@ class JobManager:
         self._launch(job, placement.spec, demand, placement.worker_resources,
                      f"{placement.nodes} x {placement.node_type}, "
                      f"{placement.spec.layout.describe()}")
+        # The nodes are up; Ray Train asks for them itself as its controller starts. Two
+        # requests at once would count them twice and buy a spare node.
+        self._provisioner.handed_over(job.id)
         held.append(demand)
 
     def _launch(self, job: JobStatus, spec: JobSpec, demand: dict[str, float],

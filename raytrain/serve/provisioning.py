@@ -183,21 +183,17 @@ class Provisioner:
             self.request(job_id, [])
 
     def _bound_offers(self) -> tuple[list[Offer], dict[tuple[str, str], str]]:
-        """Offers as the bindings allow them: a market without a node type has no price."""
-        by_offer: dict[str, dict[str, str]] = {}
-        for name, binding in self.config.node_types.items():
-            by_offer.setdefault(binding.offer, {})[binding.market] = name
+        """One offer per bound node type, priced in its market only (so that each node
+        type's max_workers limits its own market)."""
         offers, node_type = [], {}
-        for offer_id, markets in by_offer.items():
-            offer = self.catalog.find(offer_id)
-            if offer is None:
+        for name, binding in self.config.node_types.items():
+            offer = self.catalog.find(binding.offer)
+            if offer is None or offer.usd_per_hour(binding.market) is None:
                 continue
-            update = {f"{'spot' if m == 'spot' else 'on_demand'}_usd_per_hour": None
-                      for m in ("spot", "on-demand") if m not in markets}
-            priced = offer.model_copy(update=update)
-            if priced.markets():
-                offers.append(priced)
-                node_type.update({(offer_id, m): n for m, n in markets.items()})
+            other = "on_demand_usd_per_hour" if binding.market == "spot" \
+                else "spot_usd_per_hour"
+            offers.append(offer.model_copy(update={other: None}))
+            node_type[(offer.id, binding.market)] = name
         return offers, node_type
 
     def review(self, job: JobStatus, now: float, event: str) -> Placement | None:
@@ -288,12 +284,12 @@ class Provisioner:
 def _limit_nodes(throughput: Callable[[Offer, int], tuple[float, str] | None],
                  config: ServiceConfig, node_type: dict[tuple[str, str], str]
                  ) -> Callable[[Offer, int], tuple[float, str] | None]:
-    """No more nodes of an offer than its node types' max_workers allow."""
-    limits: dict[str, int] = {}
-    for (offer_id, _), name in node_type.items():
-        cap = config.node_types[name].max_nodes or 10**9
-        limits[offer_id] = min(limits.get(offer_id, cap), cap)
-    return lambda offer, nodes: (None if nodes > limits.get(offer.id, 10**9)
+    """No more nodes than the node type's max_workers (offers here are priced in one
+    market each: their node type's)."""
+    limits = {key: config.node_types[name].max_nodes or 10**9
+              for key, name in node_type.items()}
+    return lambda offer, nodes: (None if nodes > limits.get((offer.id, offer.markets()[0]),
+                                                             10**9)
                                  else throughput(offer, nodes))
 
 
