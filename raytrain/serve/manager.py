@@ -322,10 +322,9 @@ class JobManager:
                 return {"stop": True}  # a report from a run we no longer track
             if run.stop_deadline is not None or job.state.is_terminal:
                 return {"stop": True}
-            if run.moving_to is not None:
-                return {"stop": False, "move": True}
+            reply = {"stop": False, "move": run.moving_to is not None}
             if payload["step"] < run.progress_step:  # overtaken by a later report
-                return {"stop": False}
+                return reply
             first_report = run.progress_step < 0
             run.progress_step = payload["step"]
             self._bill(job, run)
@@ -343,7 +342,7 @@ class JobManager:
             now = time.monotonic()
             if now - self._persisted_at.get(job_id, 0.0) >= PROGRESS_PERSIST_INTERVAL_S:
                 self._save(job)
-            return {"stop": False}
+            return reply
 
     def report_checkpoint(self, job_id: str, attempt: int, step: int, path: str) -> None:
         with self._lock:
@@ -480,9 +479,9 @@ class JobManager:
         gets nodes of its own."""
         now = time.time()
         leaving = self._leaving.get(job.id)
-        if leaving is not None:  # after a notice: let the noticed nodes go before resuming
+        if leaving is not None:  # after a notice: let the noticed node go before resuming
             until, nodes = leaving
-            if now < until and nodes & _alive_nodes():
+            if now < until and nodes <= _alive_nodes():  # none of the job's nodes gone yet
                 return
             del self._leaving[job.id]
         before = (job.message, len(job.decisions))
