@@ -31,7 +31,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from raytrain.catalog import DEFAULT_POLICY, load_offers, load_policies, save_offers
+from raytrain.catalog import (
+    DEFAULT_POLICY,
+    load_offers,
+    load_policies,
+    save_offers,
+    unknown_policy,
+)
 from raytrain.client import DEFAULT_URL, Client
 from raytrain.core.simulate import SimJob, compare
 from raytrain.errors import FieldError, RaytrainError, SpecError
@@ -255,9 +261,9 @@ def _usd(value: float | None) -> str:
 def _policy(name: str | None) -> PolicySpec:
     policies = load_policies()
     chosen = name or DEFAULT_POLICY
-    if chosen not in policies:
-        raise SpecError([FieldError(("capacity", "policy"), f"no policy named {chosen!r}. To "
-                                    "fix: use one of " + ", ".join(sorted(policies)))])
+    error = unknown_policy(chosen, policies)
+    if error is not None:
+        raise SpecError([error])
     return policies[chosen]
 
 

@@ -303,11 +303,12 @@ class ParallelSpec(_Strict):
     )
 
 
-def _accelerator_errors(accelerator: str | None) -> list[InitErrorDetails]:
+def _accelerator_errors(accelerator: str | None, loc: tuple[str, ...] = ("accelerator",)
+                        ) -> list[InitErrorDetails]:
     if accelerator is None or accelerator in GPUS:
         return []
     return [_field_error(
-        ("accelerator",),
+        loc,
         f"unknown accelerator {accelerator!r}. To fix: use one of " + ", ".join(sorted(GPUS)),
         accelerator,
     )]
@@ -788,7 +789,7 @@ class Offer(_Strict):
 
     @model_validator(mode="after")
     def _known_parts(self) -> Offer:
-        errors = _accelerator_errors(self.gpu_kind)
+        errors = _accelerator_errors(self.gpu_kind, ("gpu_kind",))
         if self.intra_link not in LINKS:
             errors.append(_field_error(("intra_link",), f"unknown link {self.intra_link!r}. "
                                        "To fix: use one of " + ", ".join(sorted(LINKS)),
@@ -797,8 +798,7 @@ class Offer(_Strict):
             errors.append(_field_error(("on_demand_usd_per_hour",), "an offer needs a price. "
                                        "To fix: give on_demand_usd_per_hour or "
                                        "spot_usd_per_hour", None))
-        _raise_if_any("Offer", [_relocate(e, ("gpu_kind",)) if e["loc"] == ("accelerator",)
-                                else e for e in errors])
+        _raise_if_any("Offer", errors)
         return self
 
     @property
@@ -811,9 +811,6 @@ class Offer(_Strict):
     def markets(self) -> list[str]:
         return [m for m in ("spot", "on-demand") if self.usd_per_hour(m) is not None]
 
-
-def _relocate(error: InitErrorDetails, loc: tuple[str, ...]) -> InitErrorDetails:
-    return {**error, "loc": loc}
 
 
 class OfferCatalog(_Record):

@@ -77,6 +77,15 @@ def save_offers(catalog: OfferCatalog, state_dir: Path) -> Path:
     return path
 
 
+def unknown_policy(name: str, policies: dict[str, PolicySpec],
+                   loc: tuple[str, ...] = ("capacity", "policy")) -> FieldError | None:
+    """The error for a policy name that is not one of `policies` (None when it is)."""
+    if name in policies:
+        return None
+    return FieldError(loc, f"no policy named {name!r}. To fix: use one of "
+                      + ", ".join(sorted(policies)))
+
+
 def load_policies(policy_dir: Path | None = None) -> dict[str, PolicySpec]:
     """Every policy in the folder by name; a bad file raises SpecError naming file and field."""
     folder = policy_dir or DEFAULT_POLICY_DIR

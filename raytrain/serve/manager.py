@@ -31,6 +31,7 @@ from ray.actor import ActorHandle
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from raytrain.core.capacity import admit, worker_group_demand
+from raytrain.catalog import unknown_policy
 from raytrain.errors import SpecError
 from raytrain.offers import offers_response
 from raytrain.serve.provisioning import Provisioner
@@ -208,11 +209,9 @@ class JobManager:
         spec = JobSpec.model_validate(spec_json) if spec_json is not None else None
         provisioner = self._provisioner
         name = policy or (spec.capacity.policy if spec else None) or self.config.default_policy
-        if name not in provisioner.policies:
-            return {"error": "spec", "detail": [{
-                "loc": ["policy"], "type": "value_error",
-                "msg": f"no policy named {name!r}. To fix: use one of "
-                       + ", ".join(sorted(provisioner.policies))}]}
+        error = unknown_policy(name, provisioner.policies, ("policy",))
+        if error is not None:
+            return {"error": "spec", "detail": [error.to_json()]}
         response = offers_response(provisioner.catalog, provisioner.policies[name], spec, keep)
         return {"ok": response.model_dump(mode="json")}
 

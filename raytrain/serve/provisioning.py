@@ -31,7 +31,13 @@ from typing import Callable
 
 import yaml
 
-from raytrain.catalog import CACHE_FILE, load_offers, load_policies, parse_offers
+from raytrain.catalog import (
+    CACHE_FILE,
+    load_offers,
+    load_policies,
+    parse_offers,
+    unknown_policy,
+)
 from raytrain.core.autoscale import (
     Decision,
     Observed,
@@ -116,6 +122,7 @@ class Provisioner:
     def __post_init__(self) -> None:
         self.catalog = catalog_for(self.config)
         self._catalog_stamp = _catalog_stamp(self.config)
+        self._bound = self._bound_offers()
         folder = Path(self.config.policy_dir).expanduser() if self.config.policy_dir else None
         self.policies = load_policies(folder)
         missing = [f"{name} -> {b.offer}" for name, b in self.config.node_types.items()
@@ -130,10 +137,7 @@ class Provisioner:
 
     def policy_error(self, spec: JobSpec) -> FieldError | None:
         name = spec.capacity.policy
-        if name is None or name in self.policies:
-            return None
-        return FieldError(("capacity", "policy"), f"no policy named {name!r}. To fix: use one "
-                          "of " + ", ".join(sorted(self.policies)))
+        return None if name is None else unknown_policy(name, self.policies)
 
     def policy_for(self, spec: JobSpec) -> PolicySpec:
         return self.policies[spec.capacity.policy or self.config.default_policy]
@@ -214,12 +218,13 @@ class Provisioner:
             return False
         self._catalog_stamp = stamp
         self.catalog = catalog_for(self.config)
+        self._bound = self._bound_offers()
         return True
 
     def _decision(self, job: JobStatus, now: float, event: str,
                   unavailable: frozenset[tuple[str, str]], current: Option | None) -> Decision:
         spec, policy = job.spec, self.policy_for(job.spec)
-        offers, node_type = self._bound_offers()
+        offers, node_type = self._bound
         throughput = _limit_nodes(job_throughput(spec), self.config, node_type)
         observed = Observed(spot_history=dict(self.history), unavailable=unavailable,
                             preemptions=job.preemptions)
@@ -239,7 +244,7 @@ class Provisioner:
                unavailable: frozenset[tuple[str, str]], decision: Decision
                ) -> Placement | None:
         spec = job.spec
-        _, node_type = self._bound_offers()
+        _, node_type = self._bound
         option = decision.option
         job.decisions.append(DecisionRecord(
             time=now, event=event, action=decision.action,

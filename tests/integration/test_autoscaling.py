@@ -23,11 +23,10 @@ import yaml
 
 from raytrain.client import Client
 from raytrain.spec import JobSpec, JobState
-from raytrain.train.loop import WorkerInfo, train
 from tests.fake_cluster import FakeCluster, started_fake_cluster
 from tests.integration.conftest import wait_for
 from tests.integration.test_service import job_spec
-from tests.unit.support import RecordingSink
+from tests.unit.test_training import run_single
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(400)]
 
@@ -74,11 +73,9 @@ def test_the_autoscaler_launches_the_chosen_node_type_and_lets_it_go(
 def _reference_final_loss(steps: int) -> float:
     """The job of `job_spec(steps)` uninterrupted, in one process (every layout matches it to
     1e-5; the checkpoint interval does not change the losses)."""
-    spec = job_spec(steps=steps)
-    one = JobSpec.model_validate({**spec, "resources": {"num_workers": 1}})
-    sink = RecordingSink()
+    one = JobSpec.model_validate({**job_spec(steps=steps), "resources": {"num_workers": 1}})
     with tempfile.TemporaryDirectory() as root:
-        train(one, WorkerInfo.single_process(), sink, Path(root), progress_interval_s=0.0)
+        sink = run_single(one, Path(root))
     assert sink.result is not None
     return sink.result["final_loss"]
 
