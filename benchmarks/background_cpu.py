@@ -3,7 +3,8 @@
 Throughput on a shared 2-core machine swings by 10% between runs; CPU time does not. This
 runs the dp_throughput workload through the service, lets it reach steady state, then reads
 every process's CPU time twice, `--window` seconds apart, and prints the training workers'
-share against everything else (Ray, Serve, the job manager, the following client).
+share against everything else (Ray, Serve, the job manager, the following client), and,
+inside the training workers, the training thread against Ray's own threads there.
 
     python benchmarks/background_cpu.py --window 20
 """
@@ -39,6 +40,25 @@ def cpu_seconds_by_process() -> dict[int, tuple[str, float]]:
     return seen
 
 
+def cpu_seconds_by_worker_thread() -> dict[tuple[int, int], tuple[str, float]]:
+    """CPU-seconds of every thread of the training workers, by (pid, tid), with its name."""
+    seen = {}
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if not " ".join(proc.info["cmdline"] or []).startswith("ray::RayTrainWorker"):
+            continue
+        try:
+            threads = proc.threads()
+        except psutil.Error:
+            continue
+        for thread in threads:
+            try:
+                name = open(f"/proc/{proc.pid}/task/{thread.id}/comm").read().strip()
+            except OSError:
+                continue
+            seen[(proc.pid, thread.id)] = (name, thread.user_time + thread.system_time)
+    return seen
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--window", type=float, default=20.0)
@@ -53,9 +73,11 @@ def main() -> None:
         follower.start()  # progress reporting on, and someone watching it, as a user would
         while job.status().progress.step < 50:
             time.sleep(0.5)
+        threads_before = cpu_seconds_by_worker_thread()
         before, started = cpu_seconds_by_process(), time.monotonic()
         time.sleep(args.window)
         after, elapsed = cpu_seconds_by_process(), time.monotonic() - started
+        threads_after = cpu_seconds_by_worker_thread()
         job.cancel()
         undeploy(stop_jobs=True)
     by_label: dict[str, float] = defaultdict(float)
@@ -70,6 +92,13 @@ def main() -> None:
     print(f"everything else  {rest:6.2f} CPU-s ({rest / capacity:.1%} of capacity), of which:")
     for label, cpu in sorted(by_label.items(), key=lambda kv: -kv[1])[:12]:
         print(f"  {cpu:6.2f}  {label}")
+    by_thread: dict[str, float] = defaultdict(float)
+    for key, (name, cpu) in threads_after.items():
+        if key in threads_before:
+            by_thread[name] += cpu - threads_before[key][1]
+    print("inside the training workers, by thread name (both workers):")
+    for name, cpu in sorted(by_thread.items(), key=lambda kv: -kv[1])[:12]:
+        print(f"  {cpu:6.2f}  {name}")
 
 
 if __name__ == "__main__":

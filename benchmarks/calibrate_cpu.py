@@ -5,7 +5,8 @@
    against an all-gather; the FLOP/s of one rank (one thread) and its fixed cost per block,
    from one-process runs of the benchmark GPT and of a tiny GPT (two equations, two
    unknowns); the extra fixed cost of a tensor-parallel block and of an FSDP unit, from tiny
-   2-rank runs. Paste the printed figures into raytrain/core/hardware.py ("cpu", "gloo-local").
+   2-rank runs; the runtime reserve (a rank's peak RSS beyond its tensors), from a tiny 2-rank
+   DDP run. Paste the printed figures into raytrain/core/hardware.py ("cpu", "gloo-local").
 2. Validation (`--validate`): for ten layouts on 2 and 4 ranks, the planner's step time and
    memory per rank (with the profile just measured) against raytrain's loop under torchrun
    (benchmarks/parallel_strategies.py measures), each error and the median.
@@ -110,22 +111,31 @@ def measure_gloo() -> tuple[float, float, float, float]:
 TINY = {"vocab_size": 64, "dim": 64, "num_layers": 4, "num_heads": 4, "max_seq_len": 16}
 
 
-def _prediction(parallel: dict, ranks: int, model: dict, steps: int) -> float:
+def _prediction(parallel: dict, ranks: int, model: dict, steps: int):
     from raytrain.spec import parse_job_spec
 
     from benchmarks.parallel_strategies import document
 
     job = document(parallel, ranks, steps, 8 * ranks, 2, "cpu", model)
-    return parse_job_spec(job).predicted().step_s
+    return parse_job_spec(job).predicted()
+
+
+def _set_cpu(**figures: float) -> None:
+    import dataclasses
+
+    from raytrain.core import hardware
+
+    hardware.GPUS["cpu"] = dataclasses.replace(hardware.GPUS["cpu"], **figures)
+    hardware.NODE_SHAPES["cpu-local"] = dataclasses.replace(
+        hardware.NODE_SHAPES["cpu-local"], gpu=hardware.GPUS["cpu"])
 
 
 def measure_compute(steps: int) -> dict[str, float]:
     """FLOP/s and fixed costs of one CPU rank, from runs of the benchmark GPT and of a tiny
     one (whose step is almost all fixed cost): one process each, then a tiny tensor-parallel
     and a tiny FSDP run on 2 ranks, each read against the planner's prediction without the
-    fixed cost it isolates. Nothing here uses the validation runs."""
-    import dataclasses
-
+    fixed cost it isolates; the runtime reserve is a tiny 2-rank DDP run's peak RSS above
+    its tensors. Nothing here uses the validation runs."""
     from raytrain.core import hardware
     from raytrain.core.planner import ModelDims
 
@@ -147,27 +157,25 @@ def measure_compute(steps: int) -> dict[str, float]:
     for _ in range(5):  # two equations, two unknowns; converges in a few rounds
         block = max(0.0, (tiny - flops(TINY) / peak) / passes)
         peak = flops(MODEL) / (big - 4 * MODEL["num_layers"] * block)
-    cpu = dataclasses.replace(hardware.GPUS["cpu"], fp32_flops=peak, bf16_flops=peak,
-                              block_overhead_s=block, tp_block_overhead_s=0.0,
-                              fsdp_unit_overhead_s=0.0)
-    hardware.GPUS["cpu"] = cpu
-    hardware.NODE_SHAPES["cpu-local"] = dataclasses.replace(
-        hardware.NODE_SHAPES["cpu-local"], gpu=cpu)
+    _set_cpu(fp32_flops=peak, bf16_flops=peak, block_overhead_s=block, tp_block_overhead_s=0.0,
+             fsdp_unit_overhead_s=0.0, runtime_reserve_bytes=0.0)
     figures = {"fp32_flops": peak, "block_overhead_s": block}
+    ddp = run({"strategy": "data"}, 2, steps, 16, 2, "cpu", TINY)
+    tensors = _prediction({"strategy": "data"}, 2, TINY, steps).memory_bytes
+    figures["runtime_reserve_bytes"] = max(0.0, max(ddp["peak_bytes"]) - tensors)
+    print(f"  tiny data: peak RSS {max(ddp['peak_bytes']) / 2**20:.1f} MiB, tensors "
+          f"{tensors / 2**20:.1f} MiB")
     for name, parallel, per in (("tp_block_overhead_s", {"strategy": "tensor"},
                                  8 * TINY["num_layers"]),
                                 ("fsdp_unit_overhead_s", {"strategy": "fsdp"},
                                  4 * (TINY["num_layers"] + 1))):
         measured = run(parallel, 2, steps, 16, 2, "cpu", TINY)["step_s"]
-        predicted = _prediction(parallel, 2, TINY, steps)
+        predicted = _prediction(parallel, 2, TINY, steps).step_s
         figures[name] = max(0.0, (measured - predicted) / per)
         print(f"  tiny {parallel['strategy']}: measured {measured:.4f} s, predicted without "
               f"its fixed cost {predicted:.4f} s")
     # The validation below predicts with what was just measured.
-    hardware.GPUS["cpu"] = dataclasses.replace(hardware.GPUS["cpu"], **{
-        k: v for k, v in figures.items() if k.endswith("overhead_s")})
-    hardware.NODE_SHAPES["cpu-local"] = dataclasses.replace(
-        hardware.NODE_SHAPES["cpu-local"], gpu=hardware.GPUS["cpu"])
+    _set_cpu(**{k: v for k, v in figures.items() if k.endswith(("overhead_s", "_bytes"))})
     return figures
 
 
@@ -229,7 +237,8 @@ def main() -> None:
     print(f"one rank, one thread, fp32: {figures['fp32_flops'] / 1e9:.1f} GFLOP/s; fixed "
           f"costs per microbatch: block {figures['block_overhead_s'] * 1e3:.2f} ms, "
           f"tensor-parallel block +{figures['tp_block_overhead_s'] * 1e3:.2f} ms, "
-          f"FSDP unit +{figures['fsdp_unit_overhead_s'] * 1e3:.2f} ms")
+          f"FSDP unit +{figures['fsdp_unit_overhead_s'] * 1e3:.2f} ms; runtime reserve "
+          f"{figures['runtime_reserve_bytes'] / 2**20:.0f} MiB per rank")
     if args.validate:
         validate(args.steps)
 

@@ -47,6 +47,10 @@ class GPUKind:
     block_overhead_s: float = 0.0
     tp_block_overhead_s: float = 0.0
     fsdp_unit_overhead_s: float = 0.0
+    # Memory a training process takes beyond its tensors: on a GPU the CUDA context, NCCL's
+    # buffers and the caching allocator's slack; on CPU the code and buffers the process
+    # pulls in once it trains (gloo, lazily loaded kernels, the allocator's cache), measured.
+    runtime_reserve_bytes: float = 1.5 * GiB
 
     def flops(self, precision: str) -> float:
         return self.fp32_flops if precision == "fp32" else self.bf16_flops
@@ -93,7 +97,8 @@ GPUS: dict[str, GPUKind] = {
     "cpu": GPUKind("cpu", 66.6e9, 66.6e9, 8 * GiB, 10 * GB, achievable=1.0,
                    calibration="benchmarks/calibrate_cpu.py on the CI machine, 2026-12-01",
                    overlaps_communication=False, block_overhead_s=1.28e-3,
-                   tp_block_overhead_s=12.7e-3, fsdp_unit_overhead_s=1.95e-3),
+                   tp_block_overhead_s=12.7e-3, fsdp_unit_overhead_s=1.95e-3,
+                   runtime_reserve_bytes=23 * 2**20),
 }
 
 LINKS: dict[str, Link] = {

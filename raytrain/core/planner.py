@@ -18,11 +18,14 @@ hidden activations); sequence parallel divides all of it by `tp`, tensor paralle
 all but the 4*d around the norms; full recomputation keeps only each block's input (d) plus
 one block's activations; selective recomputation is counted as half. The optimizer step's
 intermediate (4 bytes per parameter held, foreach AdamW's square root of the second moment)
-follows the backward pass, so the peak holds the larger of it and the activations. Microbatches in flight:
-one without a pipeline, m for GPipe, min(m, pp) for 1F1B, and (1 + (pp-1)/(pp*v)) times that
-for interleaved 1F1B (Narayanan et al., 2021). The head's logits (fp32 for the loss, and
-their gradient) sit on the last stage, whole unless the loss is computed tensor-parallel.
-A plan fits when all of it plus a fixed runtime reserve stays under 92% of device memory.
+follows the backward pass, so the peak holds the larger of it and the activations.
+Microbatches in flight on pipeline rank r: one without a pipeline, m for GPipe, min(m, pp - r) for 1F1B, and
+min(m, pp) x (1 + (pp-1)/(pp*v)) for interleaved 1F1B (Narayanan et al., 2021). The head's
+logits (and their fp32 log-softmax) sit on the last stage for each microbatch in flight there
+(m under GPipe, one under 1F1B), plus one fp32 gradient, whole unless the loss is computed
+tensor-parallel. The first and the last pipeline rank are evaluated; the larger counts.
+A plan fits when all of it plus the device kind's runtime reserve (CUDA context, NCCL
+buffers and allocator slack on a GPU; measured on CPU) stays under 92% of device memory.
 
 Time per step. Compute runs at the device's calibrated `achievable` fraction of peak (bf16 on
 tensor cores, fp32 otherwise), x4/3 on matmuls with full recomputation. Collectives cost
@@ -31,8 +34,8 @@ group spans, with ranks laid out tp innermost, then dp_shard, dp_replicate, pp o
 mesh order of raytrain.parallel): a group stays on the intra-node link while its span fits
 in a node. Tensor parallel: 8 collective passes of one activation per layer per microbatch
 (all-gather and reduce-scatter around attention and MLP, forward and backward; 12 with
-recomputation; reduce-scatters at the link's reduce-scatter cost), not overlapped. Pipeline: one point-to-point activation and gradient per
-microbatch, and the schedule's bubble: a step is (m + (pp-1)/v) microbatch times. FSDP:
+recomputation; reduce-scatters at the link's reduce-scatter cost), not overlapped.
+Pipeline: one point-to-point activation and gradient per microbatch, and the schedule's bubble: a step is (m + (pp-1)/v) microbatch times. FSDP:
 all-gather of parameters in forward and backward and reduce-scatter of fp32 gradients per
 microbatch (once per step under a pipeline, which keeps parameters gathered), overlapped with
 compute except one block's worth. DDP: all-reduce of fp32 gradients once per step, overlapped
@@ -60,7 +63,6 @@ from dataclasses import dataclass, field, replace
 from raytrain.core.hardware import GPUS, GiB, Link, NodeShape, node_shape
 from raytrain.core.layout import Layout, divisors, stage_layers, stages_of_rank
 
-RUNTIME_RESERVE_BYTES = 1.5 * GiB  # CUDA context, NCCL buffers, allocator slack
 USABLE_MEMORY = 0.92
 
 
@@ -210,24 +212,36 @@ def _link_for_span(span: int, shape: NodeShape) -> Link:
     return shape.intra if span <= shape.gpus_per_node else shape.inter
 
 
-def stage_params(dims: ModelDims, pp: int, v: int) -> int:
-    """Parameters on the busiest pipeline rank (its v stages' layers, plus the ends), split
-    as raytrain.parallel splits the built-in GPT."""
+def rank_params(dims: ModelDims, pp: int, v: int, rank: int) -> tuple[int, int, bool]:
+    """(parameters, layers, holds the last stage) of pipeline rank `rank`: its stages' layers
+    plus the embeddings or head, split as raytrain.parallel splits the built-in GPT."""
     stages = pp * v
     layers = stage_layers(dims.num_layers, stages)
-    busiest = 0
-    for rank in range(pp):
-        held = 0
-        for stage in stages_of_rank(rank, pp, stages):
-            held += len(layers[stage]) * dims.block_params
-            held += dims.embedding_params if stage == 0 else 0
-            held += dims.head_params if stage == stages - 1 else 0
-        busiest = max(busiest, held)
-    return busiest
+    held = count = 0
+    for stage in stages_of_rank(rank, pp, stages):
+        count += len(layers[stage])
+        held += len(layers[stage]) * dims.block_params
+        held += dims.embedding_params if stage == 0 else 0
+        held += dims.head_params if stage == stages - 1 else 0
+    return held, count, (stages - 1) in stages_of_rank(rank, pp, stages)
+
+
+def stage_params(dims: ModelDims, pp: int, v: int) -> int:
+    """Parameters on the busiest pipeline rank."""
+    return max(rank_params(dims, pp, v, rank)[0] for rank in range(pp))
 
 
 def memory_per_device(dims: ModelDims, work: Workload, c: Candidate, shape: NodeShape) -> float:
-    held = stage_params(dims, c.pp, c.virtual_stages) / c.tp
+    """The most any rank needs: the first and the last pipeline rank bound the rest (earlier
+    stages are never smaller, and the first rank has the most microbatches in flight)."""
+    ranks = {0, c.pp - 1}
+    worst = max(_rank_memory(dims, work, c, rank) for rank in ranks)
+    return shape.gpu.runtime_reserve_bytes + worst
+
+
+def _rank_memory(dims: ModelDims, work: Workload, c: Candidate, rank: int) -> float:
+    params, layers_here, last = rank_params(dims, c.pp, c.virtual_stages, rank)
+    held = params / c.tp
     state = held / c.dp_shard * 16
     param_bytes = work.act_bytes
     block_held = dims.block_params / c.tp
@@ -250,25 +264,30 @@ def memory_per_device(dims: ModelDims, work: Workload, c: Candidate, shape: Node
         layer_bytes, extra_once = full_layer_bytes / 2, 0.0
     else:
         layer_bytes, extra_once = full_layer_bytes, 0.0
-    layers_here = math.ceil(dims.num_layers / c.pp)
+    # Microbatches whose activations this rank holds at once: 1F1B's rank r warms up with
+    # pp - r forwards; GPipe runs all m forwards first; interleaving adds a share.
     if c.pp == 1:
         in_flight = 1.0
     elif c.gpipe:
         in_flight = float(c.microbatches)
     else:
-        in_flight = float(min(c.microbatches, c.pp))
+        in_flight = float(min(c.microbatches, c.pp - rank))
         if c.virtual_stages > 1:
-            in_flight *= 1 + (c.pp - 1) / (c.pp * c.virtual_stages)
+            in_flight = min(c.microbatches, c.pp) * (1 + (c.pp - 1) / (c.pp * c.virtual_stages))
     activations = in_flight * layers_here * layer_bytes + extra_once
-    logits = tokens * dims.vocab_size * (work.act_bytes + 8)
-    if work.loss_parallel:
-        logits /= c.tp
+    # The last stage's logits (compute precision) and fp32 log-softmax stay until their
+    # microbatch's backward (all m of them under GPipe), plus one fp32 gradient of them.
+    logits = 0.0
+    if last:
+        logits_in_flight = c.microbatches if (c.gpipe and c.pp > 1) else 1
+        logits = tokens * dims.vocab_size * ((work.act_bytes + 4) * logits_in_flight + 4)
+        if work.loss_parallel:
+            logits /= c.tp
     # The foreach AdamW step's intermediate (an fp32 copy of the parameters it updates, the
     # square root of the second moment) comes after the backward pass has freed the
     # activations: the peak holds the larger of the two.
     optimizer_temporaries = held / c.dp_shard * 4
-    reserve = RUNTIME_RESERVE_BYTES if shape.gpu.name != "cpu" else 0.0
-    return state + max(activations + logits, optimizer_temporaries) + reserve
+    return state + max(activations + logits, optimizer_temporaries)
 
 
 def step_time(dims: ModelDims, work: Workload, c: Candidate,

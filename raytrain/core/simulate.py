@@ -132,7 +132,10 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
     offer, n = job.offer, job.nodes
     spot_usd, od_usd = offer.usd_per_hour("spot") or math.inf, offer.usd_per_hour("on-demand")
     assert od_usd is not None, "the simulated offer needs an on-demand price"
-    throughput = (lambda o, nodes: (1.0, f"{nodes} nodes") if nodes == n else None)
+
+    def throughput(_offer: Offer, nodes: int) -> tuple[float, str] | None:
+        return (1.0, f"{nodes} nodes") if nodes == n else None
+
     policy = replace_policy(policy, job)
     observed = Observed()
 
