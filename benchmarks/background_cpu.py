@@ -5,15 +5,19 @@ runs the dp_throughput workload through the service, lets it reach steady state,
 every process's CPU time twice, `--window` seconds apart, and prints the training workers'
 share against everything else (Ray, Serve, the job manager, the following client), and,
 inside the training workers, the training thread against Ray's own threads there.
+`--torchrun` reads the same window over benchmarks/torchrun_ddp.py's two ranks instead.
 
-    python benchmarks/background_cpu.py --window 20
+    python -m benchmarks.background_cpu --window 20 [--torchrun]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 
@@ -35,7 +39,8 @@ def cpu_seconds_by_process() -> dict[int, tuple[str, float]]:
         except psutil.Error:
             continue
         cmdline = " ".join(proc.info["cmdline"] or []) or proc.info["name"] or "?"
-        label = cmdline.split()[0].split("/")[-1] if not cmdline.startswith("ray::") else cmdline.split()[0]
+        label = cmdline.split()[0]
+        label = label if label.startswith("ray::") else label.split("/")[-1]
         seen[proc.info["pid"]] = (label, times.user + times.system)
     return seen
 
@@ -59,17 +64,54 @@ def cpu_seconds_by_worker_thread() -> dict[tuple[int, int], tuple[str, float]]:
     return seen
 
 
+def torchrun_share(window: float) -> None:
+    """The reference's two ranks: their CPU time over the window, after 12 s of warm-up."""
+    script = os.path.join(os.path.dirname(__file__), "torchrun_ddp.py")
+    with tempfile.TemporaryDirectory() as tmp:
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+             "--master_port", "29533", script, "--steps", "100000", "--out", f"{tmp}/t.json"],
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(12)
+
+            def ranks() -> dict[int, float]:
+                seen = {}
+                for child in psutil.Process(launcher.pid).children(recursive=True):
+                    try:
+                        times = child.cpu_times()
+                    except psutil.Error:
+                        continue
+                    seen[child.pid] = times.user + times.system
+                return seen
+
+            before, started = ranks(), time.monotonic()
+            time.sleep(window)
+            after, elapsed = ranks(), time.monotonic() - started
+        finally:
+            launcher.terminate()
+            launcher.wait()
+    used = sum(cpu - before[pid] for pid, cpu in after.items() if pid in before)
+    capacity = elapsed * (os.cpu_count() or 1)
+    print(f"torchrun ranks {used:6.2f} CPU-s of {capacity:.1f} ({used / capacity:.1%} of capacity)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--window", type=float, default=20.0)
     parser.add_argument("--port", type=int, default=8775)
+    parser.add_argument("--torchrun", action="store_true")
     args = parser.parse_args()
+    if args.torchrun:
+        torchrun_share(args.window)
+        return
     connect_ray(None, num_cpus=2, quiet=True)
     with tempfile.TemporaryDirectory() as state_dir:
         url = deploy(ServiceConfig(state_dir=state_dir), "127.0.0.1", args.port)
         client = Client(url)
         job = client.submit(job_document(100_000))
-        follower = __import__("threading").Thread(target=lambda: [None for _ in job.events()], daemon=True)
+        follower = threading.Thread(target=lambda: [None for _ in job.events()], daemon=True)
         follower.start()  # progress reporting on, and someone watching it, as a user would
         while job.status().progress.step < 50:
             time.sleep(0.5)

@@ -13,6 +13,7 @@ import socket
 import time
 
 import httpx
+import psutil
 import ray
 from ray import serve
 
@@ -52,7 +53,30 @@ def connect_ray(address: str | None, num_cpus: int | None = None, quiet: bool = 
         logging_level=logging.WARNING,
         log_to_driver=not quiet,
     )
+    _lower_ray_daemons()
     return True
+
+
+# Processes of a local cluster that serve Ray itself rather than run tasks.
+_DAEMONS = ("gcs_server", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
+_DAEMON_SCRIPTS = ("autoscaler/_private/monitor.py", "dashboard/dashboard.py", "log_monitor.py")
+
+
+def _lower_ray_daemons(niceness: int = 10) -> None:
+    """Run the GCS, agents, monitor and log monitor of a cluster we started at `niceness`.
+
+    Training ranks run at 0 (launcher.py) and Ray's workers for the service at 15. Ray's
+    daemons start at 0, level with the ranks, so on a small machine whose cores the ranks
+    fill, their periodic work stalls a rank while its peers wait at the next collective;
+    below the ranks it runs in the gaps instead. The raylet keeps 0: every worker it starts
+    inherits its priority."""
+    for child in psutil.Process().children(recursive=True):
+        try:
+            command = " ".join(child.cmdline())
+            if child.name() in _DAEMONS or any(script in command for script in _DAEMON_SCRIPTS):
+                child.nice(niceness)
+        except psutil.Error:  # gone, or not ours to change: leave it
+            continue
 
 
 def port_is_free(host: str, port: int) -> bool:

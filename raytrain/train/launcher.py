@@ -187,5 +187,10 @@ def run_training_job(
 ) -> None:
     """Block until the job's training finishes; raise ray.train.TrainingFailedError if it fails."""
     os.makedirs(run_root, exist_ok=True)
+    # Ray Train's own preemption watcher (an actor polling Ray for draining nodes every 5 s)
+    # duplicates what the job manager does with the clouds' notices and lost nodes, and costs
+    # about 1% of a 2-core node (BENCHMARKS.md, background CPU). Ray Train passes this
+    # variable from the process that calls fit() to its controller. An operator's value wins.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     build_trainer(spec, job_id, checkpoint_root, run_root, manager, worker_resources,
                   interruption_endpoint).fit()
