@@ -1,57 +1,26 @@
-"""The wire and file schema: what a user writes (JobSpec), what the service answers (JobStatus,
-JobEvent) and how an operator configures the service (ServiceConfig).
-
-One pydantic schema validates YAML files, REST bodies and stored records alike. Every model is
-strict (`extra="forbid"`), every field is described and has a safe default. Cross-field rules
-(batch divisibility, degrees that multiply to the worker count, sequence length within the
-model's reach) are checked here too and reported at the path of the field to change.
-
-    spec = load_job_spec("examples/demo.yaml")
-    spec = JobSpec.model_validate({"training": {"steps": 200}})
-"""
+"""What a user writes: the JobSpec and its sections, loaded from YAML, JSON or a REST body."""
 
 from __future__ import annotations
 
 import json
-import re
-from functools import cached_property
 from dataclasses import replace
-from enum import Enum
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic import Field, ValidationError, model_validator
+from pydantic_core import InitErrorDetails
 
-from raytrain.core.hardware import CATALOG_VERSION, GPUS, LINKS, node_shape, with_cpu_share
+from raytrain.core.hardware import GPUS, node_shape, with_cpu_share
 from raytrain.core.layout import Layout, ModelShape, Problem, check_layout, resolve_layout
 from raytrain.core.planner import Candidate, ModelDims, NothingFits, Plan, Workload, evaluate, plan
 from raytrain.core.schedule import lr_batch_scale
 from raytrain.errors import FieldError, SpecError
-
-_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+from raytrain.spec._base import IMPORT_PATH, Strict, field_error, raise_if_any
 
 
-def _field_error(loc: tuple[str, ...], message: str, value: Any) -> InitErrorDetails:
-    return InitErrorDetails(
-        type=PydanticCustomError("invalid_combination", message), loc=loc, input=value
-    )
-
-
-def _raise_if_any(title: str, errors: list[InitErrorDetails]) -> None:
-    if errors:
-        raise ValidationError.from_exception_data(title, errors)
-
-
-# ---------------------------------------------------------------------------------------- job
-
-
-class GPTConfig(_Strict):
+class GPTConfig(Strict):
     """Dimensions of the built-in GPT-style decoder."""
 
     vocab_size: int = Field(256, ge=2, le=1_000_000, description="Number of token ids.")
@@ -66,10 +35,10 @@ class GPTConfig(_Strict):
     @model_validator(mode="after")
     def _heads_divide_dim(self) -> GPTConfig:
         if self.dim % self.num_heads:
-            _raise_if_any(
+            raise_if_any(
                 "GPTConfig",
                 [
-                    _field_error(
+                    field_error(
                         ("num_heads",),
                         f"num_heads={self.num_heads} must divide dim={self.dim}. To fix: pick "
                         f"num_heads from the divisors of {self.dim}, e.g. "
@@ -89,7 +58,7 @@ def _nearest_divisor(n: int, near: int) -> int:
     return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - near), d))
 
 
-class ModelSpec(_Strict):
+class ModelSpec(Strict):
     """Which model to train: the built-in GPT, or the user's own by import path."""
 
     kind: Literal["gpt", "import"] = Field(
@@ -108,11 +77,11 @@ class ModelSpec(_Strict):
 
     @model_validator(mode="after")
     def _factory_matches_kind(self) -> ModelSpec:
-        _raise_if_any("ModelSpec", _factory_errors(self.kind == "import", self.factory))
+        raise_if_any("ModelSpec", _factory_errors(self.kind == "import", self.factory))
         return self
 
 
-class DataSpec(_Strict):
+class DataSpec(Strict):
     """Where training tokens come from. Every data-parallel rank reads its own shard."""
 
     kind: Literal["synthetic", "token_file", "import"] = Field(
@@ -140,29 +109,29 @@ class DataSpec(_Strict):
         errors = _factory_errors(self.kind == "import", self.factory)
         if self.kind == "token_file" and not self.path:
             errors.append(
-                _field_error(
+                field_error(
                     ("path",),
                     "data.kind 'token_file' needs a path. To fix: set data.path to a flat "
                     "binary file of token ids",
                     self.path,
                 )
             )
-        _raise_if_any("DataSpec", errors)
+        raise_if_any("DataSpec", errors)
         return self
 
 
 def _factory_errors(needed: bool, factory: str | None) -> list[InitErrorDetails]:
     if needed and not factory:
         return [
-            _field_error(
+            field_error(
                 ("factory",),
                 "kind 'import' needs a factory. To fix: set factory to 'package.module:callable'",
                 factory,
             )
         ]
-    if factory and not _IMPORT_PATH.match(factory):
+    if factory and not IMPORT_PATH.match(factory):
         return [
-            _field_error(
+            field_error(
                 ("factory",),
                 f"{factory!r} is not an import path. To fix: write it as "
                 "'package.module:callable'",
@@ -172,7 +141,7 @@ def _factory_errors(needed: bool, factory: str | None) -> list[InitErrorDetails]
     return []
 
 
-class TrainingSpec(_Strict):
+class TrainingSpec(Strict):
     """The optimisation: steps, batch, AdamW with linear warmup and cosine decay, checkpoints."""
 
     steps: int = Field(100, ge=1, description="Optimizer steps to run.")
@@ -225,20 +194,20 @@ class TrainingSpec(_Strict):
     def _warmup_fits(self) -> TrainingSpec:
         errors = []
         if self.warmup_steps is not None and self.warmup_steps > self.steps:
-            errors.append(_field_error(
+            errors.append(field_error(
                 ("warmup_steps",),
                 f"warmup_steps={self.warmup_steps} exceeds steps={self.steps}. To fix: "
                 "lower warmup_steps or raise steps",
                 self.warmup_steps,
             ))
         if self.lr_scaling != "none" and self.lr_reference_batch_size is None:
-            errors.append(_field_error(
+            errors.append(field_error(
                 ("lr_reference_batch_size",),
                 f"lr_scaling '{self.lr_scaling}' scales from the batch size learning_rate "
                 "was tuned for. To fix: set lr_reference_batch_size to that batch size",
                 None,
             ))
-        _raise_if_any("TrainingSpec", errors)
+        raise_if_any("TrainingSpec", errors)
         return self
 
     @property
@@ -253,7 +222,7 @@ class TrainingSpec(_Strict):
         return self.warmup_steps if self.warmup_steps is not None else self.steps // 10
 
 
-class ParallelSpec(_Strict):
+class ParallelSpec(Strict):
     """How the model is spread over the workers: one DeviceMesh of four degrees whose product
     is resources.num_workers. The strategy names the degree left out to fill the rest."""
 
@@ -303,18 +272,18 @@ class ParallelSpec(_Strict):
     )
 
 
-def _accelerator_errors(accelerator: str | None, loc: tuple[str, ...] = ("accelerator",)
+def accelerator_errors(accelerator: str | None, loc: tuple[str, ...] = ("accelerator",)
                         ) -> list[InitErrorDetails]:
     if accelerator is None or accelerator in GPUS:
         return []
-    return [_field_error(
+    return [field_error(
         loc,
         f"unknown accelerator {accelerator!r}. To fix: use one of " + ", ".join(sorted(GPUS)),
         accelerator,
     )]
 
 
-class ResourcesSpec(_Strict):
+class ResourcesSpec(Strict):
     """What each training worker needs. GPUs imply NCCL; CPU-only workers use gloo."""
 
     num_workers: int = Field(2, ge=1, le=100_000, description="Training processes.")
@@ -330,7 +299,7 @@ class ResourcesSpec(_Strict):
 
     @model_validator(mode="after")
     def _accelerator_known(self) -> ResourcesSpec:
-        _raise_if_any("ResourcesSpec", _accelerator_errors(self.accelerator))
+        raise_if_any("ResourcesSpec", accelerator_errors(self.accelerator))
         return self
 
     @property
@@ -346,7 +315,7 @@ class ResourcesSpec(_Strict):
 Market = Literal["spot", "on-demand"]
 
 
-class CapacitySpec(_Strict):
+class CapacitySpec(Strict):
     """How the service buys capacity for the job (on an autoscaling cluster); ignored on a
     fixed local cluster, where the job runs on what is there."""
 
@@ -370,7 +339,7 @@ class CapacitySpec(_Strict):
     )
 
 
-class JobSpec(_Strict):
+class JobSpec(Strict):
     """A whole training job: the user's entire surface."""
 
     name: str = Field(
@@ -400,7 +369,7 @@ class JobSpec(_Strict):
         if training.global_batch_size % per_step:
             fits = max(per_step, training.global_batch_size // per_step * per_step)
             errors.append(
-                _field_error(
+                field_error(
                     ("training", "global_batch_size"),
                     f"global_batch_size={training.global_batch_size} is not a multiple of "
                     f"micro_batch_size x data-parallel ranks = {training.micro_batch_size}"
@@ -417,10 +386,10 @@ class JobSpec(_Strict):
                                    gpt.max_seq_len)
             problems = check_layout(layout, shape, self.data.seq_len, self.model.kind == "gpt")
         for problem in problems:
-            errors.append(_field_error(problem.field, problem.message, None))
+            errors.append(field_error(problem.field, problem.message, None))
         if parallel.compression != "none" and layout.data_parallel_wrapper != "ddp":
             errors.append(
-                _field_error(
+                field_error(
                     ("parallel", "compression"),
                     f"gradient compression rides on DDP's communication hooks, but this layout "
                     f"({layout.describe()}) uses "
@@ -433,7 +402,7 @@ class JobSpec(_Strict):
             )
         if training.precision == "fp16" and layout.pp > 1:
             errors.append(
-                _field_error(
+                field_error(
                     ("training", "precision"),
                     "fp16 loss scaling is not wired through pipeline schedules. To fix: use "
                     "'bf16' (no loss scaling needed) with pipeline parallelism",
@@ -442,7 +411,7 @@ class JobSpec(_Strict):
             )
         if training.precision == "fp16" and not resources.use_gpu:
             errors.append(
-                _field_error(
+                field_error(
                     ("training", "precision"),
                     "fp16 with loss scaling needs GPUs. To fix: use 'bf16' or 'fp32' on CPU, "
                     "or set resources.gpus_per_worker",
@@ -451,7 +420,7 @@ class JobSpec(_Strict):
             )
         if self.model.kind == "gpt" and self.data.seq_len > self.model.gpt.max_seq_len:
             errors.append(
-                _field_error(
+                field_error(
                     ("data", "seq_len"),
                     f"seq_len={self.data.seq_len} exceeds model.gpt.max_seq_len="
                     f"{self.model.gpt.max_seq_len}. To fix: lower data.seq_len or raise "
@@ -459,7 +428,7 @@ class JobSpec(_Strict):
                     self.data.seq_len,
                 )
             )
-        _raise_if_any("JobSpec", errors)
+        raise_if_any("JobSpec", errors)
         return self
 
     def _layout_and_problems(self) -> tuple[Layout, list[Problem]]:
@@ -627,453 +596,3 @@ def _read_document(path: Path, what: str) -> dict[str, Any]:
             source=what,
         ) from None
     return document if document is not None else {}
-
-
-# ------------------------------------------------------------------------------------- status
-
-
-class JobState(str, Enum):
-    PENDING = "PENDING"
-    PROVISIONING = "PROVISIONING"
-    RUNNING = "RUNNING"
-    RECOVERING = "RECOVERING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-
-    @property
-    def is_terminal(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
-
-
-class _Record(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Progress(_Record):
-    step: int = Field(0, description="Optimizer steps completed.")
-    total_steps: int = Field(0, description="Optimizer steps the job will run.")
-    loss: float | None = Field(None, description="Training loss of the latest step.")
-    first_loss: float | None = Field(None, description="Training loss of the first step.")
-    tokens_per_s: float | None = Field(None, description="Recent training throughput.")
-    elapsed_s: float = Field(0.0, description="Seconds since training started.")
-    eta_s: float | None = Field(None, description="Estimated seconds to finish.")
-
-
-class Resources(_Record):
-    accelerator: str = Field("cpu", description="The accelerator kind the workers run on.")
-    node_type: str | None = Field(None, description="The Ray node type, when autoscaled.")
-    offer: str | None = Field(None, description="The offer bought, when autoscaled.")
-    market: Literal["local", "spot", "on-demand"] = Field("local", description="How bought.")
-    nodes: int = Field(0, description="Nodes the workers span.")
-    gpus: float = Field(0, description="GPUs held by the job.")
-    cpus: float = Field(0, description="CPUs held by the job.")
-    hourly_usd: float = Field(0.0, description="Price of the held capacity per hour.")
-
-
-class PlanSummary(_Record):
-    strategy: str = Field(description="The parallel strategy.")
-    layout: dict[str, int] = Field(description="Degree of each parallel axis.")
-    description: str = Field("", description="The layout in words, e.g. 'dp_shard2 tp2'.")
-    predicted_step_s: float | None = Field(None, description="The planner's step time.")
-    predicted_tokens_per_s: float | None = Field(None, description="The planner's throughput.")
-    predicted_memory_gib: float | None = Field(
-        None, description="The planner's memory per device (weights, gradients, optimizer "
-        "state, activations)."
-    )
-    measured_step_s: float | None = Field(
-        None, description="Step time from the latest progress report, once running."
-    )
-    reason: str | None = Field(None, description="The planner's one-line account of the plan.")
-    grad_accum_steps: int = Field(description="Micro-batches accumulated per optimizer step.")
-    tokens_per_step: int = Field(description="Tokens per optimizer step, all ranks.")
-    backend: str = Field(description="Collective backend: nccl on GPU, gloo on CPU.")
-
-
-class CheckpointInfo(_Record):
-    step: int = Field(description="Optimizer steps the checkpoint includes.")
-    path: str = Field(description="Directory of the checkpoint.")
-
-
-class PreemptionRecord(_Record):
-    time: float = Field(description="Unix time the workers stopped (or were lost).")
-    notice: bool = Field(description="Whether an interruption notice came first.")
-    reached_step: int = Field(description="Step the job reached: exact after a notice; "
-                              "after a loss without one, its last report (a lower bound).")
-    checkpoint_step: int | None = Field(description="The checkpoint it resumes from.")
-    lost_steps: int = Field(description="Steps trained since that checkpoint, to redo (a "
-                            "lower bound without a notice).")
-    notice_to_checkpoint_s: float | None = Field(
-        None, description="From the notice to the checkpoint being durable.")
-    capacity_to_first_step_s: float | None = Field(
-        None, description="From the new capacity in hand to the first step after resuming.")
-    down_s: float | None = Field(None, description="From stopping to training again.")
-    before: str = Field(description="Nodes and layout before.")
-    after: str | None = Field(None, description="Nodes and layout after resuming.")
-    extra_cost_usd: float = Field(
-        0.0, description="Nodes billed while the job was down, plus the lost steps' time.")
-
-
-class JobResult(_Record):
-    first_loss: float = Field(description="Loss of the first step of the job.")
-    final_loss: float = Field(description="Loss of the last step.")
-    steps: int = Field(description="Optimizer steps completed.")
-    train_wall_s: float = Field(description="Seconds of the final training attempt.")
-    tokens_per_s: float = Field(description="Mean throughput of the final attempt.")
-
-
-class JobStatus(_Record):
-    id: str
-    state: JobState
-    spec: JobSpec
-    plan: PlanSummary | None = None
-    progress: Progress = Field(default_factory=Progress)
-    resources: Resources = Field(default_factory=Resources)
-    cost_usd: float = 0.0
-    restarts: int = Field(0, description="Times training restarted from a checkpoint.")
-    preemptions: int = Field(0, description="Spot preemptions survived.")
-    error: str | None = Field(None, description="Why the job failed; null unless FAILED.")
-    message: str | None = Field(None, description="What the job waits for, when it waits.")
-    checkpoint: CheckpointInfo | None = Field(None, description="The latest durable checkpoint.")
-    decisions: list[DecisionRecord] = Field(
-        default_factory=list, description="The autoscaling policy's decisions, with reasons."
-    )
-    preemption_log: list[PreemptionRecord] = Field(
-        default_factory=list, description="Every preemption survived: what it cost."
-    )
-    lost_steps: int = Field(0, description="Steps redone after preemptions, all of them.")
-    down_s: float = Field(0.0, description="Seconds not training after preemptions, in all.")
-    preemption_cost_usd: float = Field(
-        0.0, description="What the preemptions cost in all (nodes held while down, redone "
-        "steps).")
-    result: JobResult | None = Field(None, description="Final figures once SUCCEEDED.")
-    created_at: float = Field(description="Unix time of submission.")
-    started_at: float | None = Field(None, description="Unix time training first started.")
-    finished_at: float | None = Field(None, description="Unix time the job ended.")
-
-
-class JobEvent(_Record):
-    seq: int = Field(description="Position in the job's event stream, from 0.")
-    type: Literal["state", "progress", "checkpoint", "preemption", "end"]
-    job_id: str
-    time: float
-    data: dict[str, Any] = Field(default_factory=dict)
-
-
-# ----------------------------------------------------------------------- offers and policies
-
-
-class Offer(_Strict):
-    """One instance type one provider rents, with its prices and spot interruption rate."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    provider: str = Field(description="aws, or the GPU cloud that rents it.")
-    region: str = Field(description="Region the prices are for.")
-    spot_zone: str | None = Field(None, description="Zone of the cheapest spot price.")
-    instance_type: str = Field(description="The provider's name for the instance type.")
-    gpu_kind: str = Field(description="A GPU kind of the hardware catalog.")
-    gpus_per_node: int = Field(ge=1, description="GPUs per instance.")
-    intra_link: str = Field(description="Link between the GPUs of one node (catalog name).")
-    network_gbps: float = Field(gt=0, description="Network bandwidth between nodes, Gbit/s.")
-    rdma: bool = Field(False, description="RDMA between nodes (EFA, InfiniBand).")
-    on_demand_usd_per_hour: float | None = Field(None, ge=0, description="Per node.")
-    spot_usd_per_hour: float | None = Field(None, ge=0, description="Per node; null: no spot.")
-    spot_interruptions_per_hour: float = Field(
-        0.0, ge=0, description="Expected spot interruptions per node-hour."
-    )
-    interruption_band: str | None = Field(
-        None, description="The provider's published band, e.g. AWS Spot Advisor '>20%' a month."
-    )
-    note: str = Field("", description="Where the figures come from.")
-
-    @model_validator(mode="after")
-    def _known_parts(self) -> Offer:
-        errors = _accelerator_errors(self.gpu_kind, ("gpu_kind",))
-        if self.intra_link not in LINKS:
-            errors.append(_field_error(("intra_link",), f"unknown link {self.intra_link!r}. "
-                                       "To fix: use one of " + ", ".join(sorted(LINKS)),
-                                       self.intra_link))
-        if self.on_demand_usd_per_hour is None and self.spot_usd_per_hour is None:
-            errors.append(_field_error(("on_demand_usd_per_hour",), "an offer needs a price. "
-                                       "To fix: give on_demand_usd_per_hour or "
-                                       "spot_usd_per_hour", None))
-        _raise_if_any("Offer", errors)
-        return self
-
-    @property
-    def id(self) -> str:
-        return f"{self.provider}/{self.region}/{self.instance_type}"
-
-    def usd_per_hour(self, market: str) -> float | None:
-        return self.spot_usd_per_hour if market == "spot" else self.on_demand_usd_per_hour
-
-    def markets(self) -> list[str]:
-        return [m for m in ("spot", "on-demand") if self.usd_per_hour(m) is not None]
-
-
-
-class OfferCatalog(_Record):
-    version: str = Field(description="Date of the figures (snapshot) or of the refresh.")
-    source: Literal["snapshot", "aws", "file"] = Field(description="Where the offers came from.")
-    fetched_at: float | None = Field(None, description="Unix time of the refresh, if any.")
-    warnings: list[str] = Field(default_factory=list, description="What could not be refreshed.")
-    offers: list[Offer]
-
-    def find(self, offer_id: str) -> Offer | None:
-        return next((o for o in self.offers if o.id == offer_id), None)
-
-
-class PolicySpec(_Strict):
-    """A named autoscaling policy (policies/*.yaml): how the service buys capacity."""
-
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$", description="The file's stem.")
-    description: str = Field(description="One line for `raytrain offers`.")
-    markets: list[Market] = Field(
-        ["spot", "on-demand"], min_length=1, description="Markets the policy may buy."
-    )
-    objective: Literal["cost", "time"] = Field(
-        "cost", description="Minimise expected dollars to finish, or expected hours."
-    )
-    deadline_margin: float = Field(
-        0.15, ge=0, le=2, description="Plans must finish this fraction before the deadline."
-    )
-    failover_after_preemptions: int | None = Field(
-        None, ge=1, description="Move to on-demand after this many preemptions; null: never."
-    )
-    capacity_wait_s: float = Field(
-        600.0, gt=0, description="Spot capacity missing this long: take the next best offer."
-    )
-    switch_min_saving: float = Field(
-        0.2, ge=0, le=1,
-        description="Move a running job to a cheaper offer only when the expected cost to "
-        "finish falls by this fraction (and by more than the move costs).",
-    )
-    checkpoint_interval_s: float | None = Field(
-        None, gt=0, description="Seconds between periodic checkpoints; null: Young/Daly optimum."
-    )
-    max_checkpoint_interval_s: float = Field(
-        3600.0, gt=0, description="Checkpoint at least this often, whatever the optimum says "
-        "(it trusts a rate measured over few preemptions)."
-    )
-    checkpoint_cost_s: float = Field(
-        60.0, gt=0, description="Assumed seconds one checkpoint costs, until one is measured."
-    )
-    restart_s: float = Field(
-        300.0, ge=0, description="Assumed seconds from new capacity to the first step again."
-    )
-    notice_coverage: float = Field(
-        0.0, ge=0, le=1,
-        description="Fraction of preemptions whose notice leaves time to checkpoint (no work "
-        "lost); 0 counts every preemption as losing half an interval.",
-    )
-    max_nodes: int = Field(16, ge=1, le=4096, description="Most nodes one job may hold.")
-    prior_node_hours: float = Field(
-        20.0, gt=0, description="Weight of the catalog's interruption rate against preemptions "
-        "observed, in node-hours.",
-    )
-
-    @model_validator(mode="after")
-    def _failover_needs_both(self) -> PolicySpec:
-        if self.failover_after_preemptions is not None and self.markets != ["spot", "on-demand"]:
-            _raise_if_any("PolicySpec", [_field_error(
-                ("failover_after_preemptions",),
-                "failing over to on-demand needs markets [spot, on-demand]. To fix: list both "
-                "markets or drop failover_after_preemptions", self.failover_after_preemptions)])
-        return self
-
-
-class OffersRequest(_Strict):
-    """POST /v1/offers: rank the offers for a job that has not been submitted."""
-
-    spec: JobSpec = Field(description="The job to rank offers for.")
-    policy: str | None = Field(None, description="Policy name; default: the job's, else the "
-                               "service's.")
-    keep: int = Field(20, ge=1, le=500, description="How many options to return.")
-
-
-class OfferRow(_Record):
-    """One option of the policy's ranking: an offer, a market and a node count for a job."""
-
-    rank: int
-    offer: str
-    instance_type: str
-    gpu_kind: str
-    market: Market
-    nodes: int
-    gpus: int
-    usd_per_hour: float = Field(description="All nodes.")
-    tokens_per_s: float
-    layout: str
-    preemptions_per_hour: float
-    checkpoint_interval_s: float | None
-    expected_hours: float
-    expected_cost_usd: float
-
-
-class OffersResponse(_Record):
-    catalog_version: str
-    source: str
-    warnings: list[str]
-    offers: list[Offer]
-    policy: str | None = Field(None, description="The policy that ranked, with a job.")
-    ranking: list[OfferRow] = Field(default_factory=list)
-    decision: str | None = Field(None, description="What the policy would do, and why.")
-
-
-class NodeTypeBinding(_Strict):
-    offer: str = Field(description="Id of the offer the node type buys (provider/region/type).")
-    market: Market = Field(description="spot or on-demand.")
-    max_nodes: int = Field(0, ge=0, description="The node type's max_workers; 0: no limit.")
-
-
-class DecisionRecord(_Record):
-    time: float = Field(description="Unix time of the decision.")
-    event: str = Field(description="What prompted it: submit, preemption, deadline, ...")
-    action: str = Field(description="start, stay, switch, wait.")
-    offer: str | None = Field(None, description="The chosen offer's id.")
-    market: str | None = None
-    nodes: int = 0
-    usd_per_hour: float = 0.0
-    expected_hours: float | None = None
-    expected_cost_usd: float | None = None
-    checkpoint_interval_s: float | None = None
-    reason: str = Field(description="Why, in one line.")
-
-
-# -------------------------------------------------------------------------------------- service
-
-
-class ServiceConfig(_Strict):
-    """How an operator runs the service (`raytrain serve` flags or a YAML file)."""
-
-    state_dir: str = Field(
-        "~/.raytrain",
-        description="Directory on the head node for the job store; checkpoints go under "
-        "storage_path. Must survive service restarts.",
-    )
-    storage_path: str | None = Field(
-        None,
-        description="Where workers write checkpoints; must be reachable by every worker "
-        "(shared filesystem on a multi-node cluster). Default: <state_dir>/jobs.",
-    )
-    allowed_import_packages: list[str] = Field(
-        default_factory=list,
-        description="Packages whose factories jobs may import (model.factory, data.factory).",
-    )
-    scheduler_interval_s: float = Field(
-        1.0, gt=0, le=60, description="How often queued jobs are checked against free capacity."
-    )
-    node_types: dict[str, NodeTypeBinding] = Field(
-        default_factory=dict,
-        description="Ray node types the service may ask the autoscaler for, each with the "
-        "offer and market it buys (`raytrain serve --cluster-config` fills it from a cluster "
-        "YAML). Empty: a fixed cluster; jobs run on what is there.",
-    )
-    offers_file: str | None = Field(
-        None, description="An offer catalog (YAML or JSON) to use instead of the refreshed "
-        "cache in state_dir or the shipped snapshot.",
-    )
-    policy_dir: str | None = Field(
-        None, description="Folder of named policies; default: policies/ of the installation."
-    )
-    default_policy: str = Field(
-        "cost-first", description="The policy of jobs that name none."
-    )
-    review_interval_s: float = Field(
-        300.0, gt=0, description="How often the policy looks at a running job again (the "
-        "deadline); a change of the offers prompts a look at once.",
-    )
-    interruption_endpoint: str | None = Field(
-        "http://169.254.169.254",
-        description="Instance metadata service every worker watches for spot interruption "
-        "notices (IMDSv2); null: do not watch. Where there is none, the watcher stops after "
-        "its first try.",
-    )
-
-    @property
-    def state_path(self) -> Path:
-        return Path(self.state_dir).expanduser()
-
-    @property
-    def checkpoint_root(self) -> Path:
-        return Path(self.storage_path).expanduser() if self.storage_path else self.state_path / "jobs"
-
-
-# ------------------------------------------------------------------------------------ plans
-
-
-class PlanRequest(_Strict):
-    """POST /v1/plans: rank the layouts of a job on some hardware."""
-
-    spec: JobSpec = Field(description="The job (its model, batch and precision matter).")
-    gpus: int | None = Field(None, ge=1, description="Devices; default resources.num_workers.")
-    accelerator: str | None = Field(
-        None, description="Device kind; default resources.accelerator, or 'cpu'."
-    )
-    usd_per_gpu_hour: float | None = Field(
-        None, ge=0, description="Hourly price per device, for dollars per million tokens."
-    )
-    keep: int = Field(10, ge=1, le=200, description="How many plans to return.")
-
-    @model_validator(mode="after")
-    def _kind_known(self) -> PlanRequest:
-        _raise_if_any("PlanRequest", _accelerator_errors(self.accelerator))
-        if self.spec.model.kind != "gpt":
-            _raise_if_any("PlanRequest", [_field_error(
-                ("spec", "model", "kind"),
-                "the planner needs the model's dimensions: it plans the built-in GPT. To "
-                "fix: describe your model as model.gpt, or pick a strategy yourself",
-                self.spec.model.kind,
-            )])
-        return self
-
-
-class PlanRow(_Record):
-    rank: int
-    layout: str = Field(description="Degrees, schedule, micro-batch x count, recomputation.")
-    dp_replicate: int
-    dp_shard: int
-    tp: int
-    pp: int
-    virtual_stages: int
-    micro_batch_size: int
-    microbatches: int
-    recompute: str
-    step_s: float
-    tokens_per_s: float
-    mfu: float
-    memory_gib: float = Field(description="Predicted memory per device.")
-    memory_limit_gib: float = Field(description="Usable memory per device.")
-    scaling_efficiency: float = Field(description="Throughput over N x one device's.")
-    usd_per_million_tokens: float | None
-    reason: str
-
-
-class PlanResponse(_Record):
-    accelerator: str
-    gpus: int
-    catalog_version: str
-    plans: list[PlanRow]
-
-
-def rank_plans(request: PlanRequest) -> PlanResponse:
-    """The ranked plans for a request; raises NothingFits with the smallest changes."""
-    spec = request.spec
-    dims, work, kind, gpus = spec.planner_inputs(request.gpus, request.accelerator)
-    # Ranking searches micro-batch sizes and recomputation too, not only the spec's own.
-    work = replace(work, micro_batch_options=(1, 2, 4, 8, 16), recompute_options=("none", "full"))
-    plans = plan(dims, work, kind, gpus, request.usd_per_gpu_hour, keep=request.keep)
-    rows = []
-    for index, p in enumerate(plans, start=1):
-        c = p.candidate
-        rows.append(PlanRow(
-            rank=index, layout=c.describe(), dp_replicate=c.dp_replicate, dp_shard=c.dp_shard,
-            tp=c.tp, pp=c.pp, virtual_stages=c.virtual_stages, micro_batch_size=c.micro_batch,
-            microbatches=c.microbatches, recompute=c.recompute, step_s=p.step_s,
-            tokens_per_s=p.tokens_per_s, mfu=p.mfu, memory_gib=p.memory_bytes / 2**30,
-            memory_limit_gib=p.memory_limit_bytes / 2**30,
-            scaling_efficiency=p.scaling_efficiency,
-            usd_per_million_tokens=p.usd_per_million_tokens, reason=p.reason,
-        ))
-    return PlanResponse(accelerator=kind, gpus=gpus, catalog_version=CATALOG_VERSION, plans=rows)

@@ -1,0 +1,99 @@
+"""The wire and file schema: what a user writes (JobSpec), what the service answers (JobStatus,
+JobEvent) and how an operator configures the service (ServiceConfig).
+
+One pydantic schema validates YAML files, REST bodies and stored records alike. Every model is
+strict (`extra="forbid"`), every field is described and has a safe default. Cross-field rules
+(batch divisibility, degrees that multiply to the worker count, sequence length within the
+model's reach) are checked here too and reported at the path of the field to change.
+
+    spec = load_job_spec("examples/demo.yaml")
+    spec = JobSpec.model_validate({"training": {"steps": 200}})
+
+By module: `job` (the JobSpec and its sections), `offers` (capacity for sale, policies,
+node-type bindings, decisions), `status` (JobStatus, JobEvent and their parts), `service`
+(ServiceConfig), `plans` (POST /v1/plans). Import from `raytrain.spec` itself.
+"""
+
+from raytrain.spec.job import (
+    CapacitySpec,
+    DataSpec,
+    GPTConfig,
+    JobSpec,
+    Market,
+    ModelSpec,
+    ParallelSpec,
+    ResourcesSpec,
+    TrainingSpec,
+    check_imports_allowed,
+    load_job_spec,
+    parse_job_spec,
+    spec_error_from_validation,
+)
+from raytrain.spec.offers import (
+    DecisionRecord,
+    NodeTypeBinding,
+    Offer,
+    OfferCatalog,
+    OfferRow,
+    OffersRequest,
+    OffersResponse,
+    PolicySpec,
+)
+from raytrain.spec.plans import (
+    PlanRequest,
+    PlanResponse,
+    PlanRow,
+    rank_plans,
+)
+from raytrain.spec.service import (
+    ServiceConfig,
+)
+from raytrain.spec.status import (
+    CheckpointInfo,
+    JobEvent,
+    JobResult,
+    JobState,
+    JobStatus,
+    PlanSummary,
+    PreemptionRecord,
+    Progress,
+    Resources,
+)
+
+__all__ = [
+    "GPTConfig",
+    "ModelSpec",
+    "DataSpec",
+    "TrainingSpec",
+    "ParallelSpec",
+    "ResourcesSpec",
+    "Market",
+    "CapacitySpec",
+    "JobSpec",
+    "check_imports_allowed",
+    "spec_error_from_validation",
+    "parse_job_spec",
+    "load_job_spec",
+    "Offer",
+    "OfferCatalog",
+    "PolicySpec",
+    "OffersRequest",
+    "OfferRow",
+    "OffersResponse",
+    "NodeTypeBinding",
+    "DecisionRecord",
+    "JobState",
+    "Progress",
+    "Resources",
+    "PlanSummary",
+    "CheckpointInfo",
+    "PreemptionRecord",
+    "JobResult",
+    "JobStatus",
+    "JobEvent",
+    "ServiceConfig",
+    "PlanRequest",
+    "PlanRow",
+    "PlanResponse",
+    "rank_plans",
+]

@@ -1,0 +1,190 @@
+"""Capacity for sale and how to buy it: offers, their catalog, policies, node-type bindings
+and the decisions taken."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from raytrain.core.hardware import LINKS
+from raytrain.spec._base import Record, Strict, field_error, raise_if_any
+from raytrain.spec.job import JobSpec, Market, accelerator_errors
+
+
+class Offer(Strict):
+    """One instance type one provider rents, with its prices and spot interruption rate."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    provider: str = Field(description="aws, or the GPU cloud that rents it.")
+    region: str = Field(description="Region the prices are for.")
+    spot_zone: str | None = Field(None, description="Zone of the cheapest spot price.")
+    instance_type: str = Field(description="The provider's name for the instance type.")
+    gpu_kind: str = Field(description="A GPU kind of the hardware catalog.")
+    gpus_per_node: int = Field(ge=1, description="GPUs per instance.")
+    intra_link: str = Field(description="Link between the GPUs of one node (catalog name).")
+    network_gbps: float = Field(gt=0, description="Network bandwidth between nodes, Gbit/s.")
+    rdma: bool = Field(False, description="RDMA between nodes (EFA, InfiniBand).")
+    on_demand_usd_per_hour: float | None = Field(None, ge=0, description="Per node.")
+    spot_usd_per_hour: float | None = Field(None, ge=0, description="Per node; null: no spot.")
+    spot_interruptions_per_hour: float = Field(
+        0.0, ge=0, description="Expected spot interruptions per node-hour."
+    )
+    interruption_band: str | None = Field(
+        None, description="The provider's published band, e.g. AWS Spot Advisor '>20%' a month."
+    )
+    note: str = Field("", description="Where the figures come from.")
+
+    @model_validator(mode="after")
+    def _known_parts(self) -> Offer:
+        errors = accelerator_errors(self.gpu_kind, ("gpu_kind",))
+        if self.intra_link not in LINKS:
+            errors.append(field_error(("intra_link",), f"unknown link {self.intra_link!r}. "
+                                       "To fix: use one of " + ", ".join(sorted(LINKS)),
+                                       self.intra_link))
+        if self.on_demand_usd_per_hour is None and self.spot_usd_per_hour is None:
+            errors.append(field_error(("on_demand_usd_per_hour",), "an offer needs a price. "
+                                       "To fix: give on_demand_usd_per_hour or "
+                                       "spot_usd_per_hour", None))
+        raise_if_any("Offer", errors)
+        return self
+
+    @property
+    def id(self) -> str:
+        return f"{self.provider}/{self.region}/{self.instance_type}"
+
+    def usd_per_hour(self, market: str) -> float | None:
+        return self.spot_usd_per_hour if market == "spot" else self.on_demand_usd_per_hour
+
+    def markets(self) -> list[str]:
+        return [m for m in ("spot", "on-demand") if self.usd_per_hour(m) is not None]
+
+
+
+class OfferCatalog(Record):
+    version: str = Field(description="Date of the figures (snapshot) or of the refresh.")
+    source: Literal["snapshot", "aws", "file"] = Field(description="Where the offers came from.")
+    fetched_at: float | None = Field(None, description="Unix time of the refresh, if any.")
+    warnings: list[str] = Field(default_factory=list, description="What could not be refreshed.")
+    offers: list[Offer]
+
+    def find(self, offer_id: str) -> Offer | None:
+        return next((o for o in self.offers if o.id == offer_id), None)
+
+
+class PolicySpec(Strict):
+    """A named autoscaling policy (policies/*.yaml): how the service buys capacity."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$", description="The file's stem.")
+    description: str = Field(description="One line for `raytrain offers`.")
+    markets: list[Market] = Field(
+        ["spot", "on-demand"], min_length=1, description="Markets the policy may buy."
+    )
+    objective: Literal["cost", "time"] = Field(
+        "cost", description="Minimise expected dollars to finish, or expected hours."
+    )
+    deadline_margin: float = Field(
+        0.15, ge=0, le=2, description="Plans must finish this fraction before the deadline."
+    )
+    failover_after_preemptions: int | None = Field(
+        None, ge=1, description="Move to on-demand after this many preemptions; null: never."
+    )
+    capacity_wait_s: float = Field(
+        600.0, gt=0, description="Spot capacity missing this long: take the next best offer."
+    )
+    switch_min_saving: float = Field(
+        0.2, ge=0, le=1,
+        description="Move a running job to a cheaper offer only when the expected cost to "
+        "finish falls by this fraction (and by more than the move costs).",
+    )
+    checkpoint_interval_s: float | None = Field(
+        None, gt=0, description="Seconds between periodic checkpoints; null: Young/Daly optimum."
+    )
+    max_checkpoint_interval_s: float = Field(
+        3600.0, gt=0, description="Checkpoint at least this often, whatever the optimum says "
+        "(it trusts a rate measured over few preemptions)."
+    )
+    checkpoint_cost_s: float = Field(
+        60.0, gt=0, description="Assumed seconds one checkpoint costs, until one is measured."
+    )
+    restart_s: float = Field(
+        300.0, ge=0, description="Assumed seconds from new capacity to the first step again."
+    )
+    notice_coverage: float = Field(
+        0.0, ge=0, le=1,
+        description="Fraction of preemptions whose notice leaves time to checkpoint (no work "
+        "lost); 0 counts every preemption as losing half an interval.",
+    )
+    max_nodes: int = Field(16, ge=1, le=4096, description="Most nodes one job may hold.")
+    prior_node_hours: float = Field(
+        20.0, gt=0, description="Weight of the catalog's interruption rate against preemptions "
+        "observed, in node-hours.",
+    )
+
+    @model_validator(mode="after")
+    def _failover_needs_both(self) -> PolicySpec:
+        if self.failover_after_preemptions is not None and self.markets != ["spot", "on-demand"]:
+            raise_if_any("PolicySpec", [field_error(
+                ("failover_after_preemptions",),
+                "failing over to on-demand needs markets [spot, on-demand]. To fix: list both "
+                "markets or drop failover_after_preemptions", self.failover_after_preemptions)])
+        return self
+
+
+class OffersRequest(Strict):
+    """POST /v1/offers: rank the offers for a job that has not been submitted."""
+
+    spec: JobSpec = Field(description="The job to rank offers for.")
+    policy: str | None = Field(None, description="Policy name; default: the job's, else the "
+                               "service's.")
+    keep: int = Field(20, ge=1, le=500, description="How many options to return.")
+
+
+class OfferRow(Record):
+    """One option of the policy's ranking: an offer, a market and a node count for a job."""
+
+    rank: int
+    offer: str
+    instance_type: str
+    gpu_kind: str
+    market: Market
+    nodes: int
+    gpus: int
+    usd_per_hour: float = Field(description="All nodes.")
+    tokens_per_s: float
+    layout: str
+    preemptions_per_hour: float
+    checkpoint_interval_s: float | None
+    expected_hours: float
+    expected_cost_usd: float
+
+
+class OffersResponse(Record):
+    catalog_version: str
+    source: str
+    warnings: list[str]
+    offers: list[Offer]
+    policy: str | None = Field(None, description="The policy that ranked, with a job.")
+    ranking: list[OfferRow] = Field(default_factory=list)
+    decision: str | None = Field(None, description="What the policy would do, and why.")
+
+
+class NodeTypeBinding(Strict):
+    offer: str = Field(description="Id of the offer the node type buys (provider/region/type).")
+    market: Market = Field(description="spot or on-demand.")
+    max_nodes: int = Field(0, ge=0, description="The node type's max_workers; 0: no limit.")
+
+
+class DecisionRecord(Record):
+    time: float = Field(description="Unix time of the decision.")
+    event: str = Field(description="What prompted it: submit, preemption, deadline, ...")
+    action: str = Field(description="start, stay, switch, wait.")
+    offer: str | None = Field(None, description="The chosen offer's id.")
+    market: str | None = None
+    nodes: int = 0
+    usd_per_hour: float = 0.0
+    expected_hours: float | None = None
+    expected_cost_usd: float | None = None
+    checkpoint_interval_s: float | None = None
+    reason: str = Field(description="Why, in one line.")

@@ -1,0 +1,68 @@
+"""How an operator configures the service."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from raytrain.spec._base import Strict
+from raytrain.spec.offers import NodeTypeBinding
+
+
+class ServiceConfig(Strict):
+    """How an operator runs the service (`raytrain serve` flags or a YAML file)."""
+
+    state_dir: str = Field(
+        "~/.raytrain",
+        description="Directory on the head node for the job store; checkpoints go under "
+        "storage_path. Must survive service restarts.",
+    )
+    storage_path: str | None = Field(
+        None,
+        description="Where workers write checkpoints; must be reachable by every worker "
+        "(shared filesystem on a multi-node cluster). Default: <state_dir>/jobs.",
+    )
+    allowed_import_packages: list[str] = Field(
+        default_factory=list,
+        description="Packages whose factories jobs may import (model.factory, data.factory).",
+    )
+    scheduler_interval_s: float = Field(
+        1.0, gt=0, le=60, description="How often queued jobs are checked against free capacity."
+    )
+    node_types: dict[str, NodeTypeBinding] = Field(
+        default_factory=dict,
+        description="Ray node types the service may ask the autoscaler for, each with the "
+        "offer and market it buys (`raytrain serve --cluster-config` fills it from a cluster "
+        "YAML). Empty: a fixed cluster; jobs run on what is there.",
+    )
+    offers_file: str | None = Field(
+        None, description="An offer catalog (YAML or JSON) to use instead of the refreshed "
+        "cache in state_dir or the shipped snapshot.",
+    )
+    policy_dir: str | None = Field(
+        None, description="Folder of named policies; default: policies/ of the installation."
+    )
+    default_policy: str = Field(
+        "cost-first", description="The policy of jobs that name none."
+    )
+    review_interval_s: float = Field(
+        300.0, gt=0, description="How often the policy looks at a running job again (the "
+        "deadline); a change of the offers prompts a look at once.",
+    )
+    interruption_endpoint: str | None = Field(
+        "http://169.254.169.254",
+        description="Instance metadata service every worker watches for spot interruption "
+        "notices (IMDSv2); null: do not watch. Where there is none, the watcher stops after "
+        "its first try.",
+    )
+
+    @property
+    def state_path(self) -> Path:
+        return Path(self.state_dir).expanduser()
+
+    @property
+    def checkpoint_root(self) -> Path:
+        if self.storage_path:
+            return Path(self.storage_path).expanduser()
+        return self.state_path / "jobs"

@@ -1,0 +1,137 @@
+"""What the service answers about a job: its state, progress, resources, plan, checkpoints,
+preemptions, result and events."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import Field
+
+from raytrain.spec._base import Record
+from raytrain.spec.job import JobSpec
+from raytrain.spec.offers import DecisionRecord
+
+
+class JobState(str, Enum):
+    PENDING = "PENDING"
+    PROVISIONING = "PROVISIONING"
+    RUNNING = "RUNNING"
+    RECOVERING = "RECOVERING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+class Progress(Record):
+    step: int = Field(0, description="Optimizer steps completed.")
+    total_steps: int = Field(0, description="Optimizer steps the job will run.")
+    loss: float | None = Field(None, description="Training loss of the latest step.")
+    first_loss: float | None = Field(None, description="Training loss of the first step.")
+    tokens_per_s: float | None = Field(None, description="Recent training throughput.")
+    elapsed_s: float = Field(0.0, description="Seconds since training started.")
+    eta_s: float | None = Field(None, description="Estimated seconds to finish.")
+
+
+class Resources(Record):
+    accelerator: str = Field("cpu", description="The accelerator kind the workers run on.")
+    node_type: str | None = Field(None, description="The Ray node type, when autoscaled.")
+    offer: str | None = Field(None, description="The offer bought, when autoscaled.")
+    market: Literal["local", "spot", "on-demand"] = Field("local", description="How bought.")
+    nodes: int = Field(0, description="Nodes the workers span.")
+    gpus: float = Field(0, description="GPUs held by the job.")
+    cpus: float = Field(0, description="CPUs held by the job.")
+    hourly_usd: float = Field(0.0, description="Price of the held capacity per hour.")
+
+
+class PlanSummary(Record):
+    strategy: str = Field(description="The parallel strategy.")
+    layout: dict[str, int] = Field(description="Degree of each parallel axis.")
+    description: str = Field("", description="The layout in words, e.g. 'dp_shard2 tp2'.")
+    predicted_step_s: float | None = Field(None, description="The planner's step time.")
+    predicted_tokens_per_s: float | None = Field(None, description="The planner's throughput.")
+    predicted_memory_gib: float | None = Field(
+        None, description="The planner's memory per device (weights, gradients, optimizer "
+        "state, activations)."
+    )
+    measured_step_s: float | None = Field(
+        None, description="Step time from the latest progress report, once running."
+    )
+    reason: str | None = Field(None, description="The planner's one-line account of the plan.")
+    grad_accum_steps: int = Field(description="Micro-batches accumulated per optimizer step.")
+    tokens_per_step: int = Field(description="Tokens per optimizer step, all ranks.")
+    backend: str = Field(description="Collective backend: nccl on GPU, gloo on CPU.")
+
+
+class CheckpointInfo(Record):
+    step: int = Field(description="Optimizer steps the checkpoint includes.")
+    path: str = Field(description="Directory of the checkpoint.")
+
+
+class PreemptionRecord(Record):
+    time: float = Field(description="Unix time the workers stopped (or were lost).")
+    notice: bool = Field(description="Whether an interruption notice came first.")
+    reached_step: int = Field(description="Step the job reached: exact after a notice; "
+                              "after a loss without one, its last report (a lower bound).")
+    checkpoint_step: int | None = Field(description="The checkpoint it resumes from.")
+    lost_steps: int = Field(description="Steps trained since that checkpoint, to redo (a "
+                            "lower bound without a notice).")
+    notice_to_checkpoint_s: float | None = Field(
+        None, description="From the notice to the checkpoint being durable.")
+    capacity_to_first_step_s: float | None = Field(
+        None, description="From the new capacity in hand to the first step after resuming.")
+    down_s: float | None = Field(None, description="From stopping to training again.")
+    before: str = Field(description="Nodes and layout before.")
+    after: str | None = Field(None, description="Nodes and layout after resuming.")
+    extra_cost_usd: float = Field(
+        0.0, description="Nodes billed while the job was down, plus the lost steps' time.")
+
+
+class JobResult(Record):
+    first_loss: float = Field(description="Loss of the first step of the job.")
+    final_loss: float = Field(description="Loss of the last step.")
+    steps: int = Field(description="Optimizer steps completed.")
+    train_wall_s: float = Field(description="Seconds of the final training attempt.")
+    tokens_per_s: float = Field(description="Mean throughput of the final attempt.")
+
+
+class JobStatus(Record):
+    id: str
+    state: JobState
+    spec: JobSpec
+    plan: PlanSummary | None = None
+    progress: Progress = Field(default_factory=Progress)
+    resources: Resources = Field(default_factory=Resources)
+    cost_usd: float = 0.0
+    restarts: int = Field(0, description="Times training restarted from a checkpoint.")
+    preemptions: int = Field(0, description="Spot preemptions survived.")
+    error: str | None = Field(None, description="Why the job failed; null unless FAILED.")
+    message: str | None = Field(None, description="What the job waits for, when it waits.")
+    checkpoint: CheckpointInfo | None = Field(None, description="The latest durable checkpoint.")
+    decisions: list[DecisionRecord] = Field(
+        default_factory=list, description="The autoscaling policy's decisions, with reasons."
+    )
+    preemption_log: list[PreemptionRecord] = Field(
+        default_factory=list, description="Every preemption survived: what it cost."
+    )
+    lost_steps: int = Field(0, description="Steps redone after preemptions, all of them.")
+    down_s: float = Field(0.0, description="Seconds not training after preemptions, in all.")
+    preemption_cost_usd: float = Field(
+        0.0, description="What the preemptions cost in all (nodes held while down, redone "
+        "steps).")
+    result: JobResult | None = Field(None, description="Final figures once SUCCEEDED.")
+    created_at: float = Field(description="Unix time of submission.")
+    started_at: float | None = Field(None, description="Unix time training first started.")
+    finished_at: float | None = Field(None, description="Unix time the job ended.")
+
+
+class JobEvent(Record):
+    seq: int = Field(description="Position in the job's event stream, from 0.")
+    type: Literal["state", "progress", "checkpoint", "preemption", "end"]
+    job_id: str
+    time: float
+    data: dict[str, Any] = Field(default_factory=dict)
