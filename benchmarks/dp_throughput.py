@@ -118,11 +118,13 @@ def main() -> None:
     paired = [r / t for r, t in zip(ours, reference)]
     ratio = statistics.median(paired)
     print()
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, "
+          f"Python {platform.python_version()}")
     print(f"workload: GPT dim 128 x 2 layers, seq 64, global batch 16 (2 ranks x 4 x accum 2), "
           f"{args.steps} steps, steady state after step {args.skip}")
-    print(f"torchrun DDP   median {statistics.median(reference):,.0f} tokens/s  {['%.0f' % v for v in reference]}")
-    print(f"raytrain job   median {statistics.median(ours):,.0f} tokens/s  {['%.0f' % v for v in ours]}")
+    for name, values in (("torchrun DDP", reference), ("raytrain job", ours)):
+        print(f"{name:14s} median {statistics.median(values):,.0f} tokens/s  "
+              f"{['%.0f' % v for v in values]}")
     print(f"paired ratios raytrain / torchrun: {['%.3f' % r for r in paired]}")
     print(f"ratio raytrain / torchrun (median of paired): {ratio:.3f}; "
           f"ratio of medians: {statistics.median(ours) / statistics.median(reference):.3f}")

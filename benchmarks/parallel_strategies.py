@@ -13,6 +13,12 @@ state. Prints three tables:
    GPU: torch.cuda.max_memory_allocated) next to the analytic expectation for weights,
    gradients and AdamW state (16 bytes per parameter held), activations excluded.
 
+On CPU, glibc's allocator keeps freed blocks for reuse, so peak RSS also counts memory that
+is no longer live (the CPU counterpart of the CUDA caching allocator's reserved memory).
+`run(..., live=True)` makes it return every block of 128 KiB or more to the system when it is
+freed (MALLOC_MMAP_THRESHOLD_), so peak RSS is the peak of what was live, the counterpart of
+torch.cuda.max_memory_allocated; such runs are slower and their step time is not used.
+
     python -m benchmarks.parallel_strategies --ranks 2 [--device cuda] [--only throughput]
 """
 
@@ -107,9 +113,13 @@ def _rss_bytes() -> int:
 # ------------------------------------------------------------------------------ driver side
 
 
+LIVE_MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
+
+
 def run(parallel: dict, ranks: int, steps: int, global_batch: int, micro_batch: int,
-        device: str, model: dict | None = None) -> dict[str, Any]:
-    """One torchrun of the loop; step time (median over steady steps) and peak memory."""
+        device: str, model: dict | None = None, live: bool = False) -> dict[str, Any]:
+    """One torchrun of the loop; step time (median over steady steps) and peak memory (with
+    `live`, of live memory only: see the module docstring)."""
     with tempfile.TemporaryDirectory() as tmp:
         spec_path = Path(tmp, "spec.json")
         spec_path.write_text(json.dumps(
@@ -117,14 +127,16 @@ def run(parallel: dict, ranks: int, steps: int, global_batch: int, micro_batch: 
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
                    str(ranks), "--master_port", "29541", str(HERE), "--worker", str(spec_path),
                    tmp, device]
-        subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env = {**os.environ, "OMP_NUM_THREADS": "1", **(LIVE_MEMORY_ENV if live else {})}
+        subprocess.run(command, check=True, env=env,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         records = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(ranks)]
     points = records[0]["points"]
     # Steady state: skip the first two steps (warm-up, lazy optimizer state).
     gaps = [b[1] - a[1] for a, b in zip(points[2:], points[3:])]
-    return {"step_s": statistics.median(gaps),
-            "tokens_per_s": global_batch * (model or MODEL)["max_seq_len"] / statistics.median(gaps),
+    step_s = statistics.median(gaps)
+    return {"step_s": step_s,
+            "tokens_per_s": global_batch * (model or MODEL)["max_seq_len"] / step_s,
             "peak_bytes": [r["peak_bytes"] for r in records]}
 
 

@@ -108,12 +108,14 @@ def _status_table(job: JobStatus) -> Table:
         ("loss", "-" if p.loss is None else f"{p.loss:.4f} (first {p.first_loss:.4f})"
          if p.first_loss is not None else f"{p.loss:.4f}"),
         ("tokens/s", "-" if p.tokens_per_s is None else f"{p.tokens_per_s:,.0f}"),
-        ("elapsed / ETA", f"{p.elapsed_s:.0f}s / " + ("-" if p.eta_s is None else f"{p.eta_s:.0f}s")),
+        ("elapsed / ETA",
+         f"{p.elapsed_s:.0f}s / " + ("-" if p.eta_s is None else f"{p.eta_s:.0f}s")),
         ("resources", f"{r.accelerator}, {r.market}, {r.nodes} node(s), {r.cpus:g} CPU, "
                       f"{r.gpus:g} GPU, ${r.hourly_usd:.2f}/h"),
         ("cost", f"${job.cost_usd:.2f}"),
         ("restarts / preemptions", f"{job.restarts} / {job.preemptions}"),
-        ("checkpoint", f"step {job.checkpoint.step}: {job.checkpoint.path}" if job.checkpoint else "-"),
+        ("checkpoint",
+         f"step {job.checkpoint.step}: {job.checkpoint.path}" if job.checkpoint else "-"),
     ]
     if job.error:
         rows.append(("error", job.error))
@@ -447,7 +449,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             raise
         out.print(f"demo wall time: {time.monotonic() - wall_started:.1f} s")
         if status.state != JobState.SUCCEEDED:
-            err.print(f"[red]the demo job ended {status.state.value}:[/red] {escape(str(status.error))}")
+            err.print(f"[red]the demo job ended {status.state.value}:[/red] "
+                      f"{escape(str(status.error))}")
             return 1
         return 0
     finally:
@@ -460,7 +463,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raytrain", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--server", help="service URL (default: $RAYTRAIN_SERVER or %s)" % DEFAULT_URL)
+    parser.add_argument("--server",
+                        help=f"service URL (default: $RAYTRAIN_SERVER or {DEFAULT_URL})")
     commands = parser.add_subparsers(dest="command", required=True)
 
     def with_json(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -475,7 +479,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="allow jobs to import factories from PACKAGE (repeatable)")
 
     demo = commands.add_parser("demo", help="train the demo job on an embedded local Ray")
-    demo.add_argument("--spec", default=str(DEMO_SPEC), help="job spec (default: examples/demo.yaml)")
+    demo.add_argument("--spec", default=str(DEMO_SPEC),
+                      help="job spec (default: examples/demo.yaml)")
     demo.add_argument("--port", type=int, default=8000)
     with_service(demo)
     demo.set_defaults(func=cmd_demo)

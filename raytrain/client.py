@@ -129,7 +129,8 @@ class Client:
         if response.status_code == 422 and isinstance(detail, list):
             raise SpecError(
                 [
-                    FieldError(tuple(e["loc"][1:] if e["loc"][:1] == ["body"] else e["loc"]), e["msg"])
+                    FieldError(tuple(e["loc"][1:] if e["loc"][:1] == ["body"] else e["loc"]),
+                               e["msg"])
                     for e in detail
                 ]
             )

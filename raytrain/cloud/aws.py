@@ -10,7 +10,8 @@ Anything that fails (no credentials, no network, an API error) keeps that row's 
 figures and adds a warning that says what failed and how to fix it; the catalog is never
 left half-written. Offers from other providers are carried over unchanged.
 
-    catalog = refresh(load_offers(state_dir), Clients.from_session(boto3.Session()), now=time.time())
+    clients = Clients.from_session(boto3.Session())
+    catalog = refresh(load_offers(state_dir), clients, now=time.time())
 """
 
 from __future__ import annotations

@@ -14,10 +14,11 @@ tau / 2 on average. So T = W (1 + C / tau) + L T (R + (1 - q) tau / 2), that is
     T = W (1 + C / tau) / (1 - L (R + (1 - q) tau / 2))
 
 and its optimum over tau (`optimal_interval_s`) is Young's interval sqrt(2 C / ((1 - q) L))
-with Daly's -C correction when C and R are small against the time between preemptions.
-The option is infeasible when the denominator is not positive: it would lose work faster than it makes it. Cost is T times the hourly price of all
-its nodes: nodes are billed while training, checkpointing and restarting (an upper bound,
-since a preempted node stops billing while its replacement is sought).
+with Daly's -C correction when C and R are small against the time between preemptions. The
+option is infeasible when the denominator is not positive: it would lose work faster than it
+makes it. Cost is T times the hourly price of all its nodes: nodes are billed while
+training, checkpointing and restarting (an upper bound, since a preempted node stops billing
+while its replacement is sought).
 
     decision = choose(goal, offers, planner_throughput(dims, work), policy)
     decision = redecide(current, "preemption", goal, offers, throughput, policy, observed)

@@ -98,7 +98,7 @@ GPUS: dict[str, GPUKind] = {
                    calibration="benchmarks/calibrate_cpu.py on the CI machine, 2026-12-01",
                    overlaps_communication=False, block_overhead_s=1.28e-3,
                    tp_block_overhead_s=12.7e-3, fsdp_unit_overhead_s=1.95e-3,
-                   runtime_reserve_bytes=23 * 2**20),
+                   runtime_reserve_bytes=22 * 2**20),
 }
 
 LINKS: dict[str, Link] = {

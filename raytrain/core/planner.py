@@ -11,21 +11,24 @@ scores, causal masking not discounted), so MFU figures compare with its publishe
 Memory per device. Weights, gradients and AdamW state take 16 bytes per parameter the device
 holds (fp32 master, fp32 gradient, two fp32 moments): a pipeline rank holds its stages' layers
 (plus embedding or head), tensor parallel divides them by `tp`, FSDP by `dp_shard`. FSDP adds
-two unsharded blocks in compute precision (current and prefetched); DDP adds its gradient
-buckets (4 bytes per parameter). Activations per token per layer, in compute precision:
+the root unit (embeddings and head, which FSDP2 keeps gathered from forward to backward) and
+two unsharded blocks (current and prefetched) in compute precision, plus the largest unit's
+unsharded fp32 gradient (the reduce-scatter's input); DDP adds its gradient buckets (4 bytes
+per parameter). Activations per token per layer, in compute precision:
 8*d + 2*d_kv + (3 or 2)*f values (norm inputs and outputs, q/k/v, attention output, the MLP's
 hidden activations); sequence parallel divides all of it by `tp`, tensor parallel without it
 all but the 4*d around the norms; full recomputation keeps only each block's input (d) plus
 one block's activations; selective recomputation is counted as half. The optimizer step's
 intermediate (4 bytes per parameter held, foreach AdamW's square root of the second moment)
 follows the backward pass, so the peak holds the larger of it and the activations.
-Microbatches in flight on pipeline rank r: one without a pipeline, m for GPipe, min(m, pp - r) for 1F1B, and
-min(m, pp) x (1 + (pp-1)/(pp*v)) for interleaved 1F1B (Narayanan et al., 2021). The head's
-logits (and their fp32 log-softmax) sit on the last stage for each microbatch in flight there
-(m under GPipe, one under 1F1B), plus one fp32 gradient, whole unless the loss is computed
-tensor-parallel. The first and the last pipeline rank are evaluated; the larger counts.
-A plan fits when all of it plus the device kind's runtime reserve (CUDA context, NCCL
-buffers and allocator slack on a GPU; measured on CPU) stays under 92% of device memory.
+Microbatches in flight on pipeline rank r: one without a pipeline, m for GPipe, min(m, pp-r)
+for 1F1B, and min(m, pp) x (1 + (pp-1)/(pp*v)) for interleaved 1F1B (Narayanan et al.,
+2021). The head's logits (and their fp32 log-softmax) sit on the last stage for each
+microbatch in flight there (m under GPipe, one under 1F1B), plus one fp32 gradient, whole
+unless the loss is computed tensor-parallel. The first and the last pipeline rank are
+evaluated; the larger counts. A plan fits when all of it plus the device kind's runtime
+reserve (CUDA context, NCCL buffers and allocator slack on a GPU; measured on CPU) stays
+under 92% of device memory.
 
 Time per step. Compute runs at the device's calibrated `achievable` fraction of peak (bf16 on
 tensor cores, fp32 otherwise), x4/3 on matmuls with full recomputation. Collectives cost
@@ -35,13 +38,14 @@ mesh order of raytrain.parallel): a group stays on the intra-node link while its
 in a node. Tensor parallel: 8 collective passes of one activation per layer per microbatch
 (all-gather and reduce-scatter around attention and MLP, forward and backward; 12 with
 recomputation; reduce-scatters at the link's reduce-scatter cost), not overlapped.
-Pipeline: one point-to-point activation and gradient per microbatch, and the schedule's bubble: a step is (m + (pp-1)/v) microbatch times. FSDP:
-all-gather of parameters in forward and backward and reduce-scatter of fp32 gradients per
-microbatch (once per step under a pipeline, which keeps parameters gathered), overlapped with
-compute except one block's worth. DDP: all-reduce of fp32 gradients once per step, overlapped
-with the last backward. HSDP's all-reduce across replicas is not overlapped, and comes after
-every microbatch without a pipeline. The optimizer
-step is memory-bound: 32 bytes of traffic per parameter held.
+Pipeline: one point-to-point activation and gradient per microbatch, and the schedule's
+bubble: a step is (m + (pp-1)/v) microbatch times. FSDP: all-gather of parameters in forward
+and backward and reduce-scatter of fp32 gradients per microbatch (once per step under a
+pipeline, which keeps parameters gathered), overlapped with compute except one block's
+worth. DDP: all-reduce of fp32 gradients once per step, overlapped with the last backward.
+HSDP's all-reduce across replicas is not overlapped, and comes after every microbatch
+without a pipeline. The optimizer step is memory-bound: 32 bytes of traffic per parameter
+held.
 
 CPU ranks (the `cpu` kind, calibrated on this project's CI machine) differ in four stated
 ways: a rank's one thread runs communication and compute one after the other (no overlap);
@@ -59,6 +63,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 from raytrain.core.hardware import GPUS, GiB, Link, NodeShape, node_shape
 from raytrain.core.layout import Layout, divisors, stage_layers, stages_of_rank
@@ -212,20 +217,23 @@ def _link_for_span(span: int, shape: NodeShape) -> Link:
     return shape.intra if span <= shape.gpus_per_node else shape.inter
 
 
+@lru_cache(maxsize=4096)  # the search asks for the same few ranks of one model many times
 def rank_params(dims: ModelDims, pp: int, v: int, rank: int) -> tuple[int, int, bool]:
     """(parameters, layers, holds the last stage) of pipeline rank `rank`: its stages' layers
     plus the embeddings or head, split as raytrain.parallel splits the built-in GPT."""
     stages = pp * v
     layers = stage_layers(dims.num_layers, stages)
     held = count = 0
-    for stage in stages_of_rank(rank, pp, stages):
+    mine = stages_of_rank(rank, pp, stages)
+    for stage in mine:
         count += len(layers[stage])
         held += len(layers[stage]) * dims.block_params
         held += dims.embedding_params if stage == 0 else 0
         held += dims.head_params if stage == stages - 1 else 0
-    return held, count, (stages - 1) in stages_of_rank(rank, pp, stages)
+    return held, count, (stages - 1) in mine
 
 
+@lru_cache(maxsize=4096)
 def stage_params(dims: ModelDims, pp: int, v: int) -> int:
     """Parameters on the busiest pipeline rank."""
     return max(rank_params(dims, pp, v, rank)[0] for rank in range(pp))
@@ -249,7 +257,13 @@ def _rank_memory(dims: ModelDims, work: Workload, c: Candidate, rank: int) -> fl
         if c.pp > 1:  # parameters stay gathered between microbatches
             state += held * param_bytes
         else:
-            state += 2 * block_held * param_bytes
+            # The root unit (embeddings, final norm, head) stays gathered from forward to
+            # backward (FSDP2 does not reshard the root), two blocks are gathered at a time
+            # (current and prefetched), and the unit being reduced has its whole fp32
+            # gradient as the reduce-scatter's input.
+            root_held = (dims.embedding_params + dims.head_params) / c.tp
+            state += (root_held + 2 * block_held) * param_bytes
+            state += max(root_held, block_held) * 4
     elif c.wrapper == "ddp":
         state += held * 4  # gradient buckets
     tokens = c.micro_batch * dims.seq_len

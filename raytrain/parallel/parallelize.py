@@ -58,7 +58,8 @@ from raytrain.parallel.compression import register_compression
 from raytrain.spec import JobSpec
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
+             "interleaved_1f1b": ScheduleInterleaved1F1B}
 
 
 def gpt_stage(model: GPT, stage: int, num_stages: int) -> GPT:

@@ -67,7 +67,8 @@ def _unwrap(envelope: dict[str, Any]) -> Any:
         return envelope["ok"]
     kind, detail = envelope["error"], envelope["detail"]
     if kind == "spec":
-        raise HTTPException(status_code=422, detail=[{**e, "loc": ["body", *e["loc"]]} for e in detail])
+        raise HTTPException(status_code=422,
+                            detail=[{**e, "loc": ["body", *e["loc"]]} for e in detail])
     if kind == "not_found":
         raise HTTPException(status_code=404, detail=detail)
     raise HTTPException(status_code=409, detail=detail)

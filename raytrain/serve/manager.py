@@ -246,7 +246,8 @@ class JobManager:
             logger.info("job %s cancelled (was running: %s)", job_id, run is not None)
             return {"ok": job.model_dump(mode="json")}
 
-    def wait_events(self, job_id: str, after_seq: int, timeout_s: float) -> list[dict[str, Any]] | None:
+    def wait_events(self, job_id: str, after_seq: int,
+                    timeout_s: float) -> list[dict[str, Any]] | None:
         """Events with seq > after_seq, waiting up to timeout_s for one; None for no such job."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
@@ -279,7 +280,8 @@ class JobManager:
 
     # ------------------------------------------------------------ reports from rank 0
 
-    def worker_group_started(self, job_id: str, resumed_step: int, placement: dict[str, Any]) -> int:
+    def worker_group_started(self, job_id: str, resumed_step: int,
+                             placement: dict[str, Any]) -> int:
         with self._lock:
             job, run = self._jobs.get(job_id), self._runs.get(job_id)
             if job is None or run is None:
@@ -313,7 +315,8 @@ class JobManager:
                 )
             return run.attempt
 
-    def report_progress(self, job_id: str, attempt: int, payload: dict[str, Any]) -> dict[str, bool]:
+    def report_progress(self, job_id: str, attempt: int,
+                        payload: dict[str, Any]) -> dict[str, bool]:
         """Record rank 0's report; the reply tells the workers whether to stop."""
         with self._lock:
             job, run = self._jobs.get(job_id), self._runs.get(job_id)
@@ -598,7 +601,8 @@ class JobManager:
         if was in (JobState.RUNNING, JobState.RECOVERING, JobState.PROVISIONING):
             job.restarts += 1 if job.started_at is not None else 0
         job.state = JobState.PENDING
-        job.message = f"the service restarted while the job was {was.value}; it resumes from its latest checkpoint"
+        job.message = (f"the service restarted while the job was {was.value}; it resumes "
+                       "from its latest checkpoint")
         self._save(job)
         logger.info("job %s requeued after a service restart (was %s)", job.id, was.value)
 

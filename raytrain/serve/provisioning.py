@@ -18,7 +18,7 @@ runs, Ray Train's own request holds the nodes, so the two never count a node twi
 expire unless refreshed, so a lost job manager cannot hold nodes forever.
 
     provisioner = Provisioner(config)
-    placement = provisioner.place(job, now)     # Placement, or None while it waits (job.message says why)
+    placement = provisioner.place(job, now)  # Placement, or None while it waits (message: why)
     provisioner.release(job.id)
 """
 

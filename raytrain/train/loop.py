@@ -102,11 +102,11 @@ class LossSync:
     Rank 0 alone hears from the service; its stop flag rides in the same all-reduce as the
     loss, so all ranks leave the loop at the same step. So do each rank's interruption
     notices: any rank's notice makes every rank checkpoint (and stop) at the same step.
-    Reducing every step would add a barrier per step (about 4% of a small model's throughput on 2 CPU ranks, measured with
-    benchmarks/loop_overhead.py), so the reduction happens about every `target_s` seconds of
-    training instead. The interval is rank 0's choice from its measured step time, and it
-    travels in the same all-reduce, so every rank knows the next sync step without another
-    message. `target_s=0` syncs every step.
+    Reducing every step would add a barrier per step (about 4% of a small model's throughput
+    on 2 CPU ranks, measured with benchmarks/loop_overhead.py), so the reduction happens
+    about every `target_s` seconds of training instead. The interval is rank 0's choice from
+    its measured step time, and it travels in the same all-reduce, so every rank knows the
+    next sync step without another message. `target_s=0` syncs every step.
     """
 
     MAX_INTERVAL = 1000

@@ -2,8 +2,8 @@
 
 `ray.train.report()` blocks for a controller poll (about 2 s), so per-step progress goes
 through a cheaper channel: a fire-and-forget call on the job manager actor, at most every
-`interval_s` (1 s by default) and always for the first and last step. The meter measures throughput over the
-steps since the previous publication, which is what a progress bar wants.
+`interval_s` (1 s by default) and always for the first and last step. The meter measures
+throughput over the steps since the previous publication, which is what a progress bar wants.
 
     meter = ProgressMeter(total_steps=100, tokens_per_step=2048, start_step=0, clock=time.monotonic)
     if meter.record(step, loss): sink.progress(meter.snapshot())

@@ -161,7 +161,9 @@ def test_killed_worker_resumes_from_its_last_checkpoint(service: Service) -> Non
     assert after[-1] == steps and final.result is not None and final.result.steps == steps
 
 
-def test_cli_and_curl_example_against_the_server(service: Service, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_and_curl_example_against_the_server(
+    service: Service, capsys: pytest.CaptureFixture[str]
+) -> None:
     env = {**os.environ, "RAYTRAIN_SERVER": service.url}
     follow = subprocess.run(
         [sys.executable, "-m", "raytrain.cli", "submit", str(ROOT / "examples" / "job.json"),
@@ -191,7 +193,9 @@ def test_cli_and_curl_example_against_the_server(service: Service, capsys: pytes
     assert "cannot reach the raytrain service" in capsys.readouterr().err
 
 
-def test_records_survive_a_service_restart(service: Service, capsys: pytest.CaptureFixture[str]) -> None:
+def test_records_survive_a_service_restart(
+    service: Service, capsys: pytest.CaptureFixture[str]
+) -> None:
     from raytrain.serve.deploy import deploy, undeploy
     from raytrain.serve.manager import find_manager
 
@@ -207,7 +211,8 @@ def test_records_survive_a_service_restart(service: Service, capsys: pytest.Capt
     )
     assert response.status_code == 202, response.text
     waiting = client.job(response.json()["id"])
-    wait_for(lambda: "waiting for 64 CPU" in (waiting.status().message or ""), 20, "the queue reason")
+    wait_for(lambda: "waiting for 64 CPU" in (waiting.status().message or ""), 20,
+             "the queue reason")
     before = {job.id: job.state for job in client.list()}
     assert before[waiting.id] == JobState.PENDING and len(before) >= 2
 

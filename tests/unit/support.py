@@ -59,7 +59,8 @@ def make_dataset(seq_len: int) -> CountingDataset:
 
 
 def make_tiny_model(vocab_size: int = 50, dim: int = 16) -> torch.nn.Module:
-    return torch.nn.Sequential(torch.nn.Embedding(vocab_size, dim), torch.nn.Linear(dim, vocab_size))
+    return torch.nn.Sequential(torch.nn.Embedding(vocab_size, dim),
+                               torch.nn.Linear(dim, vocab_size))
 
 
 class NoticeAfter:

@@ -22,7 +22,7 @@ from raytrain.core.autoscale import (
     optimal_interval_s,
 )
 from raytrain.core.catalog import band_rate, node_shape_of
-from raytrain.core.planner import ModelDims, Workload, evaluate, fastest
+from raytrain.core.planner import ModelDims, Workload, fastest
 from raytrain.core.simulate import STRATEGIES, SimJob, compare, simulate
 from raytrain.errors import SpecError
 from raytrain.spec import Offer, PolicySpec

@@ -18,4 +18,5 @@ def test_records_survive_reopening(tmp_path: Path) -> None:
     store.put(second)
     store.close()
     reopened = JobStore(tmp_path / "jobs.db").load_all()
-    assert [(j.id, j.state) for j in reopened] == [("a", JobState.PENDING), ("b", JobState.SUCCEEDED)]
+    assert [(j.id, j.state) for j in reopened] == [("a", JobState.PENDING),
+                                                    ("b", JobState.SUCCEEDED)]
