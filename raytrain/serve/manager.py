@@ -30,8 +30,8 @@ from ray._raylet import PlacementGroupID
 from ray.actor import ActorHandle
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-from raytrain.core.capacity import admit, worker_group_demand
 from raytrain.catalog import unknown_policy
+from raytrain.core.capacity import admit, worker_group_demand
 from raytrain.errors import SpecError
 from raytrain.offers import offers_response
 from raytrain.serve.provisioning import Provisioner

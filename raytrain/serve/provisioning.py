@@ -298,10 +298,16 @@ def _limit_nodes(throughput: Callable[[Offer, int], tuple[float, str] | None],
                                  else throughput(offer, nodes))
 
 
+def _offers_path(config: ServiceConfig) -> Path:
+    """The file the service's offers come from: its offers_file, else the refresh cache."""
+    if config.offers_file:
+        return Path(config.offers_file).expanduser()
+    return config.state_path / CACHE_FILE
+
+
 def _catalog_stamp(config: ServiceConfig) -> float | None:
     """When the offers the service reads last changed (None: the shipped snapshot)."""
-    path = Path(config.offers_file).expanduser() if config.offers_file \
-        else config.state_path / CACHE_FILE
+    path = _offers_path(config)
     return path.stat().st_mtime if path.exists() else None
 
 
@@ -309,6 +315,6 @@ def catalog_for(config: ServiceConfig) -> OfferCatalog:
     """The offers the service uses: its offers_file, else the refreshed cache, else the
     shipped snapshot."""
     if config.offers_file:
-        path = Path(config.offers_file).expanduser()
+        path = _offers_path(config)
         return parse_offers({**yaml.safe_load(path.read_text()), "source": "file"}, str(path))
     return load_offers(config.state_path)

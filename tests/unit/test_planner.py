@@ -141,3 +141,31 @@ def test_catalog_has_the_gpu_kinds_users_ask_for() -> None:
     assert {"rtx4090", "l40s", "a100-80gb-sxm", "h100-sxm", "h100-pcie", "h200", "cpu"} <= set(GPUS)
     assert node_shape("rtx4090").intra.name == "pcie4-no-p2p"
     assert isinstance(GPUS["h200"], GPUKind) and GPUS["h200"].memory_bytes > 140 * GiB * 0.9
+
+
+def test_the_last_pipeline_stage_holds_the_logits_of_every_microbatch_in_flight() -> None:
+    # Vocabulary-heavy, so the logits dominate the last stage: GPipe keeps all m microbatches'
+    # logits and log-softmax until their backward, 1F1B one microbatch's.
+    dims = ModelDims.from_gpt(4, 256, 4, 1024, 65536, 512, 512)
+    work = Workload(global_batch=64, precision="fp32")
+    shape = node_shape("h100-sxm")
+    per_microbatch = 2 * 512 * 65536 * (4 + 4)  # tokens x vocab x (logits + log-softmax)
+
+    def memory(m: int, gpipe: bool) -> float:
+        c = Candidate(1, 1, 1, 2, 1, 2, m, "none", gpipe=gpipe)
+        return memory_per_device(dims, work, c, shape)
+
+    assert memory(16, gpipe=True) - memory(8, gpipe=True) >= 8 * per_microbatch
+    assert memory(16, gpipe=False) == memory(8, gpipe=False)
+
+
+def test_fsdp_counts_the_gathered_root_and_the_reduce_scatter_input() -> None:
+    dims = ModelDims.from_gpt(4, 512, 8, 2048, 8192, 64, 64)
+    work = Workload(global_batch=16, precision="fp32")
+    shape = node_shape("cpu")
+    fsdp = Candidate(1, 2, 1, 1, 1, 2, 4, "none")
+    root = dims.embedding_params + dims.head_params
+    sharded_state = dims.params / 2 * 16
+    # Root and two blocks gathered (fp32 here), and the root's unsharded fp32 gradient.
+    gathered = (root + 2 * dims.block_params) * 4 + root * 4
+    assert memory_per_device(dims, work, fsdp, shape) >= sharded_state + gathered
