@@ -5,7 +5,9 @@ runs the dp_throughput workload through the service, lets it reach steady state,
 every process's CPU time twice, `--window` seconds apart, and prints the training workers'
 share against everything else (Ray, Serve, the job manager, the following client), and,
 inside the training workers, the training thread against Ray's own threads there.
-`--torchrun` reads the same window over benchmarks/torchrun_ddp.py's two ranks instead.
+`--torchrun` reads the same window over benchmarks/torchrun_ddp.py's two ranks instead. Both
+print the CPU-ms the training processes spend per step, to tell a smaller share of the
+machine from a costlier step.
 
     python -m benchmarks.background_cpu --window 20 [--torchrun]
 """
@@ -13,6 +15,7 @@ inside the training workers, the training thread against Ray's own threads there
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -20,6 +23,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import psutil
 
@@ -64,13 +68,14 @@ def cpu_seconds_by_worker_thread() -> dict[tuple[int, int], tuple[str, float]]:
     return seen
 
 
-def torchrun_share(window: float) -> None:
-    """The reference's two ranks: their CPU time over the window, after 12 s of warm-up."""
+def torchrun_share(window: float, steps: int) -> None:
+    """The reference's two ranks: their CPU time over the window, after 12 s of warm-up, and
+    the steps rank 0 stamped inside it (read from its output once the run ends)."""
     script = os.path.join(os.path.dirname(__file__), "torchrun_ddp.py")
     with tempfile.TemporaryDirectory() as tmp:
         launcher = subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-             "--master_port", "29533", script, "--steps", "100000", "--out", f"{tmp}/t.json"],
+             "--master_port", "29533", script, "--steps", str(steps), "--out", f"{tmp}/t.json"],
             env={**os.environ, "OMP_NUM_THREADS": "1"},
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
@@ -86,15 +91,22 @@ def torchrun_share(window: float) -> None:
                     seen[child.pid] = times.user + times.system
                 return seen
 
-            before, started = ranks(), time.monotonic()
+            before, started, wall_start = ranks(), time.monotonic(), time.time()
             time.sleep(window)
-            after, elapsed = ranks(), time.monotonic() - started
-        finally:
-            launcher.terminate()
+            after, elapsed, wall_end = ranks(), time.monotonic() - started, time.time()
             launcher.wait()
+            stamps = json.loads(Path(tmp, "t.json").read_text())["step_times"]
+        finally:
+            if launcher.poll() is None:
+                launcher.terminate()
+                launcher.wait()
+    if stamps[-1] < wall_end:
+        sys.exit(f"the reference finished inside the window; raise --torchrun-steps above {steps}")
+    done = sum(wall_start <= stamp < wall_end for stamp in stamps)
     used = sum(cpu - before[pid] for pid, cpu in after.items() if pid in before)
     capacity = elapsed * (os.cpu_count() or 1)
     print(f"torchrun ranks {used:6.2f} CPU-s of {capacity:.1f} ({used / capacity:.1%} of capacity)")
+    print(f"steps in the window {done}: {used / done * 1000:.1f} CPU-ms per step")
 
 
 def main() -> None:
@@ -102,9 +114,11 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=20.0)
     parser.add_argument("--port", type=int, default=8775)
     parser.add_argument("--torchrun", action="store_true")
+    parser.add_argument("--torchrun-steps", type=int, default=1500,
+                        help="the reference's run length; it must outlast the window")
     args = parser.parse_args()
     if args.torchrun:
-        torchrun_share(args.window)
+        torchrun_share(args.window, args.torchrun_steps)
         return
     connect_ray(None, num_cpus=2, quiet=True)
     with tempfile.TemporaryDirectory() as state_dir:
@@ -116,9 +130,11 @@ def main() -> None:
         while job.status().progress.step < 50:
             time.sleep(0.5)
         threads_before = cpu_seconds_by_worker_thread()
+        step_before = job.status().progress.step
         before, started = cpu_seconds_by_process(), time.monotonic()
         time.sleep(args.window)
         after, elapsed = cpu_seconds_by_process(), time.monotonic() - started
+        step_after = job.status().progress.step
         threads_after = cpu_seconds_by_worker_thread()
         job.cancel()
         undeploy(stop_jobs=True)
@@ -130,6 +146,8 @@ def main() -> None:
     workers = by_label.pop("ray::RayTrainWorker", 0.0)
     print(f"window {elapsed:.1f} s x {os.cpu_count()} CPUs = {capacity:.1f} CPU-s")
     print(f"training workers {workers:6.2f} CPU-s ({workers / capacity:.1%} of capacity)")
+    done = step_after - step_before  # progress lags a step by < 2 s at either end alike
+    print(f"steps in the window {done}: {workers / done * 1000:.1f} CPU-ms per step")
     rest = sum(by_label.values())
     print(f"everything else  {rest:6.2f} CPU-s ({rest / capacity:.1%} of capacity), of which:")
     for label, cpu in sorted(by_label.items(), key=lambda kv: -kv[1])[:12]:

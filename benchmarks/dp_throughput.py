@@ -9,6 +9,11 @@ Steady state is measured between two progress reports (raytrain) or two step tim
 (torchrun) that skip the first `--skip` steps, so start-up is excluded from both.
 
     python benchmarks/dp_throughput.py --rounds 5 --steps 600 --skip 50 [--unwatched]
+        [--fused-reference]
+
+The reference is a plain DDP script with torch's default AdamW (multi-tensor); raytrain's loop
+uses the fused AdamW kernel. `--fused-reference` adds a third run per round, the reference
+with the fused kernel too, so the cost of Ray and the service shows on its own.
 """
 
 from __future__ import annotations
@@ -65,13 +70,13 @@ def run_raytrain(client: Client, steps: int, skip: int, follow: bool) -> tuple[f
     return steady_tokens_per_s(points, 16 * 64, skip), first_step_s
 
 
-def run_torchrun(steps: int, skip: int) -> float:
+def run_torchrun(steps: int, skip: int, fused: bool = False) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "times.json"
         subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
              "--master_port", "29531", str(Path(__file__).with_name("torchrun_ddp.py")),
-             "--steps", str(steps), "--out", str(out)],
+             "--steps", str(steps), "--out", str(out)] + (["--fused"] if fused else []),
             check=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
@@ -88,6 +93,10 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--unwatched", action="store_true",
                         help="also run each round's job with nobody following its events")
+    parser.add_argument("--fused-reference", action="store_true",
+                        help="also run the reference with fused AdamW, raytrain's optimizer "
+                             "kernel: the ratio against it is the cost of Ray and the service "
+                             "alone")
     args = parser.parse_args()
     if not port_is_free("127.0.0.1", args.port):
         sys.exit(f"port {args.port} is busy; pass --port")
@@ -98,7 +107,7 @@ def main() -> None:
         url = deploy(ServiceConfig(state_dir=state_dir), "127.0.0.1", args.port)
         print(f"service ready {time.monotonic() - started:.1f} s after start", flush=True)
         client = Client(url)
-        ours, reference, first_steps, unwatched = [], [], [], []
+        ours, reference, first_steps, unwatched, fused = [], [], [], [], []
         try:
             for round_index in range(args.rounds):
                 reference.append(run_torchrun(args.steps, args.skip))
@@ -107,6 +116,9 @@ def main() -> None:
                 first_steps.append(first_step_s)
                 line = (f"round {round_index + 1}: torchrun {reference[-1]:,.0f} tok/s, raytrain "
                         f"followed {ours[-1]:,.0f} tok/s")
+                if args.fused_reference:
+                    fused.append(run_torchrun(args.steps, args.skip, fused=True))
+                    line += f", torchrun fused AdamW {fused[-1]:,.0f} tok/s"
                 if args.unwatched:
                     unwatched.append(run_raytrain(client, args.steps, args.skip, follow=False)[0])
                     line += f", unwatched {unwatched[-1]:,.0f} tok/s"
@@ -128,6 +140,12 @@ def main() -> None:
     print(f"paired ratios raytrain / torchrun: {['%.3f' % r for r in paired]}")
     print(f"ratio raytrain / torchrun (median of paired): {ratio:.3f}; "
           f"ratio of medians: {statistics.median(ours) / statistics.median(reference):.3f}")
+    if fused:
+        paired_fused = [r / f for r, f in zip(ours, fused)]
+        print(f"torchrun DDP, fused AdamW median {statistics.median(fused):,.0f} tokens/s  "
+              f"{['%.0f' % v for v in fused]}")
+        print(f"paired ratios raytrain / torchrun fused AdamW: "
+              f"{['%.3f' % r for r in paired_fused]}; median {statistics.median(paired_fused):.3f}")
     if unwatched:
         paired_unwatched = [u / t for u, t in zip(unwatched, reference)]
         print(f"raytrain unwatched median {statistics.median(unwatched):,.0f} tokens/s  "

@@ -1,10 +1,11 @@
 """The reference: a plain torchrun DDP script of the same model, data, batch and process count.
 
-Deliberately written without raytrain's loop: AdamW, gradient accumulation with no_sync,
-gradient clipping, a fixed learning rate, and a timestamp per step on rank 0. It prints one
-JSON line with the step timestamps so the caller measures throughput the same way for both.
+Deliberately written without raytrain's loop: AdamW (torch's default multi-tensor kernel;
+`--fused` for the fused one raytrain uses), gradient accumulation with no_sync, gradient
+clipping, a fixed learning rate, and a timestamp per step on rank 0. It writes the step
+timestamps as JSON so the caller measures throughput the same way for both.
 
-    torchrun --nproc_per_node 2 benchmarks/torchrun_ddp.py --steps 300 --out times.json
+    torchrun --nproc_per_node 2 benchmarks/torchrun_ddp.py --steps 300 --out times.json [--fused]
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def main() -> None:
     parser.add_argument("--global-batch", type=int, default=16)
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--fused", action="store_true", help="fused AdamW, as raytrain's loop")
     args = parser.parse_args()
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -43,7 +45,8 @@ def main() -> None:
     config = GPTConfig(vocab_size=256, dim=args.dim, num_layers=args.layers, num_heads=4,
                        max_seq_len=args.seq_len)
     model = DistributedDataParallel(GPT(config))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, foreach=True)
+    kernel = {"fused": True} if args.fused else {"foreach": True}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, **kernel)
     data = SyntheticTokens(256, args.seq_len, seed=0)
     accum = args.global_batch // (args.micro_batch * world)
     step_times = []
