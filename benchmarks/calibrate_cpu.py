@@ -6,7 +6,11 @@
    from one-process runs of the benchmark GPT and of a tiny GPT (two equations, two
    unknowns); the extra fixed cost of a tensor-parallel block and of an FSDP unit, from tiny
    2-rank runs; the runtime reserve (a rank's peak live memory beyond its tensors), from a tiny
-   2-rank DDP run. Paste the printed figures into raytrain/core/hardware.py ("cpu", "gloo-local").
+   2-rank DDP run; with one process per core at once, the rate a rank writes into fresh
+   buffers (FSDP2's copies) and its memory bandwidth under a fused AdamW step. Paste the
+   printed figures into raytrain/core/hardware.py ("cpu", "gloo-local"); gloo is measured
+   again between twice as many processes as cores ("gloo-local-shared", for ranks that share
+   cores).
 2. Validation (`--validate`): for ten layouts on 2 and 4 ranks, the planner's step time and
    memory per rank (with the profile just measured) against raytrain's loop under torchrun
    (benchmarks/parallel_strategies.py measures), each error and the median. Memory is judged
@@ -82,25 +86,27 @@ def gloo_worker(out: str) -> None:
     dist.destroy_process_group()
 
 
-def measure_gloo() -> tuple[float, float, float, float]:
-    """Bandwidth (bytes/s) and latency (s) of a 2-rank all-gather, as the planner models it
-    (t = bytes x (n-1)/n / bandwidth + latency x (n-1)); the reduce-scatter / all-gather time
-    ratio at the larger sizes; DTensor's extra time per tensor-parallel collective."""
+def measure_gloo(ranks: int) -> tuple[float, float, float, float]:
+    """Bandwidth (bytes/s) and latency (s) of an all-gather between `ranks` processes, as the
+    planner models it (t = bytes x (n-1)/n / bandwidth + latency x (n-1)); the reduce-scatter
+    / all-gather time ratio at the larger sizes; DTensor's extra time per tensor-parallel
+    collective."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp, "gloo.json")
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                        "--master_port", "29543", str(HERE), "--gloo-worker", str(out)],
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+                        str(ranks), "--master_port", "29543", str(HERE), "--gloo-worker",
+                        str(out)],
                        check=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         record = json.loads(out.read_text())
     times = {int(k): v for k, v in record["gather"].items()}
     scatter = {int(k): v for k, v in record["scatter"].items()}
-    xs = [size * 0.5 for size in SIZES]
+    xs = [size * (ranks - 1) / ranks for size in SIZES]
     ys = [times[size] for size in SIZES]
     mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
     slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / \
         sum((x - mean_x) ** 2 for x in xs)
-    latency = max(mean_y - slope * mean_x, 1e-6)
+    latency = max((mean_y - slope * mean_x) / (ranks - 1), 1e-6)
     for size in SIZES:
         print(f"  {size / 2**20:7.3f} MiB: all-gather {times[size] * 1e3:8.3f} ms, "
               f"reduce-scatter {scatter[size] * 1e3:8.3f} ms")
@@ -109,6 +115,54 @@ def measure_gloo() -> tuple[float, float, float, float]:
     print(f"  tensor-parallel activation: DTensor {record['dtensor'] * 1e3:.3f} ms, raw "
           f"{record['raw'] * 1e3:.3f} ms per collective")
     return 1 / slope, latency, factor, overhead
+
+
+def copy_worker(out: str) -> None:
+    """One rank's memory rates, while every core runs one: bytes written per second by a copy
+    into a fresh 64 MiB buffer (what FSDP2 does around each collective; above glibc's 32 MiB
+    ceiling for reusing freed memory, so every buffer is new pages), and the memory traffic
+    per second of a fused AdamW step over the benchmark GPT's parameter count (28 bytes per
+    parameter: parameter, gradient and two moments read, three of them written)."""
+    import torch
+
+    from benchmarks.parallel_strategies import MODEL
+    from raytrain.models.gpt import GPT
+    from raytrain.spec import GPTConfig
+
+    torch.set_num_threads(1)
+    source = torch.randn(16 * 2**20)
+
+    def timed(fn, repeats: int) -> float:
+        fn()
+        started = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        return (time.perf_counter() - started) / repeats
+
+    staging = source.numel() * 4 / timed(lambda: torch.empty_like(source).copy_(source), 10)
+    model = GPT(GPTConfig(**MODEL))
+    for param in model.parameters():
+        param.grad = torch.randn_like(param)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    params = sum(p.numel() for p in model.parameters())
+    memory = params * 28 / timed(optimizer.step, 10)
+    Path(out).write_text(json.dumps({"staging": staging, "memory": memory}))
+
+
+def measure_memory_rates() -> tuple[float, float]:
+    """Staging (fresh-buffer copy) and memory bandwidth of one rank, bytes/s, the mean over
+    one process per core run at once (ranks always share the machine)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        outs = [Path(tmp, f"copy{i}.json") for i in range(CORES)]
+        workers = [subprocess.Popen([sys.executable, str(HERE), "--copy-worker", str(out)],
+                                    env={**os.environ, "OMP_NUM_THREADS": "1"})
+                   for out in outs]
+        for worker in workers:
+            if worker.wait() != 0:
+                sys.exit("a copy worker failed; run it alone to see why")
+        records = [json.loads(out.read_text()) for out in outs]
+    return (statistics.fmean(r["staging"] for r in records),
+            statistics.fmean(r["memory"] for r in records))
 
 
 TINY = {"vocab_size": 64, "dim": 64, "num_layers": 4, "num_heads": 4, "max_seq_len": 16}
@@ -121,6 +175,20 @@ def _prediction(parallel: dict, ranks: int, model: dict, steps: int):
 
     job = document(parallel, ranks, steps, 8 * ranks, 2, "cpu", model)
     return parse_job_spec(job).predicted()
+
+
+def _set_link(name: str, bandwidth: float, latency: float, factor: float) -> None:
+    """Predict with a gloo link just measured (`gloo-local`: the CPU node shape's own)."""
+    import dataclasses
+
+    from raytrain.core import hardware
+
+    hardware.LINKS[name] = dataclasses.replace(hardware.LINKS[name], bandwidth=bandwidth,
+                                               latency_s=latency, reduce_scatter_factor=factor)
+    if name == "gloo-local":
+        hardware.NODE_SHAPES["cpu-local"] = dataclasses.replace(
+            hardware.NODE_SHAPES["cpu-local"], intra=hardware.LINKS[name],
+            inter=hardware.LINKS[name])
 
 
 def _set_cpu(**figures: float) -> None:
@@ -151,7 +219,7 @@ def measure_compute(steps: int) -> dict[str, float]:
         return dims(model).flops_per_token * 8 * model["max_seq_len"]
 
     def optimizer_s(model: dict) -> float:
-        return dims(model).params * 32 / hardware.GPUS["cpu"].memory_bandwidth
+        return dims(model).params * 28 / hardware.GPUS["cpu"].memory_bandwidth
 
     big = run({"strategy": "data"}, 1, steps, 8, 2, "cpu")["step_s"] - optimizer_s(MODEL)
     tiny = run({"strategy": "data"}, 1, steps, 8, 2, "cpu", TINY)["step_s"] - optimizer_s(TINY)
@@ -234,13 +302,24 @@ def main() -> None:
     parser.add_argument("--validate", action="store_true")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--gloo-worker", help=argparse.SUPPRESS)
+    parser.add_argument("--copy-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.gloo_worker:
         gloo_worker(args.gloo_worker)
         return
-    bandwidth, latency, factor, overhead = measure_gloo()
-    print(f"gloo, 2 processes: {bandwidth / 1e9:.2f} GB/s, latency {latency * 1e6:.0f} us, "
-          f"reduce-scatter/all-gather {factor:.2f}, DTensor overhead {overhead * 1e6:.0f} us")
+    if args.copy_worker:
+        copy_worker(args.copy_worker)
+        return
+    staging, memory = measure_memory_rates()
+    print(f"one rank, every core busy: {memory / 1e9:.1f} GB/s of fused AdamW traffic, "
+          f"{staging / 1e9:.2f} GB/s written into fresh buffers")
+    _set_cpu(memory_bandwidth=memory, staging_bandwidth=staging)
+    for ranks, link in ((2, "gloo-local"), (2 * CORES, "gloo-local-shared")):
+        bandwidth, latency, factor, overhead = measure_gloo(ranks)
+        print(f"gloo, {ranks} processes ({link}): {bandwidth / 1e9:.2f} GB/s, latency "
+              f"{latency * 1e6:.0f} us, reduce-scatter/all-gather {factor:.2f}, DTensor "
+              f"overhead {overhead * 1e6:.0f} us")
+        _set_link(link, bandwidth, latency, factor)
     figures = measure_compute(args.steps)
     print(f"one rank, one thread, fp32: {figures['fp32_flops'] / 1e9:.1f} GFLOP/s; fixed "
           f"costs per microbatch: block {figures['block_overhead_s'] * 1e3:.2f} ms, "

@@ -51,9 +51,18 @@ class GPUKind:
     # buffers and the caching allocator's slack; on CPU the code and buffers the process
     # pulls in once it trains (gloo, lazily loaded kernels, the allocator's cache), measured.
     runtime_reserve_bytes: float = 1.5 * GiB
+    # Bytes per second a rank writes when it copies into freshly allocated buffers, as FSDP2
+    # does around every collective (copy-in, copy-out, the gradients' chunk-cat). None: half
+    # the memory bandwidth (a copy reads each byte and writes it). Measured on CPU, where
+    # every fresh buffer of FSDP's size is new pages from the kernel.
+    staging_bandwidth: float | None = None
 
     def flops(self, precision: str) -> float:
         return self.fp32_flops if precision == "fp32" else self.bf16_flops
+
+    @property
+    def copy_bandwidth(self) -> float:
+        return self.staging_bandwidth or self.memory_bandwidth / 2
 
 
 @dataclass(frozen=True)
@@ -83,22 +92,24 @@ GPUS: dict[str, GPUKind] = {
     # H100 achievable fraction: the one figure fitted to a measurement, torchtitan's Llama 3.1
     # 8B FSDP run on 8 H100s (5,762 tokens/s per GPU, eager, bf16, selective recomputation);
     # its other published runs validate it (BENCHMARKS.md, tests/unit/test_planner.py).
-    "h100-sxm": GPUKind("h100-sxm", 989 * TB, 67 * TB, 80 * GB, 3.35 * TB, achievable=0.357,
+    "h100-sxm": GPUKind("h100-sxm", 989 * TB, 67 * TB, 80 * GB, 3.35 * TB, achievable=0.364,
                         calibration="torchtitan Llama 3.1 8B, 8x H100, FSDP, eager"),
-    "h100-pcie": GPUKind("h100-pcie", 756 * TB, 51 * TB, 80 * GB, 2.0 * TB, achievable=0.357,
+    "h100-pcie": GPUKind("h100-pcie", 756 * TB, 51 * TB, 80 * GB, 2.0 * TB, achievable=0.364,
                          calibration="as h100-sxm"),
-    "h200": GPUKind("h200", 989 * TB, 67 * TB, 141 * GB, 4.8 * TB, achievable=0.357,
+    "h200": GPUKind("h200", 989 * TB, 67 * TB, 141 * GB, 4.8 * TB, achievable=0.364,
                     calibration="as h100-sxm"),
     # The GPUs of the spot fleets whose preemption traces the simulator replays (p3, g4dn).
     "v100-16gb": GPUKind("v100-16gb", 125 * TB, 15.7 * TB, 16 * GB, 0.9 * TB),
     "t4": GPUKind("t4", 65 * TB, 8.1 * TB, 16 * GB, 0.32 * TB),
     # This machine: one thread per rank; FLOP/s and fixed costs of fp32 training steps of the
-    # benchmark GPT and a tiny one (so `achievable` is 1), by benchmarks/calibrate_cpu.py.
-    "cpu": GPUKind("cpu", 66.6e9, 66.6e9, 8 * GiB, 10 * GB, achievable=1.0,
+    # benchmark GPT and a tiny one (so `achievable` is 1), memory bandwidth (fused AdamW) and
+    # the rate of copies into fresh buffers with every core busy, by benchmarks/calibrate_cpu.py
+    # (the run recorded in BENCHMARKS.md).
+    "cpu": GPUKind("cpu", 64.1e9, 64.1e9, 8 * GiB, 24.7 * GB, achievable=1.0,
                    calibration="benchmarks/calibrate_cpu.py on the CI machine, 2026-12-01",
-                   overlaps_communication=False, block_overhead_s=1.28e-3,
-                   tp_block_overhead_s=12.7e-3, fsdp_unit_overhead_s=1.95e-3,
-                   runtime_reserve_bytes=22 * 2**20),
+                   overlaps_communication=False, block_overhead_s=1.52e-3,
+                   tp_block_overhead_s=10.8e-3, fsdp_unit_overhead_s=0.69e-3,
+                   runtime_reserve_bytes=22 * 2**20, staging_bandwidth=1.44 * GB),
 }
 
 LINKS: dict[str, Link] = {
@@ -115,9 +126,14 @@ LINKS: dict[str, Link] = {
     "eth-10-1gpu": Link("eth-10-1gpu", 10e9 / 8, 80e-6, efficiency=0.6),  # p3.2xlarge
     "eth-25-1gpu": Link("eth-25-1gpu", 25e9 / 8, 80e-6, efficiency=0.6),  # g4dn.xlarge
     # gloo between processes on this machine, measured by benchmarks/calibrate_cpu.py (the
-    # run recorded in BENCHMARKS.md; six runs ranged 0.75-1.02 GB/s, 0.58-1.24 ms, 1.5-2.1x).
-    "gloo-local": Link("gloo-local", 0.90 * GB, 1.24e-3, efficiency=1.0,
-                       reduce_scatter_factor=1.97),
+    # run recorded in BENCHMARKS.md; ten runs ranged 0.72-1.02 GB/s, 0.33-1.24 ms, 1.5-2.3x).
+    "gloo-local": Link("gloo-local", 0.96 * GB, 1.14e-3, efficiency=1.0,
+                       reduce_scatter_factor=2.13),
+    # The same between twice as many processes as cores (4 ranks on 2 cores), measured the
+    # same way: a rank waiting on gloo leaves its core to another, so it is neither the
+    # 2-process figure nor half of it.
+    "gloo-local-shared": Link("gloo-local-shared", 0.59 * GB, 1.27e-3, efficiency=1.0,
+                              reduce_scatter_factor=1.79),
 }
 
 NODE_SHAPES: dict[str, NodeShape] = {
@@ -170,16 +186,21 @@ def node_shape(gpu_kind: str) -> NodeShape:
 
 def with_cpu_share(shape: NodeShape, cpus_per_device: float) -> NodeShape:
     """A CPU node shape whose ranks each get `cpus_per_device` cores (4 ranks on 2 cores:
-    0.5 each), their compute scaled accordingly. GPU shapes are returned unchanged."""
+    0.5 each), their compute scaled accordingly and gloo as measured between that many ranks
+    (`gloo-local-shared`, two per core; other shares scale from it). GPU shapes are returned
+    unchanged."""
     if shape.gpu.name != "cpu" or cpus_per_device >= 1:
         return shape
-    # Compute and the fixed costs (CPU work too) stretch by the share.
+    # Compute, the fixed costs and memory copies (CPU work too) stretch by the share.
     gpu = replace(shape.gpu, bf16_flops=shape.gpu.bf16_flops * cpus_per_device,
                   fp32_flops=shape.gpu.fp32_flops * cpus_per_device,
                   block_overhead_s=shape.gpu.block_overhead_s / cpus_per_device,
                   tp_block_overhead_s=shape.gpu.tp_block_overhead_s / cpus_per_device,
-                  fsdp_unit_overhead_s=shape.gpu.fsdp_unit_overhead_s / cpus_per_device)
-    # gloo's copies run on the same cores: its bandwidth shrinks with them.
-    intra = replace(shape.intra, bandwidth=shape.intra.bandwidth * cpus_per_device)
-    inter = replace(shape.inter, bandwidth=shape.inter.bandwidth * cpus_per_device)
-    return replace(shape, gpu=gpu, intra=intra, inter=inter)
+                  fsdp_unit_overhead_s=shape.gpu.fsdp_unit_overhead_s / cpus_per_device,
+                  memory_bandwidth=shape.gpu.memory_bandwidth * cpus_per_device,
+                  staging_bandwidth=shape.gpu.copy_bandwidth * cpus_per_device)
+    shared = LINKS["gloo-local-shared"]
+    factor = cpus_per_device * 2  # 1 at the measured two ranks per core
+    link = replace(shared, bandwidth=shared.bandwidth * factor,
+                   latency_s=shared.latency_s / factor)
+    return replace(shape, gpu=gpu, intra=link, inter=link)

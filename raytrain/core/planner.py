@@ -18,9 +18,8 @@ per parameter). Activations per token per layer, in compute precision:
 8*d + 2*d_kv + (3 or 2)*f values (norm inputs and outputs, q/k/v, attention output, the MLP's
 hidden activations); sequence parallel divides all of it by `tp`, tensor parallel without it
 all but the 4*d around the norms; full recomputation keeps only each block's input (d) plus
-one block's activations; selective recomputation is counted as half. The optimizer step's
-intermediate (4 bytes per parameter held, foreach AdamW's square root of the second moment)
-follows the backward pass, so the peak holds the larger of it and the activations.
+one block's activations; selective recomputation is counted as half. raytrain's AdamW is
+the fused kernel, which updates in place: it adds nothing to the peak.
 Microbatches in flight on pipeline rank r: one without a pipeline, m for GPipe, min(m, pp-r)
 for 1F1B, and min(m, pp) x (1 + (pp-1)/(pp*v)) for interleaved 1F1B (Narayanan et al.,
 2021). The head's logits (and their fp32 log-softmax) sit on the last stage for each
@@ -31,7 +30,9 @@ reserve (CUDA context, NCCL buffers and allocator slack on a GPU; measured on CP
 under 92% of device memory.
 
 Time per step. Compute runs at the device's calibrated `achievable` fraction of peak (bf16 on
-tensor cores, fp32 otherwise), x4/3 on matmuls with full recomputation. Collectives cost
+tensor cores, fp32 otherwise), x4/3 on matmuls with full recomputation; under a pipeline,
+each microbatch slot takes the slowest rank's compute (its blocks, plus the head on the rank
+with the last stage; the embedding lookup costs none). Collectives cost
 bytes x (n-1)/n / (link bandwidth x efficiency) + latency x (n-1) on the slowest link their
 group spans, with ranks laid out tp innermost, then dp_shard, dp_replicate, pp outermost (the
 mesh order of raytrain.parallel): a group stays on the intra-node link while its span fits
@@ -39,21 +40,28 @@ in a node. Tensor parallel: 8 collective passes of one activation per layer per 
 (all-gather and reduce-scatter around attention and MLP, forward and backward; 12 with
 recomputation; reduce-scatters at the link's reduce-scatter cost), not overlapped.
 Pipeline: one point-to-point activation and gradient per microbatch, and the schedule's
-bubble: a step is (m + (pp-1)/v) microbatch times. FSDP: all-gather of parameters in forward
-and backward and reduce-scatter of fp32 gradients per microbatch (once per step under a
-pipeline, which keeps parameters gathered), overlapped with compute except one block's
-worth. DDP: all-reduce of fp32 gradients once per step, overlapped with the last backward.
-HSDP's all-reduce across replicas is not overlapped, and comes after every microbatch
-without a pipeline. The optimizer step is memory-bound: 32 bytes of traffic per parameter
-held.
+bubble: a step is (m + (pp-1)/v) microbatch times. FSDP: all-gather of the blocks' parameters
+in forward and again in backward, of the root unit's once (FSDP2 does not reshard the root),
+and reduce-scatter of fp32 gradients, per microbatch (once per step under a pipeline, which
+keeps parameters gathered), overlapped with compute except one block's worth; plus FSDP2's
+copies around each collective (per all-gather the shard in and the whole unit out, per
+reduce-scatter the gradients' chunk-cat, its division and the shard's accumulation), not
+overlapped, at the device's `copy_bandwidth`. DDP: all-reduce of fp32 gradients once per
+step, overlapped with the last backward. HSDP's all-reduce across replicas is not overlapped,
+and comes after every microbatch without a pipeline. The optimizer step is
+memory-bound: fused AdamW reads parameter, gradient and two moments and writes three of them,
+28 bytes per parameter held.
 
-CPU ranks (the `cpu` kind, calibrated on this project's CI machine) differ in four stated
+CPU ranks (the `cpu` kind, calibrated on this project's CI machine) differ in five stated
 ways: a rank's one thread runs communication and compute one after the other (no overlap);
 gloo has no native reduce-scatter (it costs `reduce_scatter_factor` all-gathers); ranks
-sharing cores (4 workers at 0.5 CPU on 2 cores) get that share of the FLOP/s and of gloo's
-bandwidth, whose copies run on the same cores (hardware.with_cpu_share); and fixed costs per
-block per microbatch (framework dispatch, more of it under DTensor tensor parallelism and
-per FSDP unit), measured on a tiny model where they are nearly the whole step, count.
+sharing cores (4 workers at 0.5 CPU on 2 cores) get that share of the FLOP/s and of the
+memory copies, and gloo as measured between that many processes (hardware.with_cpu_share; a
+rank waiting on gloo leaves its core to another, so it is not simply the share); fixed costs
+per block per microbatch (framework dispatch, more of it under DTensor tensor parallelism and
+per FSDP unit), measured on a tiny model where they are nearly the whole step, count; and
+FSDP's copies go into fresh buffers, new pages from the kernel every time, at a measured rate
+several times below a copy into warm memory.
 
     plans = plan(ModelDims.from_gpt(...), Workload(global_batch=512), "h100-sxm", gpus=64)
     plans[0].tokens_per_s, plans[0].reason
@@ -239,6 +247,25 @@ def stage_params(dims: ModelDims, pp: int, v: int) -> int:
     return max(rank_params(dims, pp, v, rank)[0] for rank in range(pp))
 
 
+@lru_cache(maxsize=4096)
+def stage_flops_per_token(dims: ModelDims, pp: int, v: int) -> float:
+    """FLOPs per token of the slowest pipeline rank, which sets the pace of every microbatch:
+    its blocks, plus the head on the rank holding the last stage (the embedding lookup has
+    none). Without a pipeline, dims.flops_per_token."""
+    per_block = 6.0 * dims.block_params + 12.0 * dims.dim * dims.seq_len
+    slowest = 0.0
+    for rank in range(pp):
+        _, layers, last = rank_params(dims, pp, v, rank)
+        slowest = max(slowest, layers * per_block + (6.0 * dims.head_params if last else 0.0))
+    return slowest
+
+
+def root_params(dims: ModelDims, c: Candidate) -> float:
+    """Parameters of FSDP's root unit on a rank (embeddings, final norm, head), without a
+    pipeline; its tensor-parallel share."""
+    return (dims.embedding_params + dims.head_params) / c.tp
+
+
 def memory_per_device(dims: ModelDims, work: Workload, c: Candidate, shape: NodeShape) -> float:
     """The most any rank needs: the first and the last pipeline rank bound the rest (earlier
     stages are never smaller, and the first rank has the most microbatches in flight)."""
@@ -261,7 +288,7 @@ def _rank_memory(dims: ModelDims, work: Workload, c: Candidate, rank: int) -> fl
             # backward (FSDP2 does not reshard the root), two blocks are gathered at a time
             # (current and prefetched), and the unit being reduced has its whole fp32
             # gradient as the reduce-scatter's input.
-            root_held = (dims.embedding_params + dims.head_params) / c.tp
+            root_held = root_params(dims, c)
             state += (root_held + 2 * block_held) * param_bytes
             state += max(root_held, block_held) * 4
     elif c.wrapper == "ddp":
@@ -297,11 +324,8 @@ def _rank_memory(dims: ModelDims, work: Workload, c: Candidate, rank: int) -> fl
         logits = tokens * dims.vocab_size * ((work.act_bytes + 4) * logits_in_flight + 4)
         if work.loss_parallel:
             logits /= c.tp
-    # The foreach AdamW step's intermediate (an fp32 copy of the parameters it updates, the
-    # square root of the second moment) comes after the backward pass has freed the
-    # activations: the peak holds the larger of the two.
-    optimizer_temporaries = held / c.dp_shard * 4
-    return state + max(activations + logits, optimizer_temporaries)
+    # raytrain's fused AdamW updates in place: no temporaries after the backward pass.
+    return state + activations + logits
 
 
 def step_time(dims: ModelDims, work: Workload, c: Candidate,
@@ -310,13 +334,13 @@ def step_time(dims: ModelDims, work: Workload, c: Candidate,
     gpu = shape.gpu
     peak = gpu.flops(work.precision) * gpu.achievable * work.compute_speedup
     tokens = c.micro_batch * dims.seq_len
-    matmul_flops = tokens * dims.flops_per_token
+    matmul_flops = tokens * stage_flops_per_token(dims, c.pp, c.virtual_stages)
     if c.recompute == "full":
         matmul_flops *= 4 / 3
     elif c.recompute == "selective":
         matmul_flops *= 1.05
     layers_here = math.ceil(dims.num_layers / c.pp)
-    compute_mb = matmul_flops / (c.tp * c.pp) / peak + layers_here * gpu.block_overhead_s
+    compute_mb = matmul_flops / c.tp / peak + layers_here * gpu.block_overhead_s
     tp_passes = 12 if c.recompute == "full" else 8
     act_bytes_mb = tokens * dims.dim * work.act_bytes
     tp_link = _link_for_span(c.tp, shape)
@@ -340,18 +364,34 @@ def step_time(dims: ModelDims, work: Workload, c: Candidate,
     if c.wrapper == "fsdp":
         groups = layers_here + 1  # one FSDP unit per block, one at the root
         gather = _collective_s(held * work.act_bytes, c.dp_shard, shard_link) + \
-            shard_link.latency_s * (groups - 1) * (c.dp_shard - 1) + \
-            groups * gpu.fsdp_unit_overhead_s
+            shard_link.latency_s * (groups - 1) * (c.dp_shard - 1)
+        # Each unit's fixed cost (its hooks, collectives' set-up), once per microbatch.
+        units = groups * gpu.fsdp_unit_overhead_s
         scatter = _collective_s(held * 4, c.dp_shard, shard_link) * \
             shard_link.reduce_scatter_factor + shard_link.latency_s * (groups - 1)
+        # What FSDP2 copies around its collectives (torch 2.13, _fsdp_collectives.py), per
+        # all-gather: the local shard in and the whole unit out into the parameters (with one
+        # shard, HSDP's replicas, no collective: the unit out only); per reduce-scatter: the
+        # gradients into one buffer (chunk-cat) and divided there, the reduced shard out (one
+        # shard: copied; else the collective writes it) and added to the sharded gradient.
+        # They run on the compute stream (CPU: the rank's thread).
+        n = c.dp_shard
+        gather_copies = (1 + 1 / n if n > 1 else 1.0) * work.act_bytes
+        scatter_copies = (2 + 1 / n + (1 if n == 1 else 0)) * 4
         if c.pp > 1:
             traffic = gather + scatter
             hidden = c.microbatches * compute_mb if overlap else 0.0
             dp_step += max(0.0, traffic - hidden) + (traffic / groups if overlap else 0.0)
+            dp_step += held * (gather_copies + scatter_copies) / gpu.copy_bandwidth + units
         else:
-            per_mb = 2 * gather + scatter
+            # Blocks are gathered for forward and again for backward; the root is not
+            # resharded after forward (FSDP2 keeps it for the backward that follows).
+            regathered = 1 - root_params(dims, c) / held
+            per_mb = (1 + regathered) * gather + scatter
             hidden = compute_mb if overlap else 0.0
             fsdp_mb = max(0.0, per_mb - hidden) + (per_mb / groups if overlap else 0.0)
+            fsdp_mb += held * ((1 + regathered) * gather_copies + scatter_copies) \
+                / gpu.copy_bandwidth + units
     if c.dp_replicate > 1:
         replicate_link = _link_for_span(c.world // c.pp, shape)
         grads = held / c.dp_shard * 4
@@ -367,7 +407,7 @@ def step_time(dims: ModelDims, work: Workload, c: Candidate,
             dp_step += allreduce
     per_mb = compute_mb + tp_mb + pp_mb + fsdp_mb
     slots = c.microbatches + ((c.pp - 1) / c.virtual_stages if c.pp > 1 else 0.0)
-    optimizer = held / c.dp_shard * 32 / gpu.memory_bandwidth
+    optimizer = held / c.dp_shard * 28 / gpu.memory_bandwidth
     total = per_mb * slots + dp_step + optimizer
     return {
         "compute": compute_mb * c.microbatches,

@@ -111,6 +111,8 @@ def test_more_bandwidth_never_predicts_a_slower_step(
     shape = node_shape(kind)
     faster = replace(
         shape,
+        gpu=replace(shape.gpu, memory_bandwidth=shape.gpu.memory_bandwidth * factor,
+                    staging_bandwidth=shape.gpu.copy_bandwidth * factor),
         intra=replace(shape.intra, bandwidth=shape.intra.bandwidth * factor),
         inter=replace(shape.inter, bandwidth=shape.inter.bandwidth * factor),
     )
@@ -169,3 +171,38 @@ def test_fsdp_counts_the_gathered_root_and_the_reduce_scatter_input() -> None:
     # Root and two blocks gathered (fp32 here), and the root's unsharded fp32 gradient.
     gathered = (root + 2 * dims.block_params) * 4 + root * 4
     assert memory_per_device(dims, work, fsdp, shape) >= sharded_state + gathered
+
+
+def test_fsdp_pays_for_its_copies_and_gathers_the_root_once() -> None:
+    dims = ModelDims.from_gpt(4, 512, 8, 2048, 8192, 64, 64)
+    work = Workload(global_batch=16, precision="fp32")
+    shape = node_shape("cpu")
+    fsdp = Candidate(1, 2, 1, 1, 1, 2, 4, "none")
+    # Per microbatch, FSDP2 writes per all-gather the shard in and the unit out, per
+    # reduce-scatter the fp32 gradients (chunk-cat, divided, the shard accumulated): the
+    # blocks are gathered twice (forward, backward), the root once.
+    root = dims.embedding_params + dims.head_params
+    gathered = 2 * dims.block_params * dims.num_layers + root
+    copied = 4 * (gathered * 1.5 + dims.params * 2.5) * fsdp.microbatches
+
+    def total(copy_bandwidth: float) -> float:
+        gpu = replace(shape.gpu, staging_bandwidth=copy_bandwidth)
+        return step_time(dims, work, fsdp, replace(shape, gpu=gpu))["total"]
+
+    assert total(1e9) - total(2e9) == pytest.approx(copied / 2e9, rel=1e-6)
+    # Data parallel makes none of these copies.
+    ddp = Candidate(2, 1, 1, 1, 1, 2, 4, "none")
+    slow = replace(shape, gpu=replace(shape.gpu, staging_bandwidth=1e6))
+    assert step_time(dims, work, ddp, slow)["total"] == step_time(dims, work, ddp, shape)["total"]
+
+
+def test_a_pipeline_runs_at_the_pace_of_its_slowest_rank() -> None:
+    # Vocabulary-heavy: the rank holding the head does most of the work, and every
+    # microbatch slot waits for it; an even split of the FLOPs would predict half.
+    dims = ModelDims.from_gpt(4, 256, 4, 1024, 65536, 512, 512)
+    work = Workload(global_batch=64, precision="fp32")
+    shape = node_shape("h100-sxm")
+    c = Candidate(1, 1, 1, 2, 1, 2, 8, "none")
+    peak = shape.gpu.fp32_flops * shape.gpu.achievable
+    head_alone = c.microbatches * 2 * 512 * 6 * dims.head_params / peak
+    assert step_time(dims, work, c, shape)["compute"] >= head_alone
