@@ -85,6 +85,18 @@ def run_torchrun(steps: int, skip: int, fused: bool = False) -> float:
     return steady_tokens_per_s(points, record["tokens_per_step"], skip)
 
 
+def print_series(name: str, values: list[float]) -> None:
+    print(f"{name} median {statistics.median(values):,.0f} tokens/s  "
+          f"{['%.0f' % v for v in values]}")
+
+
+def print_paired(name: str, values: list[float], against: list[float]) -> None:
+    """Round-by-round ratios of `values` over `against`, and their median."""
+    paired = [v / a for v, a in zip(values, against)]
+    print(f"paired ratios {name}: {['%.3f' % r for r in paired]}; "
+          f"median {statistics.median(paired):.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=2)
@@ -134,24 +146,17 @@ def main() -> None:
           f"Python {platform.python_version()}")
     print(f"workload: GPT dim 128 x 2 layers, seq 64, global batch 16 (2 ranks x 4 x accum 2), "
           f"{args.steps} steps, steady state after step {args.skip}")
-    for name, values in (("torchrun DDP", reference), ("raytrain job", ours)):
-        print(f"{name:14s} median {statistics.median(values):,.0f} tokens/s  "
-              f"{['%.0f' % v for v in values]}")
+    print_series("torchrun DDP  ", reference)
+    print_series("raytrain job  ", ours)
     print(f"paired ratios raytrain / torchrun: {['%.3f' % r for r in paired]}")
     print(f"ratio raytrain / torchrun (median of paired): {ratio:.3f}; "
           f"ratio of medians: {statistics.median(ours) / statistics.median(reference):.3f}")
     if fused:
-        paired_fused = [r / f for r, f in zip(ours, fused)]
-        print(f"torchrun DDP, fused AdamW median {statistics.median(fused):,.0f} tokens/s  "
-              f"{['%.0f' % v for v in fused]}")
-        print(f"paired ratios raytrain / torchrun fused AdamW: "
-              f"{['%.3f' % r for r in paired_fused]}; median {statistics.median(paired_fused):.3f}")
+        print_series("torchrun DDP, fused AdamW", fused)
+        print_paired("raytrain / torchrun fused AdamW", ours, fused)
     if unwatched:
-        paired_unwatched = [u / t for u, t in zip(unwatched, reference)]
-        print(f"raytrain unwatched median {statistics.median(unwatched):,.0f} tokens/s  "
-              f"{['%.0f' % v for v in unwatched]}")
-        print(f"paired ratios unwatched / torchrun: {['%.3f' % r for r in paired_unwatched]}; "
-              f"median {statistics.median(paired_unwatched):.3f}")
+        print_series("raytrain unwatched", unwatched)
+        print_paired("unwatched / torchrun", unwatched, reference)
     print(f"POST to first training step: cold {first_steps[0]:.1f} s, warm "
           f"{statistics.median(first_steps[1:]) if len(first_steps) > 1 else float('nan'):.1f} s")
 

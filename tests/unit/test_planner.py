@@ -161,11 +161,14 @@ def test_the_last_pipeline_stage_holds_the_logits_of_every_microbatch_in_flight(
     assert memory(16, gpipe=False) == memory(8, gpipe=False)
 
 
+# The CPU validation's GPT (benchmarks.parallel_strategies.MODEL), FSDP over 2 CPU ranks.
+BENCH_DIMS = ModelDims.from_gpt(4, 512, 8, 2048, 8192, 64, 64)
+BENCH_WORK = Workload(global_batch=16, precision="fp32")
+FSDP_2 = Candidate(1, 2, 1, 1, 1, 2, 4, "none")
+
+
 def test_fsdp_counts_the_gathered_root_and_the_reduce_scatter_input() -> None:
-    dims = ModelDims.from_gpt(4, 512, 8, 2048, 8192, 64, 64)
-    work = Workload(global_batch=16, precision="fp32")
-    shape = node_shape("cpu")
-    fsdp = Candidate(1, 2, 1, 1, 1, 2, 4, "none")
+    dims, work, shape, fsdp = BENCH_DIMS, BENCH_WORK, node_shape("cpu"), FSDP_2
     root = dims.embedding_params + dims.head_params
     sharded_state = dims.params / 2 * 16
     # Root and two blocks gathered (fp32 here), and the root's unsharded fp32 gradient.
@@ -174,10 +177,7 @@ def test_fsdp_counts_the_gathered_root_and_the_reduce_scatter_input() -> None:
 
 
 def test_fsdp_pays_for_its_copies_and_gathers_the_root_once() -> None:
-    dims = ModelDims.from_gpt(4, 512, 8, 2048, 8192, 64, 64)
-    work = Workload(global_batch=16, precision="fp32")
-    shape = node_shape("cpu")
-    fsdp = Candidate(1, 2, 1, 1, 1, 2, 4, "none")
+    dims, work, shape, fsdp = BENCH_DIMS, BENCH_WORK, node_shape("cpu"), FSDP_2
     # Per microbatch, FSDP2 writes per all-gather the shard in and the unit out, per
     # reduce-scatter the fp32 gradients (chunk-cat, divided, the shard accumulated): the
     # blocks are gathered twice (forward, backward), the root once.
