@@ -4,10 +4,11 @@
     job = client.submit(load_job_spec("examples/demo.yaml"))
     for event in job.events():
         print(event.type, event.data)
-    status = job.wait(progress=True)          # blocks until SUCCEEDED, FAILED or CANCELLED
+    status = job.wait()                       # blocks until SUCCEEDED, FAILED or CANCELLED
 
 Errors come back as raytrain.errors types: SpecError (422, with field paths),
-JobNotFoundError (404), JobStateError (409), ServiceUnreachableError, ServiceError.
+JobNotFoundError (404), JobStateError (409), ServiceUnreachableError, ServiceError. The client
+prints nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import httpx
 
@@ -27,7 +28,14 @@ from raytrain.errors import (
     ServiceUnreachableError,
     SpecError,
 )
-from raytrain.spec import JobEvent, JobSpec, JobStatus, OffersResponse, load_job_spec
+from raytrain.spec import (
+    JobEvent,
+    JobLogs,
+    JobSpec,
+    JobStatus,
+    OffersResponse,
+    load_job_spec,
+)
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -75,6 +83,21 @@ class Client:
 
     def cancel(self, job_id: str) -> JobStatus:
         return JobStatus.model_validate(self._request("DELETE", f"/v1/jobs/{job_id}", job_id))
+
+    def delete(self, job_id: str) -> JobStatus:
+        """Forget an ended job with its checkpoints and logs (JobStateError while it runs)."""
+        return JobStatus.model_validate(self._request(
+            "DELETE", f"/v1/jobs/{job_id}", job_id, params={"purge": "true"}))
+
+    def logs(self, job_id: str, offsets: dict[int, int] | None = None,
+             rank: int | None = None) -> JobLogs:
+        """Each worker's output by rank: the tail, or what follows `offsets` (from the
+        previous answer's `offset` per rank)."""
+        params: dict[str, Any] = {"offset": [f"{r}:{o}" for r, o in (offsets or {}).items()]}
+        if rank is not None:
+            params["rank"] = rank
+        return JobLogs.model_validate(self._request(
+            "GET", f"/v1/jobs/{job_id}/logs", job_id, params=params))
 
     def offers(self, spec: JobSpec | None = None, job_id: str | None = None,
                policy: str | None = None) -> OffersResponse:
@@ -160,17 +183,12 @@ class Job:
     def cancel(self) -> JobStatus:
         return self.client.cancel(self.id)
 
-    def wait(self, progress: bool = False) -> JobStatus:
-        """Block until the job ends; with progress=True, draw a live bar on stderr."""
-        if progress:
-            from raytrain.progress_view import JobProgressView
-
-            with JobProgressView(self.id) as view:
-                for event in self.events():
-                    view.update(event)
-        else:
-            for _ in self.events():
-                pass
+    def wait(self, on_event: Callable[[JobEvent], None] | None = None) -> JobStatus:
+        """Block until the job ends and return its final status; `on_event` sees each event
+        on the way (the CLI draws its progress bar from them)."""
+        for event in self.events():
+            if on_event is not None:
+                on_event(event)
         return self.status()
 
 

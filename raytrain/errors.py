@@ -9,6 +9,10 @@
     └── TrainingError          training itself failed (a worker raised, retries exhausted)
 
 Expected outcomes (no capacity, a preemption) are states and decisions, not exceptions.
+
+Every type pickles to itself with the same message and fields (`__reduce__` rebuilds it from
+its constructor's arguments), since errors raised in a training worker cross Ray's process
+boundaries on their way to the job's status.
 """
 
 from __future__ import annotations
@@ -18,6 +22,14 @@ from dataclasses import dataclass
 
 class RaytrainError(Exception):
     """Base of every error raytrain raises on purpose."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Exception pickles as cls(*self.args), and args is the formatted message: a subclass
+        # whose constructor takes other arguments would be rebuilt from the wrong ones.
+        return (type(self), self._init_args())
+
+    def _init_args(self) -> tuple[object, ...]:
+        return self.args
 
 
 @dataclass(frozen=True)
@@ -44,11 +56,17 @@ class SpecError(RaytrainError):
         lines = [f"  {e.path}: {e.msg}" for e in self.errors]
         super().__init__(f"invalid {source} ({len(self.errors)} error(s)):\n" + "\n".join(lines))
 
+    def _init_args(self) -> tuple[object, ...]:
+        return (self.errors, self.source)
+
 
 class JobNotFoundError(RaytrainError):
     def __init__(self, job_id: str) -> None:
         self.job_id = job_id
         super().__init__(f"no job with id {job_id!r}. To fix: list jobs with `raytrain list`.")
+
+    def _init_args(self) -> tuple[object, ...]:
+        return (self.job_id,)
 
 
 class JobStateError(RaytrainError):
@@ -58,10 +76,14 @@ class JobStateError(RaytrainError):
 class ServiceUnreachableError(RaytrainError):
     def __init__(self, url: str, reason: str) -> None:
         self.url = url
+        self.reason = reason
         super().__init__(
             f"cannot reach the raytrain service at {url}: {reason}. To fix: start it with "
             "`raytrain serve`, or point --server / RAYTRAIN_SERVER at a running one."
         )
+
+    def _init_args(self) -> tuple[object, ...]:
+        return (self.url, self.reason)
 
 
 class ServiceError(RaytrainError):
@@ -69,6 +91,9 @@ class ServiceError(RaytrainError):
         self.status_code = status_code
         self.detail = detail
         super().__init__(f"the raytrain service answered {status_code}: {detail}")
+
+    def _init_args(self) -> tuple[object, ...]:
+        return (self.status_code, self.detail)
 
 
 class TrainingError(RaytrainError):

@@ -6,7 +6,7 @@ for a job, the policy's ranking of offer x market x node count and its choice.
 
 from __future__ import annotations
 
-from raytrain.core.autoscale import choose, job_goal, job_throughput, options
+from raytrain.core.autoscale import choose, device_mismatch, job_goal, job_throughput, options
 from raytrain.spec import JobSpec, OfferCatalog, OfferRow, OffersResponse, PolicySpec
 
 
@@ -27,5 +27,6 @@ def offers_response(catalog: OfferCatalog, policy: PolicySpec | None = None,
         checkpoint_interval_s=o.checkpoint_interval_s, expected_hours=o.expected_hours,
         expected_cost_usd=o.expected_cost_usd,
     ) for i, o in enumerate(ranked[:keep], start=1)]
+    reason = device_mismatch(spec, catalog.offers) or decision.reason
     return response.model_copy(update={"policy": policy.name, "ranking": rows,
-                                       "decision": decision.reason})
+                                       "decision": reason})

@@ -8,9 +8,12 @@ less surely, with a rebalance recommendation (`.../events/recommendations/rebala
 checkpoint now (rebalance), or checkpoint and stop (interruption). Other clouds' notices fit
 behind the same one-method interface (`poll`).
 
-The endpoint comes from the service's config (`ServiceConfig.interruption_endpoint`), so a
-test can serve the same protocol on 127.0.0.1. A node that has no metadata service (not on
-EC2) is noticed on the first failed poll; the watcher then stops quietly.
+Which workers watch, and where, is `watch_endpoint`: only workers on nodes the service bought
+on the spot market of a cloud that has a metadata service (AWS), or every worker when the
+operator names an endpoint (`ServiceConfig.interruption_endpoint`, which is also how a test
+serves the same protocol on 127.0.0.1). A local run contacts no metadata address. A node that
+has no metadata service after all is noticed on the first failed poll; the watcher then stops
+quietly.
 
     watcher = Watcher(Ec2Metadata("http://169.254.169.254"), interval_s=1.0).start()
     watcher.take_checkpoint_request(), watcher.stop_requested
@@ -29,6 +32,22 @@ import httpx
 logger = logging.getLogger(__name__)
 
 TOKEN_TTL_S = 21600
+# Clouds whose spot instances hear of an interruption through an instance metadata service.
+METADATA_ENDPOINTS = {"aws": "http://169.254.169.254"}
+
+
+def watch_endpoint(configured: str | None, market: str, provider: str | None) -> str | None:
+    """The metadata endpoint a job's workers watch for notices, or None: do not watch.
+
+        watch_endpoint(None, "spot", "aws")        # -> "http://169.254.169.254"
+        watch_endpoint(None, "local", None)        # -> None (a laptop, a fixed cluster)
+        watch_endpoint("http://127.0.0.1:8111", "local", None)  # the operator's choice wins
+    """
+    if configured:
+        return configured
+    if market == "spot" and provider is not None:
+        return METADATA_ENDPOINTS.get(provider)
+    return None
 
 
 @dataclass(frozen=True)

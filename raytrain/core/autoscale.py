@@ -312,11 +312,40 @@ def fixed_devices(throughput: Throughput, devices: int) -> Throughput:
                                  if nodes * offer.gpus_per_node == devices else None)
 
 
+def offer_matches(spec: JobSpec, offer: Offer) -> bool:
+    """Whether an offer's nodes have the devices the job asks for: CPU nodes for a CPU job
+    (gpus_per_worker 0), GPU nodes of the job's accelerator (any GPU kind if it names none)
+    for a GPU job. Predictions are then for the devices the job would run on."""
+    if not spec.resources.use_gpu:
+        return offer.gpu_kind == "cpu"
+    wanted = spec.resources.accelerator
+    return offer.gpu_kind != "cpu" and (wanted is None or offer.gpu_kind == wanted)
+
+
+def device_mismatch(spec: JobSpec, offers: Iterable[Offer]) -> str | None:
+    """Why no offer can hold the job's devices, with the fix; None if some offer can."""
+    offers = list(offers)
+    if any(offer_matches(spec, o) for o in offers):
+        return None
+    kinds = sorted({o.gpu_kind for o in offers}) or ["none"]
+    if not spec.resources.use_gpu:
+        return ("no offer has CPU-only nodes, and the job asks for CPU workers "
+                "(resources.gpus_per_worker 0). To fix: set resources.gpus_per_worker and "
+                f"resources.accelerator (offers have: {', '.join(kinds)})")
+    return (f"no offer has {spec.resources.accelerator} GPUs. To fix: set "
+            f"resources.accelerator to one of {', '.join(k for k in kinds if k != 'cpu')}")
+
+
 def job_throughput(spec: JobSpec) -> Throughput:
-    """The planner's throughput for a job on an offer: its best layout for any device count
-    under strategy 'auto', else the job's own layout on exactly its number of workers. A model
-    of unknown size is assumed to run at 1e3 tokens/s per achievable PFLOP/s (each option's
-    layout says 'assumed')."""
+    """The planner's throughput for a job on an offer whose devices match it
+    (`offer_matches`): its best layout for any device count under strategy 'auto', else the
+    job's own layout on exactly its number of workers. A model of unknown size is assumed to
+    run at 1e3 tokens/s per achievable PFLOP/s (each option's layout says 'assumed')."""
+    inner = _planned_throughput(spec)
+    return lambda offer, nodes: inner(offer, nodes) if offer_matches(spec, offer) else None
+
+
+def _planned_throughput(spec: JobSpec) -> Throughput:
     if spec.model.kind != "gpt":
         return fixed_devices(flops_throughput(1e3), spec.resources.num_workers)
     dims, work, _, _ = spec.planner_inputs()

@@ -5,22 +5,33 @@ path of each bad field and nothing is queued. Every route is a thin call into th
 
     POST /v1/jobs               queue a job (202)          GET  /v1/jobs          list
     GET  /v1/jobs/{id}          one job's status           DELETE /v1/jobs/{id}   cancel
-    GET  /v1/jobs/{id}/events   Server-Sent Events         GET  /healthz, /metrics
+    GET  /v1/jobs/{id}/events   Server-Sent Events         DELETE ...?purge=true  forget
+    GET  /v1/jobs/{id}/logs     workers' output by rank    GET  /healthz, /readyz, /metrics
+
+Bodies over MAX_BODY_BYTES answer 413 unread, and an error never echoes more than a short
+excerpt of what was sent. While the job manager cannot be reached, job endpoints answer 503
+with Retry-After rather than 500.
 """
 
 # No `from __future__ import annotations` here: FastAPI must see real types on the ingress
 # methods, and Serve's class wrapping keeps it from resolving string annotations (a JobSpec
 # body would turn into a required query parameter).
+import asyncio
 import json
+import logging
 from typing import Any, AsyncIterator
 
-from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import PlainTextResponse, StreamingResponse
+from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from ray import serve
+from ray.exceptions import GetTimeoutError, RayActorError, TaskCancelledError
 
 from raytrain import __version__
 from raytrain.core.planner import NothingFits
 from raytrain.spec import (
+    JobLogs,
     JobSpec,
     JobState,
     JobStatus,
@@ -34,6 +45,13 @@ from raytrain.spec import (
 
 APP_NAME = "raytrain"
 EVENT_POLL_S = 10.0
+MAX_BODY_BYTES = 1 * 2**20  # a job spec is a few KB; the schema has no field near this
+EXCERPT_CHARS = 200
+MANAGER_RETRY_AFTER_S = 5
+READY_TIMEOUT_S = 5.0
+LOG_BYTES_PER_RANK = 64 * 2**10
+
+logger = logging.getLogger(__name__)
 
 api = FastAPI(
     title="raytrain",
@@ -43,7 +61,8 @@ api = FastAPI(
 
 
 class JSONBodies:
-    """Read every request body as JSON, whatever its Content-Type says.
+    """Read every request body as JSON, whatever its Content-Type says, and refuse one over
+    MAX_BODY_BYTES with 413 before reading it.
 
     The API takes only JSON, and `curl -d @job.json` (the shortest way to submit) labels its
     body form-encoded, which FastAPI would hand to the JobSpec model as raw bytes.
@@ -53,13 +72,89 @@ class JSONBodies:
         self.app = app
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["method"] in ("POST", "PUT", "PATCH"):
-            headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
-            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
-        await self.app(scope, receive, send)
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
+        scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            await _too_large(send)
+            return
+        received = 0
+
+        async def counted() -> dict:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > MAX_BODY_BYTES:  # a chunked body that did not say its length
+                raise _BodyTooLarge()
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _BodyTooLarge:
+            await _too_large(send)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+async def _too_large(send: Any) -> None:
+    body = json.dumps({"detail": f"the request body is over the {MAX_BODY_BYTES // 2**20} MiB "
+                       "limit. To fix: send a job spec (a few KB); large data belongs in a "
+                       "token file the workers read"}).encode()
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 api.add_middleware(JSONBodies)
+
+
+def excerpt(value: Any) -> Any:
+    """`value` if its JSON is short, else the first EXCERPT_CHARS characters of it."""
+    text = json.dumps(jsonable_encoder(value), default=str)
+    return value if len(text) <= EXCERPT_CHARS else text[:EXCERPT_CHARS] + "..."
+
+
+@api.exception_handler(RequestValidationError)
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """422 with each bad field's path and message, and only an excerpt of its input."""
+    errors = []
+    for error in exc.errors():
+        error = {k: v for k, v in error.items() if k not in ("ctx", "url")}
+        if "input" in error:
+            error["input"] = excerpt(error["input"])
+        errors.append(error)
+    return JSONResponse(status_code=422, content={"detail": jsonable_encoder(errors)})
+
+
+@api.exception_handler(RayActorError)
+@api.exception_handler(GetTimeoutError)
+async def _manager_away(request: Request, exc: Exception) -> JSONResponse:
+    logger.warning("the job manager did not answer %s %s: %s", request.method,
+                   request.url.path, type(exc).__name__)
+    return JSONResponse(
+        status_code=503, headers={"Retry-After": str(MANAGER_RETRY_AFTER_S)},
+        content={"detail": "the job manager is not answering (restarting, or starting up); "
+                 f"no job was changed. To fix: retry in {MANAGER_RETRY_AFTER_S} s"})
+
+
+def _event_position(request: Request) -> int:
+    """The event to resume after: Last-Event-ID, else ?after=, else -1 (from the start)."""
+    header = request.headers.get("last-event-id")
+    where, text = (("header", "last-event-id"), header) if header is not None else \
+        (("query", "after"), request.query_params.get("after", "-1"))
+    try:
+        return max(-1, int(text))
+    except ValueError:
+        raise RequestValidationError([{
+            "loc": list(where), "type": "int_parsing", "input": text,
+            "msg": f"{text[:40]!r} is not an event number. To fix: send the id of the last "
+                   "event received, or leave it out to read from the start"}]) from None
 
 
 def _unwrap(envelope: dict[str, Any]) -> Any:
@@ -138,32 +233,62 @@ class RaytrainAPI:
         return job
 
     @api.delete("/v1/jobs/{job_id}", response_model=JobStatus)
-    async def cancel(self, job_id: str) -> dict[str, Any]:
+    async def cancel(self, job_id: str, purge: bool = Query(
+            False, description="Forget an ended job instead: its record, checkpoints and "
+            "logs (409 while it runs)")) -> dict[str, Any]:
+        """Cancel a job; with `?purge=true`, delete an ended one."""
+        if purge:
+            return _unwrap(await self.manager.delete.remote(job_id))
         return _unwrap(await self.manager.cancel.remote(job_id))
+
+    @api.get("/v1/jobs/{job_id}/logs", response_model=JobLogs)
+    async def logs(self, job_id: str, rank: int | None = Query(None, ge=0, le=100_000),
+                   offset: list[str] = Query(
+                       [], description="RANK:BYTE pairs: read each rank from there (the "
+                       "`offset` of the previous answer); default: each rank's tail"),
+                   max_bytes: int = Query(LOG_BYTES_PER_RANK, ge=1, le=LOG_BYTES_PER_RANK)
+                   ) -> dict[str, Any]:
+        """Each worker's output by rank, at most max_bytes per rank per answer."""
+        offsets = {}
+        for pair in offset:
+            r, _, byte = pair.partition(":")
+            if not (r.isdigit() and byte.isdigit()):
+                raise RequestValidationError([{
+                    "loc": ["query", "offset"], "type": "value_error", "input": pair[:40],
+                    "msg": "an offset is RANK:BYTE, e.g. 0:1024. To fix: send back the "
+                    "rank and offset of the previous answer"}])
+            offsets[int(r)] = int(byte)
+        return _unwrap(await self.manager.logs.remote(job_id, offsets or None, rank,
+                                                      max_bytes))
 
     @api.get("/v1/jobs/{job_id}/events")
     async def events(self, job_id: str, request: Request) -> StreamingResponse:
         """Server-Sent Events: `state`, `progress`, `checkpoint`, then one `end`.
 
         Resumes after the `Last-Event-ID` header (or `?after=`) when given."""
-        after = int(request.headers.get("last-event-id", request.query_params.get("after", -1)))
+        after = _event_position(request)
         if await self.manager.get_job.remote(job_id) is None:
             raise _not_found(job_id)
 
         async def stream() -> AsyncIterator[str]:
             nonlocal after
-            while True:
-                batch = await self.manager.wait_events.remote(job_id, after, EVENT_POLL_S)
-                if batch is None:
-                    return
-                if not batch:
-                    yield ": keep-alive\n\n"
-                    continue
-                for event in batch:
-                    after = event["seq"]
-                    yield _sse(event)
-                    if event["type"] == "end":
+            try:
+                while True:
+                    batch = await self.manager.wait_events.remote(job_id, after, EVENT_POLL_S)
+                    if batch is None:
                         return
+                    if not batch:
+                        yield ": keep-alive\n\n"
+                        continue
+                    for event in batch:
+                        after = event["seq"]
+                        yield _sse(event)
+                        if event["type"] == "end":
+                            return
+            except (asyncio.CancelledError, TaskCancelledError):
+                return  # the client went away: nothing to report
+            except (RayActorError, GetTimeoutError):
+                yield ": the job manager went away; reconnect with Last-Event-ID\n\n"
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 
@@ -193,7 +318,20 @@ class RaytrainAPI:
 
     @api.get("/healthz")
     async def healthz(self) -> dict[str, str]:
+        """Liveness: this process answers. Readiness is /readyz."""
         return {"status": "ok", "version": __version__}
+
+    @api.get("/readyz", responses={503: {"description": "starting, or the job manager or "
+                                         "its store is not answering"}})
+    async def readyz(self) -> JSONResponse:
+        """Readiness: the job manager answers and its store takes writes."""
+        try:
+            ready = await asyncio.wait_for(self.manager.ready.remote(), READY_TIMEOUT_S)
+        except (asyncio.TimeoutError, RayActorError, GetTimeoutError) as exc:
+            ready = {"ready": False, "status": "starting", "detail": type(exc).__name__}
+        return JSONResponse(status_code=200 if ready["ready"] else 503,
+                            content={**ready, "version": __version__},
+                            headers={} if ready["ready"] else {"Retry-After": "2"})
 
     @api.get("/metrics", response_class=PlainTextResponse)
     async def metrics(self) -> str:

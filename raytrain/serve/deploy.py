@@ -1,16 +1,30 @@
-"""Start and stop the service on a Ray cluster: the effects behind `raytrain serve` and `demo`.
+"""Start and stop the service on a Ray cluster: the effects behind `raytrain serve`, `stop`
+and `demo`.
 
     started_ray = connect_ray(address=None)       # a local cluster when no address is given
     url = deploy(ServiceConfig(), host="127.0.0.1", port=8000)
     undeploy(stop_jobs=True)
+
+`serve --detach` without an address cannot start Ray inside the CLI's own process (that
+cluster would end with the process): it starts a head node as its own process group
+(`ray start --head --block`, `start_detached_head`) and records what it started in
+`<state_dir>/service.json`, which `raytrain stop` reads to stop exactly that and nothing else.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shutil
+import signal
 import socket
+import subprocess
+import sys
+import tempfile
 import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import httpx
 import psutil
@@ -43,6 +57,10 @@ def connect_ray(address: str | None, num_cpus: int | None = None, quiet: bool = 
                 "to start a local cluster"
             ) from None
         return False
+    # Ray's usage statistics probe the cloud metadata address (169.254.169.254) and report to
+    # Ray's servers: a cluster raytrain starts on this machine talks to nothing beyond it.
+    # An operator's own setting wins.
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # Serve's controller reconciles every 0.1 s by default: on a small head node that is a
     # measurable share of the CPU training wants (BENCHMARKS.md, background CPU), and a
     # training service redeploys rarely. Only for clusters we start; an operator's wins.
@@ -53,7 +71,7 @@ def connect_ray(address: str | None, num_cpus: int | None = None, quiet: bool = 
         logging_level=logging.WARNING,
         log_to_driver=not quiet,
     )
-    _lower_ray_daemons()
+    _lower_ray_daemons(psutil.Process())
     return True
 
 
@@ -62,7 +80,7 @@ _DAEMONS = ("gcs_server", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
 _DAEMON_SCRIPTS = ("autoscaler/_private/monitor.py", "dashboard/dashboard.py", "log_monitor.py")
 
 
-def _lower_ray_daemons(niceness: int = 10) -> None:
+def _lower_ray_daemons(root: psutil.Process, niceness: int = 10) -> None:
     """Run the GCS, agents, monitor and log monitor of a cluster we started at `niceness`.
 
     Training ranks run at 0 (launcher.py) and Ray's workers for the service at 15. Ray's
@@ -70,7 +88,7 @@ def _lower_ray_daemons(niceness: int = 10) -> None:
     fill, their periodic work stalls a rank while its peers wait at the next collective;
     below the ranks it runs in the gaps instead. The raylet keeps 0: every worker it starts
     inherits its priority."""
-    for child in psutil.Process().children(recursive=True):
+    for child in root.children(recursive=True):
         try:
             command = " ".join(child.cmdline())
             if child.name() in _DAEMONS or any(script in command for script in _DAEMON_SCRIPTS):
@@ -110,11 +128,169 @@ def deploy(config: ServiceConfig, host: str, port: int, timeout_s: float = 120.0
 
 
 def undeploy(stop_jobs: bool) -> None:
-    """Remove the HTTP app; with stop_jobs, also stop the job manager and its running jobs."""
-    serve.shutdown()
+    """Remove the HTTP app; with stop_jobs, also Serve itself and the job manager with its
+    running jobs (for a cluster the service started: nothing else runs on it)."""
+    if stop_jobs:
+        serve.shutdown()
+    else:  # a cluster others may use: take away our app only
+        serve.delete(APP_NAME, _blocking=True)
     manager = find_manager() if stop_jobs else None
     if manager is not None:
         try:
             ray.get(manager.shutdown.remote(), timeout=30)
         finally:
             ray.kill(manager, no_restart=True)
+
+
+SERVICE_RECORD = "service.json"
+
+
+@dataclass(frozen=True)
+class DetachedService:
+    """What `serve --detach` started, for `raytrain stop`."""
+
+    url: str
+    address: str  # the Ray cluster's GCS address
+    head_pid: int | None  # the `ray start --head --block` process we started, if any
+    temp_dir: str | None  # that head's Ray temp dir
+    started_at: float
+
+    def save(self, state_dir: Path) -> Path:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        path = state_dir / SERVICE_RECORD
+        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        return path
+
+    @staticmethod
+    def load(state_dir: Path) -> DetachedService | None:
+        try:
+            return DetachedService(**json.loads((state_dir / SERVICE_RECORD).read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+
+def _head_process(record: DetachedService) -> psutil.Process | None:
+    """The head process the record names, if it still runs (and is still that process)."""
+    if record.head_pid is None:
+        return None
+    try:
+        proc = psutil.Process(record.head_pid)
+        if "ray" in " ".join(proc.cmdline()) and proc.create_time() <= record.started_at + 5:
+            return proc
+    except psutil.Error:
+        pass
+    return None
+
+
+def detached_service_running(state_dir: Path) -> DetachedService | None:
+    """The detached service recorded in `state_dir`, if it still answers."""
+    record = DetachedService.load(state_dir)
+    if record is None:
+        return None
+    try:
+        httpx.get(f"{record.url}/healthz", timeout=2.0)
+        return record
+    except httpx.HTTPError:
+        return record if _head_process(record) is not None else None
+
+
+def start_detached_head(num_cpus: int | None, log_path: Path, timeout_s: float = 120.0
+                        ) -> tuple[str, int, str]:
+    """Start a local Ray head node that outlives this process; return (address, pid,
+    temp_dir). Its processes form their own session, so a Ctrl-C in this terminal does not
+    reach them, and `raytrain stop` ends them by signalling the head's process."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    temp_dir = tempfile.mkdtemp(prefix="raytrain-", dir="/tmp")  # Ray's socket paths are short
+    env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
+    env.setdefault("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "1.0")
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # as connect_ray: nothing beyond this machine
+    ray_cli = Path(sys.executable).parent / "ray"
+    command = [str(ray_cli) if ray_cli.exists() else "ray", "start", "--head",
+               f"--port={port}", "--node-ip-address=127.0.0.1",
+               f"--num-cpus={num_cpus or os.cpu_count() or 2}", "--include-dashboard=false",
+               "--disable-usage-stats", f"--temp-dir={temp_dir}", "--block"]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        head = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    address = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while not _gcs_answers(port):
+        if head.poll() is not None:
+            raise RaytrainError(f"Ray's head node did not start (exit {head.returncode}); its "
+                                f"output is in {log_path}. To fix: read it, or start Ray "
+                                "yourself (ray start --head) and pass --address")
+        if time.monotonic() > deadline:
+            _terminate(psutil.Process(head.pid))
+            raise RaytrainError(f"Ray's head node did not start within {timeout_s:.0f} s; "
+                                f"its output is in {log_path}")
+        time.sleep(0.5)
+    return address, head.pid, temp_dir
+
+
+def _gcs_answers(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def lower_detached_daemons(head_pid: int) -> None:
+    try:
+        _lower_ray_daemons(psutil.Process(head_pid))
+    except psutil.Error:
+        pass
+
+
+def _terminate(proc: psutil.Process, timeout_s: float = 30.0) -> None:
+    """SIGTERM a process and its children, then SIGKILL what is left after timeout_s."""
+    try:
+        family = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return
+    for member in family:
+        try:
+            member.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(family, timeout=timeout_s)
+    for member in alive:
+        try:
+            member.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=10)
+
+
+def stop_detached(state_dir: Path) -> str:
+    """Stop what `serve --detach` recorded in `state_dir`; say what was stopped."""
+    record = DetachedService.load(state_dir)
+    if record is None:
+        raise RaytrainError(
+            f"nothing to stop: no service started with `raytrain serve --detach` is recorded "
+            f"in {state_dir / SERVICE_RECORD}. To fix: pass the --state-dir it was started "
+            "with")
+    head = _head_process(record)
+    stopped = []
+    if head is not None or record.head_pid is None:
+        try:  # let the job manager save every running job's state before the cluster goes
+            connect_ray(record.address, quiet=True)
+            undeploy(stop_jobs=record.head_pid is not None)
+            stopped.append(f"the service at {record.url}")
+        except Exception as exc:  # a dead or half-dead cluster: stop its processes anyway
+            logger.warning("could not stop the service cleanly: %s", exc)
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
+    if head is not None:
+        _terminate(head)
+        stopped.append(f"the Ray cluster it started at {record.address}")
+    if record.temp_dir:
+        leftovers = [p for p in psutil.process_iter(["cmdline"])
+                     if record.temp_dir in " ".join(p.info.get("cmdline") or [])]
+        for proc in leftovers:
+            _terminate(proc, timeout_s=5.0)
+        shutil.rmtree(record.temp_dir, ignore_errors=True)
+    (state_dir / SERVICE_RECORD).unlink(missing_ok=True)
+    return " and ".join(stopped) if stopped else "nothing was running any more"

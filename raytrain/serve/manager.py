@@ -18,10 +18,11 @@ crossing the actor boundary.
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +32,13 @@ from ray.actor import ActorHandle
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from raytrain.catalog import unknown_policy
+from raytrain.cloud.interruption import watch_endpoint
 from raytrain.core.capacity import admit, worker_group_demand
-from raytrain.errors import SpecError
+from raytrain.errors import FieldError, RaytrainError, SpecError
 from raytrain.offers import offers_response
 from raytrain.serve.provisioning import Provisioner
 from raytrain.serve.store import JobStore
+from raytrain.train.worker_logs import read_logs
 from raytrain.spec import (
     CheckpointInfo,
     JobEvent,
@@ -60,6 +63,10 @@ PROGRESS_PERSIST_INTERVAL_S = 5.0
 # How long a cancelled worker group has to leave on its own before it is killed.
 CANCEL_GRACE_S = 20.0
 EVENTS_KEPT_PER_JOB = 5000
+# Records are saved on every state change and checkpoint and at least every
+# PROGRESS_PERSIST_INTERVAL_S of progress (one report a second at most): far fewer events than
+# this can follow a record's last save.
+RELOAD_EVENT_SEQ_GAP = 10_000
 HEAD_NODE_RESOURCE = "node:__internal_head__"
 # After an interruption notice the instance goes within two minutes; wait that long at most
 # for the noticed nodes to leave before resuming on the same node type.
@@ -155,8 +162,13 @@ class JobManager:
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._store = JobStore(self.config.state_path / "jobs.db")
-        self._jobs: dict[str, JobStatus] = {job.id: job for job in self._store.load_all()}
-        self._events: dict[str, _EventLog] = {job_id: _EventLog() for job_id in self._jobs}
+        records = self._store.load_all()
+        self._jobs: dict[str, JobStatus] = {job.id: job for job, _ in records}
+        # Events emitted after a record's last save were not counted in it: skip past any
+        # number they could have taken, so numbering only grows across a restart.
+        self._events: dict[str, _EventLog] = {
+            job.id: _EventLog(first_seq=seq + RELOAD_EVENT_SEQ_GAP if seq else 0)
+            for job, seq in records}
         self._runs: dict[str, _Run] = {}
         self._persisted_at: dict[str, float] = {}
         self._provisioner = Provisioner(self.config)
@@ -178,6 +190,7 @@ class JobManager:
             policy_error = self._provisioner.policy_error(spec)
             if policy_error is not None:
                 raise SpecError([policy_error])
+            _check_paths_on_head_node(spec)
         except SpecError as exc:
             return {"error": "spec", "detail": [e.to_json() for e in exc.errors]}
         now = time.time()
@@ -245,6 +258,45 @@ class JobManager:
             self._end(job)
             logger.info("job %s cancelled (was running: %s)", job_id, run is not None)
             return {"ok": job.model_dump(mode="json")}
+
+    def ready(self) -> dict[str, Any]:
+        """Readiness: this actor answers, its scheduler runs, and its store takes writes."""
+        writable = self._store.writable()
+        return {"ready": writable, "status": "ready" if writable else "store not writable",
+                "jobs": len(self._jobs), "store": str(self._store.path)}
+
+    def logs(self, job_id: str, offsets: dict[int, int] | None, rank: int | None,
+             max_bytes: int) -> dict[str, Any]:
+        """Each worker's output, by rank, from the given offsets (default: the tail)."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                return {"error": "not_found", "detail": f"no job with id {job_id!r}"}
+            state = job.state.value
+        chunks = read_logs(self.config.checkpoint_root / job_id / "logs", offsets, rank,
+                           max_bytes)
+        return {"ok": {"job_id": job_id, "state": state,
+                       "ranks": [asdict(chunk) for chunk in chunks]}}
+
+    def delete(self, job_id: str) -> dict[str, Any]:
+        """Forget an ended job: its record, events, checkpoints and logs."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                return {"error": "not_found", "detail": f"no job with id {job_id!r}"}
+            if not job.state.is_terminal or job_id in self._runs:
+                return {"error": "state", "detail": (
+                    f"job {job_id} is {job.state.value}; only an ended job can be deleted. "
+                    f"To fix: cancel it first (raytrain cancel {job_id}), then delete it")}
+            root = self.config.checkpoint_root / job_id
+            shutil.rmtree(root, ignore_errors=True)
+            self._store.delete(job_id)
+            del self._jobs[job_id]
+            self._events.pop(job_id, None)
+            self._persisted_at.pop(job_id, None)
+            self._changed.notify_all()
+        logger.info("job %s deleted with its checkpoints and logs (%s)", job_id, root)
+        return {"ok": job.model_dump(mode="json")}
 
     def wait_events(self, job_id: str, after_seq: int,
                     timeout_s: float) -> list[dict[str, Any]] | None:
@@ -414,7 +466,10 @@ class JobManager:
             self._transition(job, JobState.SUCCEEDED, "finished")
         else:
             job.error = error
-            self._transition(job, JobState.FAILED, "failed")
+            logger.warning("job %s failed: %s", job.id, error)
+            self._transition(job, JobState.FAILED, (
+                f"failed; each worker's output is in `raytrain logs {job.id}` "
+                f"(GET /v1/jobs/{job.id}/logs)"))
         self._end(job)
 
     def _start_queued(self) -> None:
@@ -424,11 +479,15 @@ class JobManager:
         total = {k: float(v) for k, v in ray.cluster_resources().items()}
         with self._lock:
             held = [run.demand for run in self._runs.values()]
-            for job in list(self._jobs.values()):
-                if not self._waiting(job):
-                    continue
+            blocked_by: JobStatus | None = None
+            queue = [job for job in self._jobs.values() if self._waiting(job)]
+            for position, job in enumerate(queue, start=1):
                 if self._provisioner.enabled:
                     self._start_on_bought_nodes(job, total, held)
+                    continue
+                if blocked_by is not None:  # first in, first out: wait behind the first
+                    self._say_queued(job, f"queued, position {position} of {len(queue)}: "
+                                     f"behind job {blocked_by.id}")
                     continue
                 resources = job.spec.resources
                 demand = worker_group_demand(
@@ -436,12 +495,18 @@ class JobManager:
                 )
                 decision = admit(demand, total, held)
                 if not decision.fits:
-                    if job.message != decision.reason:
-                        logger.info("job %s queued: %s", job.id, decision.reason)
-                        self._transition(job, JobState.PENDING, decision.reason)
-                    break  # first in, first out: later jobs wait behind this one
-                self._launch(job, job.spec, demand)
+                    self._say_queued(job, f"queued, position {position} of {len(queue)}: "
+                                     f"{decision.reason}")
+                    blocked_by = job
+                    continue
+                self._launch(job, job.spec, demand, notice_endpoint=watch_endpoint(
+                    self.config.interruption_endpoint, "local", None))
                 held.append(demand)
+
+    def _say_queued(self, job: JobStatus, message: str) -> None:
+        if job.message != message:
+            logger.info("job %s %s", job.id, message)
+            self._transition(job, JobState.PENDING, message)
 
     def _review_running(self) -> None:
         """Let the policy look at running jobs on bought capacity again: when the offers
@@ -506,16 +571,20 @@ class JobManager:
                     else JobState.PROVISIONING
                 self._transition(job, state, job.message or "requesting nodes")
             return
+        offer = placement.option.offer
         self._launch(job, placement.spec, demand, placement.worker_resources,
                      f"{placement.nodes} x {placement.node_type}, "
-                     f"{placement.spec.layout.describe()}")
+                     f"{placement.spec.layout.describe()}",
+                     watch_endpoint(self.config.interruption_endpoint, placement.option.market,
+                                    offer.provider))
         # The nodes are up; Ray Train asks for them itself as its controller starts. Two
         # requests at once would count them twice and buy a spare node.
         self._provisioner.handed_over(job.id)
         held.append(demand)
 
     def _launch(self, job: JobStatus, spec: JobSpec, demand: dict[str, float],
-                worker_resources: dict[str, float] | None = None, describe: str = "") -> None:
+                worker_resources: dict[str, float] | None = None, describe: str = "",
+                notice_endpoint: str | None = None) -> None:
         root = self.config.checkpoint_root / job.id
         # On the head node: Ray Train puts its controller (and Ray Data its detached
         # autoscaling coordinator) beside the caller, and a bought node that keeps any actor
@@ -524,7 +593,7 @@ class JobManager:
                                    resources={HEAD_NODE_RESOURCE: 0.001}).remote()
         done = runner.run.remote(
             spec.model_dump(mode="json"), job.id, str(root / "checkpoints"), str(root / "ray"),
-            worker_resources, self.config.interruption_endpoint,
+            worker_resources, notice_endpoint,
         )
         now = time.time()
         bought = set(worker_resources or ())
@@ -648,8 +717,21 @@ class JobManager:
         return [event.model_dump(mode="json") for event in self._events[job_id].events]
 
     def _save(self, job: JobStatus) -> None:
-        self._store.put(job)
+        log = self._events.get(job.id)
+        self._store.put(job, log.next_seq if log else 0)
         self._persisted_at[job.id] = time.monotonic()
+
+
+def _check_paths_on_head_node(spec: JobSpec) -> None:
+    """Refuse at submit a token file that does not exist where the service runs (the head
+    node): on a cluster it must be on storage every node mounts, the head node included."""
+    if spec.data.kind == "token_file" and spec.data.path:
+        path = Path(spec.data.path).expanduser()
+        if not path.is_file():
+            raise SpecError([FieldError(("data", "path"), (
+                f"{spec.data.path} is not a readable file on the service's node"
+                f"{' (it does not exist)' if not path.exists() else ''}. To fix: give the "
+                "absolute path of a token file on storage every node mounts"))])
 
 
 def _alive_nodes(with_resources: set[str] | None = None) -> set[str]:
@@ -668,11 +750,34 @@ def _hard_stop(run: _Run) -> None:
 
 
 def _describe_failure(exc: BaseException) -> str:
-    """The root cause of a failed fit in a line or a few, not Ray's whole traceback."""
-    text = str(exc).strip()
+    """The root cause of a failed fit: a raytrain error's own message when a worker raised one
+    (it says how to fix it), else the last lines of the worker's error, not Ray's whole
+    traceback."""
+    root = _root_cause(exc)
+    if isinstance(root, RaytrainError):
+        return str(root)[:2000]
+    text = str(root).strip()
     lines = [line for line in text.splitlines() if line.strip()]
-    tail = "\n".join(lines[-6:]) if lines else type(exc).__name__
+    tail = "\n".join(lines[-6:]) if lines else type(root).__name__
     return f"training failed: {tail}"[:2000]
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """Unwrap Ray's task error and Ray Train's worker-group error down to what a rank raised
+    (the lowest rank's, when several did)."""
+    seen: set[int] = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        failures = getattr(exc, "worker_failures", None)
+        if isinstance(failures, dict) and failures:
+            exc = failures[min(failures)]
+            continue
+        cause = getattr(exc, "cause", None) or getattr(exc, "controller_failure", None)
+        if isinstance(cause, BaseException):
+            exc = cause
+            continue
+        break
+    return exc
 
 
 JobManagerActor = ray.remote(JobManager)

@@ -1,10 +1,12 @@
 """Durable job records on the head node: one SQLite table of JobStatus documents.
 
 The job manager writes a record on every state change, each checkpoint, and at most every
-few seconds of progress, so a restarted service knows every job and its last state.
+few seconds of progress, so a restarted service knows every job and its last state. Beside
+each record it keeps the number the job's next event would take, so event numbers stay
+monotonic across restarts (a client resuming with an old Last-Event-ID skips nothing).
 
     store = JobStore(Path("~/.raytrain/jobs.db").expanduser())
-    store.put(status); store.load_all()
+    store.put(status, next_event_seq=12); store.load_all(); store.delete(job_id)
 """
 
 from __future__ import annotations
@@ -28,19 +30,39 @@ class JobStore:
             "CREATE TABLE IF NOT EXISTS jobs ("
             " id TEXT PRIMARY KEY, created_at REAL NOT NULL, record TEXT NOT NULL)"
         )
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
+        if "next_event_seq" not in columns:  # a store written before events were numbered
+            self._db.execute("ALTER TABLE jobs ADD COLUMN next_event_seq INTEGER NOT NULL "
+                             "DEFAULT 0")
 
-    def put(self, status: JobStatus) -> None:
+    def put(self, status: JobStatus, next_event_seq: int = 0) -> None:
         with self._lock:
             self._db.execute(
-                "INSERT INTO jobs (id, created_at, record) VALUES (?, ?, ?) "
-                "ON CONFLICT(id) DO UPDATE SET record = excluded.record",
-                (status.id, status.created_at, status.model_dump_json()),
+                "INSERT INTO jobs (id, created_at, record, next_event_seq) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT(id) DO UPDATE SET record = excluded.record, "
+                "next_event_seq = MAX(next_event_seq, excluded.next_event_seq)",
+                (status.id, status.created_at, status.model_dump_json(), next_event_seq),
             )
 
-    def load_all(self) -> list[JobStatus]:
+    def load_all(self) -> list[tuple[JobStatus, int]]:
+        """Every record, oldest first, with the number its next event takes."""
         with self._lock:
-            rows = self._db.execute("SELECT record FROM jobs ORDER BY created_at").fetchall()
-        return [JobStatus.model_validate_json(row[0]) for row in rows]
+            rows = self._db.execute(
+                "SELECT record, next_event_seq FROM jobs ORDER BY created_at").fetchall()
+        return [(JobStatus.model_validate_json(record), seq) for record, seq in rows]
+
+    def delete(self, job_id: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+
+    def writable(self) -> bool:
+        """Whether a write goes through now (for readiness)."""
+        try:
+            with self._lock:
+                self._db.execute("CREATE TABLE IF NOT EXISTS probe (x INTEGER)")
+            return True
+        except sqlite3.Error:
+            return False
 
     def close(self) -> None:
         with self._lock:

@@ -51,12 +51,14 @@ from raytrain.spec.service import (
 from raytrain.spec.status import (
     CheckpointInfo,
     JobEvent,
+    JobLogs,
     JobResult,
     JobState,
     JobStatus,
     PlanSummary,
     PreemptionRecord,
     Progress,
+    RankLog,
     Resources,
 )
 
@@ -85,6 +87,8 @@ __all__ = [
     "JobState",
     "Progress",
     "Resources",
+    "RankLog",
+    "JobLogs",
     "PlanSummary",
     "CheckpointInfo",
     "PreemptionRecord",

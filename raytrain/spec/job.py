@@ -67,17 +67,23 @@ class ModelSpec(Strict):
     gpt: GPTConfig = Field(default_factory=GPTConfig, description="Built-in GPT dimensions.")
     factory: str | None = Field(
         None,
+        max_length=256,
         description="For kind 'import': 'package.module:callable' returning an nn.Module that "
         "maps int64 tokens [batch, seq] to logits [batch, seq, vocab]. Only packages the "
         "operator allows (service config allowed_import_packages) are accepted.",
     )
     options: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword arguments passed to the factory."
+        default_factory=dict, max_length=64,
+        description="Keyword arguments passed to the factory (at most 64; the whole request "
+        "body is limited to 1 MiB)."
     )
 
     @model_validator(mode="after")
     def _factory_matches_kind(self) -> ModelSpec:
-        raise_if_any("ModelSpec", _factory_errors(self.kind == "import", self.factory))
+        errors = _factory_errors(self.kind == "import", self.factory)
+        unused = ("factory", "options") if self.kind == "gpt" else ("gpt",)
+        errors += _unused_fields(self, unused, "model.kind")
+        raise_if_any("ModelSpec", errors)
         return self
 
 
@@ -91,17 +97,21 @@ class DataSpec(Strict):
     )
     seq_len: int = Field(64, ge=1, description="Tokens per training sequence.")
     seed: int = Field(0, ge=0, description="Seed of the synthetic data.")
-    path: str | None = Field(None, description="For 'token_file': path readable by every worker.")
+    path: str | None = Field(None, max_length=4096,
+                             description="For 'token_file': path readable by every worker.")
     dtype: Literal["uint16", "uint32"] = Field(
         "uint16", description="For 'token_file': integer type of the stored token ids."
     )
     factory: str | None = Field(
         None,
+        max_length=256,
         description="For kind 'import': 'package.module:callable' returning a map-style dataset "
         "whose items are int64 tensors of seq_len + 1 tokens.",
     )
     options: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword arguments passed to the factory."
+        default_factory=dict, max_length=64,
+        description="Keyword arguments passed to the factory (at most 64; the whole request "
+        "body is limited to 1 MiB)."
     )
 
     @model_validator(mode="after")
@@ -116,8 +126,28 @@ class DataSpec(Strict):
                     self.path,
                 )
             )
+        unused = {"synthetic": ("path", "dtype", "factory", "options"),
+                  "token_file": ("seed", "factory", "options"),
+                  "import": ("path", "dtype", "seed")}[self.kind]
+        errors += _unused_fields(self, unused, "data.kind")
         raise_if_any("DataSpec", errors)
         return self
+
+
+def _unused_fields(section: Strict, names: tuple[str, ...], kind_field: str
+                   ) -> list[InitErrorDetails]:
+    """Errors for fields set to something other than their default that mean nothing for the
+    section's kind: a value that would be stored and shown but never used is refused, not
+    silently kept. (A dumped spec carries every default, so defaults must pass.)"""
+    kind = getattr(section, "kind")
+    fields = type(section).model_fields
+    return [field_error(
+        (name,),
+        f"{name} means nothing for {kind_field} {kind!r}. To fix: remove {name}, or choose "
+        f"the kind that uses it",
+        "(omitted)",
+    ) for name in names if name in section.model_fields_set
+        and getattr(section, name) != fields[name].get_default(call_default_factory=True)]
 
 
 def _factory_errors(needed: bool, factory: str | None) -> list[InitErrorDetails]:
@@ -170,8 +200,13 @@ class TrainingSpec(Strict):
     checkpoint_every_steps: int = Field(
         50, ge=1, description="Save a checkpoint every this many steps (and at the end)."
     )
+    keep_checkpoints: int = Field(
+        2, ge=1, le=1000, description="Committed checkpoints kept on storage; older ones are "
+        "deleted as new ones commit. `raytrain delete ID` removes the rest once the job ended."
+    )
     max_restarts: int = Field(
-        3, ge=0, description="Restarts from the latest checkpoint after a worker failure."
+        3, ge=0, le=100, description="Restarts from the latest checkpoint after a worker "
+        "failure."
     )
     precision: Literal["fp32", "bf16", "fp16"] = Field(
         "fp32",
@@ -321,6 +356,7 @@ class CapacitySpec(Strict):
 
     policy: str | None = Field(
         None,
+        max_length=64,
         pattern=r"^[a-z0-9][a-z0-9-]*$",
         description="A named autoscaling policy from policies/ (cost-first, deadline-aware, "
         "on-demand-only, spot-only); default: the service's.",

@@ -51,10 +51,12 @@ class ServiceConfig(Strict):
         "deadline); a change of the offers prompts a look at once.",
     )
     interruption_endpoint: str | None = Field(
-        "http://169.254.169.254",
-        description="Instance metadata service every worker watches for spot interruption "
-        "notices (IMDSv2); null: do not watch. Where there is none, the watcher stops after "
-        "its first try.",
+        None,
+        max_length=256,
+        description="Instance metadata service (IMDSv2) every worker of every job watches for "
+        "spot interruption notices. Null (the default): only workers on nodes the service "
+        "bought on AWS's spot market watch, at AWS's own address; a local run or a fixed "
+        "cluster contacts no metadata address.",
     )
 
     @property

@@ -135,3 +135,24 @@ class JobEvent(Record):
     job_id: str
     time: float
     data: dict[str, Any] = Field(default_factory=dict)
+
+
+class RankLog(Record):
+    """One rank's output, from `offset - len(text)` bytes into its log file."""
+
+    rank: int = Field(description="The worker's rank.")
+    text: str = Field(description="What the rank wrote (stdout and stderr), UTF-8.")
+    offset: int = Field(description="Where the next read of this rank starts; send it back "
+                        "as `offset=RANK:BYTE` to follow.")
+    size: int = Field(description="The rank's log file's size now, in bytes.")
+    skipped: int = Field(description="Bytes left out between the asked offset and the text "
+                         "(more than one answer holds, or the file rotated).")
+
+
+class JobLogs(Record):
+    """Each worker's output, kept with the job under <storage>/<job id>/logs/ (at most 8 MiB
+    per rank: 4 MiB and the file before it)."""
+
+    job_id: str = Field(description="The job.")
+    state: str = Field(description="The job's state when read; follow until it ends.")
+    ranks: list[RankLog] = Field(description="One entry per rank that wrote anything.")

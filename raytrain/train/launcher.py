@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from raytrain.cloud.interruption import Ec2Metadata, Watcher
 from raytrain.spec import JobSpec
 from raytrain.train.loop import WorkerInfo, train
 from raytrain.train.progress import NullSink, ProgressSink
+from raytrain.train.worker_logs import captured_output
 
 logger = logging.getLogger(__name__)
 
@@ -109,12 +111,20 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
         }
         sink = ManagerSink(ray.get_actor(name, namespace=namespace), config["job_id"], placement)
     endpoint = config.get("interruption_endpoint")
-    watcher = Watcher(Ec2Metadata(endpoint)).start() if endpoint else None
-    try:
-        train(spec, worker, sink, Path(config["checkpoint_root"]), notices=watcher)
-    finally:
-        if watcher is not None:
-            watcher.stop()
+    header = (f"job {config['job_id']}, world size {worker.world_size}, "
+              f"node {ray.get_runtime_context().get_node_id()[:12]}")
+    with captured_output(Path(config["log_dir"]), worker.rank, header):
+        watcher = Watcher(Ec2Metadata(endpoint)).start() if endpoint else None
+        try:
+            train(spec, worker, sink, Path(config["checkpoint_root"]), notices=watcher)
+        except Exception:
+            # The traceback goes to this rank's log; the error itself travels to the job's
+            # status through Ray (and is logged once there).
+            traceback.print_exc()
+            raise
+        finally:
+            if watcher is not None:
+                watcher.stop()
 
 
 def _accelerator_name(device: torch.device) -> str:
@@ -152,6 +162,7 @@ def build_trainer(
             "spec": spec.model_dump(mode="json"),
             "job_id": job_id,
             "checkpoint_root": str(checkpoint_root),
+            "log_dir": str(checkpoint_root.parent / "logs"),
             "manager": list(manager),
             "threads_per_worker": threads,
             "interruption_endpoint": interruption_endpoint,

@@ -186,7 +186,7 @@ def train(
     optimizers = [build_optimizer(part, spec) for part in model.parts]
     source = build_source(spec.data, _vocab_size(spec))
     plan = BatchPlan(training.global_batch_size, training.micro_batch_size, layout.dp)
-    checkpoints = CheckpointManager(checkpoint_root, worker.rank)
+    checkpoints = CheckpointManager(checkpoint_root, worker.rank, keep=training.keep_checkpoints)
 
     start_step, first_loss, loss_value = 0, None, float("nan")
     latest = checkpoints.latest()

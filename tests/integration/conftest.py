@@ -18,6 +18,30 @@ import pytest
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 NUM_CPUS = 2
+NETAUDIT_DIR = Path(__file__).resolve().parents[1] / "netaudit"
+
+
+def this_machines_addresses() -> list[str]:
+    """Every address of this machine's interfaces, and its DNS resolvers."""
+    found = [a.address.split("%")[0] for addrs in psutil.net_if_addrs().values()
+             for a in addrs if a.family in (socket.AF_INET, socket.AF_INET6)]
+    try:
+        for line in Path("/etc/resolv.conf").read_text().splitlines():
+            if line.startswith("nameserver"):
+                found.append(line.split()[1])
+    except OSError:
+        pass
+    return found
+
+
+def audit_connections(log: Path) -> None:
+    """From here on, every Python process started with this environment (Ray's included)
+    records connections beyond this machine in `log` (tests/netaudit/sitecustomize.py)."""
+    log.touch()
+    os.environ["RAYTRAIN_NET_AUDIT_LOG"] = str(log)
+    os.environ["RAYTRAIN_NET_AUDIT_ALLOW"] = ",".join(this_machines_addresses())
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(NETAUDIT_DIR), os.environ.get("PYTHONPATH")) if p)
 
 
 def free_port() -> int:
@@ -60,6 +84,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     from raytrain.spec import ServiceConfig
 
     state_dir = tmp_path_factory.mktemp("raytrain-state")
+    audit_connections(state_dir / "connections-beyond-this-machine.log")
     connect_ray(None, num_cpus=NUM_CPUS, quiet=True)
     config = ServiceConfig(state_dir=str(state_dir), allowed_import_packages=["tests"])
     url = deploy(config, "127.0.0.1", free_port())

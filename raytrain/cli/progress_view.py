@@ -1,6 +1,7 @@
 """A live terminal progress bar for a job's event stream: step, loss, tokens/s, ETA.
 
-Used by the CLI and by `Job.wait(progress=True)`; renders to stderr and only when asked.
+Used by the CLI (`submit --follow`, `demo`), fed from `Job.wait(on_event=view.update)`; renders
+to stderr.
 
     with JobProgressView(job_id) as view:
         for event in client.events(job_id):

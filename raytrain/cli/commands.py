@@ -4,11 +4,15 @@
     raytrain serve [--address ADDR]       deploy the service; foreground until SIGINT/SIGTERM
     raytrain submit job.yaml --follow     queue a job and follow it to the end
     raytrain status ID | list | cancel ID [--json]
+    raytrain logs ID [--follow]           each worker's output, by rank
+    raytrain delete ID                    forget an ended job and delete its checkpoints
+    raytrain stop                         stop what `raytrain serve --detach` started
     raytrain plan job.yaml --gpus 16 --gpu rtx4090   rank parallel layouts (offline)
     raytrain offers [job.yaml] [--refresh]           offers, prices, the policy's ranking
     raytrain simulate [--trace FILE]                 replay spot traces under four strategies
 
-The server URL comes from --server, else RAYTRAIN_SERVER, else http://127.0.0.1:8000.
+The server URL comes from --server (before or after the command), else RAYTRAIN_SERVER, else
+http://127.0.0.1:8000.
 Exit codes: 0 success, 1 the job or service failed, 2 bad input, 130 interrupted.
 """
 
@@ -29,7 +33,6 @@ import yaml
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from raytrain.catalog import (
     DEFAULT_POLICY,
@@ -38,12 +41,23 @@ from raytrain.catalog import (
     save_offers,
     unknown_policy,
 )
+from raytrain.cli.flags import existing_file, number, port, whole
+from raytrain.cli.progress_view import JobProgressView
+from raytrain.cli.views import (
+    jobs_table,
+    offers_table,
+    plans_table,
+    ranking_table,
+    simulation_table,
+    status_table,
+    summary_table,
+)
 from raytrain.client import DEFAULT_URL, Client
+from raytrain.core.planner import NothingFits
 from raytrain.core.simulate import SimJob, compare
 from raytrain.errors import FieldError, RaytrainError, SpecError
 from raytrain.offers import offers_response
 from raytrain.traces import load_trace
-from raytrain.core.planner import NothingFits
 from raytrain.spec import (
     JobState,
     JobStatus,
@@ -58,8 +72,8 @@ from raytrain.spec import (
 out = Console()
 err = Console(stderr=True)
 
-DEMO_SPEC = Path(__file__).resolve().parent.parent / "examples" / "demo.yaml"
-DEFAULT_TRACE = Path(__file__).resolve().parent.parent / "data" / "spot-traces" / "bamboo" / \
+DEMO_SPEC = Path(__file__).resolve().parents[2] / "examples" / "demo.yaml"
+DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "data" / "spot-traces" / "bamboo" / \
     "p3-trace.csv"
 
 
@@ -74,82 +88,24 @@ def _print_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
 
 
-def _jobs_table(jobs: Sequence[JobStatus]) -> Table:
-    table = Table(show_lines=False)
-    for column in ("ID", "NAME", "STATE", "STEP", "LOSS", "TOK/S", "WORKERS", "RESTARTS", "AGE"):
-        table.add_column(column, no_wrap=column in ("ID", "STATE"))  # IDs get copied
-    now = time.time()
-    for job in jobs:
-        p = job.progress
-        table.add_row(
-            job.id,
-            job.spec.name,
-            job.state.value,
-            f"{p.step}/{p.total_steps}",
-            "-" if p.loss is None else f"{p.loss:.4f}",
-            "-" if p.tokens_per_s is None else f"{p.tokens_per_s:,.0f}",
-            str(job.spec.resources.num_workers),
-            str(job.restarts),
-            f"{now - job.created_at:.0f}s",
-        )
-    return table
-
-
-def _status_table(job: JobStatus) -> Table:
-    table = Table(show_header=False, box=None)
-    p, r = job.progress, job.resources
-    rows = [
-        ("id", job.id),
-        ("name", job.spec.name),
-        ("state", job.state.value + (f" ({job.message})" if job.message else "")),
-        ("plan", f"{job.plan.strategy}: {job.plan.description}, {job.plan.backend}, grad accum "
-                 f"{job.plan.grad_accum_steps}" if job.plan else "-"),
-        ("step", f"{p.step}/{p.total_steps}"),
-        ("loss", "-" if p.loss is None else f"{p.loss:.4f} (first {p.first_loss:.4f})"
-         if p.first_loss is not None else f"{p.loss:.4f}"),
-        ("tokens/s", "-" if p.tokens_per_s is None else f"{p.tokens_per_s:,.0f}"),
-        ("elapsed / ETA",
-         f"{p.elapsed_s:.0f}s / " + ("-" if p.eta_s is None else f"{p.eta_s:.0f}s")),
-        ("resources", f"{r.accelerator}, {r.market}, {r.nodes} node(s), {r.cpus:g} CPU, "
-                      f"{r.gpus:g} GPU, ${r.hourly_usd:.2f}/h"),
-        ("cost", f"${job.cost_usd:.2f}"),
-        ("restarts / preemptions", f"{job.restarts} / {job.preemptions}"),
-        ("checkpoint",
-         f"step {job.checkpoint.step}: {job.checkpoint.path}" if job.checkpoint else "-"),
-    ]
-    if job.error:
-        rows.append(("error", job.error))
-    for key, value in rows:
-        table.add_row(f"[bold]{key}", value)
-    return table
-
-
-def _summary(job: JobStatus, wall_s: float | None = None) -> Table:
-    table = Table(title=f"job {job.id} {job.state.value}", show_header=False)
-    table.add_column("what", no_wrap=True)
-    table.add_column("value", overflow="fold")  # paths are copied: fold, never truncate
-    result = job.result
-    if result is not None:
-        table.add_row("loss", f"{result.first_loss:.4f} -> {result.final_loss:.4f}")
-        table.add_row("steps", str(result.steps))
-        table.add_row("throughput", f"{result.tokens_per_s:,.0f} tokens/s")
-        table.add_row("training time", f"{result.train_wall_s:.1f} s")
-    if wall_s is not None:
-        table.add_row("wall time", f"{wall_s:.1f} s (submit to end)")
-    table.add_row("restarts", str(job.restarts))
-    if job.checkpoint:
-        table.add_row("checkpoint", job.checkpoint.path)
-    if job.error:
-        table.add_row("error", job.error)
-    return table
-
-
 def _follow(client: Client, job_id: str, json_output: bool = False) -> JobStatus:
     """Draw progress until the job ends, then its summary (on stderr when stdout is JSON)."""
     started = time.monotonic()
-    status = client.job(job_id).wait(progress=True)
-    (err if json_output else out).print(_summary(status, time.monotonic() - started))
+    with JobProgressView(job_id, err) as view:
+        status = client.job(job_id).wait(on_event=view.update)
+    (err if json_output else out).print(summary_table(status, time.monotonic() - started))
     return status
+
+
+def _follow_or_leave(client: Client, job_id: str, json_output: bool = False) -> JobStatus:
+    """`_follow`, and on Ctrl-C say that the job goes on and how to stop it."""
+    try:
+        return _follow(client, job_id, json_output)
+    except KeyboardInterrupt:
+        err.print(f"\nstopped following job {job_id}; it goes on in the service. Follow it "
+                  f"again with `raytrain status {job_id}` or `raytrain logs {job_id} --follow`, "
+                  f"or stop it with `raytrain cancel {job_id}`.", highlight=False)
+        raise
 
 
 # --------------------------------------------------------------------------------- commands
@@ -165,7 +121,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if not args.follow:
         out.print(job.id)
         return 0
-    status = _follow(client, job.id, json_output=args.json)
+    status = _follow_or_leave(client, job.id, json_output=args.json)
     if args.json:
         _print_json(status.model_dump(mode="json"))
     return 0 if status.state == JobState.SUCCEEDED else 1
@@ -186,19 +142,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(response.model_dump(mode="json"))
         return 0
-    table = Table(title=f"{response.gpus} x {response.accelerator} "
-                        f"(catalog {response.catalog_version}), fastest first")
-    for column in ("#", "layout", "step s", "tokens/s", "MFU", "GiB/device", "scaling",
-                   "$/M tokens"):
-        table.add_column(column, justify="left" if column == "layout" else "right")
-    for row in response.plans:
-        table.add_row(
-            str(row.rank), row.layout, f"{row.step_s:.3f}", f"{row.tokens_per_s:,.0f}",
-            f"{row.mfu:.0%}", f"{row.memory_gib:.1f}/{row.memory_limit_gib:.0f}",
-            f"{row.scaling_efficiency:.0%}",
-            "-" if row.usd_per_million_tokens is None else f"{row.usd_per_million_tokens:.3g}",
-        )
-    out.print(table)
+    out.print(plans_table(response))
     out.print(f"best: {response.plans[0].reason}")
     return 0
 
@@ -225,39 +169,18 @@ def cmd_offers(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(response.model_dump(mode="json"))
         return 0
-    if not response.ranking:
-        table = Table(title=f"offers (catalog {catalog.version}, {catalog.source})")
-        for column in ("provider", "instance", "GPUs", "link", "network", "on-demand $/h",
-                       "spot $/h", "interruptions/h"):
-            table.add_column(column, justify="left" if column in (
-                "provider", "instance", "link") else "right")
-        for o in response.offers:
-            table.add_row(f"{o.provider} {o.region}", o.instance_type,
-                          f"{o.gpus_per_node} x {o.gpu_kind}", o.intra_link,
-                          f"{o.network_gbps:g} Gb/s" + (" RDMA" if o.rdma else ""),
-                          _usd(o.on_demand_usd_per_hour), _usd(o.spot_usd_per_hour),
-                          f"{o.spot_interruptions_per_hour:.2g}")
-        out.print(table)
+    if spec is None:
+        out.print(offers_table(response, catalog))
         return 0
-    table = Table(title=f"{spec.name if spec else ''}: options by expected cost to finish "
-                        f"(policy {response.policy}, catalog {catalog.version})")
-    for column in ("#", "nodes x offer", "market", "$/h", "tokens/s", "layout", "hours",
-                   "$ to finish", "ckpt every"):
-        table.add_column(column, justify="left" if column in ("nodes x offer", "layout",
-                                                             "market") else "right")
-    for row in response.ranking:
-        table.add_row(str(row.rank), f"{row.nodes} x {row.instance_type}", row.market,
-                      f"{row.usd_per_hour:,.2f}", f"{row.tokens_per_s:,.0f}", row.layout,
-                      f"{row.expected_hours:,.3g}", f"{row.expected_cost_usd:,.3g}",
-                      "-" if row.checkpoint_interval_s is None
-                      else f"{row.checkpoint_interval_s:,.0f} s")
-    out.print(table)
+    if not response.ranking:
+        out.print(offers_table(response, catalog))
+        err.print(f"[yellow]no option for {escape(spec.name)}:[/yellow] "
+                  f"{escape(response.decision or '')}", highlight=False)
+        return 0
+    out.print(ranking_table(response, f"{spec.name}: by expected cost to finish (policy "
+                                      f"{response.policy}, catalog {catalog.version})"))
     out.print(f"decision: {escape(response.decision or '')}", highlight=False)
     return 0
-
-
-def _usd(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.2f}"
 
 
 def _policy(name: str | None) -> PolicySpec:
@@ -292,19 +215,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         _print_json([asdict(row) for row in rows])
         return 0
-    table = Table(title=f"{args.nodes} x {offer.instance_type}, {args.work_hours:g} h of work, "
-                        f"deadline {args.deadline_hours or '-'} h, notice {args.notice_s:g} s, "
-                        f"{args.starts} start times per trace")
-    for column in ("trace", "strategy", "mean $", "mean hours", "deadline misses",
-                   "preemptions", "work lost h", "on-demand h"):
-        table.add_column(column, justify="left" if column in ("trace", "strategy") else "right")
-    for row in rows:
-        table.add_row(row.trace, row.strategy if row.strategy != "policy" else
-                      f"policy ({policy.name})", f"{row.mean_cost_usd:,.2f}",
-                      f"{row.mean_hours:.2f}", f"{row.deadline_misses}/{row.runs}",
-                      f"{row.mean_preemptions:.1f}", f"{row.mean_lost_work_hours:.2f}",
-                      f"{row.mean_on_demand_hours:.2f}")
-    out.print(table)
+    out.print(simulation_table(
+        rows, f"{args.nodes} x {offer.instance_type}, {args.work_hours:g} h of work, deadline "
+        f"{args.deadline_hours:g} h, notice {args.notice_s:g} s, {args.starts} start times per "
+        "trace", policy.name))
     return 0
 
 
@@ -313,7 +227,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(job.model_dump(mode="json"))
     else:
-        out.print(_status_table(job))
+        out.print(status_table(job))
     return 0
 
 
@@ -322,7 +236,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         _print_json([job.model_dump(mode="json") for job in jobs])
     else:
-        out.print(_jobs_table(jobs))
+        out.print(jobs_table(jobs))
     return 0
 
 
@@ -405,25 +319,104 @@ def _wait_for_signal() -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from raytrain.serve.deploy import connect_ray, deploy, undeploy
+    from raytrain.serve.deploy import (
+        DetachedService,
+        connect_ray,
+        deploy,
+        detached_service_running,
+        lower_detached_daemons,
+        start_detached_head,
+        undeploy,
+    )
 
+    config = _service_config(args)
+    if args.detach:
+        running = detached_service_running(config.state_path)
+        if running is not None:
+            raise RaytrainError(
+                f"a detached service from {config.state_path} already runs at {running.url}. "
+                "To fix: stop it first with `raytrain stop`, or use another --state-dir")
     _require_free_port(args.host, args.port)
     import ray
 
-    started_ray = connect_ray(args.address)
+    head_pid = temp_dir = None
+    address = args.address
+    if args.detach and not address:
+        err.print("starting a local Ray cluster that outlives this command ...")
+        address, head_pid, temp_dir = start_detached_head(
+            None, config.state_path / "ray-head.log")
+    started_ray = connect_ray(address)
+    if head_pid is not None:
+        lower_detached_daemons(head_pid)
     try:
-        url = deploy(_service_config(args), args.host, args.port)
+        url = deploy(config, args.host, args.port)
         err.print(f"raytrain is serving at [bold]{url}[/bold] (OpenAPI at {url}/docs)")
         if args.detach:
+            record = DetachedService(url, address or ray.get_runtime_context().gcs_address,
+                                     head_pid, temp_dir, time.time())
+            record.save(config.state_path)
+            err.print(f"detached; stop it with `raytrain stop"
+                      f"{'' if args.state_dir is None else ' --state-dir ' + args.state_dir}`",
+                      highlight=False)
             return 0
         err.print("press Ctrl-C to stop")
         _wait_for_signal()
         err.print("stopping the service")
         undeploy(stop_jobs=started_ray)
+    except BaseException:
+        if head_pid is not None:  # nothing starts half-way: take the cluster down again
+            from raytrain.serve.deploy import stop_detached
+
+            DetachedService("", address, head_pid, temp_dir, time.time()).save(
+                config.state_path)
+            stop_detached(config.state_path)
+        raise
     finally:
         if started_ray and not args.detach:
             ray.shutdown()
+        elif args.detach and ray.is_initialized():
+            ray.shutdown()  # disconnect; the cluster and the service stay
     return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from raytrain.serve.deploy import stop_detached
+
+    state_dir = Path(args.state_dir).expanduser()
+    with err.status("stopping the detached service"):
+        what = stop_detached(state_dir)
+    err.print(f"stopped {what}", highlight=False)
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    job = _client(args).delete(args.id)
+    if args.json:
+        _print_json(job.model_dump(mode="json"))
+    else:
+        out.print(f"job {job.id} deleted with its checkpoints and logs")
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    """Print each rank's output, prefixed with its rank; with --follow, until the job ends."""
+    client = _client(args)
+    offsets: dict[int, int] | None = None
+    while True:
+        answer = client.logs(args.id, offsets, args.rank)
+        for chunk in answer.ranks:
+            if chunk.skipped:
+                sys.stdout.write(f"[rank {chunk.rank}] ... {chunk.skipped:,} bytes left out "
+                                 "...\n")
+            for line in chunk.text.splitlines():
+                sys.stdout.write(f"[rank {chunk.rank}] {line}\n")
+        sys.stdout.flush()
+        offsets = {chunk.rank: chunk.offset for chunk in answer.ranks}
+        if not args.follow or JobState(answer.state).is_terminal:
+            if not answer.ranks:
+                err.print(f"job {args.id} has no worker output yet ({answer.state})")
+            return 0
+        time.sleep(1.0)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -465,10 +458,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raytrain", description=__doc__.split("\n\n")[0])
     parser.add_argument("--server",
                         help=f"service URL (default: $RAYTRAIN_SERVER or {DEFAULT_URL})")
+    # Global flags are accepted after the command too: each subcommand knows them, and
+    # SUPPRESS keeps a subcommand that was not given one from overwriting the global value.
+    global_flags = argparse.ArgumentParser(add_help=False)
+    global_flags.add_argument("--server", default=argparse.SUPPRESS,
+                              help=f"service URL (default: $RAYTRAIN_SERVER or {DEFAULT_URL})")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    def with_json(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    def command(name: str, help_text: str, json_flag: bool = False) -> argparse.ArgumentParser:
+        p = commands.add_parser(name, help=help_text, parents=[global_flags])
+        if json_flag:
+            p.add_argument("--json", action="store_true", help="print JSON instead of a table")
         return p
 
     def with_service(p: argparse.ArgumentParser) -> None:
@@ -478,46 +478,56 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--allow-import", action="append", metavar="PACKAGE",
                        help="allow jobs to import factories from PACKAGE (repeatable)")
 
-    demo = commands.add_parser("demo", help="train the demo job on an embedded local Ray")
+    demo = command("demo", "train the demo job on an embedded local Ray")
     demo.add_argument("--spec", default=str(DEMO_SPEC),
                       help="job spec (default: examples/demo.yaml)")
-    demo.add_argument("--port", type=int, default=8000)
+    demo.add_argument("--port", type=port, default=8000)
     with_service(demo)
     demo.set_defaults(func=cmd_demo)
 
-    serve = commands.add_parser("serve", help="deploy the service on a Ray cluster")
+    serve = command("serve", "deploy the service on a Ray cluster")
     serve.add_argument("--address", help="Ray cluster address (default: start a local one)")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--detach", action="store_true", help="leave it running and return")
-    serve.add_argument("--cluster-config", metavar="YAML",
+    serve.add_argument("--port", type=port, default=8000)
+    serve.add_argument("--detach", action="store_true", help="leave it running and return; "
+                       "`raytrain stop` stops it")
+    serve.add_argument("--cluster-config", metavar="YAML", type=existing_file,
                        help="the cluster's launcher YAML: the service buys its worker node "
                        "types through Ray's autoscaler (default: a fixed cluster)")
     serve.add_argument("--storage-path", help="checkpoints, on storage every node reaches "
                        "(default: <state-dir>/jobs)")
-    serve.add_argument("--offers-file", help="offer catalog to use instead of the cached one")
+    serve.add_argument("--offers-file", type=existing_file,
+                       help="offer catalog to use instead of the cached one")
     serve.add_argument("--policy-dir", help="folder of named policies (default: policies/)")
     serve.add_argument("--default-policy", help="policy of jobs that name none (cost-first)")
     with_service(serve)
     serve.set_defaults(func=cmd_serve)
 
-    submit = with_json(commands.add_parser("submit", help="queue a job from a YAML/JSON file"))
+    stop = command("stop", "stop what `raytrain serve --detach` started, and nothing else")
+    stop.add_argument("--state-dir", default="~/.raytrain",
+                      help="the state directory the service was started with")
+    stop.set_defaults(func=cmd_stop)
+
+    submit = command("submit", "queue a job from a YAML/JSON file", json_flag=True)
     submit.add_argument("file")
     submit.add_argument("--follow", action="store_true", help="show progress until the job ends")
     submit.set_defaults(func=cmd_submit)
 
-    planning = with_json(commands.add_parser(
-        "plan", help="rank the parallel layouts of a job spec on some hardware (offline)"))
+    planning = command("plan", "rank the parallel layouts of a job spec on some hardware "
+                       "(offline)", json_flag=True)
     planning.add_argument("file")
-    planning.add_argument("--gpus", type=int, help="devices (default: resources.num_workers)")
+    planning.add_argument("--gpus", type=whole(at_least=1, at_most=1_000_000),
+                          help="devices (default: resources.num_workers)")
     planning.add_argument("--gpu", help="device kind, e.g. h100-sxm, rtx4090 (default: "
                           "resources.accelerator, or cpu)")
-    planning.add_argument("--price", type=float, help="USD per device-hour, for $/M tokens")
-    planning.add_argument("--top", type=int, default=10, help="plans to show (default 10)")
+    planning.add_argument("--price", type=number(at_least=0),
+                          help="USD per device-hour, for $/M tokens")
+    planning.add_argument("--top", type=whole(at_least=1), default=10,
+                          help="plans to show (default 10)")
     planning.set_defaults(func=cmd_plan)
 
-    offering = with_json(commands.add_parser(
-        "offers", help="instance offers and prices; with a job file, the policy's ranking"))
+    offering = command("offers", "instance offers and prices; with a job file, the policy's "
+                       "ranking", json_flag=True)
     offering.add_argument("file", nargs="?", help="a job spec to rank the offers for")
     offering.add_argument("--policy", help="policy name (default: the job's, else cost-first)")
     offering.add_argument("--refresh", action="store_true",
@@ -525,39 +535,55 @@ def build_parser() -> argparse.ArgumentParser:
     offering.add_argument("--region", default="us-east-1", help="AWS region to refresh")
     offering.add_argument("--endpoint-url", help="EC2 endpoint (default: AWS's)")
     offering.add_argument("--state-dir", default="~/.raytrain", help="where the cache lives")
-    offering.add_argument("--top", type=int, default=10, help="options to show (default 10)")
+    offering.add_argument("--top", type=whole(at_least=1), default=10,
+                          help="options to show (default 10)")
     offering.set_defaults(func=cmd_offers)
 
-    simulating = with_json(commands.add_parser(
-        "simulate", help="replay spot preemption traces: on-demand, spot, failover, policy"))
-    simulating.add_argument("--trace", action="append", help="trace file (repeatable; default "
+    simulating = command("simulate", "replay spot preemption traces: on-demand, spot, "
+                         "failover, policy", json_flag=True)
+    simulating.add_argument("--trace", action="append", type=existing_file,
+                            help="trace file (repeatable; default "
                             "data/spot-traces/bamboo/p3-trace.csv)")
     simulating.add_argument("--instance", default="p3.2xlarge", help="offer's instance type")
-    simulating.add_argument("--nodes", type=int, default=8)
-    simulating.add_argument("--work-hours", type=float, default=6.0,
+    simulating.add_argument("--nodes", type=whole(at_least=1, at_most=10_000), default=8)
+    simulating.add_argument("--work-hours", type=number(above=0, at_most=24 * 365), default=6.0,
                             help="hours of training on those nodes without interruption")
-    simulating.add_argument("--deadline-hours", type=float, default=12.0)
+    simulating.add_argument("--deadline-hours", type=number(above=0, at_most=24 * 365),
+                            default=12.0)
     simulating.add_argument("--policy", default=None, help="policy name (default cost-first)")
-    simulating.add_argument("--notice-s", type=float, default=0.0,
+    simulating.add_argument("--notice-s", type=number(at_least=0, at_most=3600), default=0.0,
                             help="preemption notice the job can checkpoint in (AWS: 120)")
-    simulating.add_argument("--interval-s", type=float, default=1800.0,
+    simulating.add_argument("--interval-s", type=number(above=0), default=1800.0,
                             help="checkpoint interval of the spot and failover strategies")
-    simulating.add_argument("--checkpoint-s", type=float, default=60.0)
-    simulating.add_argument("--restart-s", type=float, default=300.0)
-    simulating.add_argument("--starts", type=int, default=11, help="start times per trace")
+    simulating.add_argument("--checkpoint-s", type=number(at_least=0), default=60.0)
+    simulating.add_argument("--restart-s", type=number(at_least=0), default=300.0)
+    simulating.add_argument("--starts", type=whole(at_least=1, at_most=1000), default=11,
+                            help="start times per trace")
     simulating.add_argument("--state-dir", default="~/.raytrain", help="offer cache")
     simulating.set_defaults(func=cmd_simulate)
 
-    status = with_json(commands.add_parser("status", help="one job's status"))
+    status = command("status", "one job's status", json_flag=True)
     status.add_argument("id")
     status.set_defaults(func=cmd_status)
 
-    listing = with_json(commands.add_parser("list", help="all jobs"))
+    listing = command("list", "all jobs", json_flag=True)
     listing.set_defaults(func=cmd_list)
 
-    cancel = with_json(commands.add_parser("cancel", help="cancel a job"))
+    cancel = command("cancel", "cancel a job", json_flag=True)
     cancel.add_argument("id")
     cancel.set_defaults(func=cmd_cancel)
+
+    delete = command("delete", "forget an ended job and delete its checkpoints and logs",
+                     json_flag=True)
+    delete.add_argument("id")
+    delete.set_defaults(func=cmd_delete)
+
+    logs = command("logs", "each worker's output of a job, by rank")
+    logs.add_argument("id")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing new output "
+                      "until the job ends")
+    logs.add_argument("--rank", type=whole(at_least=0), help="only this rank")
+    logs.set_defaults(func=cmd_logs)
     return parser
 
 

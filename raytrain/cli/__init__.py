@@ -1,0 +1,7 @@
+"""`raytrain ...`: the command line, thin over the client, the service's deploy helpers and
+the pure planners. `commands` parses and dispatches, `flags` checks each flag's value,
+`views` draws tables and `progress_view` the live bar; nothing outside this package prints."""
+
+from raytrain.cli.commands import build_parser, main
+
+__all__ = ["build_parser", "main"]

@@ -1,0 +1,5 @@
+import sys
+
+from raytrain.cli import main
+
+sys.exit(main())

@@ -1,0 +1,207 @@
+"""What the command line draws: tables that fit 80 columns, and figures in units people read.
+
+    out.print(jobs_table(jobs)); out.print(plans_table(response))
+    duration_text(0.000085 * 3600)   # "0.31 s", not "8.51e-05 h"
+    usd_text(0.0021)                 # "$0.0021", not "$0.00"
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Sequence
+
+from rich import box
+from rich.table import Table
+
+from raytrain.spec import JobStatus, OfferCatalog, OffersResponse, PlanResponse
+
+
+def duration_text(seconds: float | None) -> str:
+    """A duration in the largest unit that keeps it readable: 0.31 s, 4.2 min, 3.1 h, 2.5 d."""
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= size * 0.95 or (unit == "min" and seconds >= 60):
+            return f"{seconds / size:.2g} {unit}" if seconds / size < 10 else \
+                f"{seconds / size:,.0f} {unit}"
+    if seconds >= 1:
+        return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s"
+    if seconds < 0.001:
+        return "<1 ms"
+    return f"{seconds * 1000:.2g} ms" if seconds < 0.1 else f"{seconds:.2f} s"
+
+
+def usd_text(value: float | None) -> str:
+    """Dollars with cents, or two significant figures below a dollar: $0.0021, $0.35, $12.50."""
+    if value is None:
+        return "-"
+    if value == 0:
+        return "$0"
+    if abs(value) < 0.0001:
+        return "<$0.0001"
+    if abs(value) < 1:  # two significant figures, never an exponent
+        return f"${value:.{max(2, 1 - math.floor(math.log10(abs(value))))}f}"
+    return f"${value:,.2f}"
+
+
+def rate_text(per_hour: float) -> str:
+    """How often something happens to one node: every 3.2 h, every 107 d, never."""
+    if per_hour <= 0:
+        return "never"
+    return "every " + duration_text(3600 / per_hour)
+
+
+def count_text(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value >= 1e6:
+        return f"{value / 1e6:.3g}M"
+    if value >= 1e4:
+        return f"{value / 1e3:.3g}k"
+    return f"{value:,.0f}" if value >= 10 else f"{value:.2g}"
+
+
+def _compact(title: str | None = None) -> Table:
+    return Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
+                 collapse_padding=True, show_edge=False, title_justify="left")
+
+
+def jobs_table(jobs: Sequence[JobStatus]) -> Table:
+    table = _compact()
+    for column in ("ID", "NAME", "STATE", "STEP", "LOSS", "TOK/S", "$", "AGE"):
+        table.add_column(column, no_wrap=column in ("ID", "STATE"),  # IDs get copied
+                         justify="left" if column in ("ID", "NAME", "STATE") else "right")
+    now = time.time()
+    for job in jobs:
+        p = job.progress
+        table.add_row(
+            job.id, job.spec.name, job.state.value, f"{p.step}/{p.total_steps}",
+            "-" if p.loss is None else f"{p.loss:.4f}", count_text(p.tokens_per_s),
+            usd_text(job.cost_usd), duration_text(now - job.created_at),
+        )
+    return table
+
+
+def status_table(job: JobStatus) -> Table:
+    table = Table(show_header=False, box=None)
+    p, r, plan = job.progress, job.resources, job.plan
+    rows = [
+        ("id", job.id),
+        ("name", job.spec.name),
+        ("state", job.state.value + (f" ({job.message})" if job.message else "")),
+        ("plan", f"{plan.strategy}: {plan.description}, {plan.backend}, grad accum "
+                 f"{plan.grad_accum_steps}" if plan else "-"),
+    ]
+    if plan is not None and (plan.predicted_step_s or plan.measured_step_s):
+        rows.append(("step time", f"predicted {duration_text(plan.predicted_step_s)}, "
+                                  f"measured {duration_text(plan.measured_step_s)}"))
+    rows += [
+        ("step", f"{p.step}/{p.total_steps}"),
+        ("loss", "-" if p.loss is None else f"{p.loss:.4f} (first {p.first_loss:.4f})"
+         if p.first_loss is not None else f"{p.loss:.4f}"),
+        ("tokens/s", count_text(p.tokens_per_s)),
+        ("elapsed / ETA", f"{duration_text(p.elapsed_s)} / {duration_text(p.eta_s)}"),
+        ("resources", f"{r.accelerator}, {r.market}, {r.nodes} node(s), {r.cpus:g} CPU, "
+                      f"{r.gpus:g} GPU, {usd_text(r.hourly_usd)}/h"),
+        ("cost", usd_text(job.cost_usd)),
+        ("restarts / preemptions", f"{job.restarts} / {job.preemptions}"),
+        ("checkpoint",
+         f"step {job.checkpoint.step}: {job.checkpoint.path}" if job.checkpoint else "-"),
+    ]
+    if job.error:
+        rows.append(("error", job.error))
+    for key, value in rows:
+        table.add_row(f"[bold]{key}", value)
+    return table
+
+
+def summary_table(job: JobStatus, wall_s: float | None = None) -> Table:
+    table = Table(title=f"job {job.id} {job.state.value}", show_header=False)
+    table.add_column("what", no_wrap=True)
+    table.add_column("value", overflow="fold")  # paths are copied: fold, never truncate
+    result = job.result
+    if result is not None:
+        table.add_row("loss", f"{result.first_loss:.4f} -> {result.final_loss:.4f}")
+        table.add_row("steps", str(result.steps))
+        table.add_row("throughput", f"{result.tokens_per_s:,.0f} tokens/s")
+        table.add_row("training time", f"{result.train_wall_s:.1f} s")
+    if wall_s is not None:
+        table.add_row("wall time", f"{wall_s:.1f} s (submit to end)")
+    table.add_row("restarts", str(job.restarts))
+    if job.checkpoint:
+        table.add_row("checkpoint", job.checkpoint.path)
+    if job.error:
+        table.add_row("error", job.error)
+        table.add_row("worker output", f"raytrain logs {job.id}")
+    return table
+
+
+def plans_table(response: PlanResponse) -> Table:
+    table = _compact(f"{response.gpus} x {response.accelerator} "
+                     f"(catalog {response.catalog_version}), fastest first")
+    for column in ("#", "layout", "step", "tok/s", "MFU", "GiB/dev", "scale", "$/Mtok"):
+        table.add_column(column, no_wrap=column != "layout",
+                         justify="left" if column == "layout" else "right")
+    for row in response.plans:
+        table.add_row(
+            str(row.rank), row.layout, duration_text(row.step_s), count_text(row.tokens_per_s),
+            f"{row.mfu:.0%}", f"{row.memory_gib:.3g}/{row.memory_limit_gib:.0f}"
+            if row.memory_gib >= 0.1 else f"{row.memory_gib * 1024:.3g} MiB",
+            f"{row.scaling_efficiency:.0%}", usd_text(row.usd_per_million_tokens),
+        )
+    return table
+
+
+_LINKS = {"nvlink4": "NVLink", "pcie4-p2p": "PCIe", "pcie4-no-p2p": "PCIe no-P2P"}
+
+
+def offers_table(response: OffersResponse, catalog: OfferCatalog) -> Table:
+    table = _compact(f"offers (catalog {catalog.version}, {catalog.source}); $ per node-hour; "
+                     "how often one spot node is lost")
+    for column in ("provider", "instance", "GPUs", "link", "Gb/s", "on-dem", "spot", "lost"):
+        table.add_column(column, no_wrap=column != "link", min_width=6 if column == "lost"
+                         else None, justify="left" if column in (
+                             "provider", "instance", "GPUs", "link") else "right")
+    for o in response.offers:
+        table.add_row(o.provider, o.instance_type, f"{o.gpus_per_node}x {o.gpu_kind}",
+                      _LINKS.get(o.intra_link, o.intra_link),
+                      f"{o.network_gbps:g}" + ("*" if o.rdma else ""),
+                      usd_text(o.on_demand_usd_per_hour), usd_text(o.spot_usd_per_hour),
+                      "-" if o.spot_usd_per_hour is None
+                      else rate_text(o.spot_interruptions_per_hour).removeprefix("every "))
+    table.caption = "* RDMA (EFA / InfiniBand)"
+    table.caption_justify = "left"
+    return table
+
+
+def ranking_table(response: OffersResponse, title: str) -> Table:
+    table = _compact(title)
+    for column in ("#", "nodes x offer", "market", "$/h", "tok/s", "layout", "time",
+                   "$ total", "ckpt"):
+        table.add_column(column, no_wrap=column != "layout",
+                         overflow="fold" if column == "layout" else "ellipsis",
+                         justify="left" if column in ("nodes x offer", "layout", "market")
+                         else "right")
+    for row in response.ranking:
+        table.add_row(str(row.rank), f"{row.nodes}x {row.instance_type}", row.market,
+                      usd_text(row.usd_per_hour), count_text(row.tokens_per_s), row.layout,
+                      duration_text(row.expected_hours * 3600),
+                      usd_text(row.expected_cost_usd),
+                      duration_text(row.checkpoint_interval_s))
+    return table
+
+
+def simulation_table(rows: Sequence[object], title: str, policy_name: str) -> Table:
+    table = _compact(title)
+    for column in ("trace", "strategy", "mean $", "hours", "misses", "preempt", "lost h",
+                   "on-dem h"):
+        table.add_column(column, no_wrap=True,
+                         justify="left" if column in ("trace", "strategy") else "right")
+    for row in rows:
+        table.add_row(row.trace, row.strategy if row.strategy != "policy" else
+                      f"policy ({policy_name})", usd_text(row.mean_cost_usd),
+                      f"{row.mean_hours:.2f}", f"{row.deadline_misses}/{row.runs}",
+                      f"{row.mean_preemptions:.1f}", f"{row.mean_lost_work_hours:.2f}",
+                      f"{row.mean_on_demand_hours:.2f}")
+    return table

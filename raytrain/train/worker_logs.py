@@ -1,0 +1,122 @@
+"""Each training worker's output, kept with its job: `<job root>/logs/rank-<r>.log`.
+
+A worker's stdout and stderr (print, logging, warnings, tracebacks, native libraries writing
+to file descriptors 1 and 2) go through a pipe to a thread that appends them to the rank's
+file, so a job's output is in one place on the job's storage instead of streamed into the
+service's terminal. The file is bounded: past `max_bytes` it becomes `rank-<r>.log.1`
+(replacing an older one) and a fresh file starts, so a rank keeps at most twice `max_bytes`
+(plus one pipe read).
+
+Written by hand because it redirects file descriptors, which Python's logging handlers do not
+see, and Ray's own worker logs are per process, not per job and rank.
+
+    with captured_output(job_root / "logs", rank=0, header="attempt 1"):
+        train(...)
+    read_logs(job_root / "logs", offsets={0: 0}, max_bytes=65536)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+MAX_LOG_BYTES = 4 * 2**20
+READ_BYTES = 65536
+
+
+def log_path(log_dir: Path, rank: int) -> Path:
+    return log_dir / f"rank-{rank}.log"
+
+
+class _Appender(threading.Thread):
+    """Copies a pipe into the rank's file, rotating it past max_bytes."""
+
+    def __init__(self, read_fd: int, path: Path, max_bytes: int) -> None:
+        super().__init__(name="worker-log", daemon=True)
+        self.read_fd, self.path, self.max_bytes = read_fd, path, max_bytes
+
+    def run(self) -> None:
+        file = open(self.path, "ab")
+        size = file.tell()
+        while chunk := os.read(self.read_fd, READ_BYTES):
+            file.write(chunk)
+            file.flush()
+            size += len(chunk)
+            if size >= self.max_bytes:
+                file.close()
+                os.replace(self.path, self.path.with_suffix(".log.1"))
+                file, size = open(self.path, "ab"), 0
+        file.close()
+        os.close(self.read_fd)
+
+
+@contextmanager
+def captured_output(log_dir: Path, rank: int, header: str,
+                    max_bytes: int = MAX_LOG_BYTES) -> Iterator[Path]:
+    """Send this process's stdout and stderr to the rank's log file while inside."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    path = log_path(log_dir, rank)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    read_fd, write_fd = os.pipe()
+    appender = _Appender(read_fd, path, max_bytes)
+    appender.start()
+    os.dup2(write_fd, 1)
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
+    # Python-level writers too, in case sys.stdout/stderr were replaced by something that
+    # does not write to the file descriptors (a test runner's capture, a notebook).
+    python_streams = sys.stdout, sys.stderr
+    sys.stdout = open(1, "w", buffering=1, closefd=False, errors="replace")
+    sys.stderr = open(2, "w", buffering=1, closefd=False, errors="replace")
+    try:
+        print(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} rank {rank}: {header}", flush=True)
+        yield path
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.stdout, sys.stderr = python_streams
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
+        appender.join(timeout=10)
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    rank: int
+    text: str
+    offset: int  # where the next read of this rank starts
+    size: int  # the file's size now
+    skipped: int  # bytes between the asked offset and the text (too far behind, or rotated)
+
+
+def read_logs(log_dir: Path, offsets: dict[int, int] | None = None, rank: int | None = None,
+              max_bytes: int = 65536) -> list[LogChunk]:
+    """Each rank's output from its offset (default: the last `max_bytes`), at most `max_bytes`
+    per rank. A rank whose file rotated since `offset` starts again from its new file."""
+    chunks = []
+    if not log_dir.is_dir():
+        return chunks
+    ranks = sorted(int(p.stem.split("-")[1]) for p in log_dir.glob("rank-*.log")
+                   if p.stem.split("-")[1].isdigit())
+    for r in ranks if rank is None else [r for r in ranks if r == rank]:
+        path = log_path(log_dir, r)
+        size = path.stat().st_size
+        start = (offsets or {}).get(r, max(0, size - max_bytes))
+        start = 0 if start > size else start  # rotated: the old offset is past the new file
+        begin = max(start, size - max_bytes)
+        with open(path, "rb") as file:
+            file.seek(begin)
+            data = file.read(size - begin)
+        chunks.append(LogChunk(r, data.decode("utf-8", "replace"), begin + len(data), size,
+                               begin - start))
+    return chunks

@@ -1,0 +1,60 @@
+"""`raytrain serve --detach` leaves a working service behind, and `raytrain stop` stops what
+it started and nothing else (the session's own Ray cluster, if running, is untouched)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.integration.conftest import free_port
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+
+BIN = Path(sys.executable).parent
+
+
+def test_serve_detach_keeps_running_until_raytrain_stop(tmp_path: Path) -> None:
+    state_dir, port = tmp_path / "state", free_port()
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    others = {p.pid for p in psutil.process_iter(["cmdline"])
+              if "raylet" in " ".join(p.info.get("cmdline") or [])}
+    started = subprocess.run(
+        [str(BIN / "raytrain"), "serve", "--detach", f"--port={port}",
+         f"--state-dir={state_dir}"],
+        env=env, capture_output=True, text=True, timeout=240)
+    try:
+        assert started.returncode == 0, started.stderr[-3000:]
+        assert "raytrain stop" in started.stderr
+        # The command has exited; the service it started still answers.
+        url = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{url}/healthz", timeout=10).status_code == 200
+        assert httpx.get(f"{url}/v1/jobs", timeout=10).json() == []
+        record = json.loads((state_dir / "service.json").read_text())
+        assert psutil.pid_exists(record["head_pid"])
+        again = subprocess.run(
+            [str(BIN / "raytrain"), "serve", "--detach", f"--port={free_port()}",
+             f"--state-dir={state_dir}"], env=env, capture_output=True, text=True, timeout=60)
+        assert again.returncode == 1 and "raytrain stop" in again.stderr
+    finally:
+        stopped = subprocess.run(
+            [str(BIN / "raytrain"), "stop", f"--state-dir={state_dir}"],
+            env=env, capture_output=True, text=True, timeout=180)
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{url}/healthz", timeout=5)
+    assert not psutil.pid_exists(record["head_pid"]) or \
+        psutil.Process(record["head_pid"]).status() == psutil.STATUS_ZOMBIE
+    assert not [p for p in psutil.process_iter(["cmdline"])
+                if record["temp_dir"] in " ".join(p.info.get("cmdline") or [])]
+    assert others <= {p.pid for p in psutil.process_iter(["cmdline"])
+                      if "raylet" in " ".join(p.info.get("cmdline") or [])}
+    nothing = subprocess.run([str(BIN / "raytrain"), "stop", f"--state-dir={state_dir}"],
+                             env=env, capture_output=True, text=True, timeout=60)
+    assert nothing.returncode == 1 and "nothing to stop" in nothing.stderr

@@ -1,0 +1,179 @@
+"""What a new user hit in their first hour, each checked with plain values and processes:
+errors that survive the trip between processes, flags checked like a job spec, offers that
+match the job's devices, no metadata address on a local run, worker output kept by rank."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import raytrain.errors as errors
+from raytrain.catalog import load_policies, snapshot
+from raytrain.cli import main
+from raytrain.cli.views import duration_text, usd_text
+from raytrain.cloud.interruption import watch_endpoint
+from raytrain.errors import FieldError, SpecError
+from raytrain.offers import offers_response
+from raytrain.spec import load_job_spec, parse_job_spec
+from raytrain.train.worker_logs import READ_BYTES, captured_output, read_logs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+EXAMPLE_ERRORS = {
+    errors.RaytrainError: ("something failed. To fix: retry",),
+    errors.SpecError: ([FieldError(("data", "path"), "x is not a readable file. To fix: y")],
+                       "job spec"),
+    errors.JobNotFoundError: ("ab12",),
+    errors.JobStateError: ("job ab12 already ended SUCCEEDED; nothing to cancel",),
+    errors.ServiceUnreachableError: ("http://127.0.0.1:9", "connection refused"),
+    errors.ServiceError: (503, "the job manager is not answering"),
+    errors.TrainingError: ("training failed: NaN loss at step 12",),
+}
+
+
+def test_every_error_type_pickles_to_the_same_message_and_fields() -> None:
+    types = {obj for _, obj in inspect.getmembers(errors, inspect.isclass)
+             if issubclass(obj, errors.RaytrainError)}
+    assert types == set(EXAMPLE_ERRORS), "add an example for each new error type"
+    for kind, args in EXAMPLE_ERRORS.items():
+        error = kind(*args)
+        again = pickle.loads(pickle.dumps(error))
+        assert type(again) is kind and str(again) == str(error)
+        assert vars(again) == vars(error)
+    spec_error = pickle.loads(pickle.dumps(EXAMPLE_ERRORS[SpecError] and
+                                           SpecError(*EXAMPLE_ERRORS[SpecError])))
+    assert spec_error.errors[0].path == "data.path"
+
+
+def test_a_workers_raytrain_error_reaches_the_status_intact() -> None:
+    from ray.exceptions import RayTaskError
+    from ray.train import WorkerGroupError
+
+    from raytrain.serve.manager import _describe_failure
+
+    cause = SpecError([FieldError(("data", "path"), "/tmp/t.bin holds 3 tokens, fewer than "
+                                  "seq_len + 1 = 33. To fix: lower data.seq_len")])
+    crossed = pickle.loads(pickle.dumps(WorkerGroupError("rank 1 failed", {1: cause, 0: cause})))
+    wrapped = RayTaskError("run", "Traceback ...", crossed).as_instanceof_cause()
+    assert _describe_failure(wrapped) == str(cause)
+    assert _describe_failure(RuntimeError("a\nb\nCUDA error: out of memory")).endswith(
+        "CUDA error: out of memory")
+
+
+def run_cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "raytrain.cli", *argv], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["simulate", "--trace", "/no/such/trace.csv"], "--trace"),
+    (["simulate", "--nodes", "0"], "--nodes"),
+    (["simulate", "--starts", "0"], "--starts"),
+    (["simulate", "--work-hours", "-1"], "--work-hours"),
+    (["simulate", "--deadline-hours", "nan"], "--deadline-hours"),
+    (["plan", "examples/demo.yaml", "--gpus", "0"], "--gpus"),
+    (["plan", "examples/demo.yaml", "--price", "-2"], "--price"),
+    (["offers", "--top", "zero"], "--top"),
+    (["serve", "--port", "70000"], "--port"),
+    (["logs", "abc", "--rank", "-1"], "--rank"),
+])
+def test_bad_flags_exit_2_naming_the_flag_and_the_fix(argv: list[str], flag: str) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+
+
+def test_flag_errors_name_the_flag_and_the_fix_on_stderr() -> None:
+    done = run_cli("simulate", "--starts", "0")
+    assert done.returncode == 2 and "--starts" in done.stderr and "To fix" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_the_server_flag_works_before_and_after_the_command() -> None:
+    for argv in (["--server", "http://127.0.0.1:9", "list"],
+                 ["list", "--server", "http://127.0.0.1:9"]):
+        done = run_cli(*argv)
+        assert done.returncode == 1, done.stderr
+        assert "http://127.0.0.1:9" in done.stderr
+
+
+@given(st.floats(min_value=1e-6, max_value=1e7))
+def test_durations_and_dollars_never_print_as_zero_or_exponents(value: float) -> None:
+    for text in (duration_text(value), usd_text(value)):
+        assert "e-" not in text and "e+" not in text
+    assert usd_text(value) != "$0.00"
+
+
+def test_tiny_figures_read_in_sensible_units() -> None:
+    assert duration_text(8.51e-05 * 3600) == "0.31 s"
+    assert duration_text(0.033) == "33 ms"
+    assert duration_text(5400) == "1.5 h"
+    assert usd_text(0.0021) == "$0.0021"
+
+
+def test_a_cpu_job_is_ranked_only_onto_cpu_offers() -> None:
+    catalog, policy = snapshot(), load_policies()["cost-first"]
+    demo = load_job_spec(ROOT / "examples" / "demo.yaml")  # gpus_per_worker 0
+    response = offers_response(catalog, policy, demo)
+    assert response.ranking == []
+    assert "CPU" in (response.decision or "") and "To fix" in (response.decision or "")
+    gpu_job = parse_job_spec({"training": {"global_batch_size": 32},
+                              "resources": {"num_workers": 8, "gpus_per_worker": 1,
+                                            "accelerator": "h100-sxm"}})
+    kinds = {row.gpu_kind for row in offers_response(catalog, policy, gpu_job).ranking}
+    assert kinds == {"h100-sxm"}
+
+
+def test_a_local_run_watches_no_metadata_address() -> None:
+    assert watch_endpoint(None, "local", None) is None
+    assert watch_endpoint(None, "on-demand", "aws") is None
+    assert watch_endpoint(None, "spot", "local") is None  # a cloud without a metadata service
+    assert watch_endpoint(None, "spot", "aws") == "http://169.254.169.254"
+    assert watch_endpoint("http://127.0.0.1:8111", "local", None) == "http://127.0.0.1:8111"
+
+
+def test_fields_that_mean_nothing_for_the_kind_and_huge_strings_are_refused() -> None:
+    cases = [
+        ({"data": {"kind": "synthetic", "path": "/data/tokens.bin"}}, "data.path"),
+        ({"data": {"kind": "token_file", "path": "/t.bin", "factory": "a.b:c"}}, "data.factory"),
+        ({"model": {"kind": "gpt", "factory": "mylab.models:build"}}, "model.factory"),
+        ({"data": {"kind": "token_file", "path": "x" * 5000}}, "data.path"),
+        ({"model": {"kind": "import", "factory": "a" * 300 + ":f"}}, "model.factory"),
+    ]
+    for document, path in cases:
+        with pytest.raises(SpecError) as refused:
+            parse_job_spec(document)
+        assert path in {e.path for e in refused.value.errors}, document
+        assert len(str(refused.value)) < 2000  # the message never quotes a huge input
+    parse_job_spec({"data": {"kind": "token_file", "path": "/t.bin", "dtype": "uint32"}})
+
+
+def test_worker_output_is_kept_by_rank_bounded_and_read_from_offsets(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    with captured_output(logs, rank=1, header="attempt 1", max_bytes=4096):
+        print("hello from python")
+        os.write(2, b"native stderr line\n")
+        for _ in range(20):
+            print("x" * 1000)  # past max_bytes: the file rotates
+    assert (logs / "rank-1.log.1").is_file()
+    kept = sum(p.stat().st_size for p in logs.iterdir())
+    assert kept <= 2 * 4096 + READ_BYTES  # bounded, whatever the pipe delivered at once
+    with captured_output(logs, rank=1, header="attempt 2", max_bytes=2**20):
+        print("second attempt")
+    [chunk] = read_logs(logs)
+    assert chunk.rank == 1 and "second attempt" in chunk.text
+    with captured_output(logs, rank=1, header="attempt 3", max_bytes=2**20):
+        print("third attempt")
+    [more] = read_logs(logs, offsets={1: chunk.offset})
+    assert "third attempt" in more.text and "second attempt" not in more.text
+    assert read_logs(logs, rank=0) == []
+    [tail] = read_logs(logs, offsets={1: 0}, max_bytes=10)  # too far behind: the tail
+    assert len(tail.text) <= 10 and tail.skipped > 0
