@@ -57,7 +57,6 @@ from raytrain.core.planner import NothingFits
 from raytrain.core.simulate import SimJob, compare
 from raytrain.errors import FieldError, RaytrainError, SpecError
 from raytrain.offers import offers_response
-from raytrain.traces import load_trace
 from raytrain.spec import (
     JobState,
     JobStatus,
@@ -68,6 +67,7 @@ from raytrain.spec import (
     rank_plans,
     spec_error_from_validation,
 )
+from raytrain.traces import load_trace
 
 out = Console()
 err = Console(stderr=True)
@@ -240,13 +240,18 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_cancel(args: argparse.Namespace) -> int:
-    job = _client(args).cancel(args.id)
+def _print_job(args: argparse.Namespace, job: JobStatus, line: str) -> int:
+    """A job's status as JSON with --json, else one line about it."""
     if args.json:
         _print_json(job.model_dump(mode="json"))
     else:
-        out.print(f"job {job.id} {job.state.value}")
+        out.print(line)
     return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    job = _client(args).cancel(args.id)
+    return _print_job(args, job, f"job {job.id} {job.state.value}")
 
 
 def _service_config(args: argparse.Namespace) -> ServiceConfig:
@@ -310,12 +315,28 @@ def _require_free_port(host: str, port: int) -> None:
         )
 
 
-def _wait_for_signal() -> None:
+def _watch_until_signal(client: Client, interval_s: float = 2.0) -> None:
+    """Until SIGINT or SIGTERM, print a line whenever a job appears or changes state."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    seen: dict[str, tuple[str, str | None]] = {}
+    first = True
     while not stop.is_set():
-        stop.wait(1.0)
+        try:
+            jobs = client.list()
+        except RaytrainError:
+            jobs = []
+        for job in jobs:
+            now = (job.state.value, job.message)
+            if seen.get(job.id) != now and not (first and job.state.is_terminal):
+                detail = job.error if job.state == JobState.FAILED else job.message
+                err.print(f"{time.strftime('%H:%M:%S')} job {job.id} ({job.spec.name}) "
+                          f"{job.state.value}" + (f": {escape(detail)}" if detail else ""),
+                          highlight=False, soft_wrap=True)
+            seen[job.id] = now
+        first = False
+        stop.wait(interval_s)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -345,7 +366,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         err.print("starting a local Ray cluster that outlives this command ...")
         address, head_pid, temp_dir = start_detached_head(
             None, config.state_path / "ray-head.log")
-    started_ray = connect_ray(address)
+    # Ray's actors and workers do not stream into this terminal: jobs' output is in their
+    # logs (raytrain logs ID) and the operator sees one line per job state change instead.
+    started_ray = connect_ray(address, quiet=True)
     if head_pid is not None:
         lower_detached_daemons(head_pid)
     try:
@@ -359,8 +382,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                       f"{'' if args.state_dir is None else ' --state-dir ' + args.state_dir}`",
                       highlight=False)
             return 0
-        err.print("press Ctrl-C to stop")
-        _wait_for_signal()
+        err.print("press Ctrl-C to stop; each job's state changes are shown here, its workers' "
+                  "output with `raytrain logs ID`", highlight=False)
+        _watch_until_signal(Client(url))
         err.print("stopping the service")
         undeploy(stop_jobs=started_ray)
     except BaseException:
@@ -391,11 +415,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 def cmd_delete(args: argparse.Namespace) -> int:
     job = _client(args).delete(args.id)
-    if args.json:
-        _print_json(job.model_dump(mode="json"))
-    else:
-        out.print(f"job {job.id} deleted with its checkpoints and logs")
-    return 0
+    return _print_job(args, job, f"job {job.id} deleted with its checkpoints and logs")
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

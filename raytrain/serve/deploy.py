@@ -109,6 +109,9 @@ def port_is_free(host: str, port: int) -> bool:
 
 def deploy(config: ServiceConfig, host: str, port: int, timeout_s: float = 120.0) -> str:
     """Deploy the HTTP app on the connected cluster and wait until it answers; return its URL."""
+    # Serve's driver-side notices ("Started Serve", "New http_options will not be applied",
+    # which serve.run says of the options serve.start just set) are not an operator's news.
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)
     serve.start(
         http_options={"host": host, "port": port},
         logging_config={"log_level": "WARNING", "enable_access_log": False},
@@ -128,13 +131,15 @@ def deploy(config: ServiceConfig, host: str, port: int, timeout_s: float = 120.0
 
 
 def undeploy(stop_jobs: bool) -> None:
-    """Remove the HTTP app; with stop_jobs, also Serve itself and the job manager with its
-    running jobs (for a cluster the service started: nothing else runs on it)."""
-    if stop_jobs:
-        serve.shutdown()
-    else:  # a cluster others may use: take away our app only
+    """Remove the HTTP app; with stop_jobs (a cluster the service started, about to be shut
+    down with Serve on it), stop the job manager and its running jobs instead: each job's
+    state is saved, and the cluster's end takes the HTTP app with it. (Shutting Serve down
+    first kills its controller in the middle of its own graceful shutdown, which Ray reports
+    as an error in the operator's terminal.)"""
+    if not stop_jobs:  # a cluster others may use: take away our app only
         serve.delete(APP_NAME, _blocking=True)
-    manager = find_manager() if stop_jobs else None
+        return
+    manager = find_manager()
     if manager is not None:
         try:
             ray.get(manager.shutdown.remote(), timeout=30)

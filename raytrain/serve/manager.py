@@ -38,7 +38,6 @@ from raytrain.errors import FieldError, RaytrainError, SpecError
 from raytrain.offers import offers_response
 from raytrain.serve.provisioning import Provisioner
 from raytrain.serve.store import JobStore
-from raytrain.train.worker_logs import read_logs
 from raytrain.spec import (
     CheckpointInfo,
     JobEvent,
@@ -54,6 +53,7 @@ from raytrain.spec import (
     check_imports_allowed,
     parse_job_spec,
 )
+from raytrain.train.worker_logs import read_logs
 
 logger = logging.getLogger(__name__)
 

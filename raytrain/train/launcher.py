@@ -22,8 +22,8 @@ from typing import Any
 
 import ray
 import ray.train
-import ray.util
 import ray.train.torch
+import ray.util
 import torch
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
@@ -186,6 +186,9 @@ def build_trainer(
                 # 15) yield to them when the node's cores are busy, and a rank is not stalled
                 # behind control-plane work while its peers wait at the next collective.
                 "RAY_worker_niceness": "0",
+                # print() writes to the rank's log (worker_logs) once, not also through Ray
+                # Train's logger, which tees it when stdout is redirected.
+                "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
             }},
         ),
     )

@@ -56,6 +56,13 @@ class _Appender(threading.Thread):
         os.close(self.read_fd)
 
 
+def _fileno(stream: object) -> int | None:
+    try:
+        return stream.fileno()  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
 @contextmanager
 def captured_output(log_dir: Path, rank: int, header: str,
                     max_bytes: int = MAX_LOG_BYTES) -> Iterator[Path]:
@@ -71,13 +78,17 @@ def captured_output(log_dir: Path, rank: int, header: str,
     os.dup2(write_fd, 1)
     os.dup2(write_fd, 2)
     os.close(write_fd)
-    # Python-level writers too, in case sys.stdout/stderr were replaced by something that
-    # does not write to the file descriptors (a test runner's capture, a notebook).
+    # Python-level writers too, where sys.stdout/stderr were replaced by something that does
+    # not write to the file descriptors (a test runner's capture, a notebook). Streams that
+    # already write there stay: Ray Train tees print() when sys.stdout is not the original.
     python_streams = sys.stdout, sys.stderr
-    sys.stdout = open(1, "w", buffering=1, closefd=False, errors="replace")
-    sys.stderr = open(2, "w", buffering=1, closefd=False, errors="replace")
+    if _fileno(sys.stdout) != 1:
+        sys.stdout = open(1, "w", buffering=1, closefd=False, errors="replace")
+    if _fileno(sys.stderr) != 2:
+        sys.stderr = open(2, "w", buffering=1, closefd=False, errors="replace")
     try:
-        print(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} rank {rank}: {header}", flush=True)
+        os.write(1, f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} rank {rank}: {header}\n"
+                 .encode())
         yield path
     finally:
         sys.stdout.flush()
