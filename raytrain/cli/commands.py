@@ -91,7 +91,7 @@ def _print_json(value: Any) -> None:
 def _follow(client: Client, job_id: str, json_output: bool = False) -> JobStatus:
     """Draw progress until the job ends, then its summary (on stderr when stdout is JSON)."""
     started = time.monotonic()
-    with JobProgressView(job_id, err) as view:
+    with JobProgressView(job_id) as view:
         status = client.job(job_id).wait(on_event=view.update)
     (err if json_output else out).print(summary_table(status, time.monotonic() - started))
     return status
