@@ -44,3 +44,26 @@ def admit(
     if short:
         return Admission(False, "waiting for " + ", ".join(short))
     return Admission(True, "fits: " + ", ".join(f"{v:g} {k}" for k, v in sorted(demand.items())))
+
+
+def never_fits(num_workers: int, per_worker: Mapping[str, float],
+               nodes: Sequence[Mapping[str, float]]) -> str | None:
+    """Why a worker group can never start on a fixed cluster of `nodes` (each node's total
+    resources), even with nothing else running; None if it can. Each worker must fit on one
+    node whole.
+
+        never_fits(4, {"CPU": 1.0}, [{"CPU": 2.0}])   # "4 workers need ... the cluster holds 2"
+    """
+    wanted = {k: v for k, v in per_worker.items() if v > 0}
+    room = 0
+    for node in nodes:
+        room += min((int(node.get(k, 0.0) // v + 1e-9) for k, v in wanted.items()), default=0)
+    if room >= num_workers:
+        return None
+    total = {k: sum(node.get(k, 0.0) for node in nodes) for k in wanted}
+    asks = ", ".join(f"{v:g} {k}" for k, v in sorted(wanted.items()))
+    has = ", ".join(f"{v:g} {k}" for k, v in sorted(total.items()))
+    return (f"{num_workers} workers of {asks} each can never start here: the cluster's "
+            f"{len(nodes)} node(s) hold {has} in all, room for {room} such worker(s). To fix: "
+            f"ask for at most {room} workers or less per worker, or run the service on a "
+            "cluster that autoscales (raytrain serve --cluster-config)")

@@ -33,7 +33,7 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from raytrain.catalog import unknown_policy
 from raytrain.cloud.interruption import watch_endpoint
-from raytrain.core.capacity import admit, worker_group_demand
+from raytrain.core.capacity import admit, never_fits, worker_group_demand
 from raytrain.errors import FieldError, RaytrainError, SpecError
 from raytrain.offers import offers_response
 from raytrain.serve.provisioning import Provisioner
@@ -59,9 +59,16 @@ logger = logging.getLogger(__name__)
 
 NAMESPACE = "raytrain"
 MANAGER_NAME = "raytrain-job-manager"
+RUNNER_PREFIX = "raytrain-job-"  # + the job's id: one runner actor per running job
 PROGRESS_PERSIST_INTERVAL_S = 5.0
-# How long a cancelled worker group has to leave on its own before it is killed.
+# How long a cancelled worker group has to leave on its own before it is killed: once it
+# runs, rank 0 reads the stop at its next report; while it still starts, it stops as soon as
+# it is up (worker_group_started answers -1), which can take Ray Train's whole start timeout.
 CANCEL_GRACE_S = 20.0
+CANCEL_STARTING_GRACE_S = 120.0
+# Resources a training worker group's placement group may hold; one holding anything else is
+# not a training run's (see _reclaim_orphaned_groups).
+WORKER_RESOURCE_KEYS = frozenset({"CPU", "GPU", "memory"})
 EVENTS_KEPT_PER_JOB = 5000
 # Records are saved on every state change and checkpoint and at least every
 # PROGRESS_PERSIST_INTERVAL_S of progress (one report a second at most): far fewer events than
@@ -174,6 +181,8 @@ class JobManager:
         self._provisioner = Provisioner(self.config)
         # Jobs resuming after a notice: (until, nodes) - wait for those nodes to go first.
         self._leaving: dict[str, tuple[float, set[str]]] = {}
+        self._failures: dict[str, tuple[str, int]] = {}  # each job's last error and its step
+        self._reclaim_after_restart()
         for job in list(self._jobs.values()):
             if not job.state.is_terminal:
                 self._requeue_after_restart(job)
@@ -191,6 +200,8 @@ class JobManager:
             if policy_error is not None:
                 raise SpecError([policy_error])
             _check_paths_on_head_node(spec)
+            if not self._provisioner.enabled:
+                self._check_fits_the_cluster(spec)
         except SpecError as exc:
             return {"error": "spec", "detail": [e.to_json() for e in exc.errors]}
         now = time.time()
@@ -252,7 +263,8 @@ class JobManager:
                 # Rank 0 reads this in the reply to its next progress report and every rank
                 # leaves at the same step; the run keeps its resources counted until the
                 # group is gone (or killed after CANCEL_GRACE_S, see _reap_finished).
-                run.stop_deadline = time.monotonic() + CANCEL_GRACE_S
+                run.stop_deadline = time.monotonic() + (
+                    CANCEL_GRACE_S if run.placement_group else CANCEL_STARTING_GRACE_S)
             job.finished_at = time.time()
             self._transition(job, JobState.CANCELLED, "cancelled by request")
             self._end(job)
@@ -341,8 +353,9 @@ class JobManager:
             run.attempt += 1
             run.progress_step = -1
             run.placement_group = placement.get("placement_group")
-            if job.state.is_terminal:  # cancelled while the group was starting
-                return run.attempt
+            if job.state.is_terminal:  # cancelled while the group was starting: stop now
+                run.stop_deadline = time.monotonic() + CANCEL_GRACE_S
+                return -1
             if job.resources.node_type is None:  # a fixed cluster: what the workers found
                 job.resources = Resources(
                     accelerator=placement["accelerator"],
@@ -447,6 +460,8 @@ class JobManager:
                     )
                     del self._runs[job_id]
                     _hard_stop(run)
+                    if run.placement_group is None:  # it never said which group it holds
+                        self._reclaim_orphaned_groups()
 
     def _finish(self, job: JobStatus, run: _Run) -> None:
         self._bill(job, run)
@@ -455,7 +470,7 @@ class JobManager:
             error = None if run.result else "training ended without a final report"
         except Exception as exc:  # the worker's error, wrapped by Ray
             error = _describe_failure(exc)
-        if run.billed_since is not None and self._recovered(job, run, error):
+        if self._recovered(job, run, error):
             return
         job.finished_at = time.time()
         if error is None:
@@ -502,6 +517,49 @@ class JobManager:
                 self._launch(job, job.spec, demand, notice_endpoint=watch_endpoint(
                     self.config.interruption_endpoint, "local", None))
                 held.append(demand)
+
+    def _check_fits_the_cluster(self, spec: JobSpec) -> None:
+        """On a fixed cluster, refuse a worker group that could never start (it would wait
+        in the queue forever, and everything behind it with it)."""
+        resources = spec.resources
+        per_worker = {"CPU": resources.cpus_per_worker, "GPU": resources.gpus_per_worker}
+        nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+        reason = never_fits(resources.num_workers, per_worker, nodes)
+        if reason is not None:
+            raise SpecError([FieldError(("resources", "num_workers"), reason)])
+
+    def _reclaim_after_restart(self) -> None:
+        """What a lost manager's runs left behind: their runner actors (by name) and their
+        worker groups' placement groups, which nothing else frees (Ray Train's cleaner needs
+        the dashboard's state API). Jobs that were in flight are queued again and resume from
+        their checkpoints."""
+        for entry in ray.util.list_named_actors(all_namespaces=True):
+            if entry["namespace"] == NAMESPACE and entry["name"].startswith(RUNNER_PREFIX) \
+                    and entry["name"] != MANAGER_NAME:
+                try:
+                    ray.kill(ray.get_actor(entry["name"], namespace=NAMESPACE),
+                             no_restart=True)
+                    logger.warning("reclaimed %s, left by a run this manager does not own",
+                                   entry["name"])
+                except ValueError:  # gone meanwhile
+                    pass
+        self._reclaim_orphaned_groups()
+
+    def _reclaim_orphaned_groups(self) -> None:
+        """Remove training placement groups that no run of ours holds, when none of our runs
+        is still starting (a starting run's group is not known yet)."""
+        owned = {run.placement_group for run in self._runs.values()}
+        if None in owned:
+            return
+        node_types = set(self.config.node_types)
+        for group_id, group in ray.util.placement_group_table().items():
+            if group["state"] == "REMOVED" or group_id in owned:
+                continue
+            keys = {key for bundle in group["bundles"].values() for key in bundle}
+            if keys and keys <= WORKER_RESOURCE_KEYS | node_types:
+                remove_placement_group(PlacementGroup(PlacementGroupID.from_hex(group_id)))
+                logger.warning("reclaimed placement group %s (%s), held by no run of this "
+                               "service", group_id, group["bundles"])
 
     def _say_queued(self, job: JobStatus, message: str) -> None:
         if job.message != message:
@@ -589,7 +647,7 @@ class JobManager:
         # On the head node: Ray Train puts its controller (and Ray Data its detached
         # autoscaling coordinator) beside the caller, and a bought node that keeps any actor
         # is never idle, so the autoscaler would never let it go.
-        runner = JobRunner.options(name=f"raytrain-job-{job.id}", namespace=NAMESPACE,
+        runner = JobRunner.options(name=f"{RUNNER_PREFIX}{job.id}", namespace=NAMESPACE,
                                    resources={HEAD_NODE_RESOURCE: 0.001}).remote()
         done = runner.run.remote(
             spec.model_dump(mode="json"), job.id, str(root / "checkpoints"), str(root / "ray"),
@@ -621,7 +679,7 @@ class JobManager:
             notice = True
         elif error is not None and run.nodes_at_launch - _alive_nodes():
             notice = False
-        elif error is not None and job.restarts < job.spec.training.max_restarts:
+        elif error is not None and self._worth_retrying(job, run, error):
             job.restarts += 1
             self._transition(job, JobState.RECOVERING, f"restarting after an error "
                              f"({job.restarts} of {job.spec.training.max_restarts}): {error}")
@@ -651,6 +709,23 @@ class JobManager:
             f"preempted {'after a notice' if notice else 'without notice'} at step {reached}; "
             f"resuming from step {saved or 0} on the policy's next-best capacity"))
         return True
+
+    def _worth_retrying(self, job: JobStatus, run: _Run, error: str) -> bool:
+        """Retry a failed run only if another try could go differently: not when it failed
+        before its first training step (building the model, data or layout fails the same way
+        every time), not when the same error ends a run at the same step twice, and not past
+        training.max_restarts. Each retry counts in the job's restarts."""
+        failed_at = max(run.progress_step, job.progress.step)
+        previous = self._failures.get(job.id)
+        self._failures[job.id] = (error, failed_at)
+        if run.progress_step < 0:
+            logger.info("job %s failed before its first step: not retried", job.id)
+            return False
+        if previous == (error, failed_at):
+            logger.info("job %s failed twice at step %d with the same error: not retried",
+                        job.id, failed_at)
+            return False
+        return job.restarts < job.spec.training.max_restarts
 
     def _resumed_after_preemption(self, job: JobStatus, run: _Run) -> None:
         now = time.time()
@@ -790,6 +865,9 @@ def get_or_create_manager(config: ServiceConfig) -> ActorHandle:
         namespace=NAMESPACE,
         lifetime="detached",
         get_if_exists=True,
+        # Ray restarts a lost manager (its process killed, its node's worker crashed): the new
+        # one reloads the store, reclaims what the old one's runs held, and resumes their jobs.
+        max_restarts=-1,
         num_cpus=0,
         max_concurrency=64,
         resources={HEAD_NODE_RESOURCE: 0.001},

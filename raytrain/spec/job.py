@@ -174,7 +174,7 @@ def _factory_errors(needed: bool, factory: str | None) -> list[InitErrorDetails]
 class TrainingSpec(Strict):
     """The optimisation: steps, batch, AdamW with linear warmup and cosine decay, checkpoints."""
 
-    steps: int = Field(100, ge=1, description="Optimizer steps to run.")
+    steps: int = Field(100, ge=1, le=100_000_000, description="Optimizer steps to run.")
     global_batch_size: int = Field(
         16, ge=1, description="Sequences per optimizer step, summed over all data-parallel ranks."
     )
@@ -322,9 +322,9 @@ class ResourcesSpec(Strict):
     """What each training worker needs. GPUs imply NCCL; CPU-only workers use gloo."""
 
     num_workers: int = Field(2, ge=1, le=100_000, description="Training processes.")
-    cpus_per_worker: float = Field(1.0, gt=0, description="CPUs reserved per worker.")
+    cpus_per_worker: float = Field(1.0, gt=0, le=1024, description="CPUs reserved per worker.")
     gpus_per_worker: float = Field(
-        0.0, ge=0, description="GPUs per worker; 0 trains on CPU with gloo."
+        0.0, ge=0, le=16, description="GPUs per worker; 0 trains on CPU with gloo."
     )
     accelerator: str | None = Field(
         None,
@@ -365,13 +365,15 @@ class CapacitySpec(Strict):
         "auto", description="Restrict to one market; 'auto' lets the policy choose."
     )
     deadline_hours: float | None = Field(
-        None, gt=0, description="Finish within this many hours of submission, if possible."
+        None, gt=0, le=24 * 366,
+        description="Finish within this many hours of submission, if possible."
     )
     budget_usd: float | None = Field(
-        None, gt=0, description="Do not choose capacity expected to cost more than this."
+        None, gt=0, le=1e9, description="Do not choose capacity expected to cost more than this."
     )
     max_usd_per_hour: float | None = Field(
-        None, gt=0, description="Never hold capacity priced above this per hour, all nodes."
+        None, gt=0, le=1e7,
+        description="Never hold capacity priced above this per hour, all nodes."
     )
 
 

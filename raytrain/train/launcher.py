@@ -1,9 +1,10 @@
 """Run a job's training on Ray Train V2 workers: one `TorchTrainer.fit()` per job.
 
 Ray Train owns the worker group, the process group (NCCL when workers have GPUs, gloo when
-not), placement, and restarts after a worker failure (`FailureConfig.max_failures`). The loop
-itself is raytrain.train.loop; checkpoints are raytrain's own (see raytrain.train.checkpoint),
-so after a restart the loop finds the latest committed one by itself.
+not) and placement. A failed group ends the fit: the job manager decides whether to start
+another (raytrain.serve.manager, `_worth_retrying`). The loop itself is raytrain.train.loop;
+checkpoints are raytrain's own (see raytrain.train.checkpoint), so after a restart the loop
+finds the latest committed one by itself.
 
 Rank 0 publishes progress to the job manager actor named in the config; other ranks stay quiet.
 
@@ -58,6 +59,7 @@ class ManagerSink:
         self.attempt = ray.get(
             self.manager.worker_group_started.remote(self.job_id, resumed_step, self.placement)
         )
+        self._stop = self.attempt < 0  # the job was cancelled while the group started
 
     def progress(self, payload: dict[str, Any]) -> None:
         sent = {**payload, "sent_at": time.time()}
@@ -147,10 +149,11 @@ def build_trainer(
     interruption_endpoint: str | None = None,
 ) -> TorchTrainer:
     """worker_resources: custom resources each worker also asks for (the share of a bought
-    node type's resource that pins the worker to those nodes); with them, a failed worker
-    group is not restarted by Ray Train but handed back to the job manager, which tells a
-    preempted node from a real error. interruption_endpoint: the instance metadata service
-    every worker watches for spot notices (None: none)."""
+    node type's resource that pins the worker to those nodes). A failed worker group is never
+    restarted by Ray Train: it is handed back to the job manager, which tells a preempted
+    node from a real error and a retry that could succeed from one that cannot.
+    interruption_endpoint: the instance metadata service every worker watches for spot
+    notices (None: none)."""
     resources = spec.resources
     per_worker: dict[str, float] = {"CPU": resources.cpus_per_worker, **(worker_resources or {})}
     if resources.use_gpu:
@@ -176,7 +179,7 @@ def build_trainer(
             name=f"job-{job_id}",
             storage_path=str(run_root),
             failure_config=FailureConfig(
-                max_failures=0 if worker_resources else spec.training.max_restarts,
+                max_failures=0,
                 controller_failure_limit=0,
             ),
             worker_runtime_env={"env_vars": {
