@@ -78,8 +78,17 @@ class Client:
     def get(self, job_id: str) -> JobStatus:
         return JobStatus.model_validate(self._request("GET", f"/v1/jobs/{job_id}", job_id))
 
-    def list(self) -> list[JobStatus]:
-        return [JobStatus.model_validate(j) for j in self._request("GET", "/v1/jobs")]
+    def list(self, states: list[str] | None = None) -> list[JobStatus]:
+        """Every job (in `states`, if given), oldest first, following the service's pages."""
+        jobs: list[JobStatus] = []
+        params: dict[str, Any] = {"state": states or []}
+        while True:
+            response = self._send("GET", "/v1/jobs", None, params=params)
+            jobs += [JobStatus.model_validate(j) for j in response.json()]
+            cursor = response.headers.get("x-next-cursor")
+            if not cursor:
+                return jobs
+            params = {**params, "after": cursor}
 
     def cancel(self, job_id: str) -> JobStatus:
         return JobStatus.model_validate(self._request("DELETE", f"/v1/jobs/{job_id}", job_id))
@@ -135,13 +144,17 @@ class Client:
     # ---------------------------------------------------------------------------- plumbing
 
     def _request(self, method: str, path: str, job_id: str | None = None, **kwargs: Any) -> Any:
+        return self._send(method, path, job_id, **kwargs).json()
+
+    def _send(self, method: str, path: str, job_id: str | None = None,
+              **kwargs: Any) -> httpx.Response:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
             raise ServiceUnreachableError(self.url, str(exc) or type(exc).__name__) from None
         if response.status_code >= 400:
             self._raise_for(response, job_id)
-        return response.json()
+        return response
 
     @staticmethod
     def _raise_for(response: httpx.Response, job_id: str | None) -> None:

@@ -232,7 +232,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    jobs = _client(args).list()
+    jobs = _client(args).list(states=args.state)
     if args.json:
         _print_json([job.model_dump(mode="json") for job in jobs])
     else:
@@ -586,7 +586,10 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("id")
     status.set_defaults(func=cmd_status)
 
-    listing = command("list", "all jobs", json_flag=True)
+    listing = command("list", "all jobs, oldest first", json_flag=True)
+    listing.add_argument("--state", action="append", type=str.upper,
+                         choices=[state.value for state in JobState],
+                         help="only jobs in this state (repeatable)")
     listing.set_defaults(func=cmd_list)
 
     cancel = command("cancel", "cancel a job", json_flag=True)

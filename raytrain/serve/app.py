@@ -20,8 +20,9 @@ import asyncio
 import json
 import logging
 from typing import Any, AsyncIterator
+from urllib.parse import urlencode
 
-from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi import FastAPI, HTTPException, Query, Request, Response
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
@@ -50,6 +51,8 @@ EXCERPT_CHARS = 200
 MANAGER_RETRY_AFTER_S = 5
 READY_TIMEOUT_S = 5.0
 LOG_BYTES_PER_RANK = 64 * 2**10
+LIST_PAGE_SIZE = 100
+LIST_PAGE_MAX = 1000
 
 logger = logging.getLogger(__name__)
 
@@ -222,8 +225,22 @@ class RaytrainAPI:
         return _unwrap(await self.manager.submit.remote(spec.model_dump(mode="json")))
 
     @api.get("/v1/jobs", response_model=list[JobStatus])
-    async def list_jobs(self) -> list[dict[str, Any]]:
-        return await self.manager.list_jobs.remote()
+    async def list_jobs(
+        self, response: Response,
+        limit: int = Query(LIST_PAGE_SIZE, ge=1, le=LIST_PAGE_MAX, description="Jobs per page."),
+        after: str | None = Query(None, max_length=64, description="The cursor the previous "
+                                  "page gave in its X-Next-Cursor header."),
+        state: list[JobState] = Query([], description="Only jobs in these states."),
+    ) -> list[dict[str, Any]]:
+        """Jobs oldest first, a page at a time: when more follow, the `X-Next-Cursor` header
+        (and a `Link: <...>; rel="next"` header) says where the next page starts."""
+        page = await self.manager.list_jobs.remote(limit, after, [s.value for s in state])
+        if page["next"] is not None:
+            response.headers["X-Next-Cursor"] = page["next"]
+            query = urlencode([("limit", limit), ("after", page["next"]),
+                               *[("state", s.value) for s in state]])
+            response.headers["Link"] = f'</v1/jobs?{query}>; rel="next"'
+        return page["jobs"]
 
     @api.get("/v1/jobs/{job_id}", response_model=JobStatus)
     async def get_job(self, job_id: str) -> dict[str, Any]:
@@ -335,7 +352,8 @@ class RaytrainAPI:
 
     @api.get("/metrics", response_class=PlainTextResponse)
     async def metrics(self) -> str:
-        jobs = [JobStatus.model_validate(j) for j in await self.manager.list_jobs.remote()]
+        page = await self.manager.list_jobs.remote()
+        jobs = [JobStatus.model_validate(j) for j in page["jobs"]]
         return render_metrics(jobs)
 
 

@@ -108,7 +108,8 @@ def port_is_free(host: str, port: int) -> bool:
 
 
 def deploy(config: ServiceConfig, host: str, port: int, timeout_s: float = 120.0) -> str:
-    """Deploy the HTTP app on the connected cluster and wait until it answers; return its URL."""
+    """Deploy the HTTP app on the connected cluster and wait until it is ready (GET /readyz);
+    return its URL."""
     # Serve's driver-side notices ("Started Serve", "New http_options will not be applied",
     # which serve.run says of the options serve.start just set) are not an operator's news.
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
@@ -121,7 +122,8 @@ def deploy(config: ServiceConfig, host: str, port: int, timeout_s: float = 120.0
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            if httpx.get(f"{url}/healthz", timeout=2.0).status_code == 200:
+            # Ready, not just alive: the job manager answers and its store takes writes.
+            if httpx.get(f"{url}/readyz", timeout=10.0).status_code == 200:
                 return url
         except httpx.HTTPError:
             pass

@@ -239,9 +239,19 @@ class JobManager:
         response = offers_response(provisioner.catalog, provisioner.policies[name], spec, keep)
         return {"ok": response.model_dump(mode="json")}
 
-    def list_jobs(self) -> list[dict[str, Any]]:
+    def list_jobs(self, limit: int | None = None, after: str | None = None,
+                  states: list[str] | None = None) -> dict[str, Any]:
+        """Jobs oldest first: at most `limit` of them after the cursor `after` (the previous
+        page's `next`), only in `states` if given; `next` is None on the last page."""
         with self._lock:
-            return [job.model_dump(mode="json") for job in self._jobs.values()]
+            jobs = [job for job in self._jobs.values()
+                    if not states or job.state.value in states]
+            if after:
+                jobs = [job for job in jobs if _cursor(job) > after]
+            page = jobs if limit is None else jobs[:limit]
+            more = limit is not None and len(jobs) > limit
+            return {"jobs": [job.model_dump(mode="json") for job in page],
+                    "next": _cursor(page[-1]) if more else None}
 
     def get_job(self, job_id: str) -> dict[str, Any] | None:
         with self._lock:
@@ -795,6 +805,11 @@ class JobManager:
         log = self._events.get(job.id)
         self._store.put(job, log.next_seq if log else 0)
         self._persisted_at[job.id] = time.monotonic()
+
+
+def _cursor(job: JobStatus) -> str:
+    """A job's place in the list, oldest first: its creation time, then its id."""
+    return f"{job.created_at:017.6f}:{job.id}"
 
 
 def _check_paths_on_head_node(spec: JobSpec) -> None:

@@ -336,3 +336,20 @@ def test_a_local_run_reaches_nothing_beyond_this_machine(service: Service) -> No
     lines = log.read_text().splitlines()
     assert [line for line in lines if not line.startswith("ray-usage-probe ")] == []
     assert all("dashboard.py" in line for line in lines)  # ... and only from that process
+
+
+def test_the_job_list_comes_in_pages_and_the_client_follows_them(service: Service) -> None:
+    """Runs after the tests above, whose jobs fill the list."""
+    every = httpx.get(f"{service.url}/v1/jobs", params={"limit": 1000}).json()
+    assert len(every) >= 2
+    first = httpx.get(f"{service.url}/v1/jobs", params={"limit": 1})
+    assert [j["id"] for j in first.json()] == [j["id"] for j in every[:1]]
+    assert 'rel="next"' in first.headers["link"]
+    rest = httpx.get(f"{service.url}/v1/jobs",
+                     params={"limit": 1000, "after": first.headers["x-next-cursor"]})
+    assert [j["id"] for j in first.json() + rest.json()] == [j["id"] for j in every]
+    assert "x-next-cursor" not in rest.headers
+    assert [j.id for j in Client(service.url).list()] == [j["id"] for j in every]
+    succeeded = Client(service.url).list(states=["SUCCEEDED"])
+    assert succeeded and all(j.state == JobState.SUCCEEDED for j in succeeded)
+    assert httpx.get(f"{service.url}/v1/jobs", params={"limit": 0}).status_code == 422
