@@ -4,6 +4,7 @@
     ├── SpecError              a job spec (or service config) is invalid; carries field paths
     ├── JobNotFoundError       no job with that id
     ├── JobStateError          the job cannot do that in its current state
+    ├── IllegalTransition      a job's state was asked to make a move its lifecycle forbids
     ├── ServiceUnreachableError  the raytrain service cannot be reached
     ├── ServiceError           the service answered with an unexpected error
     └── TrainingError          training itself failed (a worker raised, retries exhausted)
@@ -98,3 +99,16 @@ class ServiceError(RaytrainError):
 
 class TrainingError(RaytrainError):
     """Training failed for a reason other than bad input."""
+
+
+class IllegalTransition(RaytrainError):
+    """A move raytrain.core.lifecycle does not allow: a bug in the caller, never the user's
+    input."""
+
+    def __init__(self, job_id: str, old: str, new: str) -> None:
+        self.job_id, self.old, self.new = job_id, old, new
+        super().__init__(f"job {job_id} cannot move from {old} to {new}. To fix: this is a "
+                         "bug in raytrain's job manager; please report it with the job's events")
+
+    def _init_args(self) -> tuple[object, ...]:
+        return (self.job_id, self.old, self.new)

@@ -34,6 +34,7 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 from raytrain.catalog import unknown_policy
 from raytrain.cloud.interruption import watch_endpoint
 from raytrain.core.capacity import admit, never_fits, worker_group_demand
+from raytrain.core.lifecycle import enter
 from raytrain.errors import FieldError, RaytrainError, SpecError
 from raytrain.offers import offers_response
 from raytrain.serve.provisioning import Provisioner
@@ -754,17 +755,15 @@ class JobManager:
         was = job.state
         if was in (JobState.RUNNING, JobState.RECOVERING, JobState.PROVISIONING):
             job.restarts += 1 if job.started_at is not None else 0
-        job.state = JobState.PENDING
-        job.message = (f"the service restarted while the job was {was.value}; it resumes "
-                       "from its latest checkpoint")
+        enter(job, JobState.PENDING, f"the service restarted while the job was {was.value}; "
+              "it resumes from its latest checkpoint")
         self._save(job)
         logger.info("job %s requeued after a service restart (was %s)", job.id, was.value)
 
     # ------------------------------------------------------------------- bookkeeping
 
     def _transition(self, job: JobStatus, state: JobState, message: str, **extra: Any) -> None:
-        job.state = state
-        job.message = None if state in (JobState.RUNNING, JobState.SUCCEEDED) else message
+        enter(job, state, message)
         self._emit(job.id, "state", {"state": state.value, "message": message, **extra})
         self._save(job)
 

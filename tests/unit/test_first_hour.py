@@ -36,6 +36,7 @@ EXAMPLE_ERRORS = {
     errors.ServiceUnreachableError: ("http://127.0.0.1:9", "connection refused"),
     errors.ServiceError: (503, "the job manager is not answering"),
     errors.TrainingError: ("training failed: NaN loss at step 12",),
+    errors.IllegalTransition: ("ab12", "SUCCEEDED", "RUNNING"),
 }
 
 
