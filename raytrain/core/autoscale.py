@@ -332,8 +332,14 @@ def device_mismatch(spec: JobSpec, offers: Iterable[Offer]) -> str | None:
         return ("no offer has CPU-only nodes, and the job asks for CPU workers "
                 "(resources.gpus_per_worker 0). To fix: set resources.gpus_per_worker and "
                 f"resources.accelerator (offers have: {', '.join(kinds)})")
-    return (f"no offer has {spec.resources.accelerator} GPUs. To fix: set "
-            f"resources.accelerator to one of {', '.join(k for k in kinds if k != 'cpu')}")
+    gpus = [k for k in kinds if k not in ("cpu", "none")]
+    if not gpus:
+        return ("no offer has GPU nodes, and the job asks for GPUs (resources.gpus_per_worker "
+                f"{spec.resources.gpus_per_worker:g}). To fix: set resources.gpus_per_worker 0 "
+                "to train on CPU nodes, or use a service that buys GPU nodes")
+    wanted = spec.resources.accelerator or "GPU"
+    return (f"no offer has {wanted} nodes. To fix: set resources.accelerator to one of "
+            f"{', '.join(gpus)}")
 
 
 def job_throughput(spec: JobSpec) -> Throughput:

@@ -203,6 +203,8 @@ class JobManager:
             _check_paths_on_head_node(spec)
             if not self._provisioner.enabled:
                 self._check_fits_the_cluster(spec)
+            elif (holding := self._provisioner.holding_error(spec)) is not None:
+                raise SpecError([holding])
         except SpecError as exc:
             return {"error": "spec", "detail": [e.to_json() for e in exc.errors]}
         now = time.time()

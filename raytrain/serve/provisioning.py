@@ -25,7 +25,7 @@ expire unless refreshed, so a lost job manager cannot hold nodes forever.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -43,8 +43,10 @@ from raytrain.core.autoscale import (
     Observed,
     Option,
     choose,
+    device_mismatch,
     job_goal,
     job_throughput,
+    options,
     redecide,
 )
 from raytrain.errors import FieldError
@@ -138,6 +140,24 @@ class Provisioner:
     def policy_error(self, spec: JobSpec) -> FieldError | None:
         name = spec.capacity.policy
         return None if name is None else unknown_policy(name, self.policies)
+
+    def holding_error(self, spec: JobSpec) -> FieldError | None:
+        """Why no node type this service may buy can ever hold the job (whatever the prices,
+        deadline or budget), or None: such a job would wait forever."""
+        offers, node_type = self._bound
+        reason = device_mismatch(spec, offers)
+        if reason is None:
+            throughput = _limit_nodes(job_throughput(spec), self.config, node_type)
+            goal = replace(job_goal(spec), deadline_s=None, budget_usd=None,
+                           max_usd_per_hour=None)
+            if options(goal, offers, throughput, self.policy_for(spec)):
+                return None
+            names = ", ".join(sorted(node_type.values())) or "none"
+            reason = (f"no node type this service buys ({names}) can hold the job's "
+                      f"{spec.resources.num_workers} workers as laid out. To fix: change "
+                      "resources or parallel to fit those nodes, or add a node type that "
+                      "fits to the cluster config")
+        return FieldError(("resources",), reason)
 
     def policy_for(self, spec: JobSpec) -> PolicySpec:
         return self.policies[spec.capacity.policy or self.config.default_policy]

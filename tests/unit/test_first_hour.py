@@ -179,15 +179,3 @@ def test_worker_output_is_kept_by_rank_bounded_and_read_from_offsets(tmp_path: P
     [tail] = read_logs(logs, offsets={1: 0}, max_bytes=10)  # too far behind: the tail
     assert len(tail.text) <= 10 and tail.skipped > 0
 
-
-def test_a_worker_group_that_can_never_fit_a_fixed_cluster_is_named() -> None:
-    from raytrain.core.capacity import never_fits
-
-    two_cpus = [{"CPU": 2.0}]
-    assert never_fits(2, {"CPU": 1.0, "GPU": 0.0}, two_cpus) is None
-    assert never_fits(4, {"CPU": 0.5}, two_cpus) is None
-    assert "room for 2" in never_fits(4, {"CPU": 1.0}, two_cpus)
-    assert "room for 0" in never_fits(1, {"CPU": 9.9e78}, two_cpus)
-    assert "room for 0" in never_fits(1, {"CPU": 1.0, "GPU": 1.0}, two_cpus)
-    # each worker fits on one node whole: two 1.5-CPU nodes hold two 1.5-CPU workers, not 3
-    assert "room for 2" in never_fits(3, {"CPU": 1.5}, [{"CPU": 1.5}, {"CPU": 1.5}, {"CPU": 1}])

@@ -1,0 +1,46 @@
+"""Jobs that could never run are refused at submit, with the capacity named: on a fixed
+cluster by its nodes, on an autoscaling one by the node types the service may buy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raytrain.core.capacity import never_fits
+from raytrain.serve.provisioning import Provisioner
+from raytrain.spec import ServiceConfig, parse_job_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_worker_group_that_can_never_fit_a_fixed_cluster_is_named() -> None:
+    two_cpus = [{"CPU": 2.0}]
+    assert never_fits(2, {"CPU": 1.0, "GPU": 0.0}, two_cpus) is None
+    assert never_fits(4, {"CPU": 0.5}, two_cpus) is None
+    assert "room for 2" in never_fits(4, {"CPU": 1.0}, two_cpus)
+    assert "room for 0" in never_fits(1, {"CPU": 9.9e78}, two_cpus)
+    assert "room for 0" in never_fits(1, {"CPU": 1.0, "GPU": 1.0}, two_cpus)
+    # each worker fits on one node whole: two 1.5-CPU nodes hold two 1.5-CPU workers, not 3
+    assert "room for 2" in never_fits(3, {"CPU": 1.5}, [{"CPU": 1.5}, {"CPU": 1.5}, {"CPU": 1}])
+
+
+def small_job(**resources: Any) -> dict[str, Any]:
+    return {"model": {"gpt": {"vocab_size": 128, "dim": 64, "num_layers": 2, "num_heads": 4,
+                              "max_seq_len": 32}},
+            "data": {"seq_len": 32},
+            "training": {"steps": 60, "global_batch_size": 64, "micro_batch_size": 4},
+            "resources": {"num_workers": 2, "cpus_per_worker": 1, **resources}}
+
+
+def test_a_job_no_bought_node_type_can_hold_is_named() -> None:
+    service = yaml.safe_load((ROOT / "cluster" / "local-fake-service.yaml").read_text())
+    service["offers_file"] = str(ROOT / "cluster" / service["offers_file"])
+    provisioner = Provisioner(ServiceConfig.model_validate(service), request=lambda *_: None)
+    assert provisioner.holding_error(parse_job_spec(small_job())) is None
+    too_many = provisioner.holding_error(parse_job_spec(small_job(num_workers=16)))
+    assert too_many is not None and "cpu-spot" in too_many.msg and "To fix" in too_many.msg
+    gpus = provisioner.holding_error(parse_job_spec(small_job(gpus_per_worker=1,
+                                                               accelerator="h100-sxm")))
+    assert gpus is not None and "no offer has GPU nodes" in gpus.msg
