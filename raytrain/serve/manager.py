@@ -714,7 +714,8 @@ class JobManager:
         job.preemptions += 1
         job.preemption_log.append(record)
         job.lost_steps += record.lost_steps
-        self._provisioner.preempted(job, now, run.nodes_at_launch)
+        if self._provisioner.enabled:  # on a fixed cluster the job resumes where it was
+            self._provisioner.preempted(job, now, run.nodes_at_launch)
         if notice:  # the noticed nodes go within two minutes: do not start on them again
             self._leaving[job.id] = (now + NOTICE_GRACE_S, set(run.nodes_at_launch))
         self._emit(job.id, "preemption", record.model_dump(mode="json"))
