@@ -33,7 +33,7 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from raytrain.catalog import unknown_policy
 from raytrain.cloud.interruption import watch_endpoint
-from raytrain.core.capacity import admit, never_fits, worker_group_demand
+from raytrain.core.capacity import Queued, admit, backfill, never_fits, worker_group_demand
 from raytrain.core.lifecycle import enter
 from raytrain.errors import FieldError, RaytrainError, SpecError
 from raytrain.offers import offers_response
@@ -183,6 +183,7 @@ class JobManager:
         # Jobs resuming after a notice: (until, nodes) - wait for those nodes to go first.
         self._leaving: dict[str, tuple[float, set[str]]] = {}
         self._failures: dict[str, tuple[str, int]] = {}  # each job's last error and its step
+        self._passed: dict[str, int] = {}  # queued jobs: how often later ones started first
         self._reclaim_after_restart()
         for job in list(self._jobs.values()):
             if not job.state.is_terminal:
@@ -507,29 +508,27 @@ class JobManager:
         total = {k: float(v) for k, v in ray.cluster_resources().items()}
         with self._lock:
             held = [run.demand for run in self._runs.values()]
-            blocked_by: JobStatus | None = None
             queue = [job for job in self._jobs.values() if self._waiting(job)]
-            for position, job in enumerate(queue, start=1):
-                if self._provisioner.enabled:
+            if self._provisioner.enabled:  # each job gets nodes of its own: no queue
+                for job in queue:
                     self._start_on_bought_nodes(job, total, held)
+                return
+            demands = {job.id: worker_group_demand(job.spec.resources.num_workers,
+                                                   job.spec.resources.cpus_per_worker,
+                                                   job.spec.resources.gpus_per_worker)
+                       for job in queue}
+            decided = backfill([Queued(job.id, demands[job.id], self._passed.get(job.id, 0))
+                                for job in queue], total, held,
+                               self.config.max_backfill_passes)
+            for job_id in decided.passed:
+                self._passed[job_id] = self._passed.get(job_id, 0) + 1
+            for job in queue:
+                if job.id in decided.waiting:
+                    self._say_queued(job, decided.waiting[job.id])
                     continue
-                if blocked_by is not None:  # first in, first out: wait behind the first
-                    self._say_queued(job, f"queued, position {position} of {len(queue)}: "
-                                     f"behind job {blocked_by.id}")
-                    continue
-                resources = job.spec.resources
-                demand = worker_group_demand(
-                    resources.num_workers, resources.cpus_per_worker, resources.gpus_per_worker
-                )
-                decision = admit(demand, total, held)
-                if not decision.fits:
-                    self._say_queued(job, f"queued, position {position} of {len(queue)}: "
-                                     f"{decision.reason}")
-                    blocked_by = job
-                    continue
-                self._launch(job, job.spec, demand, notice_endpoint=watch_endpoint(
+                self._passed.pop(job.id, None)
+                self._launch(job, job.spec, demands[job.id], notice_endpoint=watch_endpoint(
                     self.config.interruption_endpoint, "local", None))
-                held.append(demand)
 
     def _check_fits_the_cluster(self, spec: JobSpec) -> None:
         """On a fixed cluster, refuse a worker group that could never start (it would wait

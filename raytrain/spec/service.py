@@ -30,6 +30,12 @@ class ServiceConfig(Strict):
     scheduler_interval_s: float = Field(
         1.0, gt=0, le=60, description="How often queued jobs are checked against free capacity."
     )
+    max_backfill_passes: int = Field(
+        5, ge=0, le=1000,
+        description="On a fixed cluster, how many times later jobs that fit may start ahead of "
+        "the oldest job waiting for capacity; after that nothing passes it (0: strictly first "
+        "in, first out).",
+    )
     node_types: dict[str, NodeTypeBinding] = Field(
         default_factory=dict,
         description="Ray node types the service may ask the autoscaler for, each with the "
