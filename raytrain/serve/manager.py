@@ -314,13 +314,13 @@ class JobManager:
                 return {"error": "state", "detail": (
                     f"job {job_id} is {job.state.value}; only an ended job can be deleted. "
                     f"To fix: cancel it first (raytrain cancel {job_id}), then delete it")}
-            root = self.config.checkpoint_root / job_id
-            shutil.rmtree(root, ignore_errors=True)
             self._store.delete(job_id)
             del self._jobs[job_id]
             self._events.pop(job_id, None)
             self._persisted_at.pop(job_id, None)
             self._changed.notify_all()
+        root = self.config.checkpoint_root / job_id  # large: removed outside the lock
+        shutil.rmtree(root, ignore_errors=True)
         logger.info("job %s deleted with its checkpoints and logs (%s)", job_id, root)
         return {"ok": job.model_dump(mode="json")}
 
@@ -773,6 +773,8 @@ class JobManager:
         """Close the job's event stream and withdraw its request for nodes; callers have saved
         the final record in _transition."""
         self._provisioner.release(job.id)
+        self._failures.pop(job.id, None)
+        self._passed.pop(job.id, None)
         run = self._runs.get(job.id)
         if run is not None:
             self._bill(job, run)
