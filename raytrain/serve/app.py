@@ -56,13 +56,6 @@ LIST_PAGE_MAX = 1000
 
 logger = logging.getLogger(__name__)
 
-api = FastAPI(
-    title="raytrain",
-    version=__version__,
-    description="Train PyTorch models across many GPUs as cheaply as possible.",
-)
-
-
 class JSONBodies:
     """Read every request body as JSON, whatever its Content-Type says, and refuse one over
     MAX_BODY_BYTES with 413 before reading it.
@@ -114,16 +107,12 @@ async def _too_large(send: Any) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-api.add_middleware(JSONBodies)
-
-
 def excerpt(value: Any) -> Any:
     """`value` if its JSON is short, else the first EXCERPT_CHARS characters of it."""
     text = json.dumps(jsonable_encoder(value), default=str)
     return value if len(text) <= EXCERPT_CHARS else text[:EXCERPT_CHARS] + "..."
 
 
-@api.exception_handler(RequestValidationError)
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     """422 with each bad field's path and message, and only an excerpt of its input."""
     errors = []
@@ -135,8 +124,6 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     return JSONResponse(status_code=422, content={"detail": jsonable_encoder(errors)})
 
 
-@api.exception_handler(RayActorError)
-@api.exception_handler(GetTimeoutError)
 async def _manager_away(request: Request, exc: Exception) -> JSONResponse:
     logger.warning("the job manager did not answer %s %s: %s", request.method,
                    request.url.path, type(exc).__name__)
@@ -205,28 +192,26 @@ def render_metrics(jobs: list[JobStatus]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# Helpers the deployment calls are defined above it: Serve ships the class by value.
-@serve.deployment(
-    name="RaytrainAPI",
-    logging_config={"log_level": "WARNING", "enable_access_log": False},
-    num_replicas=1,
-    ray_actor_options={"num_cpus": 0},
-    max_ongoing_requests=64,
-)
-@serve.ingress(api)
-class RaytrainAPI:
-    def __init__(self, config: dict[str, Any]) -> None:
-        from raytrain.serve.manager import get_or_create_manager
-
-        self.manager = get_or_create_manager(ServiceConfig.model_validate(config))
+def build_app(manager: Any) -> FastAPI:
+    """The HTTP API over a job manager handle: a Ray actor handle, or `InProcess(manager)`
+    for a manager in this process (tests drive the app through httpx's ASGITransport)."""
+    api = FastAPI(
+        title="raytrain",
+        version=__version__,
+        description="Train PyTorch models across many GPUs as cheaply as possible.",
+    )
+    api.add_middleware(JSONBodies)
+    api.add_exception_handler(RequestValidationError, _validation_error)
+    api.add_exception_handler(RayActorError, _manager_away)
+    api.add_exception_handler(GetTimeoutError, _manager_away)
 
     @api.post("/v1/jobs", status_code=202, response_model=JobStatus)
-    async def submit(self, spec: JobSpec) -> dict[str, Any]:
-        return _unwrap(await self.manager.submit.remote(spec.model_dump(mode="json")))
+    async def submit(spec: JobSpec) -> dict[str, Any]:
+        return _unwrap(await manager.submit.remote(spec.model_dump(mode="json")))
 
     @api.get("/v1/jobs", response_model=list[JobStatus])
     async def list_jobs(
-        self, response: Response,
+        response: Response,
         limit: int = Query(LIST_PAGE_SIZE, ge=1, le=LIST_PAGE_MAX, description="Jobs per page."),
         after: str | None = Query(None, max_length=64, description="The cursor the previous "
                                   "page gave in its X-Next-Cursor header."),
@@ -234,7 +219,7 @@ class RaytrainAPI:
     ) -> list[dict[str, Any]]:
         """Jobs oldest first, a page at a time: when more follow, the `X-Next-Cursor` header
         (and a `Link: <...>; rel="next"` header) says where the next page starts."""
-        page = await self.manager.list_jobs.remote(limit, after, [s.value for s in state])
+        page = await manager.list_jobs.remote(limit, after, [s.value for s in state])
         if page["next"] is not None:
             response.headers["X-Next-Cursor"] = page["next"]
             query = urlencode([("limit", limit), ("after", page["next"]),
@@ -243,23 +228,23 @@ class RaytrainAPI:
         return page["jobs"]
 
     @api.get("/v1/jobs/{job_id}", response_model=JobStatus)
-    async def get_job(self, job_id: str) -> dict[str, Any]:
-        job = await self.manager.get_job.remote(job_id)
+    async def get_job(job_id: str) -> dict[str, Any]:
+        job = await manager.get_job.remote(job_id)
         if job is None:
             raise _not_found(job_id)
         return job
 
     @api.delete("/v1/jobs/{job_id}", response_model=JobStatus)
-    async def cancel(self, job_id: str, purge: bool = Query(
+    async def cancel(job_id: str, purge: bool = Query(
             False, description="Forget an ended job instead: its record, checkpoints and "
             "logs (409 while it runs)")) -> dict[str, Any]:
         """Cancel a job; with `?purge=true`, delete an ended one."""
         if purge:
-            return _unwrap(await self.manager.delete.remote(job_id))
-        return _unwrap(await self.manager.cancel.remote(job_id))
+            return _unwrap(await manager.delete.remote(job_id))
+        return _unwrap(await manager.cancel.remote(job_id))
 
     @api.get("/v1/jobs/{job_id}/logs", response_model=JobLogs)
-    async def logs(self, job_id: str, rank: int | None = Query(None, ge=0, le=100_000),
+    async def logs(job_id: str, rank: int | None = Query(None, ge=0, le=100_000),
                    offset: list[str] = Query(
                        [], description="RANK:BYTE pairs: read each rank from there (the "
                        "`offset` of the previous answer); default: each rank's tail"),
@@ -275,23 +260,23 @@ class RaytrainAPI:
                     "msg": "an offset is RANK:BYTE, e.g. 0:1024. To fix: send back the "
                     "rank and offset of the previous answer"}])
             offsets[int(r)] = int(byte)
-        return _unwrap(await self.manager.logs.remote(job_id, offsets or None, rank,
+        return _unwrap(await manager.logs.remote(job_id, offsets or None, rank,
                                                       max_bytes))
 
     @api.get("/v1/jobs/{job_id}/events")
-    async def events(self, job_id: str, request: Request) -> StreamingResponse:
+    async def events(job_id: str, request: Request) -> StreamingResponse:
         """Server-Sent Events: `state`, `progress`, `checkpoint`, then one `end`.
 
         Resumes after the `Last-Event-ID` header (or `?after=`) when given."""
         after = _event_position(request)
-        if await self.manager.get_job.remote(job_id) is None:
+        if await manager.get_job.remote(job_id) is None:
             raise _not_found(job_id)
 
         async def stream() -> AsyncIterator[str]:
             nonlocal after
             try:
                 while True:
-                    batch = await self.manager.wait_events.remote(job_id, after, EVENT_POLL_S)
+                    batch = await manager.wait_events.remote(job_id, after, EVENT_POLL_S)
                     if batch is None:
                         return
                     if not batch:
@@ -310,7 +295,7 @@ class RaytrainAPI:
         return StreamingResponse(stream(), media_type="text/event-stream")
 
     @api.post("/v1/plans", response_model=PlanResponse)
-    async def plans(self, request: PlanRequest) -> PlanResponse:
+    async def plans(request: PlanRequest) -> PlanResponse:
         """Rank every feasible layout of the job on the hardware asked about."""
         try:
             return rank_plans(request)
@@ -321,29 +306,29 @@ class RaytrainAPI:
             }]) from None
 
     @api.get("/v1/offers", response_model=OffersResponse)
-    async def offers(self, job: str | None = None, policy: str | None = None,
+    async def offers(job: str | None = None, policy: str | None = None,
                      keep: int = 20) -> dict[str, Any]:
         """The instance offers with current prices; with `?job=ID`, the policy's ranking of
         offer x market x node count for that job."""
-        return _unwrap(await self.manager.offers.remote(None, policy, keep, job))
+        return _unwrap(await manager.offers.remote(None, policy, keep, job))
 
     @api.post("/v1/offers", response_model=OffersResponse)
-    async def rank_offers(self, request: OffersRequest) -> dict[str, Any]:
+    async def rank_offers(request: OffersRequest) -> dict[str, Any]:
         """The policy's ranking for a job spec, nothing submitted."""
-        return _unwrap(await self.manager.offers.remote(
+        return _unwrap(await manager.offers.remote(
             request.spec.model_dump(mode="json"), request.policy, request.keep))
 
     @api.get("/healthz")
-    async def healthz(self) -> dict[str, str]:
+    async def healthz() -> dict[str, str]:
         """Liveness: this process answers. Readiness is /readyz."""
         return {"status": "ok", "version": __version__}
 
     @api.get("/readyz", responses={503: {"description": "starting, or the job manager or "
                                          "its store is not answering"}})
-    async def readyz(self) -> JSONResponse:
+    async def readyz() -> JSONResponse:
         """Readiness: the job manager answers and its store takes writes."""
         try:
-            ready = await asyncio.wait_for(self.manager.ready.remote(), READY_TIMEOUT_S)
+            ready = await asyncio.wait_for(manager.ready.remote(), READY_TIMEOUT_S)
         except (asyncio.TimeoutError, RayActorError, GetTimeoutError) as exc:
             ready = {"ready": False, "status": "starting", "detail": type(exc).__name__}
         return JSONResponse(status_code=200 if ready["ready"] else 503,
@@ -351,12 +336,52 @@ class RaytrainAPI:
                             headers={} if ready["ready"] else {"Retry-After": "2"})
 
     @api.get("/metrics", response_class=PlainTextResponse)
-    async def metrics(self) -> str:
-        page = await self.manager.list_jobs.remote()
+    async def metrics() -> str:
+        page = await manager.list_jobs.remote()
         jobs = [JobStatus.model_validate(j) for j in page["jobs"]]
         return render_metrics(jobs)
 
 
-def build_app(config: ServiceConfig) -> serve.Application:
-    return RaytrainAPI.bind(config.model_dump(mode="json"))
+    return api
 
+
+class InProcess:
+    """A job manager in this process, called like a Ray actor handle:
+    `await InProcess(manager).get_job.remote(job_id)` runs the method on a worker thread."""
+
+    def __init__(self, manager: Any) -> None:
+        self._manager = manager
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._manager, name)
+
+        class _Method:
+            @staticmethod
+            def remote(*args: Any) -> Any:
+                return asyncio.to_thread(method, *args)
+
+        return _Method
+
+
+@serve.deployment(
+    name="RaytrainAPI",
+    logging_config={"log_level": "WARNING", "enable_access_log": False},
+    num_replicas=1,
+    ray_actor_options={"num_cpus": 0},
+    max_ongoing_requests=64,
+)
+@serve.ingress()
+class RaytrainAPI:
+    """The Serve deployment: the API over the service's job manager actor."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = ServiceConfig.model_validate(config)
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        from raytrain.serve.manager import get_or_create_manager
+
+        return build_app(get_or_create_manager(self.config))
+
+
+def serve_app(config: ServiceConfig) -> serve.Application:
+    return RaytrainAPI.bind(config.model_dump(mode="json"))

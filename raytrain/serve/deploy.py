@@ -32,7 +32,7 @@ import ray
 from ray import serve
 
 from raytrain.errors import RaytrainError
-from raytrain.serve.app import APP_NAME, build_app
+from raytrain.serve.app import APP_NAME, serve_app
 from raytrain.serve.manager import find_manager
 from raytrain.spec import ServiceConfig
 
@@ -117,7 +117,7 @@ def deploy(config: ServiceConfig, host: str, port: int, timeout_s: float = 120.0
         http_options={"host": host, "port": port},
         logging_config={"log_level": "WARNING", "enable_access_log": False},
     )
-    serve.run(build_app(config), name=APP_NAME, route_prefix="/")
+    serve.run(serve_app(config), name=APP_NAME, route_prefix="/")
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
     deadline = time.monotonic() + timeout_s
     while True:

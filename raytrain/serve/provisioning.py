@@ -17,9 +17,14 @@ its worker group has started, and again from a preemption until it resumes; whil
 runs, Ray Train's own request holds the nodes, so the two never count a node twice. Requests
 expire unless refreshed, so a lost job manager cannot hold nodes forever.
 
-    provisioner = Provisioner(config)
-    placement = provisioner.place(job, now)  # Placement, or None while it waits (message: why)
+    provisioner = Provisioner(config, request=cluster.request_nodes)
+    placement, decided = provisioner.place(job, now)
+    # placement: where it runs, or None while nothing fits; decided: the decision made now
+    # (a lifecycle CapacityDecided event for the job), or None if it was made before
     provisioner.release(job.id)
+
+The provisioner keeps only its own books (placements, the offers' spot history); it reads a
+job's status and never changes it.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from raytrain.core.autoscale import (
     options,
     redecide,
 )
+from raytrain.core.lifecycle import CapacityDecided
 from raytrain.errors import FieldError
 from raytrain.spec import (
     DecisionRecord,
@@ -88,11 +94,14 @@ class Placement:
         return {self.node_type: float(self.nodes)}
 
 
+# The placement the job has now (None: nothing fits), and the decision made by this call.
+Decided = tuple[Placement | None, CapacityDecided | None]
+
 REQUEST_EXPIRE_S = 180.0  # as Ray Train's own requests
 REQUEST_REFRESH_S = 60.0
 
 
-def _coordinator_request(job_id: str, bundles: list[dict[str, float]]) -> None:
+def coordinator_request(job_id: str, bundles: list[dict[str, float]]) -> None:
     """Ask Ray's autoscaling coordinator for `bundles` for the job ([] withdraws)."""
     from ray.data._internal.cluster_autoscaler.base_autoscaling_coordinator import (
         ResourceRequestPriority,
@@ -114,7 +123,7 @@ def _coordinator_request(job_id: str, bundles: list[dict[str, float]]) -> None:
 @dataclass
 class Provisioner:
     config: ServiceConfig
-    request: Callable[[str, list[dict[str, float]]], None] = _coordinator_request
+    request: Callable[[str, list[dict[str, float]]], None] = coordinator_request
     catalog: OfferCatalog = field(init=False)
     policies: dict[str, PolicySpec] = field(init=False)
     placements: dict[str, Placement] = field(default_factory=dict)
@@ -162,22 +171,22 @@ class Provisioner:
     def policy_for(self, spec: JobSpec) -> PolicySpec:
         return self.policies[spec.capacity.policy or self.config.default_policy]
 
-    def place(self, job: JobStatus, now: float) -> Placement | None:
+    def place(self, job: JobStatus, now: float) -> Decided:
         """The job's placement, deciding (and requesting nodes) on the first call; None while
-        the policy finds nothing (job.message says why)."""
+        the policy finds nothing (the decision says why)."""
         placement = self.placements.get(job.id)
         if placement is not None:
-            return placement
+            return placement, None
         return self._decide(job, now, "submit", frozenset())
 
-    def capacity_missing(self, job: JobStatus, now: float) -> Placement | None:
+    def capacity_missing(self, job: JobStatus, now: float) -> Decided:
         """The nodes did not come in time: mark that offer and market unavailable for the job
         and decide again."""
         old = self.placements[job.id]
         unavailable = old.unavailable | {(old.option.offer.id, old.option.market)}
         return self._decide(job, now, "capacity-missing", unavailable, old.option)
 
-    def preempted(self, job: JobStatus, now: float, nodes: frozenset[str]) -> Placement | None:
+    def preempted(self, job: JobStatus, now: float) -> Decided:
         """The job's nodes were taken: count it against the offer's spot rate and decide
         where it resumes (the same kind of nodes, or the next best)."""
         old = self.placements.get(job.id)
@@ -220,15 +229,15 @@ class Provisioner:
             node_type[(offer.id, binding.market)] = name
         return offers, node_type
 
-    def review(self, job: JobStatus, now: float, event: str) -> Placement | None:
+    def review(self, job: JobStatus, now: float, event: str) -> Decided:
         """Decide again for a running job ('progress': the deadline; 'prices': the catalog
-        changed); a new placement when the policy moves it, else None (nothing recorded)."""
+        changed); a new placement when the policy moves it, else (None, None)."""
         old = self.placements.get(job.id)
         if old is None:
-            return None
+            return None, None
         decision = self._decision(job, now, event, old.unavailable, old.option)
         if decision.action != "switch":
-            return None
+            return None, None
         return self._adopt(job, now, event, old.unavailable, decision)
 
     def reload_if_changed(self) -> bool:
@@ -256,17 +265,17 @@ class Provisioner:
 
     def _decide(self, job: JobStatus, now: float, event: str,
                 unavailable: frozenset[tuple[str, str]], current: Option | None = None
-                ) -> Placement | None:
+                ) -> Decided:
         decision = self._decision(job, now, event, unavailable, current)
         return self._adopt(job, now, event, unavailable, decision)
 
     def _adopt(self, job: JobStatus, now: float, event: str,
                unavailable: frozenset[tuple[str, str]], decision: Decision
-               ) -> Placement | None:
+               ) -> Decided:
         spec = job.spec
         _, node_type = self._bound
         option = decision.option
-        job.decisions.append(DecisionRecord(
+        record = DecisionRecord(
             time=now, event=event, action=decision.action,
             offer=option.offer.id if option else None, market=option.market if option else None,
             nodes=option.nodes if option else 0,
@@ -275,13 +284,12 @@ class Provisioner:
             expected_cost_usd=option.expected_cost_usd if option else None,
             checkpoint_interval_s=option.checkpoint_interval_s if option else None,
             reason=decision.reason,
-        ))
+        )
         logger.info("job %s %s: %s %s", job.id, event, decision.action, decision.reason)
         self.placements.pop(job.id, None)
         if option is None:
-            job.message = f"no capacity to buy: {decision.reason}"
             self.request(job.id, [])
-            return None
+            return None, CapacityDecided(record, None, f"no capacity to buy: {decision.reason}")
         offer = option.offer
         devices = option.nodes * offer.gpus_per_node
         resources = spec.resources
@@ -292,14 +300,14 @@ class Provisioner:
         placement = Placement(node_type[(offer.id, option.market)], option.nodes, devices,
                               option, run_spec, now, unavailable)
         self.placements[job.id] = placement
-        job.resources = Resources(
+        held = Resources(
             accelerator=offer.gpu_kind, node_type=placement.node_type, offer=offer.id,
             market=option.market,  # type: ignore[arg-type]
             nodes=option.nodes, gpus=devices * resources.gpus_per_worker if on_gpu else 0.0,
             cpus=devices * resources.cpus_per_worker, hourly_usd=option.usd_per_hour)
-        job.message = f"requested {option.nodes} x {placement.node_type} from the autoscaler"
         self._send(job.id, placement, now)
-        return placement
+        return placement, CapacityDecided(
+            record, held, f"requested {option.nodes} x {placement.node_type} from the autoscaler")
 
     def _send(self, job_id: str, placement: Placement, now: float) -> None:
         placement.sent_at = now

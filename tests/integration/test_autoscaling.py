@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import tempfile
-
 from pathlib import Path
 from typing import Iterator
 

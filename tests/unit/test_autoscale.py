@@ -15,11 +15,11 @@ from raytrain.core.autoscale import (
     Observed,
     choose,
     expected_time_s,
+    optimal_interval_s,
     options,
     planner_throughput,
     redecide,
     with_history,
-    optimal_interval_s,
 )
 from raytrain.core.catalog import band_rate, node_shape_of
 from raytrain.core.planner import ModelDims, Workload, fastest

@@ -94,20 +94,23 @@ def test_the_provisioner_requests_the_chosen_node_type_and_moves_when_it_does_no
         "resources": {"num_workers": 8, "gpus_per_worker": 1, "accelerator": "h100-sxm"},
         "capacity": {"policy": "cost-first"},
     })
-    placement = provisioner.place(job, now=time.time())
-    assert placement is not None
-    first = job.decisions[-1]
+    placement, decided = provisioner.place(job, now=time.time())
+    assert placement is not None and decided is not None and decided.resources is not None
+    first = decided.decision
     assert placement.node_type in config.node_types and first.action == "start"
     assert sent[-1] == ("j1", [{placement.node_type: 1.0}] * placement.nodes)
     assert placement.worker_resources == {placement.node_type: round(1 / 8 if "p5" in
                                            placement.node_type else 1 / 4, 4)}
     assert placement.spec.resources.num_workers == placement.workers
-    assert job.resources.node_type == placement.node_type and job.resources.hourly_usd > 0
+    assert decided.resources.node_type == placement.node_type
+    assert decided.resources.hourly_usd > 0
+    assert job.decisions == [], "the provisioner decides; only the lifecycle changes the job"
+    assert provisioner.place(job, now=time.time()) == (placement, None)  # decided once
     # The nodes do not come: that offer and market are off the table for this job.
-    moved = provisioner.capacity_missing(job, now=time.time())
+    moved, decided = provisioner.capacity_missing(job, now=time.time())
     assert moved is not None and (moved.option.offer.id, moved.option.market) != (
         placement.option.offer.id, placement.option.market)
-    assert job.decisions[-1].event == "capacity-missing"
+    assert decided is not None and decided.decision.event == "capacity-missing"
     assert sent[-1] == ("j1", [{moved.node_type: 1.0}] * moved.nodes)
     # Once the worker group is up Ray Train's own request holds the nodes; ours is renewed
     # only while it is the one that counts.

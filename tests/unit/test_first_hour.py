@@ -58,7 +58,7 @@ def test_a_workers_raytrain_error_reaches_the_status_intact() -> None:
     from ray.exceptions import RayTaskError
     from ray.train import WorkerGroupError
 
-    from raytrain.serve.manager import _describe_failure
+    from raytrain.serve.ray_cluster import describe_failure as _describe_failure
 
     cause = SpecError([FieldError(("data", "path"), "/tmp/t.bin holds 3 tokens, fewer than "
                                   "seq_len + 1 = 33. To fix: lower data.seq_len")])

@@ -22,6 +22,7 @@ from raytrain.core.planner import (
     step_time,
 )
 
+
 @pytest.mark.parametrize("run", RUNS, ids=[r[0] for r in RUNS])
 def test_predictions_match_torchtitans_published_runs(run: tuple) -> None:
     _, dims, work, candidate, published, _ = run

@@ -1,0 +1,186 @@
+"""Everything the job manager does to Ray, behind one small adaptor: start a job's runner,
+see which runners returned and how, stop one, read the cluster's nodes and resources, ask
+the autoscaler for nodes, and reclaim what a lost manager's runs left behind.
+
+The job manager takes a `RayCluster` (or any object with these methods: tests pass a
+recording fake, tests/fake_ray.py) and never calls Ray itself, so its bookkeeping is tested
+in-process and only this module needs a real cluster.
+
+    cluster = RayCluster()
+    handle = cluster.launch(job_id, spec_json, ckpt_root, run_root, {"gpu-node": 0.125}, None)
+    cluster.finished({job_id: handle})  -> {job_id} once fit() returned
+    cluster.outcome(handle)             -> None, or the workers' error in a few lines
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import ray
+from ray._raylet import PlacementGroupID
+from ray.actor import ActorHandle
+from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+from raytrain.errors import RaytrainError
+from raytrain.spec import JobSpec
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = "raytrain"
+MANAGER_NAME = "raytrain-job-manager"
+RUNNER_PREFIX = "raytrain-job-"  # + the job's id: one runner actor per running job
+HEAD_NODE_RESOURCE = "node:__internal_head__"
+# Resources a training worker group's placement group may hold; one holding anything else is
+# not a training run's (see reclaim_groups).
+WORKER_RESOURCE_KEYS = frozenset({"CPU", "GPU", "memory"})
+
+
+@ray.remote(num_cpus=0)
+class JobRunner:
+    """Runs one job's `fit()`; killing this actor stops the job."""
+
+    def run(
+        self, spec_json: dict[str, Any], job_id: str, checkpoint_root: str, run_root: str,
+        worker_resources: dict[str, float] | None = None,
+        interruption_endpoint: str | None = None,
+    ) -> None:
+        from raytrain.train.launcher import run_training_job
+
+        run_training_job(
+            JobSpec.model_validate(spec_json),
+            job_id,
+            Path(checkpoint_root),
+            Path(run_root),
+            (NAMESPACE, MANAGER_NAME),
+            worker_resources or {},
+            interruption_endpoint,
+        )
+
+
+@dataclass(frozen=True)
+class RunHandle:
+    runner: ActorHandle
+    done: ray.ObjectRef
+
+
+class RayCluster:
+    """The job manager's effects on the Ray cluster it runs in."""
+
+    def now(self) -> float:
+        return time.time()
+
+    def launch(self, job_id: str, spec_json: dict[str, Any], checkpoint_root: str,
+               run_root: str, worker_resources: dict[str, float] | None,
+               notice_endpoint: str | None) -> RunHandle:
+        # On the head node: Ray Train puts its controller (and Ray Data its detached
+        # autoscaling coordinator) beside the caller, and a bought node that keeps any actor
+        # is never idle, so the autoscaler would never let it go.
+        runner = JobRunner.options(name=f"{RUNNER_PREFIX}{job_id}", namespace=NAMESPACE,
+                                   resources={HEAD_NODE_RESOURCE: 0.001}).remote()
+        done = runner.run.remote(spec_json, job_id, checkpoint_root, run_root,
+                                 worker_resources, notice_endpoint)
+        return RunHandle(runner, done)
+
+    def finished(self, handles: Mapping[str, RunHandle]) -> set[str]:
+        """The jobs whose runner returned (or raised)."""
+        refs = {handle.done: job_id for job_id, handle in handles.items()}
+        if not refs:
+            return set()
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+        return {refs[ref] for ref in ready}
+
+    def outcome(self, handle: RunHandle) -> str | None:
+        """None if the runner returned, else what its workers raised, in a few lines."""
+        try:
+            ray.get(handle.done)
+            return None
+        except Exception as exc:  # the worker's error, wrapped by Ray
+            return describe_failure(exc)
+
+    def stop(self, handle: RunHandle, placement_group: str | None = None) -> None:
+        """Kill the runner (Ray's ownership takes the Train controller and workers with it)
+        and remove the worker group's placement group if named, which Ray would otherwise
+        free only through its dashboard-backed cleaner."""
+        ray.kill(handle.runner, no_restart=True)
+        if placement_group:
+            remove_placement_group(PlacementGroup(PlacementGroupID.from_hex(placement_group)))
+
+    def total_resources(self) -> dict[str, float]:
+        return {k: float(v) for k, v in ray.cluster_resources().items()}
+
+    def node_resources(self) -> list[dict[str, float]]:
+        """Each alive node's resources."""
+        return [node["Resources"] for node in ray.nodes() if node["Alive"]]
+
+    def alive_nodes(self, with_resources: Iterable[str] = ()) -> frozenset[str]:
+        """Ids of alive nodes (that carry one of `with_resources`, if given)."""
+        wanted = set(with_resources)
+        return frozenset(node["NodeID"] for node in ray.nodes() if node["Alive"] and (
+            not wanted or wanted & set(node["Resources"])))
+
+    def request_nodes(self, job_id: str, bundles: list[dict[str, float]]) -> None:
+        """Ask Ray's autoscaling coordinator for `bundles` for the job ([] withdraws)."""
+        from raytrain.serve.provisioning import coordinator_request
+
+        coordinator_request(job_id, bundles)
+
+    def reclaim_runners(self) -> None:
+        """Kill runner actors a lost manager left (by name): they report to no one."""
+        for entry in ray.util.list_named_actors(all_namespaces=True):
+            name = entry["name"]
+            if entry["namespace"] != NAMESPACE or not name.startswith(RUNNER_PREFIX) \
+                    or name == MANAGER_NAME:
+                continue
+            try:
+                ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+                logger.warning("reclaimed %s, left by a run this manager does not own", name)
+            except ValueError:  # gone meanwhile
+                pass
+
+    def reclaim_groups(self, owned: set[str], node_types: Iterable[str]) -> None:
+        """Remove training placement groups (only worker resources, or the node types' own)
+        that no run in `owned` holds."""
+        allowed = WORKER_RESOURCE_KEYS | set(node_types)
+        for group_id, group in ray.util.placement_group_table().items():
+            if group["state"] == "REMOVED" or group_id in owned:
+                continue
+            keys = {key for bundle in group["bundles"].values() for key in bundle}
+            if keys and keys <= allowed:
+                remove_placement_group(PlacementGroup(PlacementGroupID.from_hex(group_id)))
+                logger.warning("reclaimed placement group %s (%s), held by no run of this "
+                               "service", group_id, group["bundles"])
+
+
+def describe_failure(exc: BaseException) -> str:
+    """The root cause of a failed fit: a raytrain error's own message when a worker raised one
+    (it says how to fix it), else the last lines of the worker's error, not Ray's whole
+    traceback."""
+    root = _root_cause(exc)
+    if isinstance(root, RaytrainError):
+        return str(root)[:2000]
+    text = str(root).strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    tail = "\n".join(lines[-6:]) if lines else type(root).__name__
+    return f"training failed: {tail}"[:2000]
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """Unwrap Ray's task error and Ray Train's worker-group error down to what a rank raised
+    (the lowest rank's, when several did)."""
+    seen: set[int] = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        failures = getattr(exc, "worker_failures", None)
+        if isinstance(failures, dict) and failures:
+            exc = failures[min(failures)]
+            continue
+        cause = getattr(exc, "cause", None) or getattr(exc, "controller_failure", None)
+        if isinstance(cause, BaseException):
+            exc = cause
+            continue
+        break
+    return exc

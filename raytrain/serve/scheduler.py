@@ -1,0 +1,185 @@
+"""The job manager's scheduling pass, run every ServiceConfig.scheduler_interval_s: notice
+runners that returned, start queued jobs that fit (a fixed cluster: raytrain.core.capacity's
+backfill; an autoscaling one: each job on nodes the policy buys for it), let the policy look
+at running jobs again, and keep node requests from expiring.
+
+Every decision here is a pure function's (core.capacity, core.autoscale, core.lifecycle);
+this module gathers their inputs from the cluster adaptor, feeds the results to the job
+manager as lifecycle events, and starts runners.
+
+    scheduler = Scheduler(manager)
+    scheduler.pass_once()      # what the scheduler thread does, also callable from tests
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from raytrain.cloud.interruption import watch_endpoint
+from raytrain.core import lifecycle as lc
+from raytrain.core.capacity import Queued, admit, backfill, worker_group_demand
+from raytrain.spec import JobSpec, JobState
+
+if TYPE_CHECKING:
+    from raytrain.serve.manager import JobManager
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, manager: JobManager) -> None:
+        self.manager = manager
+        self.cluster = manager.cluster
+        self.config = manager.config
+        self.provisioner = manager.provisioner
+
+    def pass_once(self) -> None:
+        self.reap_finished()
+        self.start_queued()
+        self.review_running()
+        self.provisioner.refresh(self.cluster.now())
+
+    def reap_finished(self) -> None:
+        """Feed each returned runner's outcome to its job; stop groups past their grace."""
+        manager = self.manager
+        with manager.lock:
+            handles = dict(manager.handles)
+        done = self.cluster.finished(handles)
+        outcomes = {job_id: self.cluster.outcome(handles[job_id]) for job_id in done}
+        alive = self.cluster.alive_nodes() if done else frozenset()
+        now = self.cluster.now()
+        with manager.lock:
+            for job_id, error in outcomes.items():
+                if manager.handles.get(job_id) is handles[job_id]:
+                    manager.apply(job_id, lc.RunEnded(error, alive))
+            for job_id, record in list(manager.records.items()):
+                run = record.run
+                if run is not None and run.stop_by is not None and now > run.stop_by:
+                    logger.warning("job %s did not stop within its grace after being "
+                                   "cancelled; killing it", job_id)
+                    manager.apply(job_id, lc.StopOverdue())
+
+    def start_queued(self) -> None:
+        manager = self.manager
+        with manager.lock:
+            if not any(lc.waiting(record) for record in manager.records.values()):
+                return  # nothing waits: spare the GCS a resource query every tick
+        total = self.cluster.total_resources()
+        with manager.lock:
+            records = manager.records
+            held = [r.run.demand for r in records.values() if r.run is not None]
+            queue = [r.status for r in records.values() if lc.waiting(r)]
+            if self.provisioner.enabled:  # each job gets nodes of its own: no queue
+                for job in queue:
+                    self._start_on_bought_nodes(job.id, total, held)
+                return
+            demands = {job.id: worker_group_demand(job.spec.resources.num_workers,
+                                                   job.spec.resources.cpus_per_worker,
+                                                   job.spec.resources.gpus_per_worker)
+                       for job in queue}
+            decided = backfill([Queued(job.id, demands[job.id], records[job.id].passed)
+                                for job in queue], total, held,
+                               self.config.max_backfill_passes)
+            for job_id in decided.passed:
+                manager.apply(job_id, lc.Passed())
+            for job in queue:
+                if job.id in decided.waiting:
+                    manager.apply(job.id, lc.Queued(decided.waiting[job.id]))
+                    continue
+                self._launch(job.id, job.spec, demands[job.id], notice_endpoint=watch_endpoint(
+                    self.config.interruption_endpoint, "local", None))
+
+    def _start_on_bought_nodes(self, job_id: str, total: dict[str, float],
+                               held: list[dict[str, float]]) -> None:
+        """An autoscaled job: decide and request its nodes, start it once they are up, and
+        decide again if they do not come in time."""
+        manager, provisioner, now = self.manager, self.provisioner, self.cluster.now()
+        record = manager.records[job_id]
+        if record.leaving is not None and lc.noticed_nodes_present(
+                record, now, self.cluster.alive_nodes()):
+            return  # after a notice: let the noticed nodes go before resuming
+        placement, decided = provisioner.place(record.status, now)
+        if decided is not None:
+            manager.apply(job_id, decided)
+        if placement is not None and now - placement.requested_at > \
+                provisioner.policy_for(record.status.spec).capacity_wait_s:
+            placement, decided = provisioner.capacity_missing(manager.records[job_id].status,
+                                                              now)
+            if decided is not None:
+                manager.apply(job_id, decided)
+        if placement is None:
+            return
+        resources = placement.spec.resources
+        demand = {**worker_group_demand(placement.workers, resources.cpus_per_worker,
+                                        resources.gpus_per_worker), **placement.demand}
+        if not admit(demand, total, held).fits:
+            return
+        self._launch(job_id, placement.spec, demand, placement.worker_resources,
+                     f"{placement.nodes} x {placement.node_type}, "
+                     f"{placement.spec.layout.describe()}",
+                     watch_endpoint(self.config.interruption_endpoint, placement.option.market,
+                                    placement.option.offer.provider),
+                     usd_per_hour=placement.option.usd_per_hour)
+        # The nodes are up; Ray Train asks for them itself as its controller starts. Two
+        # requests at once would count them twice and buy a spare node.
+        provisioner.handed_over(job_id)
+        held.append(demand)
+
+    def _launch(self, job_id: str, spec: JobSpec, demand: dict[str, float],
+                worker_resources: dict[str, float] | None = None, describe: str = "",
+                notice_endpoint: str | None = None, usd_per_hour: float = 0.0) -> None:
+        root = self.config.checkpoint_root / job_id
+        handle = self.cluster.launch(job_id, spec.model_dump(mode="json"),
+                                     str(root / "checkpoints"), str(root / "ray"),
+                                     worker_resources, notice_endpoint)
+        self.manager.handles[job_id] = handle
+        bought = set(worker_resources or ())
+        self.manager.apply(job_id, lc.Launched(lc.Run(
+            demand=demand, launched_at=self.cluster.now(), usd_per_hour=usd_per_hour,
+            describe=describe or spec.layout.describe(),
+            nodes_at_launch=self.cluster.alive_nodes(bought) if bought else frozenset())))
+        logger.info("job %s launched with %s", job_id, demand)
+
+    def review_running(self) -> None:
+        """Let the policy look at running jobs on bought capacity again: when the offers
+        change (a cheaper one may pay for the move) and every review_interval_s (the
+        deadline). A move happens at a checkpoint taken for it."""
+        if not self.provisioner.enabled:
+            return
+        manager, now = self.manager, self.cluster.now()
+        with manager.lock:
+            prices_changed = self.provisioner.reload_if_changed()
+            for job_id, record in list(manager.records.items()):
+                run = record.run
+                if record.status.state != JobState.RUNNING or run is None \
+                        or run.moving_to is not None:
+                    continue
+                if not (prices_changed or now - run.reviewed_at >= self.config.review_interval_s):
+                    continue
+                placement, decided = self.provisioner.review(
+                    record.status, now, "prices" if prices_changed else "progress")
+                if placement is None or decided is None:
+                    manager.apply(job_id, lc.Reviewed())
+                    continue
+                manager.apply(job_id, lc.Reviewed(
+                    decided.decision, decided.resources,
+                    f"{placement.nodes} x {placement.node_type}"))
+
+    def reclaim_after_restart(self) -> None:
+        """What a lost manager's runs left behind: their runner actors and their worker
+        groups' placement groups, which nothing else frees (Ray Train's cleaner needs the
+        dashboard's state API). Jobs that were in flight are queued again and resume from
+        their checkpoints."""
+        self.cluster.reclaim_runners()
+        self.reclaim_groups()
+
+    def reclaim_groups(self) -> None:
+        """Remove training placement groups no run holds, when none of the runs is still
+        starting (a starting run's group is not known yet)."""
+        with self.manager.lock:
+            owned = {r.run.placement_group for r in self.manager.records.values()
+                     if r.run is not None}
+        if None in owned:
+            return
+        self.cluster.reclaim_groups({g for g in owned if g}, self.config.node_types)

@@ -1,0 +1,217 @@
+"""The HTTP API in one process: `build_app` over a real job manager whose Ray adaptor is the
+recording fake (tests/fake_ray.py), driven through httpx's ASGITransport. Rank 0's reports
+are the manager's own methods, called as the workers call them. The same paths also run on a
+real cluster in tests/integration/test_service.py; these cover what that one cannot afford
+(every status code, the event stream's order, restarts, a stop that does not come)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from raytrain.core import lifecycle as lc
+from raytrain.serve.app import MAX_BODY_BYTES, InProcess, build_app
+from raytrain.serve.manager import JobManager
+from raytrain.spec import ServiceConfig
+from tests.fake_ray import FakeRay
+
+
+def small_job(**resources: Any) -> dict[str, Any]:
+    return {"name": "tiny",
+            "model": {"gpt": {"vocab_size": 128, "dim": 64, "num_layers": 2, "num_heads": 4,
+                              "max_seq_len": 32}},
+            "data": {"seq_len": 32},
+            "training": {"steps": 60, "global_batch_size": 64, "micro_batch_size": 4},
+            "resources": {"num_workers": 2, "cpus_per_worker": 1, **resources}}
+
+
+class Service:
+    """A manager on the fake cluster and a synchronous client of its app."""
+
+    def __init__(self, state_dir: Path, cluster: FakeRay | None = None) -> None:
+        self.cluster = cluster or FakeRay(cpus=4)
+        self.manager = JobManager(ServiceConfig(state_dir=str(state_dir)).model_dump(
+            mode="json"), cluster=self.cluster, schedule=False)
+        self.app = build_app(InProcess(self.manager))
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        async def send() -> httpx.Response:
+            transport = httpx.ASGITransport(app=self.app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://api") as c:
+                return await c.request(method, path, **kwargs)
+        return asyncio.run(send())
+
+    def tick(self) -> None:
+        self.manager.scheduler.pass_once()
+
+    def state(self, job_id: str) -> str:
+        return self.request("GET", f"/v1/jobs/{job_id}").json()["state"]
+
+    def events(self, job_id: str, after: int = -1) -> list[dict[str, Any]]:
+        """The job's stream through the API (ASGITransport reads a response whole, so the job
+        must have ended); `recorded` reads it from the manager while it runs."""
+        text = self.request("GET", f"/v1/jobs/{job_id}/events", params={"after": after}).text
+        return [json.loads(line[len("data: "):]) for line in text.splitlines()
+                if line.startswith("data: ")]
+
+    def recorded(self, job_id: str) -> list[dict[str, Any]]:
+        return self.manager.wait_events(job_id, -1, 0.0) or []
+
+    def train(self, job_id: str, steps: int, group: str = "pg-1") -> int:
+        """What rank 0 does: start, report each step, checkpoint at the last; the attempt."""
+        attempt = self.manager.worker_group_started(
+            job_id, 0, {"placement_group": group, "accelerator": "cpu", "nodes": 1})
+        for step in range(1, steps + 1):
+            self.cluster.advance(1.0)
+            reply = self.manager.report_progress(job_id, attempt, progress(step))
+            assert reply == {"stop": False, "move": False}
+        self.manager.report_checkpoint(job_id, attempt, steps, f"/ckpt/{steps}")
+        return attempt
+
+
+def progress(step: int) -> dict[str, Any]:
+    return {"step": step, "total_steps": 60, "loss": 5.0 - step / 100, "first_loss": 5.0,
+            "tokens_per_s": 1000.0, "elapsed_s": float(step), "eta_s": 60.0 - step,
+            "sent_at": 0.0}
+
+
+def result(steps: int) -> dict[str, Any]:
+    return {"first_loss": 5.0, "final_loss": 4.4, "steps": steps, "train_wall_s": 60.0,
+            "tokens_per_s": 1000.0}
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Service:
+    return Service(tmp_path)
+
+
+def test_a_job_runs_to_the_end_and_its_stream_says_each_state_once(service: Service) -> None:
+    answer = service.request("POST", "/v1/jobs", json=small_job())
+    assert answer.status_code == 202, answer.text
+    job_id = answer.json()["id"]
+    assert answer.json()["state"] == "PENDING" and answer.json()["plan"]["description"]
+    service.tick()
+    assert service.cluster.calls == [("reclaim_runners",), ("reclaim_groups", frozenset()),
+                                     ("launch", job_id)]
+    assert service.state(job_id) == "PROVISIONING"
+    attempt = service.train(job_id, 60)
+    status = service.request("GET", f"/v1/jobs/{job_id}").json()
+    assert status["state"] == "RUNNING" and status["progress"]["step"] == 60
+    assert status["checkpoint"] == {"step": 60, "path": "/ckpt/60"}
+    service.manager.report_finished(job_id, attempt, result(60))
+    service.cluster.finish(job_id)
+    service.tick()
+    status = service.request("GET", f"/v1/jobs/{job_id}").json()
+    assert status["state"] == "SUCCEEDED" and status["result"]["steps"] == 60
+    assert ("stop", job_id, None) in service.cluster.calls  # its runner is ended
+    events = service.events(job_id)
+    assert [e["seq"] for e in events] == list(range(len(events)))
+    states = [e["data"]["state"] for e in events if e["type"] == "state"]
+    assert states == ["PENDING", "PROVISIONING", "RUNNING", "SUCCEEDED"]
+    assert [e["type"] for e in events].count("progress") == 60
+    assert events[-1]["type"] == "end" and events[-1]["data"]["state"] == "SUCCEEDED"
+    # resuming after the last event: nothing but the end is ever sent twice
+    assert service.events(job_id, after=events[-2]["seq"]) == [events[-1]]
+
+
+def test_status_codes_name_the_field_and_the_fix(service: Service) -> None:
+    assert service.request("GET", "/v1/jobs/nope").status_code == 404
+    assert service.request("DELETE", "/v1/jobs/nope").status_code == 404
+    bad = service.request("POST", "/v1/jobs", json={**small_job(), "trainig": {}})
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "trainig"]
+    too_many = service.request("POST", "/v1/jobs", json=small_job(num_workers=8))
+    assert too_many.status_code == 422
+    assert too_many.json()["detail"][0]["loc"] == ["body", "resources", "num_workers"]
+    huge = service.request("POST", "/v1/jobs", content=b"x" * (MAX_BODY_BYTES + 1))
+    assert huge.status_code == 413 and "To fix" in huge.json()["detail"]
+    position = service.request("GET", "/v1/jobs/x/events", params={"after": "abc"})
+    assert position.status_code == 422
+    assert service.request("GET", "/readyz").json()["ready"] is True
+    assert service.manager.list_jobs()["jobs"] == []  # nothing bad was queued
+    job_id = service.request("POST", "/v1/jobs", json=small_job()).json()["id"]
+    running = service.request("DELETE", f"/v1/jobs/{job_id}", params={"purge": "true"})
+    assert running.status_code == 409 and "cancel it first" in running.json()["detail"]
+    assert service.request("DELETE", f"/v1/jobs/{job_id}").json()["state"] == "CANCELLED"
+    again = service.request("DELETE", f"/v1/jobs/{job_id}")
+    assert again.status_code == 409 and "already ended" in again.json()["detail"]
+    assert service.request("DELETE", f"/v1/jobs/{job_id}", params={"purge": "true"}).is_success
+    assert service.request("GET", f"/v1/jobs/{job_id}").status_code == 404
+
+
+def test_jobs_come_a_page_at_a_time_oldest_first(service: Service) -> None:
+    ids = []
+    for _ in range(5):
+        ids.append(service.request("POST", "/v1/jobs", json=small_job()).json()["id"])
+        service.cluster.advance(1.0)
+    seen, params = [], {"limit": 2}
+    while True:
+        page = service.request("GET", "/v1/jobs", params=params)
+        seen += [job["id"] for job in page.json()]
+        if "X-Next-Cursor" not in page.headers:
+            break
+        assert 'rel="next"' in page.headers["Link"]
+        params = {"limit": 2, "after": page.headers["X-Next-Cursor"]}
+    assert seen == ids
+    metrics = service.request("GET", "/metrics").text
+    assert 'raytrain_jobs{state="PENDING"} 5' in metrics
+
+
+def test_a_cancel_while_the_group_starts_stops_it_and_frees_its_group(
+        service: Service) -> None:
+    job_id = service.request("POST", "/v1/jobs", json=small_job()).json()["id"]
+    service.tick()
+    assert service.request("DELETE", f"/v1/jobs/{job_id}").json()["state"] == "CANCELLED"
+    # the group comes up after the cancel: told to stop at once
+    assert service.manager.worker_group_started(
+        job_id, 0, {"placement_group": "pg-7", "accelerator": "cpu", "nodes": 1}) == -1
+    assert service.manager.report_progress(job_id, 1, progress(1)) == {"stop": True}
+    # it does not leave within its grace: killed, its placement group removed
+    service.cluster.advance(lc.CANCEL_GRACE_S + 1)
+    service.tick()
+    assert ("stop", job_id, "pg-7") in service.cluster.calls
+    events = service.events(job_id)
+    assert [e["type"] for e in events][-1] == "end"
+    assert [e["data"]["state"] for e in events if e["type"] == "state"] == [
+        "PENDING", "PROVISIONING", "CANCELLED"]
+    # the capacity it held is free again: the next job starts
+    next_id = service.request("POST", "/v1/jobs", json=small_job(num_workers=4)).json()["id"]
+    service.tick()
+    assert service.state(next_id) == "PROVISIONING"
+
+
+def test_a_failure_before_the_first_step_is_not_retried_and_says_where_the_logs_are(
+        service: Service) -> None:
+    job = small_job()
+    job["training"]["max_restarts"] = 3
+    job_id = service.request("POST", "/v1/jobs", json=job).json()["id"]
+    service.tick()
+    service.manager.worker_group_started(job_id, 0, {"placement_group": "pg-1"})
+    service.cluster.finish(job_id, error="training failed: ValueError: bad data")
+    service.tick()
+    status = service.request("GET", f"/v1/jobs/{job_id}").json()
+    assert status["state"] == "FAILED" and status["restarts"] == 0
+    assert "bad data" in status["error"] and f"raytrain logs {job_id}" in status["message"]
+
+
+def test_a_restarted_manager_requeues_running_jobs_and_numbers_events_past_the_old_ones(
+        tmp_path: Path) -> None:
+    first = Service(tmp_path)
+    job_id = first.request("POST", "/v1/jobs", json=small_job()).json()["id"]
+    first.tick()
+    first.train(job_id, 12)
+    last_seq = first.recorded(job_id)[-1]["seq"]
+    # the manager is lost; a new one on the same store and cluster takes over
+    second = Service(tmp_path, cluster=first.cluster)
+    status = second.request("GET", f"/v1/jobs/{job_id}").json()
+    assert status["state"] == "PENDING" and status["restarts"] == 1
+    assert status["checkpoint"]["step"] == 12
+    replayed = second.recorded(job_id)
+    assert replayed[0]["seq"] > last_seq and replayed[0]["data"]["state"] == "PENDING"
+    assert ("reclaim_runners",) in second.cluster.calls
+    second.tick()
+    assert second.state(job_id) == "PROVISIONING"
