@@ -15,11 +15,11 @@ import argparse
 import time
 from pathlib import Path
 
-from raytrain.catalog import load_policies, snapshot
+from raytrain.catalog import TRACES_DIR, load_policies, snapshot
+from raytrain.catalog.traces import load_trace
 from raytrain.core.simulate import STRATEGIES, SimJob, Summary, compare
-from raytrain.traces import load_trace
 
-TRACES = Path(__file__).resolve().parents[1] / "data" / "spot-traces"
+TRACES = TRACES_DIR
 RUNS = [  # trace file, the offer its fleet is priced as
     ("bamboo/p3-trace.csv", "p3.2xlarge"),
     ("bamboo/g4dn-trace.csv", "g4dn.xlarge"),

@@ -1,5 +1,8 @@
-"""Reading the data files: the shipped offer snapshot, the refreshed offer cache, and the named
-policies of `policies/`. Files only; the decisions over them are in raytrain.core.
+"""Reading the data files: the shipped offer snapshot, the refreshed offer cache, the named
+policies and the spot traces. All of them ship inside the package (catalog/offers.yaml,
+catalog/policies/, catalog/spot-traces/, examples/), so any install finds them from any
+directory; `policies/`, `examples/` and `data/spot-traces/` at the top of a checkout point
+here. Files only; the decisions over them are in raytrain.core.
 
     catalog = load_offers(Path("~/.raytrain"))       # the refreshed cache, else the snapshot
     policies = load_policies()                        # {"cost-first": PolicySpec, ...}
@@ -23,8 +26,10 @@ from raytrain.spec import OfferCatalog, PolicySpec, spec_error_from_validation
 logger = logging.getLogger(__name__)
 
 CACHE_FILE = "offers.json"
-# policies/ beside the package in a checkout or an editable install.
-DEFAULT_POLICY_DIR = Path(__file__).resolve().parents[2] / "policies"
+PACKAGE_DIR = Path(__file__).resolve().parent
+DEFAULT_POLICY_DIR = PACKAGE_DIR / "policies"
+TRACES_DIR = PACKAGE_DIR / "spot-traces"
+EXAMPLES_DIR = PACKAGE_DIR.parent / "examples"
 DEFAULT_POLICY = "cost-first"
 
 

@@ -2,6 +2,6 @@
 the pure planners. `commands` parses and dispatches, `flags` checks each flag's value,
 `views` draws tables and `progress_view` the live bar; nothing outside this package prints."""
 
-from raytrain.cli.commands import build_parser, main
+from raytrain.cli.parser import build_parser, main
 
 __all__ = ["build_parser", "main"]

@@ -16,7 +16,7 @@ Strategies:
   for the preemption rate it has seen.
 
 Pure: the trace is a list of values and time is simulated; the files are read by
-raytrain.traces.
+raytrain.catalog.traces.
 
     result = simulate(trace, job, "policy", policy, start_s=0)
 """

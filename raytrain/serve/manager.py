@@ -37,8 +37,8 @@ from ray.actor import ActorHandle
 from raytrain.catalog import unknown_policy
 from raytrain.core import lifecycle as lc
 from raytrain.core.capacity import never_fits
+from raytrain.core.offers import offers_response
 from raytrain.errors import FieldError, SpecError
-from raytrain.offers import offers_response
 from raytrain.serve.events import EventLog
 from raytrain.serve.provisioning import Provisioner
 from raytrain.serve.ray_cluster import (

@@ -2,9 +2,9 @@
 
 Ray Train owns the worker group, the process group (NCCL when workers have GPUs, gloo when
 not) and placement. A failed group ends the fit: the job manager decides whether to start
-another (raytrain.core.lifecycle, `_worth_retrying`). The loop itself is raytrain.train.loop;
-checkpoints are raytrain's own (see raytrain.train.checkpoint), so after a restart the loop
-finds the latest committed one by itself.
+another (raytrain.core.lifecycle.handlers, `worth_retrying`). The loop itself is
+raytrain.train.loop; checkpoints are raytrain's own (see raytrain.train.checkpoint), so after a
+restart the loop finds the latest committed one by itself.
 
 Rank 0 publishes progress to the job manager actor named in the config; other ranks stay quiet.
 

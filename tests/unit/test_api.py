@@ -33,9 +33,9 @@ def small_job(**resources: Any) -> dict[str, Any]:
 class Service:
     """A manager on the fake cluster and a synchronous client of its app."""
 
-    def __init__(self, state_dir: Path, cluster: FakeRay | None = None) -> None:
+    def __init__(self, state_dir: Path, cluster: FakeRay | None = None, **config: Any) -> None:
         self.cluster = cluster or FakeRay(cpus=4)
-        self.manager = JobManager(ServiceConfig(state_dir=str(state_dir)).model_dump(
+        self.manager = JobManager(ServiceConfig(state_dir=str(state_dir), **config).model_dump(
             mode="json"), cluster=self.cluster, schedule=False)
         self.app = build_app(InProcess(self.manager))
 
@@ -215,3 +215,25 @@ def test_a_restarted_manager_requeues_running_jobs_and_numbers_events_past_the_o
     assert ("reclaim_runners",) in second.cluster.calls
     second.tick()
     assert second.state(job_id) == "PROVISIONING"
+
+
+def test_small_jobs_pass_a_waiting_big_one_only_so_often(tmp_path: Path) -> None:
+    service = Service(tmp_path, max_backfill_passes=2)
+    first = service.request("POST", "/v1/jobs", json=small_job()).json()["id"]
+    big = service.request("POST", "/v1/jobs", json=small_job(num_workers=4)).json()["id"]
+    service.tick()
+    assert service.state(first) == "PROVISIONING" and service.state(big) == "PENDING"
+    passed = []
+    for _ in range(3):  # small jobs fit beside the first one; the big one waits
+        small = service.request("POST", "/v1/jobs", json=small_job()).json()["id"]
+        service.tick()
+        passed.append(service.state(small))
+        if service.state(small) == "PROVISIONING":
+            service.cluster.finish(small, error="stopped by the test")
+            service.tick()
+    assert passed == ["PROVISIONING", "PROVISIONING", "PENDING"]
+    assert "queued" in service.request("GET", f"/v1/jobs/{small}").json()["message"]
+    # the first job ends: the big one starts before the small one that came after it
+    service.cluster.finish(first, error="stopped by the test")
+    service.tick()
+    assert service.state(big) == "PROVISIONING" and service.state(small) == "PENDING"

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raytrain.catalog import DEFAULT_POLICY_DIR, load_policies, snapshot
+from raytrain.catalog import DEFAULT_POLICY_DIR, TRACES_DIR, load_policies, snapshot
+from raytrain.catalog.traces import load_trace
 from raytrain.core.autoscale import (
     Goal,
     Observed,
@@ -26,9 +27,8 @@ from raytrain.core.planner import ModelDims, Workload, fastest
 from raytrain.core.simulate import STRATEGIES, SimJob, compare, simulate
 from raytrain.errors import SpecError
 from raytrain.spec import Offer, PolicySpec
-from raytrain.traces import load_trace
 
-TRACES = Path(__file__).resolve().parents[2] / "data" / "spot-traces"
+TRACES = TRACES_DIR
 POLICIES = load_policies()
 COST_FIRST = POLICIES["cost-first"]
 LLAMA_8B = ModelDims.from_gpt(32, 4096, 32, 14336, 128256, 8192, 0)

@@ -25,7 +25,7 @@ CORE = Path(__file__).resolve().parents[2] / "raytrain" / "core"
 
 
 def test_core_imports_only_stdlib_and_spec() -> None:
-    for module in CORE.glob("*.py"):
+    for module in CORE.rglob("*.py"):
         for node in ast.walk(ast.parse(module.read_text())):
             names = []
             if isinstance(node, ast.Import):

@@ -20,8 +20,8 @@ from raytrain.catalog import load_policies, snapshot
 from raytrain.cli import main
 from raytrain.cli.views import duration_text, usd_text
 from raytrain.cloud.interruption import watch_endpoint
+from raytrain.core.offers import offers_response
 from raytrain.errors import FieldError, SpecError
-from raytrain.offers import offers_response
 from raytrain.spec import load_job_spec, parse_job_spec
 from raytrain.train.worker_logs import READ_BYTES, captured_output, read_logs
 

@@ -7,7 +7,7 @@ Three formats, told apart by their lines:
 Counts become add and remove events; which live node a drop removes is drawn with a fixed
 seed, so every run of the simulator sees the same trace.
 
-    trace = load_trace(Path("../shared/data/spot-traces/bamboo/traces/p3-trace.csv"))
+    trace = load_trace(TRACES_DIR / "bamboo" / "p3-trace.csv")   # raytrain.catalog.TRACES_DIR
 """
 
 from __future__ import annotations

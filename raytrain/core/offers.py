@@ -6,7 +6,13 @@ for a job, the policy's ranking of offer x market x node count and its choice.
 
 from __future__ import annotations
 
-from raytrain.core.autoscale import choose, device_mismatch, job_goal, job_throughput, options
+from raytrain.core.autoscale import (
+    choose,
+    device_mismatch,
+    job_goal,
+    job_throughput,
+    options,
+)
 from raytrain.spec import JobSpec, OfferCatalog, OfferRow, OffersResponse, PolicySpec
 
 

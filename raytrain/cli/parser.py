@@ -1,0 +1,189 @@
+"""The `raytrain` command line: its arguments and the dispatch to each command (commands.py
+talks to a service, service_commands.py starts and stops one). Exit codes: 0 success, 1 the
+job or service failed, 2 bad input, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from rich.markup import escape
+
+from raytrain.cli import commands as command_module
+from raytrain.cli.commands import (
+    DEMO_SPEC,
+    cmd_cancel,
+    cmd_delete,
+    cmd_list,
+    cmd_logs,
+    cmd_offers,
+    cmd_plan,
+    cmd_simulate,
+    cmd_status,
+    cmd_submit,
+    err,
+)
+from raytrain.cli.flags import existing_file, number, port, whole
+from raytrain.cli.service_commands import cmd_demo, cmd_serve, cmd_stop
+from raytrain.client import DEFAULT_URL
+from raytrain.errors import RaytrainError, SpecError
+from raytrain.spec import (
+    JobState,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="raytrain",
+                                     description=(command_module.__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--server",
+                        help=f"service URL (default: $RAYTRAIN_SERVER or {DEFAULT_URL})")
+    # Global flags are accepted after the command too: each subcommand knows them, and
+    # SUPPRESS keeps a subcommand that was not given one from overwriting the global value.
+    global_flags = argparse.ArgumentParser(add_help=False)
+    global_flags.add_argument("--server", default=argparse.SUPPRESS,
+                              help=f"service URL (default: $RAYTRAIN_SERVER or {DEFAULT_URL})")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def command(name: str, help_text: str, json_flag: bool = False) -> argparse.ArgumentParser:
+        p = commands.add_parser(name, help=help_text, parents=[global_flags])
+        if json_flag:
+            p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        return p
+
+    def with_service(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--state-dir", help="job store and checkpoints (default ~/.raytrain)")
+        p.add_argument("--config", metavar="YAML", help="a service config file (ServiceConfig); "
+                       "flags given override it")
+        p.add_argument("--allow-import", action="append", metavar="PACKAGE",
+                       help="allow jobs to import factories from PACKAGE (repeatable)")
+
+    demo = command("demo", "train the demo job on an embedded local Ray")
+    demo.add_argument("--spec", default=str(DEMO_SPEC),
+                      help="job spec (default: examples/demo.yaml)")
+    demo.add_argument("--port", type=port, default=8000)
+    with_service(demo)
+    demo.set_defaults(func=cmd_demo)
+
+    serve = command("serve", "deploy the service on a Ray cluster")
+    serve.add_argument("--address", help="Ray cluster address (default: start a local one)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=port, default=8000)
+    serve.add_argument("--detach", action="store_true", help="leave it running and return; "
+                       "`raytrain stop` stops it")
+    serve.add_argument("--cluster-config", metavar="YAML", type=existing_file,
+                       help="the cluster's launcher YAML: the service buys its worker node "
+                       "types through Ray's autoscaler (default: a fixed cluster)")
+    serve.add_argument("--storage-path", help="checkpoints, on storage every node reaches "
+                       "(default: <state-dir>/jobs)")
+    serve.add_argument("--offers-file", type=existing_file,
+                       help="offer catalog to use instead of the cached one")
+    serve.add_argument("--policy-dir", help="folder of named policies (default: policies/)")
+    serve.add_argument("--default-policy", help="policy of jobs that name none (cost-first)")
+    with_service(serve)
+    serve.set_defaults(func=cmd_serve)
+
+    stop = command("stop", "stop what `raytrain serve --detach` started, and nothing else")
+    stop.add_argument("--state-dir", default="~/.raytrain",
+                      help="the state directory the service was started with")
+    stop.set_defaults(func=cmd_stop)
+
+    submit = command("submit", "queue a job from a YAML/JSON file", json_flag=True)
+    submit.add_argument("file")
+    submit.add_argument("--follow", action="store_true", help="show progress until the job ends")
+    submit.set_defaults(func=cmd_submit)
+
+    planning = command("plan", "rank the parallel layouts of a job spec on some hardware "
+                       "(offline)", json_flag=True)
+    planning.add_argument("file")
+    planning.add_argument("--gpus", type=whole(at_least=1, at_most=1_000_000),
+                          help="devices (default: resources.num_workers)")
+    planning.add_argument("--gpu", help="device kind, e.g. h100-sxm, rtx4090 (default: "
+                          "resources.accelerator, or cpu)")
+    planning.add_argument("--price", type=number(at_least=0),
+                          help="USD per device-hour, for $/M tokens")
+    planning.add_argument("--top", type=whole(at_least=1), default=10,
+                          help="plans to show (default 10)")
+    planning.set_defaults(func=cmd_plan)
+
+    offering = command("offers", "instance offers and prices; with a job file, the policy's "
+                       "ranking", json_flag=True)
+    offering.add_argument("file", nargs="?", help="a job spec to rank the offers for")
+    offering.add_argument("--policy", help="policy name (default: the job's, else cost-first)")
+    offering.add_argument("--refresh", action="store_true",
+                          help="refresh AWS prices and facts through boto3 first")
+    offering.add_argument("--region", default="us-east-1", help="AWS region to refresh")
+    offering.add_argument("--endpoint-url", help="EC2 endpoint (default: AWS's)")
+    offering.add_argument("--state-dir", default="~/.raytrain", help="where the cache lives")
+    offering.add_argument("--top", type=whole(at_least=1), default=10,
+                          help="options to show (default 10)")
+    offering.set_defaults(func=cmd_offers)
+
+    simulating = command("simulate", "replay spot preemption traces: on-demand, spot, "
+                         "failover, policy", json_flag=True)
+    simulating.add_argument("--trace", action="append", type=existing_file,
+                            help="trace file (repeatable; default "
+                            "the shipped bamboo/p3-trace.csv)")
+    simulating.add_argument("--instance", default="p3.2xlarge", help="offer's instance type")
+    simulating.add_argument("--nodes", type=whole(at_least=1, at_most=10_000), default=8)
+    simulating.add_argument("--work-hours", type=number(above=0, at_most=24 * 365), default=6.0,
+                            help="hours of training on those nodes without interruption")
+    simulating.add_argument("--deadline-hours", type=number(above=0, at_most=24 * 365),
+                            default=12.0)
+    simulating.add_argument("--policy", default=None, help="policy name (default cost-first)")
+    simulating.add_argument("--notice-s", type=number(at_least=0, at_most=3600), default=0.0,
+                            help="preemption notice the job can checkpoint in (AWS: 120)")
+    simulating.add_argument("--interval-s", type=number(above=0), default=1800.0,
+                            help="checkpoint interval of the spot and failover strategies")
+    simulating.add_argument("--checkpoint-s", type=number(at_least=0), default=60.0)
+    simulating.add_argument("--restart-s", type=number(at_least=0), default=300.0)
+    simulating.add_argument("--starts", type=whole(at_least=1, at_most=1000), default=11,
+                            help="start times per trace")
+    simulating.add_argument("--state-dir", default="~/.raytrain", help="offer cache")
+    simulating.set_defaults(func=cmd_simulate)
+
+    status = command("status", "one job's status", json_flag=True)
+    status.add_argument("id")
+    status.set_defaults(func=cmd_status)
+
+    listing = command("list", "all jobs, oldest first", json_flag=True)
+    listing.add_argument("--state", action="append", type=str.upper,
+                         choices=[state.value for state in JobState],
+                         help="only jobs in this state (repeatable)")
+    listing.set_defaults(func=cmd_list)
+
+    cancel = command("cancel", "cancel a job", json_flag=True)
+    cancel.add_argument("id")
+    cancel.set_defaults(func=cmd_cancel)
+
+    delete = command("delete", "forget an ended job and delete its checkpoints and logs",
+                     json_flag=True)
+    delete.add_argument("id")
+    delete.set_defaults(func=cmd_delete)
+
+    logs = command("logs", "each worker's output of a job, by rank")
+    logs.add_argument("id")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing new output "
+                      "until the job ends")
+    logs.add_argument("--rank", type=whole(at_least=0), help="only this rank")
+    logs.set_defaults(func=cmd_logs)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SpecError as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        return 2
+    except RaytrainError as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

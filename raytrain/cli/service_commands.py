@@ -1,0 +1,219 @@
+"""`raytrain serve`, `raytrain stop` and `raytrain demo`: the commands that start or stop
+a service (a Ray cluster with the API deployed on it) rather than talk to one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+from rich.markup import escape
+
+from raytrain.cli.commands import _follow, err, out
+from raytrain.client import Client
+from raytrain.errors import FieldError, RaytrainError, SpecError
+from raytrain.spec import (
+    JobState,
+    ServiceConfig,
+    load_job_spec,
+    spec_error_from_validation,
+)
+
+
+def _service_config(args: argparse.Namespace) -> ServiceConfig:
+    """The service's config: a --config YAML if given, then each flag given on top; with
+    --cluster-config, the node types the service may buy, each bound to its offer (checked
+    before anything starts)."""
+    base: dict[str, Any] = {}
+    if getattr(args, "config", None):
+        base = _read_yaml(Path(args.config), "service config")
+        base = _absolute_paths(base, Path(args.config).expanduser().resolve().parent)
+    flags = _absolute_paths({
+        "state_dir": args.state_dir,
+        "allowed_import_packages": args.allow_import,
+        "storage_path": getattr(args, "storage_path", None),
+        "offers_file": getattr(args, "offers_file", None),
+        "policy_dir": getattr(args, "policy_dir", None),
+        "default_policy": getattr(args, "default_policy", None),
+    }, Path.cwd())
+    try:
+        config = ServiceConfig.model_validate(
+            {**base, **{k: v for k, v in flags.items() if v is not None}})
+    except ValidationError as exc:
+        raise spec_error_from_validation(exc, source="service config") from None
+    cluster_path = getattr(args, "cluster_config", None)
+    if cluster_path:
+        from raytrain.cloud.cluster import load_cluster_config, node_type_bindings
+        from raytrain.serve.provisioning import catalog_for
+
+        bindings = node_type_bindings(load_cluster_config(Path(cluster_path)),
+                                      catalog_for(config))
+        config = config.model_copy(update={"node_types": bindings})
+    return config
+
+
+def _absolute_paths(values: dict[str, Any], base: Path) -> dict[str, Any]:
+    """Relative paths made absolute against `base`: the service's actors run elsewhere."""
+    paths = ("state_dir", "storage_path", "offers_file", "policy_dir")
+    return {k: str(base / Path(v).expanduser()) if k in paths and isinstance(v, str)
+            and not Path(v).expanduser().is_absolute() else v for k, v in values.items()}
+
+
+def _read_yaml(path: Path, what: str) -> dict[str, Any]:
+    try:
+        document = yaml.safe_load(path.expanduser().read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise SpecError([FieldError(("config",), f"cannot read {path}: {exc}. To fix: give "
+                                    f"the path of a {what} YAML")], what) from None
+    if not isinstance(document, dict):
+        raise SpecError([FieldError(("config",), f"{path} is not a YAML mapping")], what)
+    return document
+
+
+def _require_free_port(host: str, port: int) -> None:
+    """Fail before anything starts when the service's port is taken."""
+    from raytrain.serve.deploy import port_is_free
+
+    if not port_is_free(host, port):
+        raise RaytrainError(
+            f"port {port} on {host} is already in use. To fix: stop what holds it, "
+            "or pass --port"
+        )
+
+
+def _watch_until_signal(client: Client, interval_s: float = 2.0) -> None:
+    """Until SIGINT or SIGTERM, print a line whenever a job appears or changes state."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    seen: dict[str, tuple[str, str | None]] = {}
+    first = True
+    while not stop.is_set():
+        try:
+            jobs = client.list()
+        except RaytrainError:
+            jobs = []
+        for job in jobs:
+            now = (job.state.value, job.message)
+            if seen.get(job.id) != now and not (first and job.state.is_terminal):
+                detail = job.error if job.state == JobState.FAILED else job.message
+                err.print(f"{time.strftime('%H:%M:%S')} job {job.id} ({job.spec.name}) "
+                          f"{job.state.value}" + (f": {escape(detail)}" if detail else ""),
+                          highlight=False, soft_wrap=True)
+            seen[job.id] = now
+        first = False
+        stop.wait(interval_s)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from raytrain.serve.deploy import (
+        DetachedService,
+        connect_ray,
+        deploy,
+        detached_service_running,
+        lower_detached_daemons,
+        start_detached_head,
+        undeploy,
+    )
+
+    config = _service_config(args)
+    if args.detach:
+        running = detached_service_running(config.state_path)
+        if running is not None:
+            raise RaytrainError(
+                f"a detached service from {config.state_path} already runs at {running.url}. "
+                "To fix: stop it first with `raytrain stop`, or use another --state-dir")
+    _require_free_port(args.host, args.port)
+    import ray
+
+    head_pid = temp_dir = None
+    address = args.address
+    if args.detach and not address:
+        err.print("starting a local Ray cluster that outlives this command ...")
+        address, head_pid, temp_dir = start_detached_head(
+            None, config.state_path / "ray-head.log")
+    # Ray's actors and workers do not stream into this terminal: jobs' output is in their
+    # logs (raytrain logs ID) and the operator sees one line per job state change instead.
+    started_ray = connect_ray(address, quiet=True)
+    if head_pid is not None:
+        lower_detached_daemons(head_pid)
+    try:
+        url = deploy(config, args.host, args.port)
+        err.print(f"raytrain is serving at [bold]{url}[/bold] (OpenAPI at {url}/docs)")
+        if args.detach:
+            record = DetachedService(url, address or ray.get_runtime_context().gcs_address,
+                                     head_pid, temp_dir, time.time())
+            record.save(config.state_path)
+            err.print(f"detached; stop it with `raytrain stop"
+                      f"{'' if args.state_dir is None else ' --state-dir ' + args.state_dir}`",
+                      highlight=False)
+            return 0
+        err.print("press Ctrl-C to stop; each job's state changes are shown here, its workers' "
+                  "output with `raytrain logs ID`", highlight=False)
+        _watch_until_signal(Client(url))
+        err.print("stopping the service")
+        undeploy(stop_jobs=started_ray)
+    except BaseException:
+        if head_pid is not None:  # nothing starts half-way: take the cluster down again
+            from raytrain.serve.deploy import stop_detached
+
+            DetachedService("", address, head_pid, temp_dir, time.time()).save(
+                config.state_path)
+            stop_detached(config.state_path)
+        raise
+    finally:
+        if started_ray and not args.detach:
+            ray.shutdown()
+        elif args.detach and ray.is_initialized():
+            ray.shutdown()  # disconnect; the cluster and the service stay
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from raytrain.serve.deploy import stop_detached
+
+    state_dir = Path(args.state_dir).expanduser()
+    with err.status("stopping the detached service"):
+        what = stop_detached(state_dir)
+    err.print(f"stopped {what}", highlight=False)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from raytrain.serve.deploy import connect_ray, deploy, undeploy
+
+    spec = load_job_spec(args.spec)
+    _require_free_port("127.0.0.1", args.port)
+    import ray
+
+    wall_started = time.monotonic()
+    err.print("starting a local Ray cluster and the raytrain service ...")
+    connect_ray(None, quiet=True)
+    try:
+        url = deploy(_service_config(args), "127.0.0.1", args.port)
+        err.print(f"service up at {url} after {time.monotonic() - wall_started:.1f} s; "
+                  f"submitting {args.spec}", soft_wrap=True, highlight=False)
+        client = Client(url)
+        job = client.submit(spec)
+        try:
+            status = _follow(client, job.id)
+        except BaseException:
+            job.cancel()  # the demo owns its job: do not leave it queued for the next start
+            raise
+        out.print(f"demo wall time: {time.monotonic() - wall_started:.1f} s")
+        if status.state != JobState.SUCCEEDED:
+            err.print(f"[red]the demo job ended {status.state.value}:[/red] "
+                      f"{escape(str(status.error))}")
+            return 1
+        return 0
+    finally:
+        undeploy(stop_jobs=True)
+        ray.shutdown()
+
+

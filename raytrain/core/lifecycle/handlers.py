@@ -1,0 +1,296 @@
+"""What each event does to a job (raytrain.core.lifecycle.step dispatches here): one function
+per event, over a `Change` (the step's working copy). Recovery after a preemption or an
+error, billing and preemption accounting are decided here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from raytrain.core.lifecycle.values import (
+    CANCEL_GRACE_S,
+    CANCEL_STARTING_GRACE_S,
+    NOTICE_GRACE_S,
+    PROGRESS_SAVE_INTERVAL_S,
+    CancelRequested,
+    CapacityDecided,
+    Change,
+    CheckpointCommitted,
+    FinalReport,
+    GroupStarted,
+    Launched,
+    Passed,
+    ProgressReported,
+    Queued,
+    Rebuy,
+    Reviewed,
+    Run,
+    RunEnded,
+    ServiceRestarted,
+    ServiceStopping,
+    StopOverdue,
+    StopRunner,
+    Submitted,
+    enter,
+)
+from raytrain.spec import (
+    CheckpointInfo,
+    JobResult,
+    JobState,
+    PreemptionRecord,
+    Progress,
+    Resources,
+)
+
+
+def submitted(c: Change, event: Submitted) -> None:
+    c.move(JobState.PENDING, "queued")
+
+
+def queued(c: Change, event: Queued) -> None:
+    if c.job.message != event.message:
+        c.move(JobState.PENDING, event.message)
+
+
+def passed(c: Change, event: Passed) -> None:
+    c.passed += 1
+
+
+def capacity_decided(c: Change, event: CapacityDecided) -> None:
+    c.job.decisions.append(event.decision)
+    if event.resources is not None:
+        c.job.resources = event.resources
+    state = JobState.RECOVERING if c.job.state == JobState.RECOVERING else \
+        JobState.PROVISIONING if event.resources is not None else JobState.PENDING
+    c.move(state, event.message)
+
+
+def launched(c: Change, event: Launched) -> None:
+    c.run = replace(event.run, cost_before=c.job.cost_usd)
+    c.passed, c.leaving = 0, None
+    if c.job.state != JobState.RECOVERING:
+        c.move(JobState.PROVISIONING, "starting the worker group")
+
+
+def group_started(c: Change, event: GroupStarted) -> int:
+    if c.run is None:
+        return -1
+    c.set_run(attempt=c.run.attempt + 1, progress_step=-1,
+              placement_group=event.placement_group)
+    job = c.job
+    if job.state.is_terminal:  # cancelled while the group was starting: stop now
+        c.set_run(stop_by=c.now + CANCEL_GRACE_S)
+        return -1
+    if job.resources.node_type is None:  # a fixed cluster: what the workers found
+        job.resources = Resources(
+            accelerator=event.accelerator, market="local", nodes=event.nodes,
+            gpus=c.run.demand.get("GPU", 0.0), cpus=c.run.demand.get("CPU", 0.0),
+            hourly_usd=0.0)
+    if job.started_at is None:
+        job.started_at = c.now
+    if c.run.attempt == 1 and job.restarts == 0 and job.state != JobState.RECOVERING:
+        c.move(JobState.RUNNING, "training")
+    else:
+        if c.run.attempt > 1:
+            job.restarts += 1
+        c.move(JobState.RECOVERING,
+               f"worker group restarted; resuming from step {event.resumed_step}",
+               resumed_step=event.resumed_step)
+    return c.run.attempt
+
+
+def progress(c: Change, event: ProgressReported) -> dict[str, bool]:
+    run, job = c.run, c.job
+    if run is None or event.attempt != run.attempt:
+        return {"stop": True}  # a report from a run no longer tracked
+    if run.stop_by is not None or job.state.is_terminal:
+        return {"stop": True}
+    reply = {"stop": False, "move": run.moving_to is not None}
+    step_reached = int(event.payload["step"])
+    if step_reached < run.progress_step:  # overtaken by a later report
+        return reply
+    first_report = run.progress_step < 0
+    c.set_run(progress_step=step_reached)
+    c.bill()
+    if first_report and job.preemption_log and job.preemption_log[-1].after is None:
+        resumed_after_preemption(c)
+    if job.state == JobState.RECOVERING:
+        c.move(JobState.RUNNING, "training")
+    job.progress = Progress.model_validate(
+        {k: v for k, v in event.payload.items() if k != "sent_at"})
+    if job.plan is not None and job.progress.tokens_per_s:
+        job.plan.measured_step_s = job.plan.tokens_per_step / job.progress.tokens_per_s
+    # sent_at stays in the event: followers can see how fresh each report is.
+    c.emit("progress", event.payload)
+    if c.now - c.saved_at >= PROGRESS_SAVE_INTERVAL_S:
+        c.save = True
+    return reply
+
+
+def resumed_after_preemption(c: Change) -> None:
+    assert c.run is not None
+    job, last = c.job, c.job.preemption_log[-1]
+    last.after = c.run.describe
+    last.capacity_to_first_step_s = c.now - c.run.launched_at
+    last.down_s = c.now - last.time
+    step_s = job.plan.measured_step_s if job.plan and job.plan.measured_step_s else 0.0
+    last.extra_cost_usd = job.resources.hourly_usd * (
+        last.down_s + last.lost_steps * step_s) / 3600
+    job.down_s += last.down_s
+    job.preemption_cost_usd += last.extra_cost_usd
+    c.save = True
+
+
+def checkpoint(c: Change, event: CheckpointCommitted) -> None:
+    if c.run is None or event.attempt != c.run.attempt:
+        return
+    c.job.checkpoint = CheckpointInfo(step=event.step, path=event.path)
+    if not c.job.state.is_terminal:  # a cancelled job's stream has already ended
+        c.emit("checkpoint", {"step": event.step, "path": event.path})
+    c.save = True
+
+
+def final_report(c: Change, event: FinalReport) -> None:
+    if c.run is not None and event.attempt == c.run.attempt:
+        c.set_run(result=dict(event.result))
+
+
+def run_ended(c: Change, event: RunEnded) -> None:
+    run = c.run
+    if run is None:
+        return
+    c.effects.append(StopRunner())
+    if c.job.state.is_terminal:  # a cancelled job already has its end
+        c.run = None
+        return
+    c.bill()
+    error = event.error
+    if error is None and not run.result:
+        error = "training ended without a final report"
+    if not recovered(c, run, error, event.alive):
+        finish(c, run, error)
+    c.run = None
+
+
+def recovered(c: Change, run: Run, error: str | None, alive: frozenset[str]) -> bool:
+    """On bought capacity, the manager (not Ray Train) restarts a stopped worker group: after
+    a notice (the workers checkpointed and stopped), after a node loss without one (a
+    preemption too: it never uses the failure budget), or after an error worth another try.
+    True if the job goes on."""
+    job, result = c.job, run.result or {}
+    preempted = error is None and bool(result.get("preempted"))
+    if preempted and run.moving_to:
+        c.move(JobState.RECOVERING, f"moving to {run.moving_to} from step "
+               f"{result.get('steps')}, as the policy decided")
+        return True
+    if preempted:
+        notice = True
+    elif error is not None and run.nodes_at_launch - alive:
+        notice = False
+    elif error is not None and worth_retrying(c, run, error):
+        job.restarts += 1
+        c.move(JobState.RECOVERING, f"restarting after an error "
+               f"({job.restarts} of {job.spec.training.max_restarts}): {error}")
+        return True
+    else:
+        return False
+    saved = job.checkpoint.step if job.checkpoint else None
+    # After a notice the workers say where they stopped; after a loss, the last report (sent
+    # about once a second) is all there is: a lower bound.
+    reached = int(result.get("steps") or max(job.progress.step, run.progress_step, saved or 0))
+    noticed, durable = result.get("noticed_at"), result.get("checkpointed_at")
+    record = PreemptionRecord(
+        time=c.now, notice=notice, reached_step=reached, checkpoint_step=saved,
+        lost_steps=max(0, reached - (saved or 0)),
+        notice_to_checkpoint_s=durable - noticed if noticed and durable else None,
+        before=run.describe)
+    job.preemptions += 1
+    job.preemption_log.append(record)
+    job.lost_steps += record.lost_steps
+    c.effects.append(Rebuy(run.nodes_at_launch))  # on bought nodes: decide where it resumes
+    if notice:  # the noticed nodes go within two minutes: do not start on them again
+        c.leaving = (c.now + NOTICE_GRACE_S, run.nodes_at_launch)
+    c.emit("preemption", record.model_dump(mode="json"))
+    c.move(JobState.RECOVERING, (
+        f"preempted {'after a notice' if notice else 'without notice'} at step {reached}; "
+        f"resuming from step {saved or 0} on the policy's next-best capacity"))
+    return True
+
+
+def worth_retrying(c: Change, run: Run, error: str) -> bool:
+    """Retry a failed run only if another try could go differently: not when it failed before
+    its first training step (building the model, data or layout fails the same way every
+    time), not when the same error ends a run at the same step twice, and not past
+    training.max_restarts."""
+    failed_at = max(run.progress_step, c.job.progress.step)
+    previous, c.last_failure = c.last_failure, (error, failed_at)
+    if run.progress_step < 0 or previous == (error, failed_at):
+        return False
+    return c.job.restarts < c.job.spec.training.max_restarts
+
+
+def finish(c: Change, run: Run, error: str | None) -> None:
+    job = c.job
+    job.finished_at = c.now
+    if error is None:
+        assert run.result is not None
+        job.result = JobResult.model_validate({k: run.result[k] for k in JobResult.model_fields})
+        c.move(JobState.SUCCEEDED, "finished")
+    else:
+        job.error = error
+        c.move(JobState.FAILED, (f"failed; each worker's output is in `raytrain logs {job.id}` "
+                                 f"(GET /v1/jobs/{job.id}/logs)"))
+    c.end()
+
+
+def stop_overdue(c: Change, event: StopOverdue) -> None:
+    if c.run is not None:
+        c.effects.append(StopRunner(hard=True, placement_group=c.run.placement_group))
+        c.run = None
+
+
+def cancel(c: Change, event: CancelRequested) -> None:
+    if c.run is not None:
+        # Rank 0 reads the stop in the reply to its next report and every rank leaves at the
+        # same step; the run keeps its resources counted until the group is gone.
+        grace = CANCEL_GRACE_S if c.run.placement_group else CANCEL_STARTING_GRACE_S
+        c.set_run(stop_by=c.now + grace)
+    c.job.finished_at = c.now
+    c.move(JobState.CANCELLED, "cancelled by request")
+    c.end()
+
+
+def reviewed(c: Change, event: Reviewed) -> None:
+    if c.run is None:
+        return
+    c.set_run(reviewed_at=c.now)
+    if event.decision is None:
+        return
+    c.job.decisions.append(event.decision)
+    if event.resources is not None:
+        c.job.resources = event.resources
+    c.set_run(moving_to=event.moving_to)
+    c.job.message = f"moving to {event.moving_to} at a checkpoint: {event.decision.reason}"
+    c.save = True
+
+
+def service_restarted(c: Change, event: ServiceRestarted) -> None:
+    was = c.job.state
+    if was.is_terminal:
+        return
+    if was in (JobState.RUNNING, JobState.RECOVERING, JobState.PROVISIONING) \
+            and c.job.started_at is not None:
+        c.job.restarts += 1
+    c.run = None
+    enter(c.job, JobState.PENDING, f"the service restarted while the job was {was.value}; "
+          "it resumes from its latest checkpoint")
+    c.save = True  # the stream of a reloaded job starts from its record
+
+
+def service_stopping(c: Change, event: ServiceStopping) -> None:
+    if c.run is not None:
+        c.effects.append(StopRunner(hard=True, placement_group=c.run.placement_group))
+        c.run = None
+    if not c.job.state.is_terminal:
+        c.job.message = "the service stopped; the job resumes from its checkpoint on restart"
+        c.save = True

@@ -1,0 +1,321 @@
+"""What a job's lifecycle speaks (raytrain.core.lifecycle): the table of states and moves, a
+job's record, the events that happen to it and the effects the job manager carries out.
+Plain frozen values; the decisions over them are `lifecycle.step`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Union
+
+from raytrain.errors import IllegalTransition
+from raytrain.spec import DecisionRecord, JobState, JobStatus, Resources
+
+_ENDS = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+# state -> the states it may move to. A move to the same state updates the reason only.
+TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    # queued: it starts, is refused on start (FAILED) or is cancelled
+    JobState.PENDING: frozenset({JobState.PENDING, JobState.PROVISIONING, JobState.RECOVERING,
+                                 *_ENDS}),
+    # nodes asked for / worker group starting: it runs, its nodes do not come (back to
+    # PENDING), or it fails to start
+    JobState.PROVISIONING: frozenset({JobState.PENDING, JobState.PROVISIONING,
+                                      JobState.RUNNING, JobState.RECOVERING, *_ENDS}),
+    JobState.RUNNING: frozenset({JobState.PENDING, JobState.RUNNING, JobState.RECOVERING,
+                                 *_ENDS}),
+    JobState.RECOVERING: frozenset({JobState.PENDING, JobState.RUNNING, JobState.RECOVERING,
+                                    *_ENDS}),
+    **{end: frozenset() for end in _ENDS},
+}
+
+# What a job in each state may hold; the move to an end releases it (ReleaseNodes, and the
+# runner stops at its next report or is stopped by StopOverdue).
+HOLDS: dict[JobState, tuple[str, ...]] = {
+    JobState.PENDING: (),
+    JobState.PROVISIONING: ("node request", "worker group"),
+    JobState.RUNNING: ("node request", "worker group"),
+    JobState.RECOVERING: ("node request", "worker group"),
+    **{end: () for end in _ENDS},
+}
+
+# Records are saved on every state change and checkpoint, and at least this often while
+# progress comes in (a report a second at most).
+PROGRESS_SAVE_INTERVAL_S = 5.0
+# How long a cancelled worker group has to leave on its own before it is killed: once it
+# runs, rank 0 reads the stop at its next report; while it still starts, it stops as soon as
+# it is up (GroupStarted answers -1), which can take Ray Train's whole start timeout.
+CANCEL_GRACE_S = 20.0
+CANCEL_STARTING_GRACE_S = 120.0
+# After an interruption notice the instance goes within two minutes; wait that long at most
+# for the noticed nodes to leave before resuming on the same node type.
+NOTICE_GRACE_S = 150.0
+
+
+def allowed(old: JobState, new: JobState) -> bool:
+    return new in TRANSITIONS[old]
+
+
+def enter(job: JobStatus, state: JobState, reason: str) -> None:
+    """Move `job` to `state` for `reason`; its message becomes the reason while it waits or
+    fails (a running or finished job has none)."""
+    if not reason:
+        raise ValueError("every move of a job's state names its reason")
+    if not allowed(job.state, state):
+        raise IllegalTransition(job.id, job.state.value, state.value)
+    job.state = state
+    job.message = None if state in (JobState.RUNNING, JobState.SUCCEEDED) else reason
+
+
+# ---------------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True)
+class Run:
+    """A job's current worker group, as values (its runner's handle stays with the manager)."""
+
+    demand: Mapping[str, float]
+    launched_at: float  # capacity in hand, worker group asked for
+    usd_per_hour: float = 0.0  # what its nodes cost while held (0 on a fixed cluster)
+    cost_before: float = 0.0  # dollars the job spent before this run
+    nodes_at_launch: frozenset[str] = frozenset()  # bought nodes alive at launch (Ray ids)
+    describe: str = ""  # nodes and layout, for the preemption log
+    attempt: int = 0
+    progress_step: int = -1
+    placement_group: str | None = None  # reported by rank 0; lets a hard stop free it
+    result: Mapping[str, Any] | None = None  # rank 0's final report
+    stop_by: float | None = None  # asked to stop: killed if still there at this time
+    moving_to: str | None = None  # the policy moves the job: checkpoint, stop, resume there
+    reviewed_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class Record:
+    """Everything the service knows of one job."""
+
+    status: JobStatus
+    run: Run | None = None
+    last_failure: tuple[str, int] | None = None  # the last error and the step it ended at
+    passed: int = 0  # times a later job started first (backfill)
+    leaving: tuple[float, frozenset[str]] | None = None  # after a notice: (until, nodes)
+    saved_at: float = 0.0
+
+
+def waiting(record: Record) -> bool:
+    """Queued, or (autoscaled) provisioning with no worker group yet."""
+    state = record.status.state
+    return state == JobState.PENDING or (
+        state in (JobState.PROVISIONING, JobState.RECOVERING) and record.run is None)
+
+
+def noticed_nodes_present(record: Record, now: float, alive: frozenset[str]) -> bool:
+    """After a notice: none of the noticed nodes has gone yet, and the grace has not ended."""
+    if record.leaving is None:
+        return False
+    until, nodes = record.leaving
+    return now < until and nodes <= alive
+
+
+# ---------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class Submitted:
+    pass
+
+
+@dataclass(frozen=True)
+class Queued:
+    message: str  # why it waits (its place in the queue)
+
+
+@dataclass(frozen=True)
+class Passed:
+    """A job behind this one started first (see core.capacity.backfill)."""
+
+
+@dataclass(frozen=True)
+class CapacityDecided:
+    """The policy decided where the job runs (resources), or that nothing fits (None)."""
+
+    decision: DecisionRecord
+    resources: Resources | None
+    message: str
+
+
+@dataclass(frozen=True)
+class Launched:
+    run: Run
+
+
+@dataclass(frozen=True)
+class GroupStarted:
+    resumed_step: int
+    placement_group: str | None = None
+    accelerator: str = "cpu"
+    nodes: int = 1
+
+
+@dataclass(frozen=True)
+class ProgressReported:
+    attempt: int
+    payload: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class CheckpointCommitted:
+    attempt: int
+    step: int
+    path: str
+
+
+@dataclass(frozen=True)
+class FinalReport:
+    attempt: int
+    result: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class RunEnded:
+    """The runner returned: `error` is the failure it raised (None: it returned), `alive`
+    the cluster's nodes now (a node the run started on that is gone was lost)."""
+
+    error: str | None
+    alive: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class StopOverdue:
+    """A worker group asked to stop is still there after its grace."""
+
+
+@dataclass(frozen=True)
+class CancelRequested:
+    pass
+
+
+@dataclass(frozen=True)
+class Reviewed:
+    """The policy looked at the running job again; `decision` when it moves it."""
+
+    decision: DecisionRecord | None = None
+    resources: Resources | None = None
+    moving_to: str | None = None
+
+
+@dataclass(frozen=True)
+class ServiceRestarted:
+    pass
+
+
+@dataclass(frozen=True)
+class ServiceStopping:
+    pass
+
+
+Event = Union[Submitted, Queued, Passed, CapacityDecided, Launched, GroupStarted,
+              ProgressReported, CheckpointCommitted, FinalReport, RunEnded, StopOverdue,
+              CancelRequested, Reviewed, ServiceRestarted, ServiceStopping]
+
+
+# ---------------------------------------------------------------------------- effects
+
+
+@dataclass(frozen=True)
+class Emit:
+    """Append to the job's event stream."""
+
+    kind: str
+    data: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Save:
+    """Write the record to the durable store."""
+
+
+@dataclass(frozen=True)
+class ReleaseNodes:
+    """Withdraw the job's request for nodes (the autoscaler lets idle ones go)."""
+
+
+@dataclass(frozen=True)
+class StopRunner:
+    """End the job's runner actor; `hard`: also remove its worker group's placement group
+    (`placement_group`, or any group no run holds when it never said which)."""
+
+    hard: bool = False
+    placement_group: str | None = None
+
+
+@dataclass(frozen=True)
+class Rebuy:
+    """The job's nodes were taken: count it against the offer and decide where it resumes."""
+
+    nodes: frozenset[str]
+
+
+Effect = Union[Emit, Save, ReleaseNodes, StopRunner, Rebuy]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    record: Record
+    effects: tuple[Effect, ...] = ()
+    reply: Any = None
+
+
+class Change:
+    """One step of the lifecycle at work: a copy of the status to change, and the effects so
+    far; `outcome` makes them the step's result. The input record is never changed."""
+
+    def __init__(self, record: Record, now: float) -> None:
+        self.now = now
+        self.status = record.status.model_copy(deep=True)
+        self.run = record.run
+        self.last_failure = record.last_failure
+        self.passed = record.passed
+        self.leaving = record.leaving
+        self.saved_at = record.saved_at
+        self.effects: list[Effect] = []
+        self.save = False
+
+    @property
+    def job(self) -> JobStatus:
+        return self.status
+
+    def move(self, state: JobState, reason: str, **extra: Any) -> None:
+        enter(self.status, state, reason)
+        self.emit("state", {"state": state.value, "message": reason, **extra})
+        self.save = True
+
+    def emit(self, kind: str, data: Mapping[str, Any]) -> None:
+        self.effects.append(Emit(kind, dict(data)))
+
+    def set_run(self, **changes: Any) -> None:
+        assert self.run is not None
+        self.run = replace(self.run, **changes)
+
+    def bill(self) -> None:
+        """Dollars spent: earlier runs plus this run's nodes for as long as held."""
+        run = self.run
+        if run is not None and run.usd_per_hour:
+            held_h = max(0.0, self.now - run.launched_at) / 3600
+            self.status.cost_usd = max(self.status.cost_usd,
+                                       run.cost_before + held_h * run.usd_per_hour)
+
+    def end(self) -> None:
+        """Close the stream and withdraw the node request; the record is saved."""
+        self.bill()
+        self.effects.append(ReleaseNodes())
+        self.last_failure, self.passed = None, 0
+        self.emit("end", {"state": self.status.state.value, "error": self.status.error})
+        self.save = True
+
+    def outcome(self, reply: Any) -> Outcome:
+        if self.save:
+            self.effects.append(Save())
+            self.saved_at = self.now
+        record = Record(self.status, self.run, self.last_failure, self.passed, self.leaving,
+                        self.saved_at)
+        return Outcome(record, tuple(self.effects), reply)
