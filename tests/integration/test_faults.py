@@ -1,0 +1,170 @@
+"""Faults injected into the running service on a local Ray, each with a job in flight: a
+cancel while the worker group starts, a failure that would repeat, a job that can never run
+and one that must wait, and a kill -9 of the job manager. After each case no placement group
+is left (checked through Ray's placement-group table), and the next case's jobs train on the
+same cluster; the last one ends with jobs that train to SUCCEEDED."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import psutil
+import pytest
+import ray
+
+from raytrain import Client, JobSpec, JobState
+from raytrain.cli import main as cli_main
+from tests.integration.conftest import NUM_CPUS, Service, train_worker_pids, wait_for
+from tests.integration.test_service import cpus_free, job_spec
+from tests.unit.test_training import run_single
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind(service: Service) -> Iterator[None]:
+    yield
+    wait_for(lambda: not live_placement_groups(), 150, "every placement group to be released")
+    wait_for(lambda: cpus_free() >= NUM_CPUS, 60, "every CPU to be free")
+
+
+def test_a_cancel_running_or_starting_stops_workers_and_frees_cpus(service: Service) -> None:
+    """Cancelled once running, and cancelled while the worker group is still starting: both
+    end CANCELLED with no worker, no held CPU and no placement group left behind."""
+    client = Client(service.url)
+    job = client.submit(job_spec(steps=100_000))
+    wait_for(lambda: job.status().progress.step > 0, 120, "the job to take a step")
+    assert train_worker_pids(), "no Ray Train worker processes while running"
+    cancelled = job.cancel()
+    assert cancelled.state == JobState.CANCELLED
+    wait_for(lambda: not train_worker_pids(), 60, "the training workers to exit")
+    wait_for(lambda: cpus_free() >= NUM_CPUS, 60, "the CPUs to be free again")
+    assert job.status().state == JobState.CANCELLED
+    with pytest.raises(Exception, match="already ended CANCELLED"):
+        job.cancel()
+
+    starting = client.submit(job_spec(steps=100_000, name="cancel-while-starting"))
+    wait_for(lambda: starting.status().state == JobState.PROVISIONING, 60, "PROVISIONING")
+    time.sleep(3)  # into the worker group's start-up
+    assert starting.status().progress.step == 0
+    assert starting.cancel().state == JobState.CANCELLED
+    wait_for(lambda: cpus_free() >= NUM_CPUS and not live_placement_groups(), 150,
+             "the starting group's CPUs and placement group to be released")
+
+
+def test_a_workers_own_error_reaches_the_status_intact(service: Service,
+                                                       tmp_path: Path) -> None:
+    """A raytrain error raised in a worker crosses Ray's processes with its message and fix;
+    its traceback is in the rank's log, not in the status."""
+    tokens = tmp_path / "three-tokens.bin"
+    tokens.write_bytes(bytes(6))  # 3 uint16 tokens: fewer than seq_len + 1
+    spec = job_spec(steps=10, name="short-file")
+    spec["data"] = {"kind": "token_file", "path": str(tokens), "seq_len": 32}
+    client = Client(service.url)
+    status = client.job(client.submit(spec).id).wait()
+    assert status.state == JobState.FAILED
+    # It failed before its first step, so no retry could go differently: one attempt only,
+    # though max_restarts allows 3.
+    assert status.restarts == 0 and status.spec.training.max_restarts == 3
+    assert status.error is not None and "fewer than seq_len + 1" in status.error
+    assert "To fix" in status.error and "AttributeError" not in status.error
+    assert "Traceback" not in status.error and f"raytrain logs {status.id}" in status.message
+    logs = client.logs(status.id)
+    assert any("SpecError" in rank.text for rank in logs.ranks)
+    assert all(rank.text.count("==== ") == 1 for rank in logs.ranks)  # started once
+
+
+
+
+def test_an_impossible_job_is_refused_and_a_small_one_passes_a_waiting_big_one(
+        service: Service) -> None:
+    """422 for a group that never fits the cluster; a big job that fits but must wait does
+    not hold up a small one that fits now (backfill; that it is passed only so often is
+    tests/unit/test_api.py's)."""
+    never = httpx.post(f"{service.url}/v1/jobs", json={
+        "resources": {"num_workers": NUM_CPUS * 2, "cpus_per_worker": 1},
+        "training": {"global_batch_size": 16}})
+    assert never.status_code == 422 and "never" in never.text and "To fix" in never.text
+    client = Client(service.url)
+    one_worker = {"num_workers": 1, "cpus_per_worker": 1}
+    running = client.submit({**job_spec(steps=100_000, name="holds-one-cpu"),
+                             "resources": one_worker})
+    wait_for(lambda: running.status().progress.step > 0, 120, "the first job to train")
+    big = client.submit(job_spec(steps=10, name="big"))  # both CPUs: must wait
+    small = client.submit({**job_spec(steps=10, name="small"), "resources": one_worker})
+    assert small.wait().state == JobState.SUCCEEDED
+    assert big.status().state == JobState.PENDING and "queued" in big.status().message
+    for job in (big, running):
+        assert job.cancel().state == JobState.CANCELLED
+
+
+def live_placement_groups() -> list[str]:
+    return [g for g, info in ray.util.placement_group_table().items()
+            if info["state"] != "REMOVED"]
+
+
+def manager_pid() -> int:
+    [pid] = [p.pid for p in psutil.process_iter(["cmdline"])
+             if " ".join(p.info.get("cmdline") or []).startswith("ray::JobManager")]
+    return pid
+
+
+def test_a_killed_job_manager_comes_back_and_its_job_ends_as_if_never_stopped(
+    service: Service, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """kill -9 of the job manager mid-job, and the HTTP layer redeployed too: records and
+    event numbers survive, Ray restarts the manager, it reclaims the dead run's placement
+    group, and the job resumes from its checkpoint to the loss an uninterrupted run reaches.
+    A job queued behind it runs after it."""
+    from raytrain.serve.deploy import deploy, undeploy
+
+    client = Client(service.url)
+    # An ended job of the tests above, to check its event numbers across the restart.
+    ended = next((job for job in client.list() if job.state.is_terminal), None)
+    last_seq_before = [e.seq for e in client.events(ended.id)][-1] if ended else -1
+    spec = job_spec(steps=600, checkpoint_every=40, name="survivor")
+    # Submitted the way `curl -d @job.json` does: a JSON body labelled form-encoded.
+    response = httpx.post(f"{service.url}/v1/jobs", content=json.dumps(spec),
+                          headers={"content-type": "application/x-www-form-urlencoded"})
+    assert response.status_code == 202, response.text
+    survivor = client.job(response.json()["id"])
+    behind = client.submit(job_spec(steps=10, name="behind"))
+    wait_for(lambda: (s := survivor.status()).checkpoint is not None and s.progress.step >= 50,
+             150, "a checkpoint and some steps")
+    assert "queued, position" in (behind.status().message or "")
+    before = {job.id: job.state for job in client.list()}
+
+    os.kill(manager_pid(), signal.SIGKILL)  # the manager dies mid-job ...
+    assert before[survivor.id] == JobState.RUNNING, "the kill came too late to test a resume"
+    undeploy(stop_jobs=False)  # ... and the HTTP layer goes away too
+    host, port = service.url.removeprefix("http://").split(":")
+    assert deploy(service.config, host, int(port)) == service.url  # type: ignore[attr-defined]
+
+    after = {job.id: job.state for job in client.list()}
+    assert after.keys() == before.keys() and after[survivor.id] != JobState.SUCCEEDED
+    assert {k: v for k, v in after.items() if v.is_terminal} == \
+        {k: v for k, v in before.items() if v.is_terminal}
+    if ended is not None:
+        replayed = list(client.events(ended.id))
+        assert replayed[-1].type == "end"
+        # Numbering only grows across the restart: a client resuming with an old
+        # Last-Event-ID sees the reloaded job's events, not nothing.
+        assert min(e.seq for e in replayed) > last_seq_before
+        assert [e.seq for e in client.events(ended.id, after=last_seq_before)] == \
+            [e.seq for e in replayed]
+
+    final = survivor.wait()
+    assert final.state == JobState.SUCCEEDED, final.error
+    one_process = JobSpec.model_validate({**spec, "resources": {"num_workers": 1}})
+    reference = run_single(one_process, tmp_path / "reference")
+    assert final.result.final_loss == pytest.approx(reference.result["final_loss"], abs=1e-5)
+    assert behind.wait().state == JobState.SUCCEEDED
+    wait_for(lambda: not live_placement_groups(), 60, "every placement group to be released")
+    assert cli_main(["--server", service.url, "status", survivor.id]) == 0
+    assert "SUCCEEDED" in capsys.readouterr().out
