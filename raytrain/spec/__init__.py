@@ -15,15 +15,7 @@ node-type bindings, decisions), `status` (JobStatus, JobEvent and their parts), 
 """
 
 from raytrain.spec.job import (
-    CapacitySpec,
-    DataSpec,
-    GPTConfig,
     JobSpec,
-    Market,
-    ModelSpec,
-    ParallelSpec,
-    ResourcesSpec,
-    TrainingSpec,
     check_imports_allowed,
     load_job_spec,
     parse_job_spec,
@@ -44,6 +36,16 @@ from raytrain.spec.plans import (
     PlanResponse,
     PlanRow,
     rank_plans,
+)
+from raytrain.spec.sections import (
+    CapacitySpec,
+    DataSpec,
+    GPTConfig,
+    Market,
+    ModelSpec,
+    ParallelSpec,
+    ResourcesSpec,
+    TrainingSpec,
 )
 from raytrain.spec.service import (
     ServiceConfig,

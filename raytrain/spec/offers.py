@@ -9,7 +9,8 @@ from pydantic import ConfigDict, Field, model_validator
 
 from raytrain.core.hardware import LINKS
 from raytrain.spec._base import Record, Strict, field_error, raise_if_any
-from raytrain.spec.job import JobSpec, Market, accelerator_errors
+from raytrain.spec.job import JobSpec
+from raytrain.spec.sections import Market, accelerator_errors
 
 
 class Offer(Strict):

@@ -9,7 +9,8 @@ from pydantic import Field, model_validator
 from raytrain.core.hardware import CATALOG_VERSION
 from raytrain.core.planner import plan
 from raytrain.spec._base import Record, Strict, field_error, raise_if_any
-from raytrain.spec.job import JobSpec, accelerator_errors
+from raytrain.spec.job import JobSpec
+from raytrain.spec.sections import accelerator_errors
 
 
 class PlanRequest(Strict):

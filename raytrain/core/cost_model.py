@@ -1,0 +1,331 @@
+"""The planner's cost model (raytrain.core.planner searches with it): a model's dimensions, a
+workload, one candidate layout, and what that layout costs per device: memory
+(`memory_per_device`) and time per optimizer step (`step_time`), from the GPU's peak rate and
+memory, the links it spans, and the collectives each parallel axis makes.
+
+    c = Candidate(dp_replicate=8, dp_shard=1, tp=1, pp=1, virtual_stages=1,
+                  micro_batch=4, microbatches=2, recompute="none")
+    memory_per_device(dims, work, c, shape) -> bytes;  step_time(dims, work, c, shape) -> s
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from raytrain.core.hardware import Link, NodeShape
+from raytrain.core.layout import Layout, stage_layers, stages_of_rank
+
+USABLE_MEMORY = 0.92
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    num_layers: int
+    dim: int
+    num_heads: int
+    ffn_dim: int
+    vocab_size: int
+    seq_len: int
+    num_kv_heads: int | None = None
+    gated_mlp: bool = False
+    position_rows: int = 0  # learned position embeddings (the built-in GPT); 0 for RoPE
+
+    @staticmethod
+    def from_gpt(num_layers: int, dim: int, num_heads: int, ffn_dim: int, vocab_size: int,
+                 seq_len: int, max_seq_len: int) -> ModelDims:
+        return ModelDims(num_layers, dim, num_heads, ffn_dim, vocab_size, seq_len,
+                         position_rows=max_seq_len)
+
+    @property
+    def kv_dim(self) -> int:
+        return self.dim * (self.num_kv_heads or self.num_heads) // self.num_heads
+
+    @property
+    def block_params(self) -> int:
+        attention = 2 * self.dim * self.dim + 2 * self.dim * self.kv_dim
+        mlp = (3 if self.gated_mlp else 2) * self.dim * self.ffn_dim
+        return attention + mlp + 2 * self.dim
+
+    @property
+    def embedding_params(self) -> int:
+        return (self.vocab_size + self.position_rows) * self.dim
+
+    @property
+    def head_params(self) -> int:
+        return self.vocab_size * self.dim + self.dim
+
+    @property
+    def params(self) -> int:
+        return self.num_layers * self.block_params + self.embedding_params + self.head_params
+
+    @property
+    def flops_per_token(self) -> float:
+        dense = self.params - self.embedding_params
+        return 6.0 * dense + 12.0 * self.num_layers * self.dim * self.seq_len
+
+    @property
+    def activation_values_per_token_layer(self) -> int:
+        return 8 * self.dim + 2 * self.kv_dim + (3 if self.gated_mlp else 2) * self.ffn_dim
+
+
+@dataclass(frozen=True)
+class Workload:
+    global_batch: int  # sequences per optimizer step
+    precision: str = "bf16"  # compute precision: bf16 | fp32
+    recompute_options: tuple[str, ...] = ("none", "full")
+    micro_batch_options: tuple[int, ...] = (1, 2, 4, 8, 16)
+    loss_parallel: bool = False  # logits sharded over tp for the loss (torchtitan: yes)
+    max_tp: int = 16
+    compute_speedup: float = 1.0  # e.g. torch.compile or float8 gains, stated by the caller
+
+    @property
+    def act_bytes(self) -> int:
+        return 4 if self.precision == "fp32" else 2
+
+
+@dataclass(frozen=True)
+class Candidate:
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+    pp: int
+    virtual_stages: int
+    micro_batch: int
+    microbatches: int
+    recompute: str
+    gpipe: bool = False  # the planner proposes 1F1B; a user's GPipe layout is evaluated too
+
+    @property
+    def world(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.tp * self.pp
+
+    @property
+    def schedule(self) -> str:
+        if self.gpipe:
+            return "gpipe"
+        return "interleaved_1f1b" if self.virtual_stages > 1 else "1f1b"
+
+    @property
+    def wrapper(self) -> str:
+        """The data-parallel wrapper raytrain uses for these degrees (Layout decides)."""
+        return Layout(self.dp_replicate, self.dp_shard, self.tp, self.pp).data_parallel_wrapper
+
+    def describe(self) -> str:
+        parts = [f"{n}{getattr(self, n)}" for n in ("dp_replicate", "dp_shard", "tp", "pp")
+                 if getattr(self, n) > 1] or ["1 device"]
+        if self.pp > 1:
+            parts.append(f"{self.schedule}" + (f" v{self.virtual_stages}"
+                                               if self.virtual_stages > 1 else ""))
+        parts.append(f"mb{self.micro_batch}x{self.microbatches}")
+        if self.recompute != "none":
+            parts.append(f"recompute {self.recompute}")
+        return " ".join(parts)
+
+
+def _collective_s(nbytes: float, ranks: int, link: Link) -> float:
+    """One all-gather or reduce-scatter pass of `nbytes` (the whole tensor) over `ranks`."""
+    if ranks <= 1:
+        return 0.0
+    share = (ranks - 1) / ranks
+    return nbytes * share / (link.bandwidth * link.efficiency) + link.latency_s * (ranks - 1)
+
+
+def _link_for_span(span: int, shape: NodeShape) -> Link:
+    return shape.intra if span <= shape.gpus_per_node else shape.inter
+
+
+@lru_cache(maxsize=4096)  # the search asks for the same few ranks of one model many times
+def rank_params(dims: ModelDims, pp: int, v: int, rank: int) -> tuple[int, int, bool]:
+    """(parameters, layers, holds the last stage) of pipeline rank `rank`: its stages' layers
+    plus the embeddings or head, split as raytrain.parallel splits the built-in GPT."""
+    stages = pp * v
+    layers = stage_layers(dims.num_layers, stages)
+    held = count = 0
+    mine = stages_of_rank(rank, pp, stages)
+    for stage in mine:
+        count += len(layers[stage])
+        held += len(layers[stage]) * dims.block_params
+        held += dims.embedding_params if stage == 0 else 0
+        held += dims.head_params if stage == stages - 1 else 0
+    return held, count, (stages - 1) in mine
+
+
+@lru_cache(maxsize=4096)
+def stage_params(dims: ModelDims, pp: int, v: int) -> int:
+    """Parameters on the busiest pipeline rank."""
+    return max(rank_params(dims, pp, v, rank)[0] for rank in range(pp))
+
+
+@lru_cache(maxsize=4096)
+def stage_flops_per_token(dims: ModelDims, pp: int, v: int) -> float:
+    """FLOPs per token of the slowest pipeline rank, which sets the pace of every microbatch:
+    its blocks, plus the head on the rank holding the last stage (the embedding lookup has
+    none). Without a pipeline, dims.flops_per_token."""
+    per_block = 6.0 * dims.block_params + 12.0 * dims.dim * dims.seq_len
+    slowest = 0.0
+    for rank in range(pp):
+        _, layers, last = rank_params(dims, pp, v, rank)
+        slowest = max(slowest, layers * per_block + (6.0 * dims.head_params if last else 0.0))
+    return slowest
+
+
+def root_params(dims: ModelDims, c: Candidate) -> float:
+    """Parameters of FSDP's root unit on a rank (embeddings, final norm, head), without a
+    pipeline; its tensor-parallel share."""
+    return (dims.embedding_params + dims.head_params) / c.tp
+
+
+def memory_per_device(dims: ModelDims, work: Workload, c: Candidate, shape: NodeShape) -> float:
+    """The most any rank needs: the first and the last pipeline rank bound the rest (earlier
+    stages are never smaller, and the first rank has the most microbatches in flight)."""
+    ranks = {0, c.pp - 1}
+    worst = max(_rank_memory(dims, work, c, rank) for rank in ranks)
+    return shape.gpu.runtime_reserve_bytes + worst
+
+
+def _rank_memory(dims: ModelDims, work: Workload, c: Candidate, rank: int) -> float:
+    params, layers_here, last = rank_params(dims, c.pp, c.virtual_stages, rank)
+    held = params / c.tp
+    state = held / c.dp_shard * 16
+    param_bytes = work.act_bytes
+    block_held = dims.block_params / c.tp
+    if c.wrapper == "fsdp":
+        if c.pp > 1:  # parameters stay gathered between microbatches
+            state += held * param_bytes
+        else:
+            # The root unit (embeddings, final norm, head) stays gathered from forward to
+            # backward (FSDP2 does not reshard the root), two blocks are gathered at a time
+            # (current and prefetched), and the unit being reduced has its whole fp32
+            # gradient as the reduce-scatter's input.
+            root_held = root_params(dims, c)
+            state += (root_held + 2 * block_held) * param_bytes
+            state += max(root_held, block_held) * 4
+    elif c.wrapper == "ddp":
+        state += held * 4  # gradient buckets
+    tokens = c.micro_batch * dims.seq_len
+    per_layer = dims.activation_values_per_token_layer
+    if c.tp > 1:
+        per_layer = per_layer / c.tp  # sequence parallel, raytrain's default with tp
+    full_layer_bytes = tokens * per_layer * work.act_bytes
+    if c.recompute == "full":
+        layer_bytes = tokens * dims.dim * work.act_bytes / c.tp
+        extra_once = full_layer_bytes
+    elif c.recompute == "selective":
+        layer_bytes, extra_once = full_layer_bytes / 2, 0.0
+    else:
+        layer_bytes, extra_once = full_layer_bytes, 0.0
+    # Microbatches whose activations this rank holds at once: 1F1B's rank r warms up with
+    # pp - r forwards; GPipe runs all m forwards first; interleaving adds a share.
+    if c.pp == 1:
+        in_flight = 1.0
+    elif c.gpipe:
+        in_flight = float(c.microbatches)
+    else:
+        in_flight = float(min(c.microbatches, c.pp - rank))
+        if c.virtual_stages > 1:
+            in_flight = min(c.microbatches, c.pp) * (1 + (c.pp - 1) / (c.pp * c.virtual_stages))
+    activations = in_flight * layers_here * layer_bytes + extra_once
+    # The last stage's logits (compute precision) and fp32 log-softmax stay until their
+    # microbatch's backward (all m of them under GPipe), plus one fp32 gradient of them.
+    logits = 0.0
+    if last:
+        logits_in_flight = c.microbatches if (c.gpipe and c.pp > 1) else 1
+        logits = tokens * dims.vocab_size * ((work.act_bytes + 4) * logits_in_flight + 4)
+        if work.loss_parallel:
+            logits /= c.tp
+    # raytrain's fused AdamW updates in place: no temporaries after the backward pass.
+    return state + activations + logits
+
+
+def step_time(dims: ModelDims, work: Workload, c: Candidate,
+              shape: NodeShape) -> dict[str, float]:
+    """Seconds per optimizer step, by part (compute, tp, pp, bubble, dp, optimizer, total)."""
+    gpu = shape.gpu
+    peak = gpu.flops(work.precision) * gpu.achievable * work.compute_speedup
+    tokens = c.micro_batch * dims.seq_len
+    matmul_flops = tokens * stage_flops_per_token(dims, c.pp, c.virtual_stages)
+    if c.recompute == "full":
+        matmul_flops *= 4 / 3
+    elif c.recompute == "selective":
+        matmul_flops *= 1.05
+    layers_here = math.ceil(dims.num_layers / c.pp)
+    compute_mb = matmul_flops / c.tp / peak + layers_here * gpu.block_overhead_s
+    tp_passes = 12 if c.recompute == "full" else 8
+    act_bytes_mb = tokens * dims.dim * work.act_bytes
+    tp_link = _link_for_span(c.tp, shape)
+    tp_mb = 0.0
+    if c.tp > 1:
+        # Half the passes are all-gathers, half reduce-scatters.
+        one_pass = _collective_s(act_bytes_mb, c.tp, tp_link)
+        tp_mb = layers_here * (tp_passes / 2) * (
+            one_pass * (1 + tp_link.reduce_scatter_factor))
+        tp_mb += layers_here * gpu.tp_block_overhead_s
+    pp_link = _link_for_span(c.world, shape) if c.pp > 1 else shape.intra
+    pp_mb = 0.0
+    if c.pp > 1:
+        message = act_bytes_mb / c.tp
+        pp_mb = 2 * (message / (pp_link.bandwidth * pp_link.efficiency) + pp_link.latency_s)
+    held = stage_params(dims, c.pp, c.virtual_stages) / c.tp
+    shard_link = _link_for_span(c.tp * c.dp_shard, shape)
+    fsdp_mb = 0.0
+    dp_step = 0.0
+    overlap = gpu.overlaps_communication
+    if c.wrapper == "fsdp":
+        groups = layers_here + 1  # one FSDP unit per block, one at the root
+        gather = _collective_s(held * work.act_bytes, c.dp_shard, shard_link) + \
+            shard_link.latency_s * (groups - 1) * (c.dp_shard - 1)
+        # Each unit's fixed cost (its hooks, collectives' set-up), once per microbatch.
+        units = groups * gpu.fsdp_unit_overhead_s
+        scatter = _collective_s(held * 4, c.dp_shard, shard_link) * \
+            shard_link.reduce_scatter_factor + shard_link.latency_s * (groups - 1)
+        # What FSDP2 copies around its collectives (torch 2.13, _fsdp_collectives.py), per
+        # all-gather: the local shard in and the whole unit out into the parameters (with one
+        # shard, HSDP's replicas, no collective: the unit out only); per reduce-scatter: the
+        # gradients into one buffer (chunk-cat) and divided there, the reduced shard out (one
+        # shard: copied; else the collective writes it) and added to the sharded gradient.
+        # They run on the compute stream (CPU: the rank's thread).
+        n = c.dp_shard
+        gather_copies = (1 + 1 / n if n > 1 else 1.0) * work.act_bytes
+        scatter_copies = (2 + 1 / n + (1 if n == 1 else 0)) * 4
+        if c.pp > 1:
+            traffic = gather + scatter
+            hidden = c.microbatches * compute_mb if overlap else 0.0
+            dp_step += max(0.0, traffic - hidden) + (traffic / groups if overlap else 0.0)
+            dp_step += held * (gather_copies + scatter_copies) / gpu.copy_bandwidth + units
+        else:
+            # Blocks are gathered for forward and again for backward; the root is not
+            # resharded after forward (FSDP2 keeps it for the backward that follows).
+            regathered = 1 - root_params(dims, c) / held
+            per_mb = (1 + regathered) * gather + scatter
+            hidden = compute_mb if overlap else 0.0
+            fsdp_mb = max(0.0, per_mb - hidden) + (per_mb / groups if overlap else 0.0)
+            fsdp_mb += held * ((1 + regathered) * gather_copies + scatter_copies) \
+                / gpu.copy_bandwidth + units
+    if c.dp_replicate > 1:
+        replicate_link = _link_for_span(c.world // c.pp, shape)
+        grads = held / c.dp_shard * 4
+        allreduce = 2 * _collective_s(grads, c.dp_replicate, replicate_link)
+        if c.wrapper == "ddp" and overlap:
+            backward = compute_mb * 2 / 3
+            dp_step += max(0.0, allreduce - backward) + allreduce / max(1, layers_here)
+        elif c.wrapper == "fsdp" and c.pp == 1:
+            # HSDP reduces across replicas after every microbatch's backward (raytrain does not
+            # hold gradient sync back during accumulation), not hidden.
+            fsdp_mb += allreduce
+        else:
+            dp_step += allreduce
+    per_mb = compute_mb + tp_mb + pp_mb + fsdp_mb
+    slots = c.microbatches + ((c.pp - 1) / c.virtual_stages if c.pp > 1 else 0.0)
+    optimizer = held / c.dp_shard * 28 / gpu.memory_bandwidth
+    total = per_mb * slots + dp_step + optimizer
+    return {
+        "compute": compute_mb * c.microbatches,
+        "tensor_parallel": tp_mb * c.microbatches,
+        "pipeline_p2p": pp_mb * c.microbatches,
+        "bubble": per_mb * (slots - c.microbatches),
+        "data_parallel": fsdp_mb * c.microbatches + dp_step,
+        "optimizer": optimizer,
+        "total": total,
+    }

@@ -1,0 +1,371 @@
+"""The sections of a job spec (model, data, training, parallel, resources, capacity): each
+validates itself; what must agree across sections is raytrain.spec.job.JobSpec's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+from pydantic_core import InitErrorDetails
+
+from raytrain.core.hardware import GPUS
+from raytrain.core.schedule import lr_batch_scale
+from raytrain.spec._base import IMPORT_PATH, Strict, field_error, raise_if_any
+
+
+class GPTConfig(Strict):
+    """Dimensions of the built-in GPT-style decoder."""
+
+    vocab_size: int = Field(256, ge=2, le=1_000_000, description="Number of token ids.")
+    dim: int = Field(128, ge=8, description="Model (residual stream) width.")
+    num_layers: int = Field(2, ge=1, description="Number of transformer blocks.")
+    num_heads: int = Field(4, ge=1, description="Attention heads per block; must divide dim.")
+    ffn_dim: int | None = Field(
+        None, ge=1, description="Hidden width of each MLP; default 4 x dim."
+    )
+    max_seq_len: int = Field(128, ge=2, description="Longest sequence the model accepts.")
+
+    @model_validator(mode="after")
+    def _heads_divide_dim(self) -> GPTConfig:
+        if self.dim % self.num_heads:
+            raise_if_any(
+                "GPTConfig",
+                [
+                    field_error(
+                        ("num_heads",),
+                        f"num_heads={self.num_heads} must divide dim={self.dim}. To fix: pick "
+                        f"num_heads from the divisors of {self.dim}, e.g. "
+                        f"{_nearest_divisor(self.dim, self.num_heads)}",
+                        self.num_heads,
+                    )
+                ],
+            )
+        return self
+
+    @property
+    def hidden_dim(self) -> int:
+        return self.ffn_dim if self.ffn_dim is not None else 4 * self.dim
+
+
+def _nearest_divisor(n: int, near: int) -> int:
+    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - near), d))
+
+
+class ModelSpec(Strict):
+    """Which model to train: the built-in GPT, or the user's own by import path."""
+
+    kind: Literal["gpt", "import"] = Field(
+        "gpt", description="'gpt' for the built-in decoder, 'import' for a user factory."
+    )
+    gpt: GPTConfig = Field(default_factory=GPTConfig, description="Built-in GPT dimensions.")
+    factory: str | None = Field(
+        None,
+        max_length=256,
+        description="For kind 'import': 'package.module:callable' returning an nn.Module that "
+        "maps int64 tokens [batch, seq] to logits [batch, seq, vocab]. Only packages the "
+        "operator allows (service config allowed_import_packages) are accepted.",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, max_length=64,
+        description="Keyword arguments passed to the factory (at most 64; the whole request "
+        "body is limited to 1 MiB)."
+    )
+
+    @model_validator(mode="after")
+    def _factory_matches_kind(self) -> ModelSpec:
+        errors = _factory_errors(self.kind == "import", self.factory)
+        unused = ("factory", "options") if self.kind == "gpt" else ("gpt",)
+        errors += _unused_fields(self, unused, "model.kind")
+        raise_if_any("ModelSpec", errors)
+        return self
+
+
+class DataSpec(Strict):
+    """Where training tokens come from. Every data-parallel rank reads its own shard."""
+
+    kind: Literal["synthetic", "token_file", "import"] = Field(
+        "synthetic",
+        description="'synthetic': seeded learnable token sequences; 'token_file': a flat "
+        "binary file of token ids (memory-mapped); 'import': a user factory.",
+    )
+    seq_len: int = Field(64, ge=1, description="Tokens per training sequence.")
+    seed: int = Field(0, ge=0, description="Seed of the synthetic data.")
+    path: str | None = Field(None, max_length=4096,
+                             description="For 'token_file': path readable by every worker.")
+    dtype: Literal["uint16", "uint32"] = Field(
+        "uint16", description="For 'token_file': integer type of the stored token ids."
+    )
+    factory: str | None = Field(
+        None,
+        max_length=256,
+        description="For kind 'import': 'package.module:callable' returning a map-style dataset "
+        "whose items are int64 tensors of seq_len + 1 tokens.",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, max_length=64,
+        description="Keyword arguments passed to the factory (at most 64; the whole request "
+        "body is limited to 1 MiB)."
+    )
+
+    @model_validator(mode="after")
+    def _source_is_complete(self) -> DataSpec:
+        errors = _factory_errors(self.kind == "import", self.factory)
+        if self.kind == "token_file" and not self.path:
+            errors.append(
+                field_error(
+                    ("path",),
+                    "data.kind 'token_file' needs a path. To fix: set data.path to a flat "
+                    "binary file of token ids",
+                    self.path,
+                )
+            )
+        unused = {"synthetic": ("path", "dtype", "factory", "options"),
+                  "token_file": ("seed", "factory", "options"),
+                  "import": ("path", "dtype", "seed")}[self.kind]
+        errors += _unused_fields(self, unused, "data.kind")
+        raise_if_any("DataSpec", errors)
+        return self
+
+
+def _unused_fields(section: Strict, names: tuple[str, ...], kind_field: str
+                   ) -> list[InitErrorDetails]:
+    """Errors for fields set to something other than their default that mean nothing for the
+    section's kind: a value that would be stored and shown but never used is refused, not
+    silently kept. (A dumped spec carries every default, so defaults must pass.)"""
+    kind = getattr(section, "kind")
+    fields = type(section).model_fields
+    return [field_error(
+        (name,),
+        f"{name} means nothing for {kind_field} {kind!r}. To fix: remove {name}, or choose "
+        f"the kind that uses it",
+        "(omitted)",
+    ) for name in names if name in section.model_fields_set
+        and getattr(section, name) != fields[name].get_default(call_default_factory=True)]
+
+
+def _factory_errors(needed: bool, factory: str | None) -> list[InitErrorDetails]:
+    if needed and not factory:
+        return [
+            field_error(
+                ("factory",),
+                "kind 'import' needs a factory. To fix: set factory to 'package.module:callable'",
+                factory,
+            )
+        ]
+    if factory and not IMPORT_PATH.match(factory):
+        return [
+            field_error(
+                ("factory",),
+                f"{factory!r} is not an import path. To fix: write it as "
+                "'package.module:callable'",
+                factory,
+            )
+        ]
+    return []
+
+
+class TrainingSpec(Strict):
+    """The optimisation: steps, batch, AdamW with linear warmup and cosine decay, checkpoints."""
+
+    steps: int = Field(100, ge=1, le=100_000_000, description="Optimizer steps to run.")
+    global_batch_size: int = Field(
+        16, ge=1, description="Sequences per optimizer step, summed over all data-parallel ranks."
+    )
+    micro_batch_size: int = Field(
+        4,
+        ge=1,
+        description="Sequences per rank per forward/backward; the rest of the global batch "
+        "is reached by gradient accumulation.",
+    )
+    learning_rate: float = Field(3e-3, gt=0, le=10, description="Peak learning rate.")
+    min_lr_ratio: float = Field(
+        0.1, ge=0, le=1, description="Final learning rate as a fraction of the peak."
+    )
+    warmup_steps: int | None = Field(
+        None, ge=0, description="Steps of linear warmup from zero; default 10% of steps."
+    )
+    weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay on matrices.")
+    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas.")
+    grad_clip_norm: float | None = Field(
+        1.0, gt=0, description="Clip the global gradient norm to this; null to disable."
+    )
+    seed: int = Field(0, ge=0, description="Seed of the model's initial weights.")
+    checkpoint_every_steps: int = Field(
+        50, ge=1, description="Save a checkpoint every this many steps (and at the end)."
+    )
+    keep_checkpoints: int = Field(
+        2, ge=1, le=1000, description="Committed checkpoints kept on storage; older ones are "
+        "deleted as new ones commit. `raytrain delete ID` removes the rest once the job ended."
+    )
+    max_restarts: int = Field(
+        3, ge=0, le=100, description="Restarts from the latest checkpoint after a worker "
+        "failure."
+    )
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32",
+        description="Compute precision. 'bf16' runs matmuls in bfloat16 with fp32 weights and "
+        "optimizer; 'fp16' adds dynamic loss scaling and needs GPUs. fp32 suits CPUs.",
+    )
+    lr_scaling: Literal["none", "linear", "sqrt"] = Field(
+        "none",
+        description="Scale learning_rate with the global batch: 'linear' multiplies it by "
+        "global_batch_size / lr_reference_batch_size, 'sqrt' by the square root of that. "
+        "Warmup applies to the scaled rate.",
+    )
+    lr_reference_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="The global batch size learning_rate was tuned for; needed by lr_scaling.",
+    )
+
+    @model_validator(mode="after")
+    def _warmup_fits(self) -> TrainingSpec:
+        errors = []
+        if self.warmup_steps is not None and self.warmup_steps > self.steps:
+            errors.append(field_error(
+                ("warmup_steps",),
+                f"warmup_steps={self.warmup_steps} exceeds steps={self.steps}. To fix: "
+                "lower warmup_steps or raise steps",
+                self.warmup_steps,
+            ))
+        if self.lr_scaling != "none" and self.lr_reference_batch_size is None:
+            errors.append(field_error(
+                ("lr_reference_batch_size",),
+                f"lr_scaling '{self.lr_scaling}' scales from the batch size learning_rate "
+                "was tuned for. To fix: set lr_reference_batch_size to that batch size",
+                None,
+            ))
+        raise_if_any("TrainingSpec", errors)
+        return self
+
+    @property
+    def peak_learning_rate(self) -> float:
+        """learning_rate after lr_scaling for this global batch."""
+        return self.learning_rate * lr_batch_scale(
+            self.lr_scaling, self.global_batch_size, self.lr_reference_batch_size
+        )
+
+    @property
+    def warmup(self) -> int:
+        return self.warmup_steps if self.warmup_steps is not None else self.steps // 10
+
+
+class ParallelSpec(Strict):
+    """How the model is spread over the workers: one DeviceMesh of four degrees whose product
+    is resources.num_workers. The strategy names the degree left out to fill the rest."""
+
+    strategy: Literal["data", "fsdp", "tensor", "pipeline", "hybrid", "auto"] = Field(
+        "data",
+        description="'data': whole model per worker (DDP); 'fsdp': weights, gradients and "
+        "optimizer state sharded (FSDP2); 'tensor': each layer split over workers; "
+        "'pipeline': layers split into stages; 'hybrid': every degree given explicitly; "
+        "'auto': the planner's fastest layout that fits (built-in GPT). The strategy's own "
+        "degree defaults to num_workers over the others.",
+    )
+    dp_replicate: int | None = Field(
+        None, ge=1, description="Data-parallel replicas (DDP, or HSDP's replicate dimension)."
+    )
+    dp_shard: int | None = Field(
+        None, ge=1, description="Ranks each replica's weights are sharded over (FSDP2)."
+    )
+    tp: int | None = Field(None, ge=1, description="Tensor-parallel degree.")
+    pp: int | None = Field(None, ge=1, description="Pipeline-parallel ranks.")
+    virtual_stages: int = Field(
+        1, ge=1, description="Pipeline stages per pipeline rank (interleaved_1f1b only)."
+    )
+    pipeline_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = Field(
+        "1f1b",
+        description="Pipeline schedule. The microbatch count is the gradient-accumulation "
+        "count: global_batch_size / (micro_batch_size x data-parallel ranks).",
+    )
+    sequence_parallel: bool = Field(
+        True, description="With tp > 1, also split norms and residuals along the sequence."
+    )
+    activation_checkpointing: bool = Field(
+        False, description="Recompute each block's activations in the backward pass."
+    )
+    compression: Literal["none", "fp16", "bf16", "powersgd", "topk"] = Field(
+        "none",
+        description="Compress data-parallel gradient traffic (DDP only): fp16/bf16 casts, "
+        "PowerSGD low-rank, or top-k sparsification with error feedback.",
+    )
+    powersgd_rank: int = Field(2, ge=1, description="PowerSGD approximation rank.")
+    topk_ratio: float = Field(
+        0.01, gt=0, le=1, description="Fraction of gradient entries top-k sends each step."
+    )
+    topk_error_feedback: bool = Field(
+        True,
+        description="Carry the entries top-k did not send into the next step. Without it "
+        "small gradients are never sent and training lags; off only for comparison.",
+    )
+
+
+def accelerator_errors(accelerator: str | None, loc: tuple[str, ...] = ("accelerator",)
+                        ) -> list[InitErrorDetails]:
+    if accelerator is None or accelerator in GPUS:
+        return []
+    return [field_error(
+        loc,
+        f"unknown accelerator {accelerator!r}. To fix: use one of " + ", ".join(sorted(GPUS)),
+        accelerator,
+    )]
+
+
+class ResourcesSpec(Strict):
+    """What each training worker needs. GPUs imply NCCL; CPU-only workers use gloo."""
+
+    num_workers: int = Field(2, ge=1, le=100_000, description="Training processes.")
+    cpus_per_worker: float = Field(1.0, gt=0, le=1024, description="CPUs reserved per worker.")
+    gpus_per_worker: float = Field(
+        0.0, ge=0, le=16, description="GPUs per worker; 0 trains on CPU with gloo."
+    )
+    accelerator: str | None = Field(
+        None,
+        description="GPU kind, for the planner's predictions and for strategy 'auto': one of "
+        + ", ".join(sorted(k for k in GPUS if k != "cpu")) + ". CPU workers are 'cpu'.",
+    )
+
+    @model_validator(mode="after")
+    def _accelerator_known(self) -> ResourcesSpec:
+        raise_if_any("ResourcesSpec", accelerator_errors(self.accelerator))
+        return self
+
+    @property
+    def use_gpu(self) -> bool:
+        return self.gpus_per_worker > 0
+
+    @property
+    def device_kind(self) -> str | None:
+        """The catalog kind the workers run on, when known."""
+        return self.accelerator if self.use_gpu else "cpu"
+
+
+Market = Literal["spot", "on-demand"]
+
+
+class CapacitySpec(Strict):
+    """How the service buys capacity for the job (on an autoscaling cluster); ignored on a
+    fixed local cluster, where the job runs on what is there."""
+
+    policy: str | None = Field(
+        None,
+        max_length=64,
+        pattern=r"^[a-z0-9][a-z0-9-]*$",
+        description="A named autoscaling policy from policies/ (cost-first, deadline-aware, "
+        "on-demand-only, spot-only); default: the service's.",
+    )
+    market: Literal["auto", "spot", "on-demand"] = Field(
+        "auto", description="Restrict to one market; 'auto' lets the policy choose."
+    )
+    deadline_hours: float | None = Field(
+        None, gt=0, le=24 * 366,
+        description="Finish within this many hours of submission, if possible."
+    )
+    budget_usd: float | None = Field(
+        None, gt=0, le=1e9, description="Do not choose capacity expected to cost more than this."
+    )
+    max_usd_per_hour: float | None = Field(
+        None, gt=0, le=1e7,
+        description="Never hold capacity priced above this per hour, all nodes."
+    )
