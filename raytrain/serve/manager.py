@@ -5,8 +5,8 @@ lifecycle every request, scheduling decision and report from rank 0 as an event;
 record the lifecycle returns and carries out its effects: events on the job's stream
 (serve.events), writes to the durable store (serve.store), withdrawing node requests
 (serve.provisioning) and stopping runners (serve.ray_cluster). The scheduling pass is
-serve.scheduler. Nothing here calls Ray or reads the clock directly: both go through the
-cluster adaptor, which tests replace with a recording fake (tests/fake_ray.py).
+serve.scheduler. Nothing here calls Ray or reads the time of day directly: both go through
+the cluster adaptor, which tests replace with a recording fake (tests/fake_ray.py).
 
 The actor outlives the Serve app (it is detached), so redeploying the HTTP layer loses
 nothing. If the actor itself is lost, Ray starts a new one, which reloads every record from
@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
+import time
 import uuid
 from dataclasses import asdict
 from pathlib import Path
@@ -38,6 +39,7 @@ from raytrain.catalog import unknown_policy
 from raytrain.core import lifecycle as lc
 from raytrain.core.capacity import never_fits
 from raytrain.core.offers import offers_response
+from raytrain.core.resolve import plan_summary
 from raytrain.errors import FieldError, SpecError
 from raytrain.serve.events import EventLog
 from raytrain.serve.provisioning import Provisioner
@@ -54,7 +56,6 @@ from raytrain.spec import (
     JobSpec,
     JobState,
     JobStatus,
-    PlanSummary,
     Progress,
     ServiceConfig,
     check_imports_allowed,
@@ -63,38 +64,6 @@ from raytrain.spec import (
 from raytrain.train.worker_logs import read_logs
 
 logger = logging.getLogger(__name__)
-
-
-def predictions(spec: JobSpec) -> dict[str, Any]:
-    predicted = spec.predicted()
-    if predicted is None:
-        return {}
-    return {
-        "predicted_step_s": predicted.step_s,
-        "predicted_tokens_per_s": predicted.tokens_per_s,
-        "predicted_memory_gib": predicted.memory_bytes / 2**30,
-        "reason": predicted.reason,
-    }
-
-
-def plan_summary(spec: JobSpec) -> PlanSummary:
-    layout = spec.layout
-    return PlanSummary(
-        strategy=spec.parallel.strategy,
-        layout={
-            "dp_replicate": layout.dp_replicate,
-            "dp_shard": layout.dp_shard,
-            "tp": layout.tp,
-            "pp": layout.pp,
-            "virtual_stages": layout.virtual_stages,
-            "microbatches": layout.microbatches,
-        },
-        description=layout.describe(),
-        **predictions(spec),
-        grad_accum_steps=spec.grad_accum_steps,
-        tokens_per_step=spec.tokens_per_step,
-        backend="nccl" if spec.resources.use_gpu else "gloo",
-    )
 
 
 class JobManager:
@@ -284,7 +253,7 @@ class JobManager:
     def wait_events(self, job_id: str, after_seq: int,
                     timeout_s: float) -> list[dict[str, Any]] | None:
         """Events with seq > after_seq, waiting up to timeout_s for one; None for no such job."""
-        deadline = self.cluster.now() + timeout_s
+        deadline = time.monotonic() + timeout_s  # a real wait, whatever the cluster's clock
         with self.lock:
             while True:
                 log = self._events.get(job_id)
@@ -295,7 +264,7 @@ class JobManager:
                 fresh = log.after(after_seq)
                 if fresh:
                     return fresh
-                remaining = deadline - self.cluster.now()
+                remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return []
                 self._changed.wait(remaining)

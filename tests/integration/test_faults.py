@@ -95,7 +95,7 @@ def test_an_impossible_job_is_refused_and_a_small_one_passes_a_waiting_big_one(
     one_worker = {"num_workers": 1, "cpus_per_worker": 1}
     running = client.submit({**job_spec(steps=100_000, name="holds-one-cpu"),
                              "resources": one_worker})
-    wait_for(lambda: running.status().progress.step > 0, 120, "the first job to train")
+    wait_for(lambda: running.status().state != JobState.PENDING, 60, "the first job to start")
     big = client.submit(job_spec(steps=10, name="big"))  # both CPUs: must wait
     small = client.submit({**job_spec(steps=10, name="small"), "resources": one_worker})
     assert small.wait().state == JobState.SUCCEEDED
