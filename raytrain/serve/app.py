@@ -1,4 +1,6 @@
-"""The HTTP API: a Ray Serve deployment with a FastAPI ingress over the job manager actor.
+"""The HTTP API: `build_app(manager_handle)` is the FastAPI app over any job manager handle
+(the service's Ray actor, or `InProcess(manager)` in tests); `RaytrainAPI` is the Ray Serve
+deployment that builds it over the service's job manager actor at replica start.
 
 Bodies are validated by the same pydantic JobSpec as files; a bad one answers 422 with the
 path of each bad field and nothing is queued. Every route is a thin call into the manager.
@@ -13,9 +15,8 @@ excerpt of what was sent. While the job manager cannot be reached, job endpoints
 with Retry-After rather than 500.
 """
 
-# No `from __future__ import annotations` here: FastAPI must see real types on the ingress
-# methods, and Serve's class wrapping keeps it from resolving string annotations (a JobSpec
-# body would turn into a required query parameter).
+# No `from __future__ import annotations` here: FastAPI reads the routes' annotations to
+# know a JobSpec is the body; real types need no resolving.
 import asyncio
 import json
 import logging
