@@ -271,7 +271,7 @@ class Change:
 
     def __init__(self, record: Record, now: float) -> None:
         self.now = now
-        self.status = record.status.model_copy(deep=True)
+        self.job = record.status.model_copy(deep=True)
         self.run = record.run
         self.last_failure = record.last_failure
         self.passed = record.passed
@@ -280,12 +280,8 @@ class Change:
         self.effects: list[Effect] = []
         self.save = False
 
-    @property
-    def job(self) -> JobStatus:
-        return self.status
-
     def move(self, state: JobState, reason: str, **extra: Any) -> None:
-        enter(self.status, state, reason)
+        enter(self.job, state, reason)
         self.emit("state", {"state": state.value, "message": reason, **extra})
         self.save = True
 
@@ -301,7 +297,7 @@ class Change:
         run = self.run
         if run is not None and run.usd_per_hour:
             held_h = max(0.0, self.now - run.launched_at) / 3600
-            self.status.cost_usd = max(self.status.cost_usd,
+            self.job.cost_usd = max(self.job.cost_usd,
                                        run.cost_before + held_h * run.usd_per_hour)
 
     def end(self) -> None:
@@ -309,13 +305,13 @@ class Change:
         self.bill()
         self.effects.append(ReleaseNodes())
         self.last_failure, self.passed = None, 0
-        self.emit("end", {"state": self.status.state.value, "error": self.status.error})
+        self.emit("end", {"state": self.job.state.value, "error": self.job.error})
         self.save = True
 
     def outcome(self, reply: Any) -> Outcome:
         if self.save:
             self.effects.append(Save())
             self.saved_at = self.now
-        record = Record(self.status, self.run, self.last_failure, self.passed, self.leaving,
+        record = Record(self.job, self.run, self.last_failure, self.passed, self.leaving,
                         self.saved_at)
         return Outcome(record, tuple(self.effects), reply)
