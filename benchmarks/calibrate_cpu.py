@@ -8,7 +8,7 @@
    2-rank runs; the runtime reserve (a rank's peak live memory beyond its tensors), from a tiny
    2-rank DDP run; with one process per core at once, the rate a rank writes into fresh
    buffers (FSDP2's copies) and its memory bandwidth under a fused AdamW step. Paste the
-   printed figures into raytrain/core/hardware.py ("cpu", "gloo-local"); gloo is measured
+   printed figures into raytrain/catalog/hardware.py ("cpu", "gloo-local"); gloo is measured
    again between twice as many processes as cores ("gloo-local-shared", for ranks that share
    cores).
 2. Validation (`--validate`): for ten layouts on 2 and 4 ranks, the planner's step time and
@@ -169,19 +169,21 @@ TINY = {"vocab_size": 64, "dim": 64, "num_layers": 4, "num_heads": 4, "max_seq_l
 
 
 def _prediction(parallel: dict, ranks: int, model: dict, steps: int):
+    from raytrain.core.resolve import job_layout, predicted
     from raytrain.spec import parse_job_spec
 
     from benchmarks.parallel_strategies import document
 
     job = document(parallel, ranks, steps, 8 * ranks, 2, "cpu", model)
-    return parse_job_spec(job).predicted()
+    spec = parse_job_spec(job)
+    return predicted(spec, job_layout(spec))
 
 
 def _set_link(name: str, bandwidth: float, latency: float, factor: float) -> None:
     """Predict with a gloo link just measured (`gloo-local`: the CPU node shape's own)."""
     import dataclasses
 
-    from raytrain.core import hardware
+    from raytrain.catalog import hardware
 
     hardware.LINKS[name] = dataclasses.replace(hardware.LINKS[name], bandwidth=bandwidth,
                                                latency_s=latency, reduce_scatter_factor=factor)
@@ -194,7 +196,7 @@ def _set_link(name: str, bandwidth: float, latency: float, factor: float) -> Non
 def _set_cpu(**figures: float) -> None:
     import dataclasses
 
-    from raytrain.core import hardware
+    from raytrain.catalog import hardware
 
     hardware.GPUS["cpu"] = dataclasses.replace(hardware.GPUS["cpu"], **figures)
     hardware.NODE_SHAPES["cpu-local"] = dataclasses.replace(
@@ -207,7 +209,7 @@ def measure_compute(steps: int) -> dict[str, float]:
     and a tiny FSDP run on 2 ranks, each read against the planner's prediction without the
     fixed cost it isolates; the runtime reserve is a tiny 2-rank DDP run's peak live memory
     above its tensors. Nothing here uses the validation runs."""
-    from raytrain.core import hardware
+    from raytrain.catalog import hardware
     from raytrain.core.planner import ModelDims
 
     def dims(model: dict) -> ModelDims:
@@ -267,6 +269,8 @@ LAYOUTS = [
 def validate(steps: int) -> None:
     """Each layout twice: a plain run for step time (and peak RSS), a live-memory run for the
     memory the planner predicts."""
+    from raytrain.core.resolve import job_layout
+    from raytrain.core.resolve import predicted as _predicted
     from raytrain.spec import parse_job_spec
 
     from benchmarks.parallel_strategies import document
@@ -279,7 +283,7 @@ def validate(steps: int) -> None:
         job = document(parallel, ranks, steps, 8 * ranks, 2, "cpu")
         job["resources"]["cpus_per_worker"] = min(1.0, CORES / ranks)  # 4 ranks share 2 cores
         spec = parse_job_spec(job)
-        predicted = spec.predicted()
+        predicted = _predicted(spec, job_layout(spec))
         measured = run(parallel, ranks, steps, global_batch=8 * ranks, micro_batch=2,
                        device="cpu")
         live = run(parallel, ranks, steps, global_batch=8 * ranks, micro_batch=2,

@@ -145,7 +145,7 @@ def held_parameters(parallel: dict, ranks: int) -> int:
     from raytrain.core.planner import ModelDims, stage_params
     from raytrain.spec import parse_job_spec
 
-    layout = parse_job_spec(document(parallel, ranks, 2, 8, 1, "cpu")).layout
+    layout = parse_job_spec(document(parallel, ranks, 2, 8, 1, "cpu")).stated_layout()
     dims = ModelDims.from_gpt(MODEL["num_layers"], MODEL["dim"], MODEL["num_heads"],
                               4 * MODEL["dim"], MODEL["vocab_size"], MODEL["max_seq_len"],
                               MODEL["max_seq_len"])

@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from raytrain.core.hardware import GPUS, LINKS, GiB, NodeShape
-from raytrain.core.planner import Candidate, ModelDims, Plan, Workload, evaluate, plan
+from raytrain.catalog.hardware import GPUS, LINKS, GiB, NodeShape
+from raytrain.core.planner import Layout, ModelDims, Plan, Workload, evaluate, plan
 
 LLAMA_8B = ModelDims(32, 4096, 32, 14336, 128256, 8192, num_kv_heads=8, gated_mlp=True)
 LLAMA_70B = ModelDims(80, 8192, 64, 28672, 128256, 8192, num_kv_heads=8, gated_mlp=True)
@@ -29,18 +29,18 @@ COMPILE_AND_FLOAT8 = (6667 / 5762) * (8532 / 6667)
 RUNS = [
     ("Llama 3.1 8B, 8 GPUs, FSDP 8, eager, selective AC (calibration point)", LLAMA_8B,
      Workload(global_batch=2 * 8, recompute_options=("selective",)),
-     Candidate(1, 8, 1, 1, 1, 2, 1, "selective"), 5762, 82.4),
+     Layout(1, 8, 1, 1, 1, 2, 1, "selective"), 5762, 82.4),
     ("Llama 3.1 8B, 128 GPUs, FSDP 128, eager, selective AC", LLAMA_8B,
      Workload(global_batch=2 * 128, recompute_options=("selective",)),
-     Candidate(1, 128, 1, 1, 1, 2, 1, "selective"), 5605, 67.0),
+     Layout(1, 128, 1, 1, 1, 2, 1, "selective"), 5605, 67.0),
     ("Llama 3.1 70B, 256 GPUs, FSDP 32 x TP 8, compile + Float8, full AC", LLAMA_70B,
      Workload(global_batch=512, recompute_options=("full",), loss_parallel=True,
               compute_speedup=COMPILE_AND_FLOAT8),
-     Candidate(1, 32, 8, 1, 1, 16, 1, "full"), 829, 71.9),
+     Layout(1, 32, 8, 1, 1, 16, 1, "full"), 829, 71.9),
 ]
 
 
-def predict(dims: ModelDims, work: Workload, candidate: Candidate) -> Plan:
+def predict(dims: ModelDims, work: Workload, candidate: Layout) -> Plan:
     return evaluate(dims, work, candidate, GRAND_TETON)
 
 
@@ -55,7 +55,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for name, dims, work, candidate, published, memory in RUNS:
         p = predict(dims, work, candidate)
-        per_gpu = p.tokens_per_s / candidate.world
+        per_gpu = p.tokens_per_s / candidate.world_size
         print(f"| {name} | {published:,} | {per_gpu:,.0f} | {per_gpu / published - 1:+.1%} | "
               f"{memory} | {p.memory_bytes / GiB:.1f} |")
     times = []

@@ -15,7 +15,7 @@ import argparse
 import time
 from pathlib import Path
 
-from raytrain.catalog import TRACES_DIR, load_policies, snapshot
+from raytrain.catalog.files import TRACES_DIR, load_policies, snapshot
 from raytrain.catalog.traces import load_trace
 from raytrain.core.simulate import STRATEGIES, SimJob, Summary, compare
 

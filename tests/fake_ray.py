@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping
 class FakeRun:
     job_id: str
     spec: dict[str, Any]
+    layout: dict[str, Any]
     worker_resources: dict[str, float] | None
     done: bool = False
     error: str | None = None
@@ -43,10 +44,10 @@ class FakeRay:
     def now(self) -> float:
         return self.time
 
-    def launch(self, job_id: str, spec_json: dict[str, Any], checkpoint_root: str,
-               run_root: str, worker_resources: dict[str, float] | None,
+    def launch(self, job_id: str, spec_json: dict[str, Any], layout_json: dict[str, Any],
+               checkpoint_root: str, run_root: str, worker_resources: dict[str, float] | None,
                notice_endpoint: str | None) -> FakeRun:
-        run = FakeRun(job_id, spec_json, worker_resources)
+        run = FakeRun(job_id, spec_json, layout_json, worker_resources)
         self.runs[job_id] = run
         self.calls.append(("launch", job_id))
         return run

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from raytrain.catalog import (
+from raytrain.catalog.files import (
     DEFAULT_POLICY,
     EXAMPLES_DIR,
     TRACES_DIR,
@@ -54,6 +54,7 @@ from raytrain.cli.views import (
 from raytrain.client import DEFAULT_URL, Client
 from raytrain.core.offers import offers_response
 from raytrain.core.planner import NothingFits
+from raytrain.core.resolve import rank_plans
 from raytrain.core.simulate import SimJob, compare
 from raytrain.errors import FieldError, SpecError
 from raytrain.spec import (
@@ -62,7 +63,6 @@ from raytrain.spec import (
     PlanRequest,
     PolicySpec,
     load_job_spec,
-    rank_plans,
     spec_error_from_validation,
 )
 

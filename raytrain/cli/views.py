@@ -103,7 +103,7 @@ def status_table(job: JobStatus) -> Table:
         ("tokens/s", count_text(p.tokens_per_s)),
         ("elapsed / ETA", f"{duration_text(p.elapsed_s)} / {duration_text(p.eta_s)}"),
         ("resources", f"{r.accelerator}, {r.market}, {r.nodes} node(s), {r.cpus:g} CPU, "
-                      f"{r.gpus:g} GPU, {usd_text(r.hourly_usd)}/h"),
+                      f"{r.gpus:g} GPU, {usd_text(r.usd_per_hour)}/h"),
         ("cost", usd_text(job.cost_usd)),
         ("restarts / preemptions", f"{job.restarts} / {job.preemptions}"),
         ("checkpoint",

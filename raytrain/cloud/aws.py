@@ -73,7 +73,7 @@ def refresh(catalog: OfferCatalog, clients: Clients, region: str, now: float) ->
     for warning in warnings:
         logger.warning("offer refresh: %s", warning)
     return OfferCatalog(
-        version=_day(now), source="aws", fetched_at=now, warnings=warnings,
+        version=catalog.version, source="aws", fetched_at=now, warnings=warnings,
         offers=[refreshed.get(o.id, o) for o in catalog.offers],
     )
 

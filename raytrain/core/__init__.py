@@ -1,4 +1,11 @@
-"""Pure decisions: standard library and raytrain.spec only. No torch, ray, boto3, clock or env.
+"""Pure decisions, over raytrain.spec values and raytrain.catalog's hardware and prices. No
+torch, Ray, boto3, httpx, clock or environment: every function here is a function of its
+arguments, so it is tested with plain values.
 
-Every function here is a function of its arguments, so it is tested with plain values.
+- lifecycle/: a job's life, (record, event, now) -> (record, effects, reply);
+- resolve.py: a job's layout and plan, decided once and stored with it;
+- planner.py and cost_model.py: every feasible layout with its predicted time, memory, cost;
+- capacity.py: admission and backfill of queued jobs on a fixed cluster;
+- autoscale.py, offers.py, simulate.py: the spot/on-demand policy, its rankings, its replays;
+- batching.py, schedule.py: which samples each rank reads, and the learning-rate schedule.
 """

@@ -31,9 +31,10 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Callable, Iterable, Mapping
 
-from raytrain.core.catalog import shape_from_key, shape_key
-from raytrain.core.hardware import GPUS
+from raytrain.catalog.hardware import GPUS
+from raytrain.catalog.shapes import shape_from_key, shape_key, usd_for
 from raytrain.core.planner import ModelDims, Workload, evaluate, fastest
+from raytrain.core.resolve import planner_inputs
 from raytrain.spec import JobSpec, Offer, PolicySpec
 
 # tokens/s and a description of the layout for an offer and a node count; None: nothing fits.
@@ -149,7 +150,7 @@ def evaluate_option(offer: Offer, market: str, nodes: int, tokens_per_s: float, 
     expected = expected_time_s(work_s, rate_per_s, interval, policy.checkpoint_cost_s,
                                restart_s, policy.notice_coverage)
     return Option(offer, market, nodes, tokens_per_s, layout, price * nodes, rate_per_hour,
-                  interval, expected, expected * price * nodes / 3600)
+                  interval, expected, usd_for(price, expected, nodes))
 
 
 def options(goal: Goal, offers: Iterable[Offer], throughput: Throughput, policy: PolicySpec,
@@ -256,7 +257,7 @@ def redecide(current: Option, event: str, goal: Goal, offers: list[Offer],
         return Decision("switch", best.option, f"behind the deadline on {now.describe()} "
                         f"(expected {now.expected_hours:.2f} h of {goal.deadline_s / 3600:.2f} "
                         f"h left): {best.reason}", at_checkpoint=True)
-    move_usd = policy.restart_s / 3600 * best.option.usd_per_hour
+    move_usd = usd_for(best.option.usd_per_hour, policy.restart_s)
     saving = now.expected_cost_usd - best.option.expected_cost_usd - move_usd
     if saving > policy.switch_min_saving * now.expected_cost_usd and saving > 0:
         return Decision("switch", best.option, f"saves ${saving:,.2f} of "
@@ -354,10 +355,10 @@ def job_throughput(spec: JobSpec) -> Throughput:
 def _planned_throughput(spec: JobSpec) -> Throughput:
     if spec.model.kind != "gpt":
         return fixed_devices(flops_throughput(1e3), spec.resources.num_workers)
-    dims, work, _, _ = spec.planner_inputs()
-    if spec.parallel.strategy == "auto":
+    dims, work, _, _ = planner_inputs(spec)
+    own = spec.stated_layout()
+    if own is None:  # strategy 'auto': the best layout for each option's devices
         return planner_throughput(dims, replace(work, micro_batch_options=(1, 2, 4, 8, 16)))
-    own = spec.own_candidate()
 
     @lru_cache(maxsize=None)
     def on_shape(key: tuple[str, int, str, float, bool]) -> tuple[float, str] | None:

@@ -3,8 +3,7 @@ workload, one candidate layout, and what that layout costs per device: memory
 (`memory_per_device`) and time per optimizer step (`step_time`), from the GPU's peak rate and
 memory, the links it spans, and the collectives each parallel axis makes.
 
-    c = Candidate(dp_replicate=8, dp_shard=1, tp=1, pp=1, virtual_stages=1,
-                  micro_batch=4, microbatches=2, recompute="none")
+    c = Layout(dp_replicate=8, micro_batch_size=4, microbatches=2)  # raytrain.spec.layout
     memory_per_device(dims, work, c, shape) -> bytes;  step_time(dims, work, c, shape) -> s
 """
 
@@ -14,8 +13,8 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from raytrain.core.hardware import Link, NodeShape
-from raytrain.core.layout import Layout, stage_layers, stages_of_rank
+from raytrain.catalog.hardware import Link, NodeShape
+from raytrain.spec.layout import Layout, ModelShape, stage_layers, stages_of_rank
 
 USABLE_MEMORY = 0.92
 
@@ -37,6 +36,16 @@ class ModelDims:
                  seq_len: int, max_seq_len: int) -> ModelDims:
         return ModelDims(num_layers, dim, num_heads, ffn_dim, vocab_size, seq_len,
                          position_rows=max_seq_len)
+
+    def layout_shape(self) -> ModelShape:
+        """What the layout check needs of the model. Tensor parallelism shards the built-in
+        GPT's vocabulary and learned positions too (it has position rows); other models the
+        planner is given (published Llama-style runs) are checked by heads, MLP and layers."""
+        built_in = self.position_rows > 0
+        return ModelShape(num_layers=self.num_layers, num_heads=self.num_heads,
+                          hidden_dim=self.ffn_dim, num_kv_heads=self.num_kv_heads,
+                          vocab_size=self.vocab_size if built_in else None,
+                          max_seq_len=self.position_rows if built_in else None)
 
     @property
     def kv_dim(self) -> int:
@@ -83,45 +92,6 @@ class Workload:
     @property
     def act_bytes(self) -> int:
         return 4 if self.precision == "fp32" else 2
-
-
-@dataclass(frozen=True)
-class Candidate:
-    dp_replicate: int
-    dp_shard: int
-    tp: int
-    pp: int
-    virtual_stages: int
-    micro_batch: int
-    microbatches: int
-    recompute: str
-    gpipe: bool = False  # the planner proposes 1F1B; a user's GPipe layout is evaluated too
-
-    @property
-    def world(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.tp * self.pp
-
-    @property
-    def schedule(self) -> str:
-        if self.gpipe:
-            return "gpipe"
-        return "interleaved_1f1b" if self.virtual_stages > 1 else "1f1b"
-
-    @property
-    def wrapper(self) -> str:
-        """The data-parallel wrapper raytrain uses for these degrees (Layout decides)."""
-        return Layout(self.dp_replicate, self.dp_shard, self.tp, self.pp).data_parallel_wrapper
-
-    def describe(self) -> str:
-        parts = [f"{n}{getattr(self, n)}" for n in ("dp_replicate", "dp_shard", "tp", "pp")
-                 if getattr(self, n) > 1] or ["1 device"]
-        if self.pp > 1:
-            parts.append(f"{self.schedule}" + (f" v{self.virtual_stages}"
-                                               if self.virtual_stages > 1 else ""))
-        parts.append(f"mb{self.micro_batch}x{self.microbatches}")
-        if self.recompute != "none":
-            parts.append(f"recompute {self.recompute}")
-        return " ".join(parts)
 
 
 def _collective_s(nbytes: float, ranks: int, link: Link) -> float:
@@ -171,13 +141,13 @@ def stage_flops_per_token(dims: ModelDims, pp: int, v: int) -> float:
     return slowest
 
 
-def root_params(dims: ModelDims, c: Candidate) -> float:
+def root_params(dims: ModelDims, c: Layout) -> float:
     """Parameters of FSDP's root unit on a rank (embeddings, final norm, head), without a
     pipeline; its tensor-parallel share."""
     return (dims.embedding_params + dims.head_params) / c.tp
 
 
-def memory_per_device(dims: ModelDims, work: Workload, c: Candidate, shape: NodeShape) -> float:
+def memory_per_device(dims: ModelDims, work: Workload, c: Layout, shape: NodeShape) -> float:
     """The most any rank needs: the first and the last pipeline rank bound the rest (earlier
     stages are never smaller, and the first rank has the most microbatches in flight)."""
     ranks = {0, c.pp - 1}
@@ -185,13 +155,13 @@ def memory_per_device(dims: ModelDims, work: Workload, c: Candidate, shape: Node
     return shape.gpu.runtime_reserve_bytes + worst
 
 
-def _rank_memory(dims: ModelDims, work: Workload, c: Candidate, rank: int) -> float:
+def _rank_memory(dims: ModelDims, work: Workload, c: Layout, rank: int) -> float:
     params, layers_here, last = rank_params(dims, c.pp, c.virtual_stages, rank)
     held = params / c.tp
     state = held / c.dp_shard * 16
     param_bytes = work.act_bytes
     block_held = dims.block_params / c.tp
-    if c.wrapper == "fsdp":
+    if c.data_parallel_wrapper == "fsdp":
         if c.pp > 1:  # parameters stay gathered between microbatches
             state += held * param_bytes
         else:
@@ -202,9 +172,9 @@ def _rank_memory(dims: ModelDims, work: Workload, c: Candidate, rank: int) -> fl
             root_held = root_params(dims, c)
             state += (root_held + 2 * block_held) * param_bytes
             state += max(root_held, block_held) * 4
-    elif c.wrapper == "ddp":
+    elif c.data_parallel_wrapper == "ddp":
         state += held * 4  # gradient buckets
-    tokens = c.micro_batch * dims.seq_len
+    tokens = c.micro_batch_size * dims.seq_len
     per_layer = dims.activation_values_per_token_layer
     if c.tp > 1:
         per_layer = per_layer / c.tp  # sequence parallel, raytrain's default with tp
@@ -239,12 +209,12 @@ def _rank_memory(dims: ModelDims, work: Workload, c: Candidate, rank: int) -> fl
     return state + activations + logits
 
 
-def step_time(dims: ModelDims, work: Workload, c: Candidate,
+def step_time(dims: ModelDims, work: Workload, c: Layout,
               shape: NodeShape) -> dict[str, float]:
     """Seconds per optimizer step, by part (compute, tp, pp, bubble, dp, optimizer, total)."""
     gpu = shape.gpu
     peak = gpu.flops(work.precision) * gpu.achievable * work.compute_speedup
-    tokens = c.micro_batch * dims.seq_len
+    tokens = c.micro_batch_size * dims.seq_len
     matmul_flops = tokens * stage_flops_per_token(dims, c.pp, c.virtual_stages)
     if c.recompute == "full":
         matmul_flops *= 4 / 3
@@ -262,7 +232,7 @@ def step_time(dims: ModelDims, work: Workload, c: Candidate,
         tp_mb = layers_here * (tp_passes / 2) * (
             one_pass * (1 + tp_link.reduce_scatter_factor))
         tp_mb += layers_here * gpu.tp_block_overhead_s
-    pp_link = _link_for_span(c.world, shape) if c.pp > 1 else shape.intra
+    pp_link = _link_for_span(c.world_size, shape) if c.pp > 1 else shape.intra
     pp_mb = 0.0
     if c.pp > 1:
         message = act_bytes_mb / c.tp
@@ -272,7 +242,7 @@ def step_time(dims: ModelDims, work: Workload, c: Candidate,
     fsdp_mb = 0.0
     dp_step = 0.0
     overlap = gpu.overlaps_communication
-    if c.wrapper == "fsdp":
+    if c.data_parallel_wrapper == "fsdp":
         groups = layers_here + 1  # one FSDP unit per block, one at the root
         gather = _collective_s(held * work.act_bytes, c.dp_shard, shard_link) + \
             shard_link.latency_s * (groups - 1) * (c.dp_shard - 1)
@@ -304,13 +274,13 @@ def step_time(dims: ModelDims, work: Workload, c: Candidate,
             fsdp_mb += held * ((1 + regathered) * gather_copies + scatter_copies) \
                 / gpu.copy_bandwidth + units
     if c.dp_replicate > 1:
-        replicate_link = _link_for_span(c.world // c.pp, shape)
+        replicate_link = _link_for_span(c.world_size // c.pp, shape)
         grads = held / c.dp_shard * 4
         allreduce = 2 * _collective_s(grads, c.dp_replicate, replicate_link)
-        if c.wrapper == "ddp" and overlap:
+        if c.data_parallel_wrapper == "ddp" and overlap:
             backward = compute_mb * 2 / 3
             dp_step += max(0.0, allreduce - backward) + allreduce / max(1, layers_here)
-        elif c.wrapper == "fsdp" and c.pp == 1:
+        elif c.data_parallel_wrapper == "fsdp" and c.pp == 1:
             # HSDP reduces across replicas after every microbatch's backward (raytrain does not
             # hold gradient sync back during accumulation), not hidden.
             fsdp_mb += allreduce

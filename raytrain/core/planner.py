@@ -1,7 +1,7 @@
 """The planner: every feasible layout for a model on N devices of a kind, with its predicted
 step time, tokens/s, MFU, memory per device and dollars per million tokens, best first.
 
-Pure arithmetic over raytrain.core.hardware. This module searches (candidates, evaluate,
+Pure arithmetic over raytrain.catalog.hardware. This module searches (candidates, evaluate,
 plan, fastest, suggest); the cost model it searches with, stated below, is
 raytrain.core.cost_model:
 
@@ -71,12 +71,12 @@ several times below a copy into warm memory.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
+from raytrain.catalog.hardware import GPUS, GiB, NodeShape, node_shape
+from raytrain.catalog.shapes import usd_for
 from raytrain.core.cost_model import (
     USABLE_MEMORY,
-    Candidate,
     ModelDims,
     Workload,
     memory_per_device,
@@ -86,19 +86,18 @@ from raytrain.core.cost_model import (
     stage_params,
     step_time,
 )
-from raytrain.core.hardware import GPUS, GiB, NodeShape, node_shape
-from raytrain.core.layout import divisors
+from raytrain.spec.layout import Layout, check_layout, divisors
 
 __all__ = [  # the planner's names, and the cost model's for its callers
     "Plan", "NothingFits", "evaluate", "candidates", "plan", "fastest", "suggest",
-    "USABLE_MEMORY", "ModelDims", "Workload", "Candidate", "rank_params", "stage_params",
+    "USABLE_MEMORY", "ModelDims", "Workload", "Layout", "rank_params", "stage_params",
     "stage_flops_per_token", "root_params", "memory_per_device", "step_time",
 ]
 
 
 @dataclass(frozen=True)
 class Plan:
-    candidate: Candidate
+    candidate: Layout
     step_s: float
     tokens_per_s: float
     mfu: float
@@ -126,24 +125,24 @@ class NothingFits(ValueError):
 # ------------------------------------------------------------------------------ the model
 
 
-def evaluate(dims: ModelDims, work: Workload, c: Candidate, shape: NodeShape,
+def evaluate(dims: ModelDims, work: Workload, c: Layout, shape: NodeShape,
              usd_per_device_hour: float | None = None) -> Plan:
     parts = step_time(dims, work, c, shape)
     step_s = parts["total"]
     tokens_step = work.global_batch * dims.seq_len
     tokens_per_s = tokens_step / step_s
     gpu = shape.gpu
-    mfu = tokens_per_s * dims.flops_per_token / (c.world * gpu.flops(work.precision))
-    single = Candidate(1, 1, 1, 1, 1, c.micro_batch, work.global_batch // c.micro_batch,
-                       c.recompute)
+    mfu = tokens_per_s * dims.flops_per_token / (c.world_size * gpu.flops(work.precision))
+    single = Layout(micro_batch_size=c.micro_batch_size,
+                    microbatches=work.global_batch // c.micro_batch_size, recompute=c.recompute)
     one_device = tokens_step / step_time(dims, work, single, shape)["total"]
     memory = memory_per_device(dims, work, c, shape)
     limit = gpu.memory_bytes * USABLE_MEMORY
     usd = None
     if usd_per_device_hour is not None:
-        usd = usd_per_device_hour * c.world / 3600 / tokens_per_s * 1e6
+        usd = usd_for(usd_per_device_hour, 1e6 / tokens_per_s, c.world_size)
     plan = Plan(c, step_s, tokens_per_s, mfu, memory, limit,
-                tokens_per_s / (c.world * one_device), usd, "", parts)
+                tokens_per_s / (c.world_size * one_device), usd, "", parts)
     return replace(plan, reason=_reason(plan, gpu.name))
 
 
@@ -164,33 +163,36 @@ def _reason(plan: Plan, gpu: str) -> str:
 
 
 def candidates(dims: ModelDims, work: Workload, world: int,
-               shape: NodeShape) -> list[Candidate]:
-    heads = math.gcd(dims.num_heads, dims.num_kv_heads or dims.num_heads)
+               shape: NodeShape) -> list[Layout]:
+    """Every layout of `world` devices that trains this model and batch: the search spans the
+    degrees, stages per rank, micro-batch sizes and recomputation the workload allows, and
+    keeps what raytrain.spec.layout.check_layout (the spec's own check) finds no problem in."""
+    model = dims.layout_shape()
+    built_in = True  # a model the planner has dimensions for is laid out like the built-in GPT
+
+    def trains(layout: Layout) -> bool:
+        return not check_layout(layout, model, dims.seq_len, built_in)
+
     found = []
     for tp in divisors(world):
-        if tp > work.max_tp or heads % tp or dims.ffn_dim % tp:
+        if tp > work.max_tp or not trains(Layout(tp=tp)):
             continue
         for pp in divisors(world // tp):
-            if pp > dims.num_layers:
-                continue
             dp = world // (tp * pp)
             if work.global_batch % dp:
                 continue
             local = work.global_batch // dp
             for shard in divisors(dp):
-                replicate = dp // shard
                 for v in (1, 2, 4) if pp > 1 else (1,):
-                    if pp * v > dims.num_layers:
-                        continue
                     for mb in work.micro_batch_options:
                         if local % mb:
                             continue
-                        m = local // mb
-                        if pp > 1 and (m < pp or (v > 1 and m % pp)):
-                            continue
                         for recompute in work.recompute_options:
-                            found.append(Candidate(replicate, shard, tp, pp, v, mb, m,
-                                                   recompute))
+                            layout = Layout(
+                                dp // shard, shard, tp, pp, v, mb, local // mb, recompute,
+                                schedule="interleaved_1f1b" if v > 1 else "1f1b")
+                            if trains(layout):
+                                found.append(layout)
     return found
 
 

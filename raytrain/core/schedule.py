@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+from raytrain.spec import TrainingSpec
+
 
 def lr_multiplier(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
     """Fraction of the peak learning rate used for optimizer step `step` (0-based).
@@ -20,6 +22,12 @@ def lr_multiplier(step: int, warmup_steps: int, total_steps: int, min_ratio: flo
     progress = min(1.0, (step - warmup_steps) / decay_steps)
     cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
     return min_ratio + (1.0 - min_ratio) * cosine
+
+
+def peak_learning_rate(training: TrainingSpec) -> float:
+    """The spec's learning_rate after its lr_scaling rule, for its global batch."""
+    return training.learning_rate * lr_batch_scale(
+        training.lr_scaling, training.global_batch_size, training.lr_reference_batch_size)
 
 
 def lr_batch_scale(rule: str, global_batch_size: int, reference_batch_size: int | None) -> float:

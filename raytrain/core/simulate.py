@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from raytrain.catalog.shapes import usd_for
 from raytrain.core.autoscale import Goal, Observed, Option, choose, redecide, with_history
 from raytrain.spec import Offer, PolicySpec
 
@@ -237,7 +238,7 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
         dt = job.step_s
         holding = n if state.market == "on-demand" else len(state.held)
         price = od_usd if state.market == "on-demand" else spot_usd
-        result.cost_usd += holding * price * dt / 3600
+        result.cost_usd += usd_for(price, dt, holding)
         if state.market == "spot":
             observed = with_history(observed, offer.id, 0, holding * dt / 3600) \
                 if strategy == "policy" else observed

@@ -19,7 +19,7 @@ The mesh has four named dimensions, outermost first: ("pp", "dp_replicate", "dp_
 so tensor-parallel peers are neighbouring ranks (on one node, over its fastest link) and
 pipeline peers are farthest apart.
 
-    model = build_parallel_model(spec, torch.device("cpu"))
+    model = build_parallel_model(spec, layout, torch.device("cpu"))
     loss = model.forward_backward([tokens_micro_0, tokens_micro_1])
 """
 
@@ -51,11 +51,11 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
-from raytrain.core.layout import Layout, stage_layers, stages_of_rank
 from raytrain.models.gpt import GPT
 from raytrain.models.registry import build_model
 from raytrain.parallel.compression import register_compression
 from raytrain.spec import JobSpec
+from raytrain.spec.layout import Layout, stage_layers, stages_of_rank
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
@@ -204,14 +204,14 @@ def build_mesh(layout: Layout, device: torch.device) -> DeviceMesh:
     return init_device_mesh(device.type, shape, mesh_dim_names=MESH_DIMS)
 
 
-def build_parallel_model(spec: JobSpec, device: torch.device) -> ParallelModel:
-    """This rank's model parts under `spec.layout`, initialised, on `device`."""
-    layout = spec.layout
+def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) -> ParallelModel:
+    """This rank's model parts for `spec` under its resolved `layout`, initialised, on
+    `device`."""
     parallel, training = spec.parallel, spec.training
     scaler = torch.amp.GradScaler(device.type) if training.precision == "fp16" else None
     if layout.world_size == 1:
         model = build_model(spec.model, seed=training.seed).to(device)
-        _set_recompute(model, parallel.activation_checkpointing)
+        _set_recompute(model, layout.recompute != "none")
         return ParallelModel(layout, device, [model], [model], precision=training.precision,
                              scaler=scaler)
 
@@ -231,7 +231,7 @@ def build_parallel_model(spec: JobSpec, device: torch.device) -> ParallelModel:
                 apply_tensor_parallel(part, mesh["tp"], layout.sequence_parallel)
         else:  # a user model: data parallel only (the spec rejects anything else)
             part = build_model(spec.model, seed=training.seed).to(device)
-        _set_recompute(part, parallel.activation_checkpointing)
+        _set_recompute(part, layout.recompute != "none")
         if wrapper == "fsdp":
             dp_mesh = (mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1
                        else mesh["dp_shard"])

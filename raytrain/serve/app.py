@@ -32,6 +32,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, TaskCancelledError
 
 from raytrain import __version__
 from raytrain.core.planner import NothingFits
+from raytrain.core.resolve import rank_plans
 from raytrain.spec import (
     JobLogs,
     JobSpec,
@@ -42,7 +43,6 @@ from raytrain.spec import (
     PlanRequest,
     PlanResponse,
     ServiceConfig,
-    rank_plans,
 )
 
 APP_NAME = "raytrain"

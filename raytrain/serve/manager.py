@@ -35,7 +35,7 @@ from typing import Any
 import ray
 from ray.actor import ActorHandle
 
-from raytrain.catalog import unknown_policy
+from raytrain.catalog.files import unknown_policy
 from raytrain.core import lifecycle as lc
 from raytrain.core.capacity import never_fits
 from raytrain.core.offers import offers_response
@@ -133,6 +133,7 @@ class JobManager:
     def submit(self, document: dict[str, Any]) -> dict[str, Any]:
         try:
             spec = parse_job_spec(document)
+            plan = plan_summary(spec)  # the layout, decided once: stored, never planned again
             check_imports_allowed(spec, self.config.allowed_import_packages)
             policy_error = self.provisioner.policy_error(spec)
             if policy_error is not None:
@@ -148,7 +149,7 @@ class JobManager:
             id=uuid.uuid4().hex[:12],
             state=JobState.PENDING,
             spec=spec,
-            plan=plan_summary(spec),
+            plan=plan,
             progress=Progress(total_steps=spec.training.steps),
             message="queued",
             created_at=self.cluster.now(),

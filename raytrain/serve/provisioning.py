@@ -36,7 +36,7 @@ from typing import Callable
 
 import yaml
 
-from raytrain.catalog import (
+from raytrain.catalog.files import (
     CACHE_FILE,
     load_offers,
     load_policies,
@@ -55,6 +55,7 @@ from raytrain.core.autoscale import (
     redecide,
 )
 from raytrain.core.lifecycle import CapacityDecided
+from raytrain.core.resolve import plan_summary
 from raytrain.errors import FieldError
 from raytrain.spec import (
     DecisionRecord,
@@ -62,6 +63,7 @@ from raytrain.spec import (
     JobStatus,
     Offer,
     OfferCatalog,
+    PlanSummary,
     PolicySpec,
     Resources,
     ServiceConfig,
@@ -79,6 +81,7 @@ class Placement:
     workers: int
     option: Option
     spec: JobSpec  # the job's spec with its worker count and accelerator set to the choice
+    plan: PlanSummary  # its layout on that capacity, decided here once
     requested_at: float
     unavailable: frozenset[tuple[str, str]] = frozenset()
     requesting: bool = True  # False while the job's worker group holds the nodes
@@ -194,7 +197,7 @@ class Provisioner:
             return self.place(job, now)
         if old.option.market == "spot":
             count, hours = self.history.get(old.option.offer.id, (0, 0.0))
-            held_h = (now - old.requested_at) / 3600 * old.nodes
+            held_h = (now - old.requested_at) / 3600 * old.nodes  # node-hours, not dollars
             self.history[old.option.offer.id] = (count + 1, hours + held_h)
         return self._decide(job, now, "preemption", old.unavailable, old.option)
 
@@ -298,13 +301,13 @@ class Provisioner:
             **resources.model_dump(), "num_workers": devices,
             "accelerator": offer.gpu_kind if on_gpu else None}})
         placement = Placement(node_type[(offer.id, option.market)], option.nodes, devices,
-                              option, run_spec, now, unavailable)
+                              option, run_spec, plan_summary(run_spec), now, unavailable)
         self.placements[job.id] = placement
         held = Resources(
             accelerator=offer.gpu_kind, node_type=placement.node_type, offer=offer.id,
             market=option.market,  # type: ignore[arg-type]
             nodes=option.nodes, gpus=devices * resources.gpus_per_worker if on_gpu else 0.0,
-            cpus=devices * resources.cpus_per_worker, hourly_usd=option.usd_per_hour)
+            cpus=devices * resources.cpus_per_worker, usd_per_hour=option.usd_per_hour)
         self._send(job.id, placement, now)
         return placement, CapacityDecided(
             record, held, f"requested {option.nodes} x {placement.node_type} from the autoscaler")

@@ -7,7 +7,8 @@ recording fake, tests/fake_ray.py) and never calls Ray itself, so its bookkeepin
 in-process and only this module needs a real cluster.
 
     cluster = RayCluster()
-    handle = cluster.launch(job_id, spec_json, ckpt_root, run_root, {"gpu-node": 0.125}, None)
+    handle = cluster.launch(job_id, spec_json, layout_json, ckpt_root, run_root,
+                            {"gpu-node": 0.125}, None)
     cluster.finished({job_id: handle})  -> {job_id} once fit() returned
     cluster.outcome(handle)             -> None, or the workers' error in a few lines
 """
@@ -26,7 +27,7 @@ from ray.actor import ActorHandle
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from raytrain.errors import RaytrainError
-from raytrain.spec import JobSpec
+from raytrain.spec import JobSpec, Layout
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,8 @@ class JobRunner:
     """Runs one job's `fit()`; killing this actor stops the job."""
 
     def run(
-        self, spec_json: dict[str, Any], job_id: str, checkpoint_root: str, run_root: str,
+        self, spec_json: dict[str, Any], layout_json: dict[str, Any], job_id: str,
+        checkpoint_root: str, run_root: str,
         worker_resources: dict[str, float] | None = None,
         interruption_endpoint: str | None = None,
     ) -> None:
@@ -52,6 +54,7 @@ class JobRunner:
 
         run_training_job(
             JobSpec.model_validate(spec_json),
+            Layout(**layout_json),
             job_id,
             Path(checkpoint_root),
             Path(run_root),
@@ -73,15 +76,15 @@ class RayCluster:
     def now(self) -> float:
         return time.time()
 
-    def launch(self, job_id: str, spec_json: dict[str, Any], checkpoint_root: str,
-               run_root: str, worker_resources: dict[str, float] | None,
+    def launch(self, job_id: str, spec_json: dict[str, Any], layout_json: dict[str, Any],
+               checkpoint_root: str, run_root: str, worker_resources: dict[str, float] | None,
                notice_endpoint: str | None) -> RunHandle:
         # On the head node: Ray Train puts its controller (and Ray Data its detached
         # autoscaling coordinator) beside the caller, and a bought node that keeps any actor
         # is never idle, so the autoscaler would never let it go.
         runner = JobRunner.options(name=f"{RUNNER_PREFIX}{job_id}", namespace=NAMESPACE,
                                    resources={HEAD_NODE_RESOURCE: 0.001}).remote()
-        done = runner.run.remote(spec_json, job_id, checkpoint_root, run_root,
+        done = runner.run.remote(spec_json, layout_json, job_id, checkpoint_root, run_root,
                                  worker_resources, notice_endpoint)
         return RunHandle(runner, done)
 

@@ -14,12 +14,13 @@ manager as lifecycle events, and starts runners.
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from raytrain.cloud.interruption import watch_endpoint
 from raytrain.core import lifecycle as lc
 from raytrain.core.capacity import Queued, admit, backfill, worker_group_demand
-from raytrain.spec import JobSpec, JobState
+from raytrain.spec import JobSpec, JobState, PlanSummary
 
 if TYPE_CHECKING:
     from raytrain.serve.manager import JobManager
@@ -87,8 +88,9 @@ class Scheduler:
                 if job.id in decided.waiting:
                     manager.apply(job.id, lc.Queued(decided.waiting[job.id]))
                     continue
-                self._launch(job.id, job.spec, demands[job.id], notice_endpoint=watch_endpoint(
-                    self.config.interruption_endpoint, "local", None))
+                self._launch(job.id, job.spec, job.plan, demands[job.id],
+                             notice_endpoint=watch_endpoint(
+                                 self.config.interruption_endpoint, "local", None))
 
     def _start_on_bought_nodes(self, job_id: str, total: dict[str, float],
                                held: list[dict[str, float]]) -> None:
@@ -115,9 +117,9 @@ class Scheduler:
                                         resources.gpus_per_worker), **placement.demand}
         if not admit(demand, total, held).fits:
             return
-        self._launch(job_id, placement.spec, demand, placement.worker_resources,
+        self._launch(job_id, placement.spec, placement.plan, demand, placement.worker_resources,
                      f"{placement.nodes} x {placement.node_type}, "
-                     f"{placement.spec.layout.describe()}",
+                     f"{placement.plan.description}",
                      watch_endpoint(self.config.interruption_endpoint, placement.option.market,
                                     placement.option.offer.provider),
                      usd_per_hour=placement.option.usd_per_hour)
@@ -126,19 +128,20 @@ class Scheduler:
         provisioner.handed_over(job_id)
         held.append(demand)
 
-    def _launch(self, job_id: str, spec: JobSpec, demand: dict[str, float],
+    def _launch(self, job_id: str, spec: JobSpec, plan: PlanSummary, demand: dict[str, float],
                 worker_resources: dict[str, float] | None = None, describe: str = "",
                 notice_endpoint: str | None = None, usd_per_hour: float = 0.0) -> None:
         root = self.config.checkpoint_root / job_id
-        handle = self.cluster.launch(job_id, spec.model_dump(mode="json"),
+        handle = self.cluster.launch(job_id, spec.model_dump(mode="json"), asdict(plan.layout),
                                      str(root / "checkpoints"), str(root / "ray"),
                                      worker_resources, notice_endpoint)
         self.manager.handles[job_id] = handle
         bought = set(worker_resources or ())
         self.manager.apply(job_id, lc.Launched(lc.Run(
             demand=demand, launched_at=self.cluster.now(), usd_per_hour=usd_per_hour,
-            describe=describe or spec.layout.describe(),
-            nodes_at_launch=self.cluster.alive_nodes(bought) if bought else frozenset())))
+            describe=describe or plan.description,
+            nodes_at_launch=self.cluster.alive_nodes(bought) if bought else frozenset()),
+            plan))
         logger.info("job %s launched with %s", job_id, demand)
 
     def review_running(self) -> None:

@@ -9,7 +9,11 @@ model's reach) are checked here too and reported at the path of the field to cha
     spec = load_job_spec("examples/demo.yaml")
     spec = JobSpec.model_validate({"training": {"steps": 200}})
 
-By module: `job` (the JobSpec and its sections), `offers` (capacity for sale, policies,
+spec/ is data and validation only: it imports nothing from raytrain.core (the planner runs
+in raytrain.core.resolve, once per job), and validates names against raytrain.catalog.
+
+By module: `job` (the JobSpec), `sections` (its sections), `layout` (the Layout value and
+its one feasibility check), `offers` (capacity for sale, policies,
 node-type bindings, decisions), `status` (JobStatus, JobEvent and their parts), `service`
 (ServiceConfig), `plans` (POST /v1/plans). Import from `raytrain.spec` itself.
 """
@@ -21,6 +25,7 @@ from raytrain.spec.job import (
     parse_job_spec,
     spec_error_from_validation,
 )
+from raytrain.spec.layout import Layout, ModelShape, Problem
 from raytrain.spec.offers import (
     DecisionRecord,
     NodeTypeBinding,
@@ -35,7 +40,6 @@ from raytrain.spec.plans import (
     PlanRequest,
     PlanResponse,
     PlanRow,
-    rank_plans,
 )
 from raytrain.spec.sections import (
     CapacitySpec,
@@ -101,5 +105,5 @@ __all__ = [
     "PlanRequest",
     "PlanRow",
     "PlanResponse",
-    "rank_plans",
+    "Layout", "ModelShape", "Problem",
 ]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +12,16 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails
 
-from raytrain.core.hardware import node_shape, with_cpu_share
-from raytrain.core.layout import Layout, ModelShape, Problem, check_layout, resolve_layout
-from raytrain.core.planner import Candidate, ModelDims, NothingFits, Plan, Workload, evaluate, plan
 from raytrain.errors import FieldError, SpecError
 from raytrain.spec._base import Strict, field_error, raise_if_any
+from raytrain.spec.layout import (
+    DEGREES,
+    Layout,
+    ModelShape,
+    Problem,
+    check_layout,
+    resolve_layout,
+)
 from raytrain.spec.sections import (
     CapacitySpec,
     DataSpec,
@@ -52,52 +56,12 @@ class JobSpec(Strict):
     @model_validator(mode="after")
     def _sections_agree(self) -> JobSpec:
         errors: list[InitErrorDetails] = []
-        parallel, training, resources = self.parallel, self.training, self.resources
-        layout, problems = self._layout_and_problems()
-        per_step = training.micro_batch_size * layout.dp
-        if training.global_batch_size % per_step:
-            fits = max(per_step, training.global_batch_size // per_step * per_step)
-            errors.append(
-                field_error(
-                    ("training", "global_batch_size"),
-                    f"global_batch_size={training.global_batch_size} is not a multiple of "
-                    f"micro_batch_size x data-parallel ranks = {training.micro_batch_size}"
-                    f" x {layout.dp} = {per_step}. To fix: use {fits} or another multiple of "
-                    f"{per_step}",
-                    training.global_batch_size,
-                )
-            )
-        elif not problems:
-            shape = ModelShape()
-            if self.model.kind == "gpt":
-                gpt = self.model.gpt
-                shape = ModelShape(gpt.num_layers, gpt.num_heads, gpt.hidden_dim, gpt.vocab_size,
-                                   gpt.max_seq_len)
-            problems = check_layout(layout, shape, self.data.seq_len, self.model.kind == "gpt")
+        training, resources = self.training, self.resources
+        layout, problems = self._stated()
+        if layout is not None and not problems:
+            problems = self.layout_problems(layout)
         for problem in problems:
             errors.append(field_error(problem.field, problem.message, None))
-        if parallel.compression != "none" and layout.data_parallel_wrapper != "ddp":
-            errors.append(
-                field_error(
-                    ("parallel", "compression"),
-                    f"gradient compression rides on DDP's communication hooks, but this layout "
-                    f"({layout.describe()}) uses "
-                    + ("FSDP2" if layout.data_parallel_wrapper == "fsdp" else "no data "
-                       "parallelism")
-                    + ". To fix: set compression to 'none', or use data parallelism "
-                    "(dp_replicate > 1) without tp or dp_shard",
-                    parallel.compression,
-                )
-            )
-        if training.precision == "fp16" and layout.pp > 1:
-            errors.append(
-                field_error(
-                    ("training", "precision"),
-                    "fp16 loss scaling is not wired through pipeline schedules. To fix: use "
-                    "'bf16' (no loss scaling needed) with pipeline parallelism",
-                    training.precision,
-                )
-            )
         if training.precision == "fp16" and not resources.use_gpu:
             errors.append(
                 field_error(
@@ -120,94 +84,78 @@ class JobSpec(Strict):
         raise_if_any("JobSpec", errors)
         return self
 
-    def _layout_and_problems(self) -> tuple[Layout, list[Problem]]:
+    def stated_layout(self) -> Layout | None:
+        """The layout this spec states (checked on construction), or None for strategy
+        'auto' on the built-in GPT, which raytrain.core.resolve plans once at submit."""
+        return self._stated()[0]
+
+    def _stated(self) -> tuple[Layout | None, list[Problem]]:
         parallel, training = self.parallel, self.training
+        recompute = "full" if parallel.activation_checkpointing else "none"
         if parallel.strategy == "auto":
-            return self._planned_layout()
+            if self.model.kind != "gpt":  # dimensions unknown: data parallel over the workers
+                return self._with_batch(Layout(dp_replicate=self.resources.num_workers,
+                                               recompute=recompute)), []
+            if self.resources.device_kind is None:
+                return None, [Problem(("resources", "accelerator"), (
+                    "strategy 'auto' plans for a GPU kind. To fix: set resources.accelerator "
+                    "(e.g. 'h100-sxm'), or choose a strategy"))]
+            return None, []
         layout, problems = resolve_layout(
             parallel.strategy,
             self.resources.num_workers,
-            {name: getattr(parallel, name) for name in ("dp_replicate", "dp_shard", "tp", "pp")},
+            {name: getattr(parallel, name) for name in DEGREES},
             virtual_stages=parallel.virtual_stages,
             schedule=parallel.pipeline_schedule,
             sequence_parallel=parallel.sequence_parallel,
+            micro_batch_size=training.micro_batch_size,
+            recompute=recompute,
         )
+        return self._with_batch(layout), problems
+
+    def _with_batch(self, layout: Layout) -> Layout:
+        """The layout with this spec's micro-batch count (gradient accumulation) filled in."""
+        training = self.training
         accum = max(1, training.global_batch_size // (training.micro_batch_size * layout.dp))
-        return replace(layout, microbatches=accum), problems
+        return replace(layout, micro_batch_size=training.micro_batch_size, microbatches=accum)
 
-    def _planned_layout(self) -> tuple[Layout, list[Problem]]:
-        """strategy 'auto': the planner's fastest fitting layout for this model and hardware."""
-        here = ("parallel", "strategy")
-        if self.model.kind != "gpt":
-            return Layout(dp_replicate=self.resources.num_workers), []  # dims unknown: DDP
-        if self.resources.device_kind is None:
-            return Layout(), [Problem(("resources", "accelerator"), (
-                "strategy 'auto' plans for a GPU kind. To fix: set resources.accelerator "
-                "(e.g. 'h100-sxm'), or choose a strategy"))]
-        try:
-            best = self.plans(keep=1)[0]
-        except NothingFits as exc:
-            return Layout(), [Problem(here, str(exc))]
-        c = best.candidate
-        return Layout(dp_replicate=c.dp_replicate, dp_shard=c.dp_shard, tp=c.tp, pp=c.pp,
-                      virtual_stages=c.virtual_stages, microbatches=c.microbatches,
-                      schedule=c.schedule if c.pp > 1 else self.parallel.pipeline_schedule,
-                      sequence_parallel=True), []
-
-    def planner_inputs(self, gpus: int | None = None, accelerator: str | None = None
-                       ) -> tuple[ModelDims, Workload, str, int]:
-        """What the planner needs to know of this job (built-in GPT only)."""
-        gpt = self.model.gpt
-        dims = ModelDims.from_gpt(gpt.num_layers, gpt.dim, gpt.num_heads, gpt.hidden_dim,
-                                  gpt.vocab_size, self.data.seq_len, gpt.max_seq_len)
-        work = Workload(
-            global_batch=self.training.global_batch_size,
-            precision="fp32" if self.training.precision == "fp32" else "bf16",
-            recompute_options=("full",) if self.parallel.activation_checkpointing
-            else ("none",),
-            micro_batch_options=(self.training.micro_batch_size,),
-        )
-        kind = accelerator or self.resources.device_kind or "cpu"
-        return dims, work, kind, gpus or self.resources.num_workers
-
-    def plans(self, gpus: int | None = None, accelerator: str | None = None,
-              usd_per_device_hour: float | None = None, keep: int = 20) -> list[Plan]:
-        """Ranked plans for this job (raises NothingFits with what would)."""
-        dims, work, kind, count = self.planner_inputs(gpus, accelerator)
-        return plan(dims, work, kind, count, usd_per_device_hour, keep=keep)
-
-    def predicted(self) -> Plan | None:
-        """The planner's figures for this job's own layout, when the model is the built-in GPT
-        and the device kind is known."""
-        if self.model.kind != "gpt" or self.resources.device_kind is None:
-            return None
-        dims, work, kind, _ = self.planner_inputs()
-        shape = with_cpu_share(node_shape(kind), self.resources.cpus_per_worker)
-        return evaluate(dims, work, self.own_candidate(), shape)
-
-    def own_candidate(self) -> Candidate:
-        """This job's layout in the planner's terms (built-in GPT)."""
-        layout = self.layout
-        return Candidate(layout.dp_replicate, layout.dp_shard, layout.tp, layout.pp,
-                         layout.virtual_stages, self.training.micro_batch_size,
-                         layout.microbatches,
-                         "full" if self.parallel.activation_checkpointing else "none",
-                         gpipe=layout.pp > 1 and layout.schedule == "gpipe")
-
-    @cached_property
-    def layout(self) -> Layout:
-        """The resolved parallel layout (valid: the spec was checked on construction)."""
-        return self._layout_and_problems()[0]
-
-    @property
-    def data_parallel_degree(self) -> int:
-        return self.layout.dp
-
-    @property
-    def grad_accum_steps(self) -> int:
-        return self.training.global_batch_size // (
-            self.training.micro_batch_size * self.data_parallel_degree
-        )
+    def layout_problems(self, layout: Layout) -> list[Problem]:
+        """Everything that rules `layout` out for this job: the batch, the model's sizes,
+        compression and precision. Empty when it trains."""
+        training, parallel = self.training, self.parallel
+        per_step = training.micro_batch_size * layout.dp
+        if training.global_batch_size % per_step:
+            fits = max(per_step, training.global_batch_size // per_step * per_step)
+            return [Problem(
+                ("training", "global_batch_size"),
+                f"global_batch_size={training.global_batch_size} is not a multiple of "
+                f"micro_batch_size x data-parallel ranks = {training.micro_batch_size}"
+                f" x {layout.dp} = {per_step}. To fix: use {fits} or another multiple of "
+                f"{per_step}",
+            )]
+        shape = ModelShape()
+        if self.model.kind == "gpt":
+            gpt = self.model.gpt
+            shape = ModelShape(gpt.num_layers, gpt.num_heads, gpt.hidden_dim, None,
+                               gpt.vocab_size, gpt.max_seq_len)
+        problems = check_layout(layout, shape, self.data.seq_len, self.model.kind == "gpt")
+        if parallel.compression != "none" and layout.data_parallel_wrapper != "ddp":
+            problems.append(Problem(
+                ("parallel", "compression"),
+                f"gradient compression rides on DDP's communication hooks, but this layout "
+                f"({layout.describe()}) uses "
+                + ("FSDP2" if layout.data_parallel_wrapper == "fsdp" else "no data "
+                   "parallelism")
+                + ". To fix: set compression to 'none', or use data parallelism "
+                "(dp_replicate > 1) without tp or dp_shard",
+            ))
+        if training.precision == "fp16" and layout.pp > 1:
+            problems.append(Problem(
+                ("training", "precision"),
+                "fp16 loss scaling is not wired through pipeline schedules. To fix: use "
+                "'bf16' (no loss scaling needed) with pipeline parallelism",
+            ))
+        return problems
 
     @property
     def tokens_per_step(self) -> int:

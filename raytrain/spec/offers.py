@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from raytrain.core.hardware import LINKS
+from raytrain.catalog.hardware import CATALOG_VERSION, LINKS
 from raytrain.spec._base import Record, Strict, field_error, raise_if_any
 from raytrain.spec.job import JobSpec
 from raytrain.spec.sections import Market, accelerator_errors
@@ -64,7 +64,10 @@ class Offer(Strict):
 
 
 class OfferCatalog(Record):
-    version: str = Field(description="Date of the figures (snapshot) or of the refresh.")
+    version: str = Field(
+        CATALOG_VERSION, description="The catalog these offers belong to (raytrain.catalog: "
+        "one version for hardware, offers and policies); fetched_at says when a refresh "
+        "updated their prices.")
     source: Literal["snapshot", "aws", "file"] = Field(description="Where the offers came from.")
     fetched_at: float | None = Field(None, description="Unix time of the refresh, if any.")
     warnings: list[str] = Field(default_factory=list, description="What could not be refreshed.")

@@ -1,13 +1,11 @@
-"""POST /v1/plans: ranked layouts of a job on some hardware."""
+"""POST /v1/plans: ranked layouts of a job on some hardware (raytrain.core.resolve ranks
+them). A row's degrees, micro-batch and recomputation are raytrain.spec.layout.Layout's
+fields, flattened."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from pydantic import Field, model_validator
 
-from raytrain.core.hardware import CATALOG_VERSION
-from raytrain.core.planner import plan
 from raytrain.spec._base import Record, Strict, field_error, raise_if_any
 from raytrain.spec.job import JobSpec
 from raytrain.spec.sections import accelerator_errors
@@ -65,25 +63,3 @@ class PlanResponse(Record):
     gpus: int
     catalog_version: str
     plans: list[PlanRow]
-
-
-def rank_plans(request: PlanRequest) -> PlanResponse:
-    """The ranked plans for a request; raises NothingFits with the smallest changes."""
-    spec = request.spec
-    dims, work, kind, gpus = spec.planner_inputs(request.gpus, request.accelerator)
-    # Ranking searches micro-batch sizes and recomputation too, not only the spec's own.
-    work = replace(work, micro_batch_options=(1, 2, 4, 8, 16), recompute_options=("none", "full"))
-    plans = plan(dims, work, kind, gpus, request.usd_per_gpu_hour, keep=request.keep)
-    rows = []
-    for index, p in enumerate(plans, start=1):
-        c = p.candidate
-        rows.append(PlanRow(
-            rank=index, layout=c.describe(), dp_replicate=c.dp_replicate, dp_shard=c.dp_shard,
-            tp=c.tp, pp=c.pp, virtual_stages=c.virtual_stages, micro_batch_size=c.micro_batch,
-            microbatches=c.microbatches, recompute=c.recompute, step_s=p.step_s,
-            tokens_per_s=p.tokens_per_s, mfu=p.mfu, memory_gib=p.memory_bytes / 2**30,
-            memory_limit_gib=p.memory_limit_bytes / 2**30,
-            scaling_efficiency=p.scaling_efficiency,
-            usd_per_million_tokens=p.usd_per_million_tokens, reason=p.reason,
-        ))
-    return PlanResponse(accelerator=kind, gpus=gpus, catalog_version=CATALOG_VERSION, plans=rows)

@@ -9,8 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 from pydantic_core import InitErrorDetails
 
-from raytrain.core.hardware import GPUS
-from raytrain.core.schedule import lr_batch_scale
+from raytrain.catalog.hardware import GPUS
 from raytrain.spec._base import IMPORT_PATH, Strict, field_error, raise_if_any
 
 
@@ -238,13 +237,6 @@ class TrainingSpec(Strict):
             ))
         raise_if_any("TrainingSpec", errors)
         return self
-
-    @property
-    def peak_learning_rate(self) -> float:
-        """learning_rate after lr_scaling for this global batch."""
-        return self.learning_rate * lr_batch_scale(
-            self.lr_scaling, self.global_batch_size, self.lr_reference_batch_size
-        )
 
     @property
     def warmup(self) -> int:

@@ -6,10 +6,11 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 
 from raytrain.spec._base import Record
 from raytrain.spec.job import JobSpec
+from raytrain.spec.layout import Layout
 from raytrain.spec.offers import DecisionRecord
 
 
@@ -45,12 +46,16 @@ class Resources(Record):
     nodes: int = Field(0, description="Nodes the workers span.")
     gpus: float = Field(0, description="GPUs held by the job.")
     cpus: float = Field(0, description="CPUs held by the job.")
-    hourly_usd: float = Field(0.0, description="Price of the held capacity per hour.")
+    usd_per_hour: float = Field(
+        0.0, description="Price of the held capacity per hour.",
+        validation_alias=AliasChoices("usd_per_hour", "hourly_usd"),  # stores before 2026-12
+    )
 
 
 class PlanSummary(Record):
     strategy: str = Field(description="The parallel strategy.")
-    layout: dict[str, int] = Field(description="Degree of each parallel axis.")
+    layout: Layout = Field(description="The layout the job trains with: degrees, schedule, "
+                           "micro-batch and recomputation.")
     description: str = Field("", description="The layout in words, e.g. 'dp_shard2 tp2'.")
     predicted_step_s: float | None = Field(None, description="The planner's step time.")
     predicted_tokens_per_s: float | None = Field(None, description="The planner's throughput.")
@@ -65,6 +70,8 @@ class PlanSummary(Record):
     grad_accum_steps: int = Field(description="Micro-batches accumulated per optimizer step.")
     tokens_per_step: int = Field(description="Tokens per optimizer step, all ranks.")
     backend: str = Field(description="Collective backend: nccl on GPU, gloo on CPU.")
+    catalog_version: str | None = Field(
+        None, description="The hardware catalog the plan was made with.")
 
 
 class CheckpointInfo(Record):

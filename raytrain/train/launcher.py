@@ -8,7 +8,7 @@ restart the loop finds the latest committed one by itself.
 
 Rank 0 publishes progress to the job manager actor named in the config; other ranks stay quiet.
 
-    run_training_job(spec, job_id="ab12", checkpoint_root=Path(...), run_root=Path(...),
+    run_training_job(spec, layout, job_id="ab12", checkpoint_root=Path(...), run_root=Path(...),
                      manager=("raytrain", "raytrain-job-manager"))
 """
 
@@ -18,6 +18,7 @@ import logging
 import os
 import time
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from raytrain.cloud.interruption import Ec2Metadata, Watcher
-from raytrain.spec import JobSpec
+from raytrain.spec import JobSpec, Layout
 from raytrain.train.loop import WorkerInfo, train
 from raytrain.train.progress import NullSink, ProgressSink
 from raytrain.train.worker_logs import captured_output
@@ -97,6 +98,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     torch.set_num_threads(config["threads_per_worker"])
     context = ray.train.get_context()
     spec = JobSpec.model_validate(config["spec"])
+    layout = Layout(**config["layout"])  # resolved once, at submit: not planned again here
     worker = WorkerInfo(
         rank=context.get_world_rank(),
         world_size=context.get_world_size(),
@@ -118,7 +120,8 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     with captured_output(Path(config["log_dir"]), worker.rank, header):
         watcher = Watcher(Ec2Metadata(endpoint)).start() if endpoint else None
         try:
-            train(spec, worker, sink, Path(config["checkpoint_root"]), notices=watcher)
+            train(spec, worker, sink, Path(config["checkpoint_root"]), notices=watcher,
+                  layout=layout)
         except Exception:
             # The traceback goes to this rank's log; the error itself travels to the job's
             # status through Ray (and is logged once there).
@@ -141,6 +144,7 @@ def threads_per_worker(spec: JobSpec) -> int:
 
 def build_trainer(
     spec: JobSpec,
+    layout: Layout,
     job_id: str,
     checkpoint_root: Path,
     run_root: Path,
@@ -163,6 +167,7 @@ def build_trainer(
         train_fn_per_worker,
         train_loop_config={
             "spec": spec.model_dump(mode="json"),
+            "layout": asdict(layout),
             "job_id": job_id,
             "checkpoint_root": str(checkpoint_root),
             "log_dir": str(checkpoint_root.parent / "logs"),
@@ -198,8 +203,8 @@ def build_trainer(
 
 
 def run_training_job(
-    spec: JobSpec, job_id: str, checkpoint_root: Path, run_root: Path, manager: tuple[str, str],
-    worker_resources: dict[str, float] | None = None,
+    spec: JobSpec, layout: Layout, job_id: str, checkpoint_root: Path, run_root: Path,
+    manager: tuple[str, str], worker_resources: dict[str, float] | None = None,
     interruption_endpoint: str | None = None,
 ) -> None:
     """Block until the job's training finishes; raise ray.train.TrainingFailedError if it fails."""
@@ -209,5 +214,5 @@ def run_training_job(
     # about 1% of a 2-core node (BENCHMARKS.md, background CPU). Ray Train passes this
     # variable from the process that calls fit() to its controller. An operator's value wins.
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-    build_trainer(spec, job_id, checkpoint_root, run_root, manager, worker_resources,
+    build_trainer(spec, layout, job_id, checkpoint_root, run_root, manager, worker_resources,
                   interruption_endpoint).fit()

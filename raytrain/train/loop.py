@@ -27,10 +27,12 @@ import torch.distributed as dist
 from torch import nn
 
 from raytrain.core.batching import BatchPlan
-from raytrain.core.schedule import lr_multiplier
+from raytrain.core.resolve import job_layout
+from raytrain.core.schedule import lr_multiplier, peak_learning_rate
 from raytrain.data.sources import TokenSource, build_source
 from raytrain.parallel.parallelize import ParallelModel, build_parallel_model, clip_grad_norm
 from raytrain.spec import JobSpec
+from raytrain.spec.layout import Layout
 from raytrain.train.checkpoint import CheckpointManager
 from raytrain.train.progress import ProgressMeter, ProgressSink
 
@@ -164,8 +166,12 @@ def train(
     stop_after_steps: int | None = None,
     progress_interval_s: float = 1.0,
     notices: Notices | None = None,
+    layout: Layout | None = None,
 ) -> dict[str, Any]:
     """Train `spec` on this worker; return the final figures (meaningful on rank 0).
+
+    `layout`: the job's resolved layout, as stored with it (raytrain.core.resolve); None
+    resolves it here, for a spec run outside the service.
 
     `stop_after_steps` ends the run early after that many steps of this call (tests use it to
     compare a resumed run against an uninterrupted one). `notices`: this node's interruption
@@ -175,14 +181,14 @@ def train(
     """
     notices = notices or NoNotices()
     training = spec.training
-    layout = spec.layout
+    layout = layout or job_layout(spec)
     if layout.world_size != worker.world_size:
         raise ValueError(
             f"the job's layout ({layout.describe()}) needs {layout.world_size} ranks, but "
             f"{worker.world_size} were started"
         )
     torch.manual_seed(training.seed)
-    model = build_parallel_model(spec, worker.device)
+    model = build_parallel_model(spec, layout, worker.device)
     optimizers = [build_optimizer(part, spec) for part in model.parts]
     source = build_source(spec.data, _vocab_size(spec))
     plan = BatchPlan(training.global_batch_size, training.micro_batch_size, layout.dp)
@@ -286,7 +292,7 @@ def _train_step(
     scale = lr_multiplier(step, training.warmup, training.steps, training.min_lr_ratio)
     for optimizer in optimizers:
         for group in optimizer.param_groups:
-            group["lr"] = training.peak_learning_rate * scale
+            group["lr"] = peak_learning_rate(training) * scale
     micro_batches = [
         source.batch(plan.sample_range(step, micro_step, model.dp_rank))
         for micro_step in range(plan.grad_accum_steps)

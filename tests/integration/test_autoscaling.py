@@ -50,7 +50,7 @@ def test_the_autoscaler_launches_the_chosen_node_type_and_lets_it_go(
     resources = running.resources
     assert (resources.node_type, resources.market, resources.offer) == (
         "cpu-spot", "spot", "local/here/cpu-2")
-    assert resources.nodes == 1 and resources.hourly_usd == pytest.approx(0.03)
+    assert resources.nodes == 1 and resources.usd_per_hour == pytest.approx(0.03)
     first = running.decisions[0]
     assert (first.event, first.action, first.market) == ("submit", "start", "spot")
     assert "1 x cpu-2 spot" in first.reason

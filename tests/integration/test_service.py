@@ -120,8 +120,9 @@ def test_job_trains_to_success_and_streams_progress(service: Service) -> None:
     assert status.result is not None and status.result.final_loss < status.result.first_loss
     assert status.checkpoint is not None and status.checkpoint.step == 60
     assert Path(status.checkpoint.path, "COMMITTED").is_file()
-    assert status.plan is not None and status.plan.layout["dp_replicate"] == 2
-    assert status.plan.description == "dp_replicate2"
+    assert status.plan is not None and status.plan.layout.dp_replicate == 2
+    assert status.plan.description == status.plan.layout.describe()
+    assert status.plan.description.startswith("dp_replicate2 mb")
     assert status.plan.predicted_step_s > 0 and status.plan.measured_step_s > 0
     assert status.plan.backend == "gloo" and status.resources.accelerator == "cpu"
     assert status.restarts == 0 and status.error is None
@@ -147,10 +148,10 @@ def test_hybrid_pipeline_by_tensor_job_trains_through_the_api(service: Service) 
     spec["parallel"] = {"strategy": "hybrid", "pp": 2, "tp": 2}
     spec["resources"] = {"num_workers": 4, "cpus_per_worker": 0.5}
     job = Client(service.url).submit(spec)
-    assert job.status().plan.description == "tp2 pp2 1f1b x4 microbatches sequence parallel"
+    assert job.status().plan.description.startswith("tp2 pp2 1f1b mb")
     status = job.wait()
     assert status.state is JobState.SUCCEEDED, status.error
-    assert status.plan.layout["pp"] == 2 and status.plan.layout["tp"] == 2
+    assert status.plan.layout.pp == 2 and status.plan.layout.tp == 2
     assert status.result.final_loss < status.result.first_loss
     assert status.checkpoint is not None and status.checkpoint.step == 30
 

@@ -237,3 +237,30 @@ def test_small_jobs_pass_a_waiting_big_one_only_so_often(tmp_path: Path) -> None
     service.cluster.finish(first, error="stopped by the test")
     service.tick()
     assert service.state(big) == "PROVISIONING" and service.state(small) == "PENDING"
+
+
+def test_an_auto_job_is_planned_once_at_submit_and_never_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The layout is stored with the job: a reload and the run read it, and a planner (or
+    hardware catalog) that has since changed cannot make a stored job invalid."""
+    job = small_job(num_workers=4, cpus_per_worker=0.5)
+    job["parallel"] = {"strategy": "auto"}
+    first = Service(tmp_path)
+    answer = first.request("POST", "/v1/jobs", json=job)
+    assert answer.status_code == 202, answer.text
+    planned = answer.json()["plan"]
+    assert planned["layout"]["dp_replicate"] * planned["layout"]["dp_shard"] * \
+        planned["layout"]["tp"] * planned["layout"]["pp"] == 4
+    assert planned["catalog_version"] and planned["description"]
+
+    def no_planning(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("planned again")
+
+    monkeypatch.setattr("raytrain.core.planner.plan", no_planning)
+    monkeypatch.setattr("raytrain.core.resolve.plan", no_planning)
+    second = Service(tmp_path, cluster=first.cluster)  # a reload validates the stored job
+    assert second.request("GET", f"/v1/jobs/{answer.json()['id']}").json()["plan"] == planned
+    second.tick()
+    run = second.cluster.runs[answer.json()["id"]]
+    assert run.layout == planned["layout"]  # what every worker builds
+    assert second.request("GET", "/metrics").status_code == 200

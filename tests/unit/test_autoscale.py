@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raytrain.catalog import DEFAULT_POLICY_DIR, TRACES_DIR, load_policies, snapshot
+from raytrain.catalog.files import DEFAULT_POLICY_DIR, TRACES_DIR, load_policies, snapshot
+from raytrain.catalog.shapes import band_rate, node_shape_of
 from raytrain.catalog.traces import load_trace
 from raytrain.core.autoscale import (
     Goal,
@@ -22,7 +23,6 @@ from raytrain.core.autoscale import (
     redecide,
     with_history,
 )
-from raytrain.core.catalog import band_rate, node_shape_of
 from raytrain.core.planner import ModelDims, Workload, fastest
 from raytrain.core.simulate import STRATEGIES, SimJob, compare, simulate
 from raytrain.errors import SpecError

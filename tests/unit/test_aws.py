@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import pytest
 from moto.server import ThreadedMotoServer
 
-from raytrain.catalog import load_offers, save_offers, snapshot
+from raytrain.catalog.files import load_offers, save_offers, snapshot
 from raytrain.cloud.aws import Clients, refresh
 
 NOW = 1_796_000_000.0  # 2026-11-30

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from raytrain.catalog import snapshot
+from raytrain.catalog.files import snapshot
 from raytrain.cloud.cluster import check_cluster_config, node_type_bindings, validate_with_ray
 from raytrain.errors import SpecError
 from raytrain.serve.provisioning import Provisioner
@@ -103,7 +103,7 @@ def test_the_provisioner_requests_the_chosen_node_type_and_moves_when_it_does_no
                                            placement.node_type else 1 / 4, 4)}
     assert placement.spec.resources.num_workers == placement.workers
     assert decided.resources.node_type == placement.node_type
-    assert decided.resources.hourly_usd > 0
+    assert decided.resources.usd_per_hour > 0
     assert job.decisions == [], "the provisioner decides; only the lifecycle changes the job"
     assert provisioner.place(job, now=time.time()) == (placement, None)  # decided once
     # The nodes do not come: that offer and market are off the table for this job.

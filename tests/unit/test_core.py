@@ -12,33 +12,47 @@ from hypothesis import strategies as st
 
 from raytrain.core.batching import BatchPlan
 from raytrain.core.capacity import admit, worker_group_demand
-from raytrain.core.layout import (
+from raytrain.core.schedule import lr_batch_scale, lr_multiplier
+from raytrain.spec.layout import (
     DEGREES,
     FREE_DEGREE,
     ModelShape,
     check_layout,
     resolve_layout,
 )
-from raytrain.core.schedule import lr_batch_scale, lr_multiplier
 
-CORE = Path(__file__).resolve().parents[2] / "raytrain" / "core"
+PACKAGE = Path(__file__).resolve().parents[2] / "raytrain"
 
 
-def test_core_imports_only_stdlib_and_spec() -> None:
-    for module in CORE.rglob("*.py"):
+def _imports(folder: Path) -> list[tuple[str, str]]:
+    found = []
+    for module in folder.rglob("*.py"):
         for node in ast.walk(ast.parse(module.read_text())):
-            names = []
             if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
+                found += [(module.name, alias.name) for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                names = [node.module or ""]
-            for name in names:
-                top = name.split(".")[0]
-                # raytrain.errors is the one exception tree (standard library only)
-                ok = top in sys.stdlib_module_names or top == "__future__" or name.startswith(
-                    ("raytrain.spec", "raytrain.core", "raytrain.errors")
-                )
-                assert ok, f"{module.name} imports {name}"
+                found.append((module.name, node.module or ""))
+    return found
+
+
+def _allowed(name: str, prefixes: tuple[str, ...]) -> bool:
+    top = name.split(".")[0]
+    return top in sys.stdlib_module_names or top == "__future__" or name.startswith(prefixes)
+
+
+def test_core_imports_only_stdlib_spec_and_the_catalogs_values() -> None:
+    # Decisions only: no Ray, torch, boto3, httpx or files (catalog.files reads them).
+    allowed = ("raytrain.spec", "raytrain.core", "raytrain.errors", "raytrain.catalog.hardware",
+               "raytrain.catalog.shapes")
+    for module, name in _imports(PACKAGE / "core"):
+        assert _allowed(name, allowed), f"core/{module} imports {name}"
+
+
+def test_spec_is_data_and_validation_and_imports_nothing_from_core() -> None:
+    allowed = ("raytrain.spec", "raytrain.errors", "raytrain.catalog.hardware", "pydantic",
+               "pydantic_core", "yaml")
+    for module, name in _imports(PACKAGE / "spec"):
+        assert _allowed(name, allowed), f"spec/{module} imports {name}"
 
 
 @st.composite
@@ -124,8 +138,7 @@ def test_layout_checks_name_what_would_fit() -> None:
     messages = " | ".join(p.message for p in problems)
     assert "8 stages, but the model has 6 layers" in messages
     assert "multiple of pp=4" in messages
-    assert layout.describe() == "tp2 pp4 interleaved_1f1b x6 microbatches 2 stages per rank " \
-        "sequence parallel"
+    assert layout.describe() == "tp2 pp4 interleaved_1f1b v2 mb1x6 sequence parallel"
 
 
 def test_lr_batch_scale_rules() -> None:

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import raytrain.errors as errors
-from raytrain.catalog import load_policies, snapshot
+from raytrain.catalog.files import load_policies, snapshot
 from raytrain.cli import main
 from raytrain.cli.views import duration_text, usd_text
 from raytrain.cloud.interruption import watch_endpoint

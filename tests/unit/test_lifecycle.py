@@ -67,7 +67,7 @@ def test_random_requests_only_move_along_the_table(requests: list[JobState]) -> 
 
 NOW = 1_700_000_000.0
 BOUGHT = Resources(accelerator="h100-sxm", node_type="gpu-spot", offer="p5", market="spot",
-                   nodes=1, gpus=8, cpus=8, hourly_usd=36.0)
+                   nodes=1, gpus=8, cpus=8, usd_per_hour=36.0)
 
 
 def record_in(state: JobState = JobState.PENDING) -> lc.Record:

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks.planner_torchtitan import ONE_T, RUNS, predict, time_one_trillion
-from raytrain.core.hardware import GPUS, GiB, GPUKind, node_shape
+from raytrain.catalog.hardware import GPUS, GiB, GPUKind, node_shape
 from raytrain.core.planner import (
-    Candidate,
+    Layout,
     ModelDims,
     NothingFits,
     Workload,
@@ -26,7 +26,7 @@ from raytrain.core.planner import (
 @pytest.mark.parametrize("run", RUNS, ids=[r[0] for r in RUNS])
 def test_predictions_match_torchtitans_published_runs(run: tuple) -> None:
     _, dims, work, candidate, published, _ = run
-    per_gpu = predict(dims, work, candidate).tokens_per_s / candidate.world
+    per_gpu = predict(dims, work, candidate).tokens_per_s / candidate.world_size
     # The first run is the one figure fitted (the H100's achievable fraction of peak).
     tolerance = 0.02 if run is RUNS[0] else 0.25
     assert per_gpu == pytest.approx(published, rel=tolerance)
@@ -36,7 +36,7 @@ def test_a_trillion_parameters_on_3072_gpus_plans_in_under_two_seconds() -> None
     assert ONE_T.params > 1e12
     seconds, best = time_one_trillion()
     assert seconds < 2.0
-    assert best.fits and best.candidate.world == 3072 and best.usd_per_million_tokens > 0
+    assert best.fits and best.candidate.world_size == 3072 and best.usd_per_million_tokens > 0
     assert best.reason.startswith(best.candidate.describe())
 
 
@@ -53,8 +53,8 @@ def test_plans_are_ranked_and_carry_their_figures() -> None:
 def test_tensor_parallel_over_pcie_without_p2p_is_punished() -> None:
     dims = ModelDims.from_gpt(24, 2048, 16, 8192, 32000, 2048, 2048)
     work = Workload(global_batch=32)
-    tp8 = Candidate(1, 1, 8, 1, 1, 4, 1, "none")
-    dp8 = Candidate(1, 8, 1, 1, 1, 4, 1, "none")
+    tp8 = Layout(1, 1, 8, 1, 1, 4, 1, "none")
+    dp8 = Layout(1, 8, 1, 1, 1, 4, 1, "none")
     on_4090 = node_shape("rtx4090")
     on_h100 = node_shape("h100-sxm")
     ratio_4090 = step_time(dims, work, tp8, on_4090)["total"] / \
@@ -85,7 +85,7 @@ dims_strategy = st.builds(
     st.sampled_from([8192, 32000, 128256]), st.sampled_from([512, 2048, 8192]),
 )
 candidate_strategy = st.builds(
-    Candidate,
+    Layout,
     st.sampled_from([1, 2]), st.sampled_from([1, 2, 8]), st.sampled_from([1, 2, 4]),
     st.sampled_from([1, 2]), st.just(1), st.sampled_from([1, 2, 4]), st.sampled_from([2, 4, 8]),
     st.sampled_from(["none", "selective", "full"]),
@@ -95,11 +95,11 @@ candidate_strategy = st.builds(
 @settings(max_examples=200, deadline=None)
 @given(dims_strategy, candidate_strategy, st.sampled_from(list(GPUS)))
 def test_memory_never_falls_when_the_microbatch_grows(
-    dims: ModelDims, c: Candidate, kind: str
+    dims: ModelDims, c: Layout, kind: str
 ) -> None:
     shape = node_shape(kind)
     work = Workload(global_batch=64)
-    bigger = replace(c, micro_batch=c.micro_batch * 2)
+    bigger = replace(c, micro_batch_size=c.micro_batch_size * 2)
     assert memory_per_device(dims, work, bigger, shape) >= memory_per_device(dims, work, c, shape)
 
 
@@ -107,7 +107,7 @@ def test_memory_never_falls_when_the_microbatch_grows(
 @given(dims_strategy, candidate_strategy, st.sampled_from(["h100-sxm", "rtx4090", "l40s"]),
        st.floats(1.1, 10.0))
 def test_more_bandwidth_never_predicts_a_slower_step(
-    dims: ModelDims, c: Candidate, kind: str, factor: float
+    dims: ModelDims, c: Layout, kind: str, factor: float
 ) -> None:
     shape = node_shape(kind)
     faster = replace(
@@ -130,14 +130,14 @@ def test_no_plan_exceeds_device_memory(dims: ModelDims, gpus: int, kind: str) ->
         return
     limit = GPUS[kind].memory_bytes
     assert all(p.memory_bytes <= limit for p in plans)
-    assert all(p.candidate.world == gpus for p in plans)
+    assert all(p.candidate.world_size == gpus for p in plans)
 
 
 def test_every_candidate_uses_all_devices_and_divides_the_batch() -> None:
     dims = ModelDims.from_gpt(8, 512, 8, 2048, 8192, 1024, 1024)
     for c in candidates(dims, Workload(global_batch=48), 12, node_shape("l40s")):
-        assert c.world == 12
-        assert c.dp_replicate * c.dp_shard * c.micro_batch * c.microbatches == 48
+        assert c.world_size == 12
+        assert c.dp_replicate * c.dp_shard * c.micro_batch_size * c.microbatches == 48
 
 
 def test_catalog_has_the_gpu_kinds_users_ask_for() -> None:
@@ -155,7 +155,7 @@ def test_the_last_pipeline_stage_holds_the_logits_of_every_microbatch_in_flight(
     per_microbatch = 2 * 512 * 65536 * (4 + 4)  # tokens x vocab x (logits + log-softmax)
 
     def memory(m: int, gpipe: bool) -> float:
-        c = Candidate(1, 1, 1, 2, 1, 2, m, "none", gpipe=gpipe)
+        c = Layout(1, 1, 1, 2, 1, 2, m, "none", schedule="gpipe" if gpipe else "1f1b")
         return memory_per_device(dims, work, c, shape)
 
     assert memory(16, gpipe=True) - memory(8, gpipe=True) >= 8 * per_microbatch
@@ -165,7 +165,7 @@ def test_the_last_pipeline_stage_holds_the_logits_of_every_microbatch_in_flight(
 # The CPU validation's GPT (benchmarks.parallel_strategies.MODEL), FSDP over 2 CPU ranks.
 BENCH_DIMS = ModelDims.from_gpt(4, 512, 8, 2048, 8192, 64, 64)
 BENCH_WORK = Workload(global_batch=16, precision="fp32")
-FSDP_2 = Candidate(1, 2, 1, 1, 1, 2, 4, "none")
+FSDP_2 = Layout(1, 2, 1, 1, 1, 2, 4, "none")
 
 
 def test_fsdp_counts_the_gathered_root_and_the_reduce_scatter_input() -> None:
@@ -192,7 +192,7 @@ def test_fsdp_pays_for_its_copies_and_gathers_the_root_once() -> None:
 
     assert total(1e9) - total(2e9) == pytest.approx(copied / 2e9, rel=1e-6)
     # Data parallel makes none of these copies.
-    ddp = Candidate(2, 1, 1, 1, 1, 2, 4, "none")
+    ddp = Layout(2, 1, 1, 1, 1, 2, 4, "none")
     slow = replace(shape, gpu=replace(shape.gpu, staging_bandwidth=1e6))
     assert step_time(dims, work, ddp, slow)["total"] == step_time(dims, work, ddp, shape)["total"]
 
@@ -203,7 +203,7 @@ def test_a_pipeline_runs_at_the_pace_of_its_slowest_rank() -> None:
     dims = ModelDims.from_gpt(4, 256, 4, 1024, 65536, 512, 512)
     work = Workload(global_batch=64, precision="fp32")
     shape = node_shape("h100-sxm")
-    c = Candidate(1, 1, 1, 2, 1, 2, 8, "none")
+    c = Layout(1, 1, 1, 2, 1, 2, 8, "none")
     peak = shape.gpu.fp32_flops * shape.gpu.achievable
     head_alone = c.microbatches * 2 * 512 * 6 * dims.head_params / peak
     assert step_time(dims, work, c, shape)["compute"] >= head_alone

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from raytrain.core.resolve import job_layout, plan_summary, predicted
+from raytrain.core.schedule import peak_learning_rate
 from raytrain.errors import SpecError
 from raytrain.spec import JobSpec, check_imports_allowed, load_job_spec, parse_job_spec
 
@@ -20,15 +22,16 @@ def paths_of(exc: SpecError) -> list[str]:
 def test_defaults_are_a_valid_small_cpu_job() -> None:
     spec = JobSpec()
     assert spec.resources.num_workers == 2 and not spec.resources.use_gpu
-    assert spec.data_parallel_degree == 2
-    assert spec.grad_accum_steps == 2  # 16 / (4 x 2)
+    layout = spec.stated_layout()
+    assert layout.dp == 2
+    assert layout.microbatches == 2  # 16 / (4 x 2)
 
 
 def test_shipped_examples_parse() -> None:
     assert load_job_spec(ROOT / "examples" / "demo.yaml").name == "demo"
     assert load_job_spec(ROOT / "examples" / "job.json").name == "curl-job"
     hybrid = load_job_spec(ROOT / "examples" / "hybrid.yaml")
-    assert hybrid.layout.describe() == "tp2 pp2 1f1b x4 microbatches sequence parallel"
+    assert hybrid.stated_layout().describe() == "tp2 pp2 1f1b mb4x4 sequence parallel"
 
 
 @pytest.mark.parametrize(
@@ -83,11 +86,6 @@ def test_shipped_examples_parse() -> None:
         ({"parallel": {"strategy": "auto"}, "resources": {"gpus_per_worker": 1}},
          "resources.accelerator", "strategy 'auto' plans for a GPU kind"),
         ({"resources": {"accelerator": "tpu-v9"}}, "resources.accelerator", "use one of"),
-        ({"parallel": {"strategy": "auto"}, "training": {"global_batch_size": 8,
-                                                         "micro_batch_size": 1},
-          "model": {"gpt": {"dim": 8192, "num_layers": 80, "num_heads": 64}},
-          "resources": {"num_workers": 2, "gpus_per_worker": 1, "accelerator": "rtx4090"}},
-         "parallel.strategy", "To fix: use"),
     ],
 )
 def test_bad_input_names_the_field(document: dict, path: str, words: str) -> None:
@@ -95,6 +93,18 @@ def test_bad_input_names_the_field(document: dict, path: str, words: str) -> Non
         parse_job_spec(document)
     assert path in paths_of(caught.value)
     assert words in str(caught.value)
+
+
+def test_an_auto_job_nothing_fits_is_refused_at_the_strategy_when_resolved() -> None:
+    spec = parse_job_spec({
+        "parallel": {"strategy": "auto"},
+        "training": {"global_batch_size": 8, "micro_batch_size": 1},
+        "model": {"gpt": {"dim": 8192, "num_layers": 80, "num_heads": 64}},
+        "resources": {"num_workers": 2, "gpus_per_worker": 1, "accelerator": "rtx4090"}})
+    with pytest.raises(SpecError) as caught:
+        plan_summary(spec)
+    assert paths_of(caught.value) == ["parallel.strategy"]
+    assert "To fix: use" in str(caught.value)
 
 
 def test_cross_field_errors_say_how_to_fix() -> None:
@@ -154,24 +164,24 @@ def test_spec_round_trips_through_json() -> None:
 def test_strategy_fills_its_own_degree(parallel: dict, workers: int, degrees: tuple) -> None:
     spec = parse_job_spec({"parallel": parallel, "resources": {"num_workers": workers},
                            "training": {"global_batch_size": 32, "micro_batch_size": 2}})
-    layout = spec.layout
+    layout = spec.stated_layout()
     assert (layout.dp_replicate, layout.dp_shard, layout.tp, layout.pp) == degrees
     assert layout.world_size == workers
-    assert spec.grad_accum_steps * layout.dp * 2 == 32
+    assert layout.microbatches * layout.dp * 2 == 32
 
 
 def test_lr_scaling_uses_the_reference_batch() -> None:
     spec = parse_job_spec({"training": {"global_batch_size": 64, "learning_rate": 0.001,
                                         "lr_scaling": "sqrt", "lr_reference_batch_size": 16}})
-    assert spec.training.peak_learning_rate == pytest.approx(0.002)
+    assert peak_learning_rate(spec.training) == pytest.approx(0.002)
 
 
 def test_auto_picks_a_valid_layout_and_predicts_it() -> None:
     spec = parse_job_spec({"parallel": {"strategy": "auto"}, "resources": {"num_workers": 4}})
-    assert spec.layout.world_size == 4
-    predicted = spec.predicted()
-    assert predicted is not None and predicted.step_s > 0
-    assert predicted.reason.startswith(predicted.candidate.describe())
+    assert spec.stated_layout() is None  # validation does not plan: resolving does, once
+    summary = plan_summary(spec)
+    assert summary.layout.world_size == 4 and summary.description == summary.layout.describe()
+    assert summary.predicted_step_s > 0 and summary.reason.startswith(summary.description)
     big = parse_job_spec({
         "parallel": {"strategy": "auto"},
         "model": {"gpt": {"vocab_size": 32000, "dim": 4096, "num_layers": 32, "num_heads": 32,
@@ -180,7 +190,8 @@ def test_auto_picks_a_valid_layout_and_predicts_it() -> None:
         "training": {"global_batch_size": 64, "micro_batch_size": 1, "precision": "bf16"},
         "resources": {"num_workers": 16, "gpus_per_worker": 1, "accelerator": "h100-sxm"},
     })
-    assert big.layout.world_size == 16 and big.predicted().fits
+    layout = job_layout(big)
+    assert layout.world_size == 16 and predicted(big, layout).fits
 
 
 def test_plan_command_ranks_layouts_offline(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

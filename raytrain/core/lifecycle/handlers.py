@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from raytrain.catalog.shapes import usd_for
 from raytrain.core.lifecycle.values import (
     CANCEL_GRACE_S,
     CANCEL_STARTING_GRACE_S,
@@ -67,6 +68,11 @@ def capacity_decided(c: Change, event: CapacityDecided) -> None:
 
 def launched(c: Change, event: Launched) -> None:
     c.run = replace(event.run, cost_before=c.job.cost_usd)
+    old = c.job.plan
+    if event.plan is not None and event.plan != old:  # bought capacity: its own layout
+        same = old is not None and old.layout == event.plan.layout
+        c.job.plan = event.plan.model_copy(
+            update={"measured_step_s": old.measured_step_s if same else None})
     c.passed, c.leaving = 0, None
     if c.job.state != JobState.RECOVERING:
         c.move(JobState.PROVISIONING, "starting the worker group")
@@ -85,7 +91,7 @@ def group_started(c: Change, event: GroupStarted) -> int:
         job.resources = Resources(
             accelerator=event.accelerator, market="local", nodes=event.nodes,
             gpus=c.run.demand.get("GPU", 0.0), cpus=c.run.demand.get("CPU", 0.0),
-            hourly_usd=0.0)
+            usd_per_hour=0.0)
     if job.started_at is None:
         job.started_at = c.now
     if c.run.attempt == 1 and job.restarts == 0 and job.state != JobState.RECOVERING:
@@ -134,8 +140,8 @@ def resumed_after_preemption(c: Change) -> None:
     last.capacity_to_first_step_s = c.now - c.run.launched_at
     last.down_s = c.now - last.time
     step_s = job.plan.measured_step_s if job.plan and job.plan.measured_step_s else 0.0
-    last.extra_cost_usd = job.resources.hourly_usd * (
-        last.down_s + last.lost_steps * step_s) / 3600
+    last.extra_cost_usd = usd_for(job.resources.usd_per_hour,
+                                  last.down_s + last.lost_steps * step_s)
     job.down_s += last.down_s
     job.preemption_cost_usd += last.extra_cost_usd
     c.save = True

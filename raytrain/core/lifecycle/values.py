@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Union
 
+from raytrain.catalog.shapes import usd_for
 from raytrain.errors import IllegalTransition
-from raytrain.spec import DecisionRecord, JobState, JobStatus, Resources
+from raytrain.spec import DecisionRecord, JobState, JobStatus, PlanSummary, Resources
 
 _ENDS = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 
@@ -146,6 +147,7 @@ class CapacityDecided:
 @dataclass(frozen=True)
 class Launched:
     run: Run
+    plan: PlanSummary | None = None  # the layout this run trains with; None: the job's own
 
 
 @dataclass(frozen=True)
@@ -296,9 +298,8 @@ class Change:
         """Dollars spent: earlier runs plus this run's nodes for as long as held."""
         run = self.run
         if run is not None and run.usd_per_hour:
-            held_h = max(0.0, self.now - run.launched_at) / 3600
-            self.job.cost_usd = max(self.job.cost_usd,
-                                       run.cost_before + held_h * run.usd_per_hour)
+            held = usd_for(run.usd_per_hour, self.now - run.launched_at)
+            self.job.cost_usd = max(self.job.cost_usd, run.cost_before + held)
 
     def end(self) -> None:
         """Close the stream and withdraw the node request; the record is saved."""

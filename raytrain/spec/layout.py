@@ -1,18 +1,23 @@
-"""The parallel layout as a value: degrees for each technique, resolved and checked once.
+"""The parallel layout as one value: degrees for each technique, the pipeline schedule, the
+micro-batch and recomputation; resolved from a spec, searched by the planner, built by
+raytrain.parallel, reported in a job's status and by POST /v1/plans.
 
 A layout says how `world_size` ranks split the work: `dp_replicate` copies of the model (DDP,
 or the replicate dimension of HSDP), each sharded `dp_shard` ways (FSDP2), each layer cut
 `tp` ways (tensor parallel), and the stack of layers cut into `pp` pipeline ranks, each
-holding `virtual_stages` stages (interleaved schedules). The pipeline's microbatch count is
-the gradient-accumulation count: one optimizer step pushes `microbatches` microbatches of
-`micro_batch_size` samples through the pipeline on each data-parallel rank.
+holding `virtual_stages` stages (interleaved schedules). One optimizer step pushes
+`microbatches` micro-batches of `micro_batch_size` samples through each data-parallel rank
+(the pipeline's microbatches are the gradient-accumulation count).
 
-Checking happens here, before any worker starts, and every problem names the field to change
-and what would fit. Pure: the spec calls it, the planner will too.
+A Layout checks its own values on construction (positive degrees, a known schedule and
+recomputation). `check_layout` is the one feasibility check against a model (divisibility,
+stages, microbatches per schedule): the spec reports its problems at the field to change,
+and the planner keeps only candidates without any.
 
-    layout = resolve_layout("fsdp", world_size=8, given={"tp": 2})
+    layout, problems = resolve_layout("fsdp", world_size=8, given={"tp": 2})
     # Layout(dp_replicate=1, dp_shard=4, tp=2, pp=1, ...)
-    problems = check_layout(layout, ModelShape(num_layers=2, num_heads=4, ...), ...)
+    problems += check_layout(layout, ModelShape(num_layers=2, num_heads=4, ...), ...)
+    layout.describe()  # "dp_shard4 tp2 mb1x1 sequence parallel"
 """
 
 from __future__ import annotations
@@ -30,6 +35,10 @@ FREE_DEGREE = {
 DEGREES = ("dp_replicate", "dp_shard", "tp", "pp")
 
 
+SCHEDULES = ("1f1b", "interleaved_1f1b", "gpipe")
+RECOMPUTE = ("none", "selective", "full")
+
+
 @dataclass(frozen=True)
 class Layout:
     dp_replicate: int = 1
@@ -37,9 +46,21 @@ class Layout:
     tp: int = 1
     pp: int = 1
     virtual_stages: int = 1
+    micro_batch_size: int = 1
     microbatches: int = 1
+    recompute: str = "none"
     schedule: str = "1f1b"
     sequence_parallel: bool = True
+
+    def __post_init__(self) -> None:
+        for name in (*DEGREES, "virtual_stages", "micro_batch_size", "microbatches"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"Layout.{name} must be a positive integer, not {value!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"Layout.schedule {self.schedule!r} is not one of {SCHEDULES}")
+        if self.recompute not in RECOMPUTE:
+            raise ValueError(f"Layout.recompute {self.recompute!r} is not one of {RECOMPUTE}")
 
     @property
     def world_size(self) -> int:
@@ -55,6 +76,10 @@ class Layout:
         return self.pp * self.virtual_stages
 
     @property
+    def gpipe(self) -> bool:
+        return self.pp > 1 and self.schedule == "gpipe"
+
+    @property
     def data_parallel_wrapper(self) -> str:
         """'fsdp' (FSDP2, HSDP when also replicated), 'ddp', or 'none'.
 
@@ -67,15 +92,23 @@ class Layout:
             return "fsdp"
         return "ddp" if self.dp_replicate > 1 else "none"
 
+    def degrees(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in DEGREES}
+
     def describe(self) -> str:
+        """The layout in words, e.g. 'dp_shard2 tp2 pp2 1f1b mb2x4 recompute full sequence
+        parallel': the same text wherever raytrain shows a layout."""
         parts = [f"{name}{getattr(self, name)}" for name in DEGREES if getattr(self, name) > 1]
+        parts = parts or ["1 device"]
         if self.pp > 1:
-            parts.append(f"{self.schedule} x{self.microbatches} microbatches")
-            if self.virtual_stages > 1:
-                parts.append(f"{self.virtual_stages} stages per rank")
+            parts.append(self.schedule + (f" v{self.virtual_stages}"
+                                          if self.virtual_stages > 1 else ""))
+        parts.append(f"mb{self.micro_batch_size}x{self.microbatches}")
+        if self.recompute != "none":
+            parts.append(f"recompute {self.recompute}")
         if self.tp > 1 and self.sequence_parallel:
             parts.append("sequence parallel")
-        return " ".join(parts) or "single process"
+        return " ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -84,7 +117,8 @@ class ModelShape:
 
     num_layers: int | None = None
     num_heads: int | None = None
-    hidden_dim: int | None = None
+    hidden_dim: int | None = None  # the MLP's inner width
+    num_kv_heads: int | None = None  # grouped-query attention; None: as many as num_heads
     vocab_size: int | None = None
     max_seq_len: int | None = None
 
@@ -123,6 +157,8 @@ def resolve_layout(
     microbatches: int = 1,
     schedule: str = "1f1b",
     sequence_parallel: bool = True,
+    micro_batch_size: int = 1,
+    recompute: str = "none",
 ) -> tuple[Layout, list[Problem]]:
     """Fill the strategy's free degree from the given ones; report a product that is not
     `world_size` at the field a user would change."""
@@ -150,6 +186,8 @@ def resolve_layout(
         microbatches=microbatches,
         schedule=schedule,
         sequence_parallel=sequence_parallel,
+        micro_batch_size=micro_batch_size,
+        recompute=recompute,
     )
     if not problems and layout.world_size != world_size:
         stated = " x ".join(f"{n}={degrees[n]}" for n in DEGREES if degrees[n] > 1) or "1"
@@ -177,7 +215,8 @@ def check_layout(
                 "To fix: use model.kind 'gpt', or strategy 'fsdp' or 'data' for your model",
             ))
         else:
-            sizes = {"num_heads": shape.num_heads, "ffn_dim (default 4 x dim)": shape.hidden_dim,
+            sizes = {"num_heads": shape.num_heads, "num_kv_heads": shape.num_kv_heads,
+                     "ffn_dim (default 4 x dim)": shape.hidden_dim,
                      "vocab_size": shape.vocab_size, "max_seq_len": shape.max_seq_len}
             clashes = [f"{name}={size}" for name, size in sizes.items()
                        if size is not None and size % layout.tp]

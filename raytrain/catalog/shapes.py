@@ -7,13 +7,14 @@ values the planner and the policy compute with.
 
     shape = node_shape_of(offer)            # NodeShape for raytrain.core.planner.plan
     band_rate(">20%")                       # interruptions per node-hour
+    usd_for(98.32, seconds=1800, units=2)   # two nodes for half an hour: $98.32
 """
 
 from __future__ import annotations
 
 import math
 
-from raytrain.core.hardware import GPUS, LINKS, NodeShape, network_link
+from raytrain.catalog.hardware import GPUS, LINKS, NodeShape, network_link
 from raytrain.spec import Offer
 
 HOURS_PER_MONTH = 730.0
@@ -31,6 +32,12 @@ def band_rate(band: str) -> float:
         raise ValueError(f"unknown interruption band {band!r}; known: "
                          + ", ".join(SPOT_ADVISOR_BANDS))
     return -math.log1p(-SPOT_ADVISOR_BANDS[band]) / HOURS_PER_MONTH
+
+
+def usd_for(usd_per_hour: float, seconds: float, units: float = 1.0) -> float:
+    """The price of `units` of capacity (nodes, devices) held for `seconds`: the one place
+    raytrain turns an hourly price into dollars, for bills, plans and simulations alike."""
+    return usd_per_hour * units * max(0.0, seconds) / 3600
 
 
 def shape_key(offer: Offer) -> tuple[str, int, str, float, bool]:

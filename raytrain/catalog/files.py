@@ -1,0 +1,113 @@
+"""Reading the data files: the shipped offer snapshot, the refreshed offer cache, the named
+policies and the spot traces. All of them ship inside the package (catalog/offers.yaml,
+catalog/policies/, catalog/spot-traces/, examples/), so any install finds them from any
+directory; `policies/`, `examples/` and `data/spot-traces/` at the top of a checkout point
+here. Files only; the decisions over them are in raytrain.core.
+
+    catalog = load_offers(Path("~/.raytrain"))       # the refreshed cache, else the snapshot
+    policies = load_policies()                        # {"cost-first": PolicySpec, ...}
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from raytrain.catalog.hardware import CATALOG_VERSION
+from raytrain.catalog.shapes import band_rate
+from raytrain.errors import FieldError, SpecError
+from raytrain.spec import OfferCatalog, PolicySpec, spec_error_from_validation
+
+logger = logging.getLogger(__name__)
+
+CACHE_FILE = "offers.json"
+PACKAGE_DIR = Path(__file__).resolve().parent
+DEFAULT_POLICY_DIR = PACKAGE_DIR / "policies"
+TRACES_DIR = PACKAGE_DIR / "spot-traces"
+EXAMPLES_DIR = PACKAGE_DIR.parent / "examples"
+DEFAULT_POLICY = "cost-first"
+
+
+def snapshot() -> OfferCatalog:
+    """The offers shipped with this version of raytrain."""
+    text = resources.files(__package__).joinpath("offers.yaml").read_text()
+    document = yaml.safe_load(text)
+    return parse_offers({**document, "source": "snapshot", "version": CATALOG_VERSION},
+                        "the shipped offer snapshot")
+
+
+def parse_offers(document: dict[str, Any], source: str) -> OfferCatalog:
+    """An offer catalog from a document; a Spot Advisor band stands in for a missing rate."""
+    rows = []
+    for row in document.get("offers", []):
+        if isinstance(row, dict) and row.get("interruption_band") and \
+                not row.get("spot_interruptions_per_hour"):
+            try:
+                row = {**row, "spot_interruptions_per_hour": band_rate(row["interruption_band"])}
+            except ValueError:
+                pass  # the schema reports the row; a bad band alone leaves the rate at 0
+        rows.append(row)
+    try:
+        return OfferCatalog.model_validate({**document, "offers": rows})
+    except ValidationError as exc:
+        raise spec_error_from_validation(exc, source) from exc
+
+
+def load_offers(state_dir: Path) -> OfferCatalog:
+    """The catalog last refreshed into `state_dir`, or the snapshot with a warning."""
+    cache = state_dir.expanduser() / CACHE_FILE
+    if not cache.exists():
+        return snapshot()
+    try:
+        return parse_offers(json.loads(cache.read_text()), str(cache))
+    except (OSError, json.JSONDecodeError, SpecError) as exc:
+        catalog = snapshot()
+        warning = f"the offer cache {cache} is unreadable ({exc}); using the shipped snapshot"
+        logger.warning(warning)
+        return catalog.model_copy(update={"warnings": [warning]})
+
+
+def save_offers(catalog: OfferCatalog, state_dir: Path) -> Path:
+    """Write the catalog where load_offers finds it (atomically: a crash leaves the old one)."""
+    folder = state_dir.expanduser()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / CACHE_FILE
+    partial = path.with_suffix(".partial")
+    partial.write_text(catalog.model_dump_json(indent=1))
+    partial.replace(path)
+    return path
+
+
+def unknown_policy(name: str, policies: dict[str, PolicySpec],
+                   loc: tuple[str, ...] = ("capacity", "policy")) -> FieldError | None:
+    """The error for a policy name that is not one of `policies` (None when it is)."""
+    if name in policies:
+        return None
+    return FieldError(loc, f"no policy named {name!r}. To fix: use one of "
+                      + ", ".join(sorted(policies)))
+
+
+def load_policies(policy_dir: Path | None = None) -> dict[str, PolicySpec]:
+    """Every policy in the folder by name; a bad file raises SpecError naming file and field."""
+    folder = policy_dir or DEFAULT_POLICY_DIR
+    if not folder.is_dir():
+        raise SpecError([FieldError(("policy_dir",), f"{folder} is not a folder. To fix: point "
+                                    "policy_dir at the folder of policy YAML files")],
+                        "service config")
+    found: dict[str, PolicySpec] = {}
+    for path in sorted(folder.glob("*.yaml")):
+        try:
+            policy = PolicySpec.model_validate(yaml.safe_load(path.read_text()) or {})
+        except ValidationError as exc:
+            raise spec_error_from_validation(exc, f"policy {path}") from exc
+        if policy.name != path.stem:
+            raise SpecError([FieldError(("name",), f"{policy.name!r} differs from the file's "
+                                        f"name. To fix: name it {path.stem!r}")], f"policy {path}")
+        found[policy.name] = policy
+    return found
