@@ -280,11 +280,9 @@ def step_time(dims: ModelDims, work: Workload, c: Layout,
         if c.data_parallel_wrapper == "ddp" and overlap:
             backward = compute_mb * 2 / 3
             dp_step += max(0.0, allreduce - backward) + allreduce / max(1, layers_here)
-        elif c.data_parallel_wrapper == "fsdp" and c.pp == 1:
-            # HSDP reduces across replicas after every microbatch's backward (raytrain does not
-            # hold gradient sync back during accumulation), not hidden.
-            fsdp_mb += allreduce
         else:
+            # Once per optimizer step: FSDP2 holds the all-reduce across replicas back until
+            # the last micro-batch (raytrain.parallel), as a pipeline does; not hidden.
             dp_step += allreduce
     per_mb = compute_mb + tp_mb + pp_mb + fsdp_mb
     slots = c.microbatches + ((c.pp - 1) / c.virtual_stages if c.pp > 1 else 0.0)

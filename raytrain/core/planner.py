@@ -50,9 +50,9 @@ copies around each collective (per all-gather the shard in and the whole unit ou
 reduce-scatter the gradients' chunk-cat, its division and the shard's accumulation), not
 overlapped, at the device's `copy_bandwidth`. DDP: all-reduce of fp32 gradients once per
 step, overlapped with the last backward. HSDP's all-reduce across replicas is not overlapped,
-and comes after every microbatch without a pipeline. The optimizer step is
-memory-bound: fused AdamW reads parameter, gradient and two moments and writes three of them,
-28 bytes per parameter held.
+and comes once per step (raytrain holds it back until the last micro-batch). The optimizer
+step is memory-bound: fused AdamW reads parameter, gradient and two moments and writes three
+of them, 28 bytes per parameter held.
 
 CPU ranks (the `cpu` kind, calibrated on this project's CI machine) differ in five stated
 ways: a rank's one thread runs communication and compute one after the other (no overlap);

@@ -34,7 +34,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
@@ -172,6 +172,12 @@ class ParallelModel:
         for index, tokens in enumerate(micro_batches):
             tokens = tokens.to(self.device)
             last = index == count - 1
+            # Gradients cross replicas once per optimizer step, on the last micro-batch: DDP
+            # through no_sync, FSDP2 (HSDP, and data parallel beside tensor parallel) by
+            # holding its all-reduce back; its reduce-scatter within a replica still runs
+            # every micro-batch, so no rank holds unsharded gradients between them.
+            if isinstance(runner, FSDPModule) and self.layout.dp_replicate > 1:
+                runner.set_requires_all_reduce(last, recurse=True)
             sync = runner.no_sync() if (not last and isinstance(runner, DistributedDataParallel)) \
                 else nullcontext()
             with sync:

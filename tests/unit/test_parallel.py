@@ -91,6 +91,13 @@ def _run_cases(rank: int, world_size: int, port: int, cases: list[tuple[str, dic
         torch.cuda.set_device(rank)
     dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo", rank=rank,
                             world_size=world_size)
+    all_reduce, reduced = dist.all_reduce, [0]
+
+    def counted(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        reduced[0] += tensor.numel() * tensor.element_size()
+        return all_reduce(tensor, *args, **kwargs)
+
+    dist.all_reduce = counted  # bytes all-reduced (across data-parallel replicas, mostly)
     try:
         for name, document, kwargs in cases:
             root = Path(out_dir) / name
@@ -100,13 +107,16 @@ def _run_cases(rank: int, world_size: int, port: int, cases: list[tuple[str, dic
                 shutil.copytree(resume_from, root / Path(resume_from).name)
             dist.barrier()
             sink = RecordingSink()
+            reduced[0] = 0
             train(JobSpec.model_validate(document),
                   WorkerInfo.from_process_group(_device(rank)), sink, root,
                   progress_interval_s=0.0, **kwargs)
             if rank == 0:
                 (root / "losses.json").write_text(json.dumps(sink.losses()))
+                (root / "all_reduced_bytes").write_text(str(reduced[0]))
             dist.barrier()
     finally:
+        dist.all_reduce = all_reduce
         dist.destroy_process_group()
 
 
@@ -150,6 +160,10 @@ def four_rank_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip("four-rank layouts need 4 GPUs")
     out = tmp_path_factory.mktemp("four")
     cases = [(name, job(4, parallel), {}) for name, parallel in FOUR_RANKS.items()]
+    # Gradient accumulation across replicas: 2 and 4 micro-batches per step.
+    cases.append(("hsdp_accum2", job(4, FOUR_RANKS["hsdp_dp2_fsdp2"], micro_batch_size=1),
+                  {}))
+    cases.append(("dp2_tp2_accum4", job(4, FOUR_RANKS["dp2_tp2"], global_batch_size=16), {}))
     # A job on 4 workers, cut at step 6 (it resumes on 2 below).
     cases.append(("cut_dp4", job(4, {"strategy": "data"}, checkpoint_every_steps=6),
                   {"stop_after_steps": 6}))
@@ -174,6 +188,17 @@ def test_two_rank_layout_matches_one_process(name: str, two_rank_runs: Path,
 def test_four_rank_layout_matches_one_process(name: str, four_rank_runs: Path,
                                               reference: dict[int, float]) -> None:
     _assert_every_step_matches(four_rank_runs / name, reference)
+
+
+def test_replicas_sync_gradients_once_per_step_however_many_micro_batches(
+        four_rank_runs: Path, reference: dict[int, float]) -> None:
+    """Data parallel through FSDP2 with replicas (HSDP, and data beside tensor parallel)
+    all-reduces across replicas on the last micro-batch only: the bytes per step do not grow
+    with the micro-batch count, and the losses still match one process."""
+    _assert_every_step_matches(four_rank_runs / "hsdp_accum2", reference)
+    two = int((four_rank_runs / "dp2_tp2" / "all_reduced_bytes").read_text())
+    four = int((four_rank_runs / "dp2_tp2_accum4" / "all_reduced_bytes").read_text())
+    assert two > 0 and four / two < 1.1, (two, four)  # not 2x: once per step either way
 
 
 @pytest.mark.parametrize("strategy", ["data", "fsdp"])
