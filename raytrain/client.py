@@ -1,20 +1,26 @@
 """The Python client: httpx over the HTTP API, spec models only (no torch, no ray).
 
-    client = Client("http://127.0.0.1:8000")
+    client = Client("http://127.0.0.1:8000")    # token: RAYTRAIN_TOKEN, or the local file
     job = client.submit(load_job_spec("examples/demo.yaml"))
     for event in job.events():
         print(event.type, event.data)
     status = job.wait()                       # blocks until SUCCEEDED, FAILED or CANCELLED
 
+The token it sends is `token`, else RAYTRAIN_TOKEN, else (for a service on this machine) the
+operator token in the service's state directory (raytrain.serve.auth.client_token). Every
+submit carries an Idempotency-Key, so a retry after a timeout returns the job the first try
+queued instead of queueing (and buying capacity for) a second one.
+
 Errors come back as raytrain.errors types: SpecError (422, with field paths),
-JobNotFoundError (404), JobStateError (409), ServiceUnreachableError, ServiceError. The client
-prints nothing.
+JobNotFoundError (404), JobStateError (409), NotAuthorizedError (401),
+ServiceUnreachableError, ServiceError. The client prints nothing.
 """
 
 from __future__ import annotations
 
 import json
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -24,10 +30,12 @@ from raytrain.errors import (
     FieldError,
     JobNotFoundError,
     JobStateError,
+    NotAuthorizedError,
     ServiceError,
     ServiceUnreachableError,
     SpecError,
 )
+from raytrain.serve.auth import client_token
 from raytrain.spec import (
     JobEvent,
     JobLogs,
@@ -46,9 +54,13 @@ class Client:
         url: str = DEFAULT_URL,
         timeout_s: float = 30.0,
         transport: httpx.BaseTransport | None = None,
+        token: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, transport=transport)
+        token = token or client_token(self.url)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, transport=transport,
+                                  headers=headers)
 
     def close(self) -> None:
         self._http.close()
@@ -64,13 +76,20 @@ class Client:
     def health(self) -> dict[str, Any]:
         return self._request("GET", "/healthz")
 
-    def submit(self, spec: JobSpec | dict[str, Any] | str | Path) -> Job:
-        """Queue a job from a JobSpec, a plain document, or a YAML/JSON file path."""
+    def submit(self, spec: JobSpec | dict[str, Any] | str | Path,
+               idempotency_key: str | None = None) -> Job:
+        """Queue a job from a JobSpec, a plain document, or a YAML/JSON file path. A timed-out
+        or cut request is retried once with the same Idempotency-Key (a new one each call
+        unless given), so it never queues the job twice."""
         if isinstance(spec, (str, Path)):
             spec = load_job_spec(spec)
         body = spec.model_dump(mode="json") if isinstance(spec, JobSpec) else spec
-        status = JobStatus.model_validate(self._request("POST", "/v1/jobs", json=body))
-        return Job(self, status.id)
+        headers = {"Idempotency-Key": idempotency_key or uuid.uuid4().hex}
+        try:
+            answer = self._request("POST", "/v1/jobs", json=body, headers=headers)
+        except ServiceUnreachableError:
+            answer = self._request("POST", "/v1/jobs", json=body, headers=headers)
+        return Job(self, JobStatus.model_validate(answer).id)
 
     def job(self, job_id: str) -> Job:
         return Job(self, job_id)
@@ -174,6 +193,8 @@ class Client:
             raise JobNotFoundError(job_id or str(detail))
         if response.status_code == 409:
             raise JobStateError(str(detail))
+        if response.status_code == 401:
+            raise NotAuthorizedError(str(detail))
         raise ServiceError(response.status_code, detail)
 
 

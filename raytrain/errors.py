@@ -74,6 +74,10 @@ class JobStateError(RaytrainError):
     """The job's state does not allow the operation."""
 
 
+class NotAuthorizedError(RaytrainError):
+    """The service refused the request's token (HTTP 401)."""
+
+
 class ServiceUnreachableError(RaytrainError):
     def __init__(self, url: str, reason: str) -> None:
         self.url = url

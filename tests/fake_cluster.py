@@ -3,7 +3,7 @@ instance metadata service for its nodes: for tests and benchmarks of buying capa
 surviving preemption, on one machine.
 
     with started_fake_cluster(max_spot_nodes=2) as cluster:
-        Client(cluster.url).submit(...); cluster.take_node(node_id)
+        Client(cluster.url, token=cluster.token).submit(...); cluster.take_node(node_id)
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Iterator
 import psutil
 import yaml
 
+from raytrain.serve.auth import OPERATOR, read_tokens
 from tests.imds_server import MetadataServer
 from tests.integration.conftest import free_port, wait_for
 
@@ -32,6 +33,7 @@ class FakeCluster:
         self.root, self.port, self.url, self.metadata = root, port, url, metadata
         self.address = f"127.0.0.1:{port}"
         self.offers = root / "offers.yaml"  # what the service reads its offers from
+        self.token = read_tokens(root / "state")[OPERATOR]  # written as the service started
 
     def worker_nodes(self) -> dict[str, str]:
         """Alive worker nodes: id -> node type (each carries its own type's resource)."""

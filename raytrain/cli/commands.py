@@ -77,7 +77,8 @@ DEFAULT_TRACE = TRACES_DIR / "bamboo" / "p3-trace.csv"
 
 
 def _client(args: argparse.Namespace) -> Client:
-    return Client(args.server or os.environ.get("RAYTRAIN_SERVER") or DEFAULT_URL)
+    return Client(args.server or os.environ.get("RAYTRAIN_SERVER") or DEFAULT_URL,
+                  token=getattr(args, "token", None))
 
 
 def _print_json(value: Any) -> None:

@@ -26,12 +26,15 @@ from raytrain.cli.commands import (
     err,
 )
 from raytrain.cli.flags import existing_file, number, port, whole
-from raytrain.cli.service_commands import cmd_demo, cmd_serve, cmd_stop
+from raytrain.cli.service_commands import cmd_demo, cmd_serve, cmd_stop, cmd_token
 from raytrain.client import DEFAULT_URL
 from raytrain.errors import RaytrainError, SpecError
 from raytrain.spec import (
     JobState,
 )
+
+TOKEN_HELP = ("API token (default: $RAYTRAIN_TOKEN, or for a service on this machine the "
+              "operator token in $RAYTRAIN_STATE_DIR or ~/.raytrain)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,11 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
                                      description=(command_module.__doc__ or "").split("\n\n")[0])
     parser.add_argument("--server",
                         help=f"service URL (default: $RAYTRAIN_SERVER or {DEFAULT_URL})")
+    parser.add_argument("--token", help=TOKEN_HELP)
     # Global flags are accepted after the command too: each subcommand knows them, and
     # SUPPRESS keeps a subcommand that was not given one from overwriting the global value.
     global_flags = argparse.ArgumentParser(add_help=False)
     global_flags.add_argument("--server", default=argparse.SUPPRESS,
                               help=f"service URL (default: $RAYTRAIN_SERVER or {DEFAULT_URL})")
+    global_flags.add_argument("--token", default=argparse.SUPPRESS, help=TOKEN_HELP)
     commands = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, help_text: str, json_flag: bool = False) -> argparse.ArgumentParser:
@@ -81,8 +86,20 @@ def build_parser() -> argparse.ArgumentParser:
                        help="offer catalog to use instead of the cached one")
     serve.add_argument("--policy-dir", help="folder of named policies (default: policies/)")
     serve.add_argument("--default-policy", help="policy of jobs that name none (cost-first)")
+    serve.add_argument("--no-auth", action="store_true", help="serve without tokens (only on a "
+                       "loopback --host)")
+    serve.add_argument("--open-metrics", action="store_true", help="serve /metrics without a "
+                       "token")
     with_service(serve)
     serve.set_defaults(func=cmd_serve)
+
+    tokens = command("token", "list, add, rotate or remove the service's API tokens")
+    tokens.add_argument("action", choices=["list", "add", "rotate", "remove"])
+    tokens.add_argument("name", nargs="?", help="the token's name (add, rotate, remove); "
+                        "its jobs record it as who submitted them")
+    tokens.add_argument("--state-dir", default="~/.raytrain",
+                        help="the service's state directory")
+    tokens.set_defaults(func=cmd_token)
 
     stop = command("stop", "stop what `raytrain serve --detach` started, and nothing else")
     stop.add_argument("--state-dir", default="~/.raytrain",

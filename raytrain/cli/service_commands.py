@@ -18,6 +18,14 @@ from rich.markup import escape
 from raytrain.cli.commands import _follow, err, out
 from raytrain.client import Client
 from raytrain.errors import FieldError, RaytrainError, SpecError
+from raytrain.serve.auth import (
+    OPERATOR,
+    is_loopback,
+    operator_token,
+    read_tokens,
+    set_token,
+    tokens_path,
+)
 from raytrain.spec import (
     JobState,
     ServiceConfig,
@@ -41,6 +49,8 @@ def _service_config(args: argparse.Namespace) -> ServiceConfig:
         "offers_file": getattr(args, "offers_file", None),
         "policy_dir": getattr(args, "policy_dir", None),
         "default_policy": getattr(args, "default_policy", None),
+        "auth": False if getattr(args, "no_auth", False) else None,
+        "open_metrics": True if getattr(args, "open_metrics", False) else None,
     }, Path.cwd())
     try:
         config = ServiceConfig.model_validate(
@@ -123,6 +133,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
 
     config = _service_config(args)
+    if not config.auth and not is_loopback(args.host):
+        raise RaytrainError(
+            f"a service without tokens may listen on a loopback address only, not {args.host}: "
+            "anyone who reaches it could spend this account's money. To fix: drop --no-auth "
+            "(clients send the token in tokens.json), or use --host 127.0.0.1")
     if args.detach:
         running = detached_service_running(config.state_path)
         if running is not None:
@@ -146,6 +161,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         url = deploy(config, args.host, args.port)
         err.print(f"raytrain is serving at [bold]{url}[/bold] (OpenAPI at {url}/docs)")
+        if config.auth:
+            err.print(f"API tokens: {tokens_path(config.state_path)} (the CLI and client on "
+                      "this machine read it; elsewhere set RAYTRAIN_TOKEN to one of them)",
+                      highlight=False, soft_wrap=True)
         if args.detach:
             record = DetachedService(url, address or ray.get_runtime_context().gcs_address,
                                      head_pid, temp_dir, time.time())
@@ -156,7 +175,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return 0
         err.print("press Ctrl-C to stop; each job's state changes are shown here, its workers' "
                   "output with `raytrain logs ID`", highlight=False)
-        _watch_until_signal(Client(url))
+        _watch_until_signal(Client(url, token=operator_token(config)))
         err.print("stopping the service")
         undeploy(stop_jobs=started_ray)
     except BaseException:
@@ -196,10 +215,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     err.print("starting a local Ray cluster and the raytrain service ...")
     connect_ray(None, quiet=True)
     try:
-        url = deploy(_service_config(args), "127.0.0.1", args.port)
+        config = _service_config(args)
+        url = deploy(config, "127.0.0.1", args.port)
         err.print(f"service up at {url} after {time.monotonic() - wall_started:.1f} s; "
                   f"submitting {args.spec}", soft_wrap=True, highlight=False)
-        client = Client(url)
+        client = Client(url, token=operator_token(config))
         job = client.submit(spec)
         try:
             status = _follow(client, job.id)
@@ -217,3 +237,30 @@ def cmd_demo(args: argparse.Namespace) -> int:
         ray.shutdown()
 
 
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    """The service reads tokens.json again when it changes: no restart, no job touched."""
+    state_dir = Path(args.state_dir).expanduser()
+    if args.action == "list":
+        for name in sorted(read_tokens(state_dir)):
+            out.print(name, highlight=False)
+        return 0
+    if not args.name:
+        raise RaytrainError(f"`raytrain token {args.action}` needs the token's name. To fix: "
+                            f"e.g. raytrain token {args.action} {OPERATOR}")
+    if args.action == "add" and args.name in read_tokens(state_dir):
+        raise RaytrainError(f"a token named {args.name!r} exists. To fix: rotate it "
+                            f"(raytrain token rotate {args.name}) or choose another name")
+    if args.action == "rotate" and args.name not in read_tokens(state_dir):
+        raise RaytrainError(f"no token named {args.name!r}. To fix: add it "
+                            f"(raytrain token add {args.name})")
+    token = set_token(state_dir, args.name, remove=args.action == "remove")
+    if token is not None:
+        out.print(token, highlight=False)
+        err.print(f"{args.name}'s token is in {tokens_path(state_dir)}; the service takes it "
+                  "within seconds", highlight=False)
+    else:
+        err.print(f"removed {args.name}'s token; requests with it are refused within seconds",
+                  highlight=False)
+    return 0

@@ -10,9 +10,11 @@ path of each bad field and nothing is queued. Every route is a thin call into th
     GET  /v1/jobs/{id}/events   Server-Sent Events         DELETE ...?purge=true  forget
     GET  /v1/jobs/{id}/logs     workers' output by rank    GET  /healthz, /readyz, /metrics
 
-Bodies over MAX_BODY_BYTES answer 413 unread, and an error never echoes more than a short
-excerpt of what was sent. While the job manager cannot be reached, job endpoints answer 503
-with Retry-After rather than 500.
+Every route but /healthz needs a bearer token (serve.auth; /metrics too unless opened), and
+answers 401 without one before its body is read. Bodies over MAX_BODY_BYTES answer 413
+unread, open event streams are limited (serve.http_limits), and an error never echoes more
+than a short excerpt of what was sent. While the job manager cannot be reached, job
+endpoints answer 503 with Retry-After rather than 500.
 """
 
 # No `from __future__ import annotations` here: FastAPI reads the routes' annotations to
@@ -23,7 +25,7 @@ import logging
 from typing import Any, AsyncIterator
 from urllib.parse import urlencode
 
-from fastapi import FastAPI, HTTPException, Query, Request, Response
+from fastapi import FastAPI, Header, HTTPException, Query, Request, Response
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
@@ -33,6 +35,8 @@ from ray.exceptions import GetTimeoutError, RayActorError, TaskCancelledError
 from raytrain import __version__
 from raytrain.core.planner import NothingFits
 from raytrain.core.resolve import rank_plans
+from raytrain.serve.auth import BearerAuth
+from raytrain.serve.http_limits import JSONBodies, StreamLimits
 from raytrain.spec import (
     JobLogs,
     JobSpec,
@@ -47,7 +51,6 @@ from raytrain.spec import (
 
 APP_NAME = "raytrain"
 EVENT_POLL_S = 10.0
-MAX_BODY_BYTES = 1 * 2**20  # a job spec is a few KB; the schema has no field near this
 EXCERPT_CHARS = 200
 MANAGER_RETRY_AFTER_S = 5
 READY_TIMEOUT_S = 5.0
@@ -56,57 +59,6 @@ LIST_PAGE_SIZE = 100
 LIST_PAGE_MAX = 1000
 
 logger = logging.getLogger(__name__)
-
-class JSONBodies:
-    """Read every request body as JSON, whatever its Content-Type says, and refuse one over
-    MAX_BODY_BYTES with 413 before reading it.
-
-    The API takes only JSON, and `curl -d @job.json` (the shortest way to submit) labels its
-    body form-encoded, which FastAPI would hand to the JobSpec model as raw bytes.
-    """
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
-            await self.app(scope, receive, send)
-            return
-        headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
-        scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-            await _too_large(send)
-            return
-        received = 0
-
-        async def counted() -> dict:
-            nonlocal received
-            message = await receive()
-            received += len(message.get("body", b""))
-            if received > MAX_BODY_BYTES:  # a chunked body that did not say its length
-                raise _BodyTooLarge()
-            return message
-
-        try:
-            await self.app(scope, counted, send)
-        except _BodyTooLarge:
-            await _too_large(send)
-
-
-class _BodyTooLarge(Exception):
-    pass
-
-
-async def _too_large(send: Any) -> None:
-    body = json.dumps({"detail": f"the request body is over the {MAX_BODY_BYTES // 2**20} MiB "
-                       "limit. To fix: send a job spec (a few KB); large data belongs in a "
-                       "token file the workers read"}).encode()
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
-
 
 def excerpt(value: Any) -> Any:
     """`value` if its JSON is short, else the first EXCERPT_CHARS characters of it."""
@@ -157,7 +109,15 @@ def _unwrap(envelope: dict[str, Any]) -> Any:
                             detail=[{**e, "loc": ["body", *e["loc"]]} for e in detail])
     if kind == "not_found":
         raise HTTPException(status_code=404, detail=detail)
+    if kind == "busy":
+        raise HTTPException(status_code=429, detail=detail,
+                            headers={"Retry-After": str(envelope["retry_after"])})
     raise HTTPException(status_code=409, detail=detail)
+
+
+def _caller(request: Request) -> str | None:
+    """The name of the token the request came with (None on an open service)."""
+    return request.state.caller if hasattr(request.state, "caller") else None
 
 
 def _not_found(job_id: str) -> HTTPException:
@@ -177,6 +137,12 @@ def render_metrics(jobs: list[JobStatus]) -> str:
     for state in JobState:
         count = sum(1 for job in jobs if job.state == state)
         lines.append(f'raytrain_jobs{{state="{state.value}"}} {count}')
+    spent = sum(job.cost_usd for job in jobs)
+    holding = sum(job.resources.usd_per_hour for job in jobs if not job.state.is_terminal)
+    lines += ["# HELP raytrain_spent_usd Dollars all jobs the service knows have spent.",
+              "# TYPE raytrain_spent_usd gauge", f"raytrain_spent_usd {spent}",
+              "# HELP raytrain_usd_per_hour Hourly price of the capacity active jobs hold.",
+              "# TYPE raytrain_usd_per_hour gauge", f"raytrain_usd_per_hour {holding}"]
     gauges = {
         "raytrain_job_step": ("Optimizer steps completed.", lambda j: j.progress.step),
         "raytrain_job_loss": ("Latest training loss.", lambda j: j.progress.loss),
@@ -193,22 +159,33 @@ def render_metrics(jobs: list[JobStatus]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_app(manager: Any) -> FastAPI:
+def build_app(manager: Any, open_metrics: bool = False) -> FastAPI:
     """The HTTP API over a job manager handle: a Ray actor handle, or `InProcess(manager)`
-    for a manager in this process (tests drive the app through httpx's ASGITransport)."""
+    for a manager in this process (tests drive the app through httpx's ASGITransport).
+    open_metrics: serve /metrics without a token."""
     api = FastAPI(
         title="raytrain",
         version=__version__,
         description="Train PyTorch models across many GPUs as cheaply as possible.",
     )
     api.add_middleware(JSONBodies)
+    # Added last, so it runs first: a request without a token is refused before its body
+    # is read.
+    api.add_middleware(BearerAuth, digests=lambda: manager.token_digests.remote(),
+                       open_paths=frozenset({"/healthz", *(["/metrics"] if open_metrics
+                                                            else [])}))
+    streams = StreamLimits()
     api.add_exception_handler(RequestValidationError, _validation_error)
     api.add_exception_handler(RayActorError, _manager_away)
     api.add_exception_handler(GetTimeoutError, _manager_away)
 
     @api.post("/v1/jobs", status_code=202, response_model=JobStatus)
-    async def submit(spec: JobSpec) -> dict[str, Any]:
-        return _unwrap(await manager.submit.remote(spec.model_dump(mode="json")))
+    async def submit(spec: JobSpec, request: Request, idempotency_key: str | None = Header(
+            None, max_length=200, description="Retrying with the same key returns the job the "
+            "first request queued (for a day) instead of queueing another.")
+                     ) -> dict[str, Any]:
+        return _unwrap(await manager.submit.remote(
+            spec.model_dump(mode="json"), _caller(request), idempotency_key))
 
     @api.get("/v1/jobs", response_model=list[JobStatus])
     async def list_jobs(
@@ -236,13 +213,13 @@ def build_app(manager: Any) -> FastAPI:
         return job
 
     @api.delete("/v1/jobs/{job_id}", response_model=JobStatus)
-    async def cancel(job_id: str, purge: bool = Query(
+    async def cancel(job_id: str, request: Request, purge: bool = Query(
             False, description="Forget an ended job instead: its record, checkpoints and "
             "logs (409 while it runs)")) -> dict[str, Any]:
         """Cancel a job; with `?purge=true`, delete an ended one."""
         if purge:
             return _unwrap(await manager.delete.remote(job_id))
-        return _unwrap(await manager.cancel.remote(job_id))
+        return _unwrap(await manager.cancel.remote(job_id, _caller(request)))
 
     @api.get("/v1/jobs/{job_id}/logs", response_model=JobLogs)
     async def logs(job_id: str, rank: int | None = Query(None, ge=0, le=100_000),
@@ -272,26 +249,28 @@ def build_app(manager: Any) -> FastAPI:
         after = _event_position(request)
         if await manager.get_job.remote(job_id) is None:
             raise _not_found(job_id)
+        streams.admit(job_id)
 
         async def stream() -> AsyncIterator[str]:
             nonlocal after
-            try:
-                while True:
-                    batch = await manager.wait_events.remote(job_id, after, EVENT_POLL_S)
-                    if batch is None:
-                        return
-                    if not batch:
-                        yield ": keep-alive\n\n"
-                        continue
-                    for event in batch:
-                        after = event["seq"]
-                        yield _sse(event)
-                        if event["type"] == "end":
+            with streams.held(job_id):
+                try:
+                    while True:
+                        batch = await manager.wait_events.remote(job_id, after, EVENT_POLL_S)
+                        if batch is None:
                             return
-            except (asyncio.CancelledError, TaskCancelledError):
-                return  # the client went away: nothing to report
-            except (RayActorError, GetTimeoutError):
-                yield ": the job manager went away; reconnect with Last-Event-ID\n\n"
+                        if not batch:
+                            yield ": keep-alive\n\n"
+                            continue
+                        for event in batch:
+                            after = event["seq"]
+                            yield _sse(event)
+                            if event["type"] == "end":
+                                return
+                except (asyncio.CancelledError, TaskCancelledError):
+                    return  # the client went away: nothing to report
+                except (RayActorError, GetTimeoutError):
+                    yield ": the job manager went away; reconnect with Last-Event-ID\n\n"
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 
@@ -381,7 +360,7 @@ class RaytrainAPI:
     def __serve_build_asgi_app__(self) -> FastAPI:
         from raytrain.serve.manager import get_or_create_manager
 
-        return build_app(get_or_create_manager(self.config))
+        return build_app(get_or_create_manager(self.config), self.config.open_metrics)
 
 
 def serve_app(config: ServiceConfig) -> serve.Application:

@@ -33,6 +33,7 @@ from ray import serve
 
 from raytrain.errors import RaytrainError
 from raytrain.serve.app import APP_NAME, serve_app
+from raytrain.serve.auth import operator_token
 from raytrain.serve.manager import find_manager
 from raytrain.spec import ServiceConfig
 
@@ -119,11 +120,13 @@ def deploy(config: ServiceConfig, host: str, port: int, timeout_s: float = 120.0
     )
     serve.run(serve_app(config), name=APP_NAME, route_prefix="/")
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+    token = operator_token(config)  # written on the first start
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             # Ready, not just alive: the job manager answers and its store takes writes.
-            if httpx.get(f"{url}/readyz", timeout=10.0).status_code == 200:
+            if httpx.get(f"{url}/readyz", headers=headers, timeout=10.0).status_code == 200:
                 return url
         except httpx.HTTPError:
             pass

@@ -41,6 +41,8 @@ from raytrain.core.capacity import never_fits
 from raytrain.core.offers import offers_response
 from raytrain.core.resolve import plan_summary
 from raytrain.errors import FieldError, SpecError
+from raytrain.serve.admission import admission_refusal
+from raytrain.serve.auth import token_digests
 from raytrain.serve.events import EventLog
 from raytrain.serve.provisioning import Provisioner
 from raytrain.serve.ray_cluster import (
@@ -130,9 +132,20 @@ class JobManager:
 
     # ---------------------------------------------------------------- requests from the API
 
-    def submit(self, document: dict[str, Any]) -> dict[str, Any]:
+    def submit(self, document: dict[str, Any], caller: str | None = None,
+               key: str | None = None) -> dict[str, Any]:
+        """Queue a job for `caller` (the token's name). A `key` seen from the same caller
+        within IDEMPOTENCY_WINDOW_S returns that job instead of queueing another."""
         try:
             spec = parse_job_spec(document)
+        except SpecError as exc:
+            return {"error": "spec", "detail": [e.to_json() for e in exc.errors]}
+        with self.lock:
+            refused = admission_refusal(self.records.values(), spec, caller, key,
+                                        self.cluster.now(), self.config.max_active_jobs)
+        if refused is not None:
+            return refused
+        try:
             plan = plan_summary(spec)  # the layout, decided once: stored, never planned again
             check_imports_allowed(spec, self.config.allowed_import_packages)
             policy_error = self.provisioner.policy_error(spec)
@@ -153,13 +166,20 @@ class JobManager:
             progress=Progress(total_steps=spec.training.steps),
             message="queued",
             created_at=self.cluster.now(),
+            submitted_by=caller,
+            idempotency_key=key,
         )
         with self.lock:
+            refused = admission_refusal(self.records.values(), spec, caller, key,
+                                        self.cluster.now(), self.config.max_active_jobs)
+            if refused is not None:  # the same key came twice at once: the first one won
+                return refused
             self.records[job.id] = lc.Record(job)
             self._events[job.id] = EventLog()
             self.apply(job.id, lc.Submitted())
             job = self.records[job.id].status
-        logger.info("job %s submitted: %s", job.id, spec.name)
+        logger.info("job %s submitted by %s: %s", job.id, caller or "an open service",
+                    spec.name)
         return {"ok": job.model_dump(mode="json")}
 
     def offers(self, spec_json: dict[str, Any] | None, policy: str | None, keep: int,
@@ -199,7 +219,7 @@ class JobManager:
             record = self.records.get(job_id)
             return record.status.model_dump(mode="json") if record else None
 
-    def cancel(self, job_id: str) -> dict[str, Any]:
+    def cancel(self, job_id: str, caller: str | None = None) -> dict[str, Any]:
         with self.lock:
             record = self.records.get(job_id)
             if record is None:
@@ -209,8 +229,16 @@ class JobManager:
                                                      f"{record.status.state.value}; nothing "
                                                      "to cancel")}
             self.apply(job_id, lc.CancelRequested())
-            logger.info("job %s cancelled (was running: %s)", job_id, record.run is not None)
+            logger.info("job %s cancelled by %s (was running: %s)", job_id,
+                        caller or "an open service", record.run is not None)
             return {"ok": self.records[job_id].status.model_dump(mode="json")}
+
+    def token_digests(self) -> dict[str, str] | None:
+        """{token name: sha256 of the token} for the API's check; None when the service runs
+        open. The first call on a new state directory writes the operator token."""
+        if not self.config.auth:
+            return None
+        return token_digests(self.config.state_path)
 
     def ready(self) -> dict[str, Any]:
         """Readiness: this actor answers, its scheduler runs, and its store takes writes."""

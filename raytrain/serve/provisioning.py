@@ -56,6 +56,7 @@ from raytrain.core.autoscale import (
 )
 from raytrain.core.lifecycle import CapacityDecided
 from raytrain.core.resolve import plan_summary
+from raytrain.core.spending import within_service_limits
 from raytrain.errors import FieldError
 from raytrain.spec import (
     DecisionRecord,
@@ -162,8 +163,16 @@ class Provisioner:
             throughput = _limit_nodes(job_throughput(spec), self.config, node_type)
             goal = replace(job_goal(spec), deadline_s=None, budget_usd=None,
                            max_usd_per_hour=None)
-            if options(goal, offers, throughput, self.policy_for(spec)):
+            found = options(goal, offers, throughput, self.policy_for(spec))
+            ceiling = self.config.max_usd_per_hour
+            if found and (ceiling is None or min(o.usd_per_hour for o in found) <= ceiling):
                 return None
+            if found:
+                return FieldError(("resources",), (
+                    f"the cheapest capacity that holds this job costs "
+                    f"${min(o.usd_per_hour for o in found):,.2f}/h, over this service's "
+                    f"ceiling of ${ceiling:,.2f}/h for all jobs together. To fix: use fewer "
+                    "or smaller workers, or ask the operator to raise max_usd_per_hour"))
             names = ", ".join(sorted(node_type.values())) or "none"
             reason = (f"no node type this service buys ({names}) can hold the job's "
                       f"{spec.resources.num_workers} workers as laid out. To fix: change "
@@ -262,9 +271,17 @@ class Provisioner:
                             preemptions=job.preemptions)
         goal = job_goal(spec, job.checkpoint.step if job.checkpoint else 0,
                         now - job.created_at, job.cost_usd)
+        others = sum(p.option.usd_per_hour for other, p in self.placements.items()
+                     if other != job.id)
+        goal, ceiling = within_service_limits(goal, self.config.max_usd_per_hour, others,
+                                              self.config.max_usd_per_job, job.cost_usd)
         if current is None:
-            return choose(goal, offers, throughput, policy, observed)
-        return redecide(current, event, goal, offers, throughput, policy, observed)
+            decision = choose(goal, offers, throughput, policy, observed)
+        else:
+            decision = redecide(current, event, goal, offers, throughput, policy, observed)
+        if decision.option is None and ceiling:
+            decision = replace(decision, reason=f"{decision.reason}; {ceiling}")
+        return decision
 
     def _decide(self, job: JobStatus, now: float, event: str,
                 unavailable: frozenset[tuple[str, str]], current: Option | None = None

@@ -140,7 +140,8 @@ class Scheduler:
         self.manager.apply(job_id, lc.Launched(lc.Run(
             demand=demand, launched_at=self.cluster.now(), usd_per_hour=usd_per_hour,
             describe=describe or plan.description,
-            nodes_at_launch=self.cluster.alive_nodes(bought) if bought else frozenset()),
+            nodes_at_launch=self.cluster.alive_nodes(bought) if bought else frozenset(),
+            budget_usd=spec.capacity.budget_usd or self.config.max_usd_per_job),
             plan))
         logger.info("job %s launched with %s", job_id, demand)
 
@@ -156,7 +157,7 @@ class Scheduler:
             for job_id, record in list(manager.records.items()):
                 run = record.run
                 if record.status.state != JobState.RUNNING or run is None \
-                        or run.moving_to is not None:
+                        or run.moving_to is not None or run.over_budget:
                     continue
                 if not (prices_changed or now - run.reviewed_at >= self.config.review_interval_s):
                     continue

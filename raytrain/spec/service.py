@@ -65,6 +65,28 @@ class ServiceConfig(Strict):
         "cluster contacts no metadata address.",
     )
 
+    auth: bool = Field(
+        True, description="Require a bearer token on every endpoint but /healthz (tokens.json "
+        "in state_dir, written at the first start). `raytrain serve --no-auth` turns it off, "
+        "on a loopback address only.",
+    )
+    open_metrics: bool = Field(
+        False, description="Serve /metrics without a token (for a Prometheus scraper on a "
+        "private network).",
+    )
+    max_active_jobs: int = Field(
+        1000, ge=1, le=100_000, description="Jobs queued or running at once; a submit beyond "
+        "it answers 429 with Retry-After.",
+    )
+    max_usd_per_hour: float | None = Field(
+        100.0, gt=0, description="Ceiling on the hourly price of all capacity the service "
+        "holds or requests at once; a job that would pass it waits, saying so. Null: none.",
+    )
+    max_usd_per_job: float | None = Field(
+        None, gt=0, description="Budget of a job that sets no capacity.budget_usd: on "
+        "reaching it the job checkpoints and stops. Null: none.",
+    )
+
     @property
     def state_path(self) -> Path:
         return Path(self.state_dir).expanduser()

@@ -115,6 +115,10 @@ class JobStatus(Record):
     resources: Resources = Field(default_factory=Resources)
     cost_usd: float = 0.0
     restarts: int = Field(0, description="Times training restarted from a checkpoint.")
+    submitted_by: str | None = Field(
+        None, description="Name of the token that submitted the job (None: an open service).")
+    idempotency_key: str | None = Field(
+        None, description="The Idempotency-Key it was submitted with, if any.")
     preemptions: int = Field(0, description="Spot preemptions survived.")
     error: str | None = Field(None, description="Why the job failed; null unless FAILED.")
     message: str | None = Field(None, description="What the job waits for, when it waits.")

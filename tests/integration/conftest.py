@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
+import httpx
 import psutil
 import pytest
 
@@ -71,15 +72,20 @@ def wait_for(predicate: Callable[[], object], timeout_s: float, what: str) -> ob
 
 
 class Service:
-    def __init__(self, url: str, state_dir: Path) -> None:
+    def __init__(self, url: str, state_dir: Path, token: str | None = None) -> None:
         self.url = url
         self.state_dir = state_dir
+        self.token = token
+        # Raw HTTP with the operator's token; the Client and the CLI read RAYTRAIN_TOKEN.
+        self.http = httpx.Client(timeout=60.0, headers={"Authorization": f"Bearer {token}"}
+                                 if token else {})
 
 
 @pytest.fixture(scope="session")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     import ray
 
+    from raytrain.serve.auth import operator_token
     from raytrain.serve.deploy import connect_ray, deploy, undeploy
     from raytrain.spec import ServiceConfig
 
@@ -88,10 +94,12 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     connect_ray(None, num_cpus=NUM_CPUS, quiet=True)
     config = ServiceConfig(state_dir=str(state_dir), allowed_import_packages=["tests"])
     url = deploy(config, "127.0.0.1", free_port())
-    instance = Service(url, state_dir)
+    instance = Service(url, state_dir, operator_token(config))
+    os.environ["RAYTRAIN_TOKEN"] = instance.token or ""
     instance.config = config  # type: ignore[attr-defined]
     try:
         yield instance
     finally:
+        os.environ.pop("RAYTRAIN_TOKEN", None)
         undeploy(stop_jobs=True)
         ray.shutdown()

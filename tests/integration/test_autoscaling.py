@@ -39,7 +39,7 @@ def fake_cluster() -> Iterator[FakeCluster]:
 def test_the_autoscaler_launches_the_chosen_node_type_and_lets_it_go(
     fake_cluster: FakeCluster,
 ) -> None:
-    client = Client(fake_cluster.url)
+    client = Client(fake_cluster.url, token=fake_cluster.token)
     spec = job_spec(steps=60, checkpoint_every=30)
     assert fake_cluster.worker_node_types() == []  # nothing bought yet
     job = client.submit(spec)
@@ -92,7 +92,7 @@ def test_five_preemptions_with_and_without_notice_and_the_job_ends_where_it_woul
     Without one the node goes while the job trains: it loses at most the checkpoint interval.
     A replacement comes each time, the failure budget is never touched, and the job ends with
     the loss of an uninterrupted run."""
-    client = Client(fake_cluster.url)
+    client = Client(fake_cluster.url, token=fake_cluster.token)
     job = client.submit(job_spec(steps=1000, checkpoint_every=50))
     for fault in range(5):
         status = client.get(job.id)
@@ -126,7 +126,7 @@ def test_five_preemptions_with_and_without_notice_and_the_job_ends_where_it_woul
 def test_a_much_cheaper_offer_moves_the_running_job_at_a_checkpoint(
     fake_cluster: FakeCluster,
 ) -> None:
-    client = Client(fake_cluster.url)
+    client = Client(fake_cluster.url, token=fake_cluster.token)
     job = client.submit(job_spec(steps=400, checkpoint_every=1000))
     _wait_step(client, job.id, 40)
     assert client.get(job.id).resources.node_type == "cpu-spot"

@@ -13,6 +13,7 @@ import httpx
 import psutil
 import pytest
 
+from raytrain.serve.auth import read_tokens
 from tests.integration.conftest import free_port
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
@@ -35,7 +36,11 @@ def test_serve_detach_keeps_running_until_raytrain_stop(tmp_path: Path) -> None:
         # The command has exited; the service it started still answers.
         url = f"http://127.0.0.1:{port}"
         assert httpx.get(f"{url}/healthz", timeout=10).status_code == 200
-        assert httpx.get(f"{url}/v1/jobs", timeout=10).json() == []
+        token = read_tokens(state_dir)["operator"]  # written at the first start, owner-only
+        assert httpx.get(f"{url}/v1/jobs", timeout=10).status_code == 401
+        assert httpx.get(f"{url}/v1/jobs", timeout=10,
+                         headers={"Authorization": f"Bearer {token}"}).json() == []
+        assert "tokens.json" in started.stderr
         record = json.loads((state_dir / "service.json").read_text())
         assert psutil.pid_exists(record["head_pid"])
         again = subprocess.run(

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-import httpx
 import psutil
 import pytest
 import ray
@@ -87,7 +86,7 @@ def test_an_impossible_job_is_refused_and_a_small_one_passes_a_waiting_big_one(
     """422 for a group that never fits the cluster; a big job that fits but must wait does
     not hold up a small one that fits now (backfill; that it is passed only so often is
     tests/unit/test_api.py's)."""
-    never = httpx.post(f"{service.url}/v1/jobs", json={
+    never = service.http.post(f"{service.url}/v1/jobs", json={
         "resources": {"num_workers": NUM_CPUS * 2, "cpus_per_worker": 1},
         "training": {"global_batch_size": 16}})
     assert never.status_code == 422 and "never" in never.text and "To fix" in never.text
@@ -130,7 +129,7 @@ def test_a_killed_job_manager_comes_back_and_its_job_ends_as_if_never_stopped(
     last_seq_before = [e.seq for e in client.events(ended.id)][-1] if ended else -1
     spec = job_spec(steps=600, checkpoint_every=40, name="survivor")
     # Submitted the way `curl -d @job.json` does: a JSON body labelled form-encoded.
-    response = httpx.post(f"{service.url}/v1/jobs", content=json.dumps(spec),
+    response = service.http.post(f"{service.url}/v1/jobs", content=json.dumps(spec),
                           headers={"content-type": "application/x-www-form-urlencoded"})
     assert response.status_code == 202, response.text
     survivor = client.job(response.json()["id"])

@@ -41,11 +41,19 @@ def cpus_free() -> float:
 
 
 def job_ids(service: Service) -> set[str]:
-    return {job["id"] for job in httpx.get(f"{service.url}/v1/jobs").json()}
+    return {job["id"] for job in service.http.get(f"{service.url}/v1/jobs").json()}
 
 
 def test_bad_specs_answer_422_with_field_paths_and_start_nothing(service: Service) -> None:
     before = job_ids(service)  # jobs of earlier tests may still be ending: compare ids
+    # Without a valid token nothing is read or queued; only /healthz answers.
+    for headers in ({}, {"Authorization": "Bearer rt_wrong"}, {"Authorization": "Basic x"}):
+        for method, route in (("POST", "/v1/jobs"), ("GET", "/v1/jobs"), ("GET", "/metrics")):
+            refused = httpx.request(method, f"{service.url}{route}", headers=headers,
+                                    json=job_spec(steps=3))
+            assert refused.status_code == 401 and "To fix" in refused.text, (method, route)
+    assert httpx.get(f"{service.url}/healthz").status_code == 200
+    assert job_ids(service) == before
     cases = [
         ({"training": {"stepz": 3}}, ["body", "training", "stepz"]),
         ({"training": {"steps": -1}}, ["body", "training", "steps"]),
@@ -56,48 +64,51 @@ def test_bad_specs_answer_422_with_field_paths_and_start_nothing(service: Servic
          ["body", "parallel", "tp"]),
     ]
     for body, loc in cases:
-        response = httpx.post(f"{service.url}/v1/jobs", json=body)
+        response = service.http.post(f"{service.url}/v1/jobs", json=body)
         assert response.status_code == 422, body
         locs = [error["loc"] for error in response.json()["detail"]]
         assert loc in locs, (body, locs)
     # Fields that mean nothing for the kind, huge bodies, and huge values: refused, and the
     # answer never echoes more than an excerpt of what was sent.
-    useless = httpx.post(f"{service.url}/v1/jobs", json={"data": {"path": "/x" * 100}})
+    useless = service.http.post(f"{service.url}/v1/jobs", json={"data": {"path": "/x" * 100}})
     assert useless.status_code == 422
     assert ["body", "data", "path"] in [e["loc"] for e in useless.json()["detail"]]
-    echoed = httpx.post(f"{service.url}/v1/jobs", json={"nope": "x" * 500_000})
+    echoed = service.http.post(f"{service.url}/v1/jobs", json={"nope": "x" * 500_000})
     assert echoed.status_code == 422 and len(echoed.content) < 4000, len(echoed.content)
-    huge = httpx.post(f"{service.url}/v1/jobs", content=b'{"name": "' + b"x" * 50 * 2**20
+    huge = service.http.post(f"{service.url}/v1/jobs", content=b'{"name": "' + b"x" * 50 * 2**20
                       + b'"}', timeout=60)
     assert huge.status_code == 413 and len(huge.content) < 1000
     for resources in ({"num_workers": 4, "cpus_per_worker": 1}, {"cpus_per_worker": 64}):
-        never = httpx.post(f"{service.url}/v1/jobs", json={"resources": resources,
+        never = service.http.post(f"{service.url}/v1/jobs", json={"resources": resources,
                                                            "training": {"global_batch_size": 16}})
         assert never.status_code == 422, never.text
         assert "never" in never.text and "To fix" in never.text
-    missing = httpx.post(f"{service.url}/v1/jobs", json={
+    missing = service.http.post(f"{service.url}/v1/jobs", json={
         "data": {"kind": "token_file", "path": "/no/such/tokens.bin"}})
     assert missing.status_code == 422 and "To fix" in missing.json()["detail"][0]["msg"]
     assert job_ids(service) == before
-    assert httpx.get(f"{service.url}/v1/jobs/nope").status_code == 404
-    assert httpx.get(f"{service.url}/readyz").json()["ready"] is True
+    assert service.http.get(f"{service.url}/v1/jobs/nope").status_code == 404
+    assert service.http.get(f"{service.url}/readyz").json()["ready"] is True
     # The planner over HTTP: ranked plans, or 422 with the smallest change that would fit.
-    plans = httpx.post(f"{service.url}/v1/plans", json={
+    plans = service.http.post(f"{service.url}/v1/plans", json={
         "spec": job_spec(steps=10), "gpus": 8, "accelerator": "h100-sxm",
         "usd_per_gpu_hour": 2.0}).json()
     assert plans["gpus"] == 8 and plans["plans"][0]["rank"] == 1
     huge = {"model": {"gpt": {"dim": 8192, "num_layers": 80, "num_heads": 64}},
             "training": {"global_batch_size": 8, "micro_batch_size": 1}}
-    refused = httpx.post(f"{service.url}/v1/plans",
+    refused = service.http.post(f"{service.url}/v1/plans",
                          json={"spec": huge, "gpus": 2, "accelerator": "rtx4090"})
     assert refused.status_code == 422 and "To fix" in refused.json()["detail"][0]["msg"]
-    assert "/v1/jobs" in httpx.get(f"{service.url}/openapi.json").json()["paths"]
+    assert "/v1/jobs" in service.http.get(f"{service.url}/openapi.json").json()["paths"]
 
 
 def test_job_trains_to_success_and_streams_progress(service: Service) -> None:
     client = Client(service.url)
     submitted_at = time.time()
-    job = client.submit(job_spec(steps=60, checkpoint_every=30))
+    job = client.submit(job_spec(steps=60, checkpoint_every=30), idempotency_key="first-60")
+    # A retried POST (a timeout, a cut connection) returns that job, not a second one.
+    again = client.submit(job_spec(steps=60, checkpoint_every=30), idempotency_key="first-60")
+    assert again.id == job.id and job.status().submitted_by == "operator"
     states, progress, lags = [], [], []
     for event in job.events():
         if event.type == "state":
@@ -127,11 +138,11 @@ def test_job_trains_to_success_and_streams_progress(service: Service) -> None:
     assert status.plan.backend == "gloo" and status.resources.accelerator == "cpu"
     assert status.restarts == 0 and status.error is None
     assert status.finished_at is not None and status.finished_at > submitted_at
-    metrics = httpx.get(f"{service.url}/metrics").text
+    metrics = service.http.get(f"{service.url}/metrics").text
     assert 'raytrain_jobs{state="SUCCEEDED"}' in metrics
     # A bad event position is the client's mistake, not the server's.
     for kwargs in ({"params": {"after": "abc"}}, {"headers": {"Last-Event-ID": "xyz"}}):
-        answer = httpx.get(f"{service.url}/v1/jobs/{job.id}/events", **kwargs)
+        answer = service.http.get(f"{service.url}/v1/jobs/{job.id}/events", **kwargs)
         assert answer.status_code == 422 and "To fix" in answer.text
     # Each rank's output is kept with the job; deleting the ended job removes it all.
     logs = client.logs(job.id)
@@ -139,7 +150,7 @@ def test_job_trains_to_success_and_streams_progress(service: Service) -> None:
     job_root = Path(status.checkpoint.path).parents[1]
     assert client.delete(job.id).id == job.id
     assert not job_root.exists()
-    assert httpx.get(f"{service.url}/v1/jobs/{job.id}").status_code == 404
+    assert service.http.get(f"{service.url}/v1/jobs/{job.id}").status_code == 404
 
 
 def test_hybrid_pipeline_by_tensor_job_trains_through_the_api(service: Service) -> None:
@@ -230,12 +241,12 @@ def test_a_local_run_reaches_nothing_beyond_this_machine(service: Service) -> No
 
 def test_the_job_list_comes_in_pages_and_the_client_follows_them(service: Service) -> None:
     """Runs after the tests above, whose jobs fill the list."""
-    every = httpx.get(f"{service.url}/v1/jobs", params={"limit": 1000}).json()
+    every = service.http.get(f"{service.url}/v1/jobs", params={"limit": 1000}).json()
     assert len(every) >= 2
-    first = httpx.get(f"{service.url}/v1/jobs", params={"limit": 1})
+    first = service.http.get(f"{service.url}/v1/jobs", params={"limit": 1})
     assert [j["id"] for j in first.json()] == [j["id"] for j in every[:1]]
     assert 'rel="next"' in first.headers["link"]
-    rest = httpx.get(f"{service.url}/v1/jobs",
+    rest = service.http.get(f"{service.url}/v1/jobs",
                      params={"limit": 1000, "after": first.headers["x-next-cursor"]})
     assert [j["id"] for j in first.json() + rest.json()] == [j["id"] for j in every]
     assert "x-next-cursor" not in rest.headers
@@ -244,4 +255,4 @@ def test_the_job_list_comes_in_pages_and_the_client_follows_them(service: Servic
     in_state = Client(service.url).list(states=[state])
     assert in_state and all(j.state.value == state for j in in_state)
     assert {j.id for j in in_state} == {j["id"] for j in every if j["state"] == state}
-    assert httpx.get(f"{service.url}/v1/jobs", params={"limit": 0}).status_code == 422
+    assert service.http.get(f"{service.url}/v1/jobs", params={"limit": 0}).status_code == 422

@@ -15,7 +15,9 @@ import httpx
 import pytest
 
 from raytrain.core import lifecycle as lc
-from raytrain.serve.app import MAX_BODY_BYTES, InProcess, build_app
+from raytrain.serve.app import InProcess, build_app
+from raytrain.serve.auth import operator_token
+from raytrain.serve.http_limits import MAX_BODY_BYTES
 from raytrain.serve.manager import JobManager
 from raytrain.spec import ServiceConfig
 from tests.fake_ray import FakeRay
@@ -35,11 +37,20 @@ class Service:
 
     def __init__(self, state_dir: Path, cluster: FakeRay | None = None, **config: Any) -> None:
         self.cluster = cluster or FakeRay(cpus=4)
-        self.manager = JobManager(ServiceConfig(state_dir=str(state_dir), **config).model_dump(
-            mode="json"), cluster=self.cluster, schedule=False)
-        self.app = build_app(InProcess(self.manager))
+        self.config = ServiceConfig(state_dir=str(state_dir), **config)
+        self.manager = JobManager(self.config.model_dump(mode="json"), cluster=self.cluster,
+                                  schedule=False)
+        self.app = build_app(InProcess(self.manager), self.config.open_metrics)
+        self.token = operator_token(self.config)
 
-    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def request(self, method: str, path: str, token: str | None = "operator",
+                **kwargs: Any) -> httpx.Response:
+        """A request with the operator's token (`token=None`: none; else that token)."""
+        if token is not None:
+            kwargs["headers"] = {"Authorization": f"Bearer "
+                                 f"{self.token if token == 'operator' else token}",
+                                 **kwargs.get("headers", {})}
+
         async def send() -> httpx.Response:
             transport = httpx.ASGITransport(app=self.app)
             async with httpx.AsyncClient(transport=transport, base_url="http://api") as c:

@@ -123,3 +123,35 @@ def test_the_provisioner_requests_the_chosen_node_type_and_moves_when_it_does_no
     with_unknown = _job({"capacity": {"policy": "cheapest-ever"}})
     error = provisioner.policy_error(with_unknown.spec)
     assert error is not None and error.loc == ("capacity", "policy") and "cost-first" in error.msg
+
+
+def test_the_services_hourly_ceiling_holds_a_job_back_and_refuses_one_that_never_fits(
+) -> None:
+    sent: list[tuple[str, list[dict[str, float]]]] = []
+    bindings = node_type_bindings(CLUSTER, snapshot())
+    small = {"training": {"steps": 20000, "global_batch_size": 32},
+             "parallel": {"strategy": "data"},
+             "resources": {"num_workers": 8, "gpus_per_worker": 1, "accelerator": "h100-sxm"},
+             "capacity": {"market": "on-demand"}}
+    alone = Provisioner(ServiceConfig(node_types=bindings, max_usd_per_hour=None),
+                        request=lambda job_id, bundles: None)
+    placed, _ = alone.place(_job(small), now=time.time())
+    assert placed is not None
+    price = placed.option.usd_per_hour  # one 8-GPU node on demand
+    config = ServiceConfig(node_types=bindings, max_usd_per_hour=price * 1.5)
+    provisioner = Provisioner(config, request=lambda job_id, bundles: sent.append(
+        (job_id, bundles)))
+    first, _ = provisioner.place(_job(small), now=time.time())
+    second_job = _job(small).model_copy(update={"id": "j2"})
+    second, decided = provisioner.place(second_job, now=time.time())
+    assert first is not None and second is None and decided is not None
+    assert decided.resources is None and "max_usd_per_hour" in decided.decision.reason
+    assert not any(job_id == "j2" and bundles for job_id, bundles in sent)  # nothing bought
+    provisioner.release("j1")  # the first ends: the second fits under the ceiling now
+    second, decided = provisioner.place(second_job, now=time.time())
+    assert second is not None and decided.resources.usd_per_hour == pytest.approx(price)
+    # A job that alone costs more than the ceiling is refused at submit, naming it.
+    tight = Provisioner(ServiceConfig(node_types=bindings, max_usd_per_hour=price / 2),
+                        request=lambda job_id, bundles: None)
+    error = tight.holding_error(_job(small).spec)
+    assert error is not None and "max_usd_per_hour" in error.msg

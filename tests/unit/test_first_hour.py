@@ -33,6 +33,7 @@ EXAMPLE_ERRORS = {
                        "job spec"),
     errors.JobNotFoundError: ("ab12",),
     errors.JobStateError: ("job ab12 already ended SUCCEEDED; nothing to cancel",),
+    errors.NotAuthorizedError: ("this service needs a token. To fix: set RAYTRAIN_TOKEN",),
     errors.ServiceUnreachableError: ("http://127.0.0.1:9", "connection refused"),
     errors.ServiceError: (503, "the job manager is not answering"),
     errors.TrainingError: ("training failed: NaN loss at step 12",),

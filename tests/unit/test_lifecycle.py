@@ -144,6 +144,24 @@ def test_a_notice_is_a_preemption_with_its_cost_and_the_noticed_nodes_are_avoide
     assert last.down_s == 120 and last.capacity_to_first_step_s == 30
 
 
+def test_a_job_that_reaches_its_budget_checkpoints_stops_and_fails_saying_so() -> None:
+    record, _ = drive(record_in(), lc.Submitted(),
+                      lc.CapacityDecided(decision(), BOUGHT, "requested 1 x gpu-spot"),
+                      lc.Launched(run(budget_usd=20.0)), lc.GroupStarted(0, "pg-1"))
+    under = lc.step(record, lc.ProgressReported(1, {"step": 5}), NOW + 1800)  # $18
+    assert under.reply == {"stop": False, "move": False}
+    over = lc.step(under.record, lc.ProgressReported(1, {"step": 6}), NOW + 2100)  # $21
+    assert over.reply == {"stop": False, "move": True}  # checkpoint at the next step, stop
+    record, _ = drive(over.record, lc.CheckpointCommitted(1, 7, "/c/7"),
+                      lc.FinalReport(1, {"preempted": True, "steps": 7}), at=NOW + 2110)
+    out = lc.step(record, lc.RunEnded(None, frozenset({"n1"})), NOW + 2120)
+    job = out.record.status
+    assert job.state == JobState.FAILED and job.restarts == 0 and job.preemptions == 0
+    assert "budget reached" in job.error and "step 7" in job.error
+    assert job.checkpoint is not None and job.checkpoint.step == 7
+    assert lc.ReleaseNodes() in out.effects and lc.Rebuy(frozenset({"n1"})) not in out.effects
+
+
 def test_an_error_is_retried_once_after_the_first_step_and_never_twice_the_same() -> None:
     spec = JobSpec.model_validate({"training": {"max_restarts": 5}})
     start = lc.Record(JobStatus(id="ab12", state=JobState.PENDING, spec=spec, created_at=NOW))

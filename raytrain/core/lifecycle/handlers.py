@@ -58,6 +58,10 @@ def passed(c: Change, event: Passed) -> None:
 
 
 def capacity_decided(c: Change, event: CapacityDecided) -> None:
+    last = c.job.decisions[-1] if c.job.decisions else None
+    if event.resources is None and c.job.state == JobState.PENDING and last is not None and \
+            last.offer is None and last.reason == event.decision.reason:
+        return  # still nothing to buy, for the same reason: one record of it is enough
     c.job.decisions.append(event.decision)
     if event.resources is not None:
         c.job.resources = event.resources
@@ -111,13 +115,17 @@ def progress(c: Change, event: ProgressReported) -> dict[str, bool]:
         return {"stop": True}  # a report from a run no longer tracked
     if run.stop_by is not None or job.state.is_terminal:
         return {"stop": True}
-    reply = {"stop": False, "move": run.moving_to is not None}
+    reply = {"stop": False, "move": run.moving_to is not None or run.over_budget}
     step_reached = int(event.payload["step"])
     if step_reached < run.progress_step:  # overtaken by a later report
         return reply
     first_report = run.progress_step < 0
     c.set_run(progress_step=step_reached)
     c.bill()
+    if run.budget_usd is not None and job.cost_usd >= run.budget_usd and not run.over_budget:
+        # Checkpoint at the next step and stop, as for a move; the run's end fails the job.
+        c.set_run(over_budget=True)
+        reply = {"stop": False, "move": True}
     if first_report and job.preemption_log and job.preemption_log[-1].after is None:
         resumed_after_preemption(c)
     if job.state == JobState.RECOVERING:
@@ -173,6 +181,12 @@ def run_ended(c: Change, event: RunEnded) -> None:
     error = event.error
     if error is None and not run.result:
         error = "training ended without a final report"
+    if error is None and run.over_budget and (run.result or {}).get("preempted"):
+        saved = c.job.checkpoint.step if c.job.checkpoint else 0
+        error = (f"budget reached: ${c.job.cost_usd:,.2f} spent of ${run.budget_usd:,.2f}; "
+                 f"stopped with a checkpoint at step {saved}, which is kept with the job. To "
+                 "fix: give the next run a larger capacity.budget_usd (or ask the operator "
+                 "for a larger max_usd_per_job)")
     if not recovered(c, run, error, event.alive):
         finish(c, run, error)
     c.run = None
@@ -184,6 +198,8 @@ def recovered(c: Change, run: Run, error: str | None, alive: frozenset[str]) -> 
     preemption too: it never uses the failure budget), or after an error worth another try.
     True if the job goes on."""
     job, result = c.job, run.result or {}
+    if run.over_budget:
+        return False  # stopped for its budget: a retry would spend past it
     preempted = error is None and bool(result.get("preempted"))
     if preempted and run.moving_to:
         c.move(JobState.RECOVERING, f"moving to {run.moving_to} from step "

@@ -88,6 +88,8 @@ class Run:
     stop_by: float | None = None  # asked to stop: killed if still there at this time
     moving_to: str | None = None  # the policy moves the job: checkpoint, stop, resume there
     reviewed_at: float = 0.0
+    budget_usd: float | None = None  # the job's budget: on reaching it, checkpoint and stop
+    over_budget: bool = False  # asked to checkpoint and stop for the budget
 
 
 @dataclass(frozen=True)

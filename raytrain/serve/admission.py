@@ -1,0 +1,40 @@
+"""What a submit is refused for before anything is queued, beyond its spec: a retried
+request (the same Idempotency-Key from the same caller within a day returns the first job,
+or 409 if the spec differs), and a service already holding `max_active_jobs` queued or
+running jobs (429, with the seconds after which to retry).
+
+    admission_refusal(records, spec, caller, key, now, max_active=1000)
+    # None: queue it; else an envelope {"ok": earlier job} or {"error": ..., "detail": ...}
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from raytrain.core.lifecycle import Record
+from raytrain.spec import JobSpec
+
+IDEMPOTENCY_WINDOW_S = 24 * 3600.0
+BUSY_RETRY_AFTER_S = 30
+
+
+def admission_refusal(records: Iterable[Record], spec: JobSpec, caller: str | None,
+                      key: str | None, now: float, max_active: int) -> dict[str, Any] | None:
+    records = list(records)
+    if key is not None:
+        for record in records:
+            job = record.status
+            if job.idempotency_key == key and job.submitted_by == caller and \
+                    now - job.created_at < IDEMPOTENCY_WINDOW_S:
+                if job.spec != spec:
+                    return {"error": "state", "detail": (
+                        f"Idempotency-Key {key!r} was used for job {job.id} with a different "
+                        "spec. To fix: send a new key for a new job")}
+                return {"ok": job.model_dump(mode="json"), "replayed": True}
+    active = sum(1 for r in records if not r.status.state.is_terminal)
+    if active >= max_active:
+        return {"error": "busy", "retry_after": BUSY_RETRY_AFTER_S, "detail": (
+            f"{active} jobs are queued or running, this service's limit (max_active_jobs="
+            f"{max_active}). To fix: retry after some end, or ask its operator to raise "
+            "max_active_jobs")}
+    return None

@@ -1,0 +1,237 @@
+"""Who may call the API: bearer tokens, kept in the service's state directory.
+
+The first start writes `tokens.json` (mode 0600) with one random token named "operator";
+`raytrain token add NAME` gives a colleague their own, `raytrain token rotate NAME` replaces
+one, `raytrain token remove NAME` withdraws it. The service reads the file again when it
+changes, so a rotation takes effect within TOKEN_REFRESH_S without a restart and without
+touching a job. Each job records the name of the token that submitted it.
+
+Every endpoint but /healthz needs `Authorization: Bearer <token>` (/metrics too, unless the
+operator opens it). A request without a valid one is answered 401 before its body is read,
+and nothing about it but its path is logged. The presented token is hashed and compared
+with every known token's hash in constant time (hmac.compare_digest), so neither the answer
+nor its timing says how much of a guess was right.
+
+Written here rather than with FastAPI's security helpers because the check must run before
+the JSON body middleware reads a body, and on the event stream as on every other route.
+
+    tokens = ensure_tokens(Path("~/.raytrain"))       # {"operator": "..."}, created once
+    client_token("http://127.0.0.1:8000")             # RAYTRAIN_TOKEN, else that file
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+from urllib.parse import urlparse
+
+from raytrain.errors import RaytrainError
+
+logger = logging.getLogger(__name__)
+
+TOKENS_FILE = "tokens.json"
+OPERATOR = "operator"
+TOKEN_ENV = "RAYTRAIN_TOKEN"
+STATE_DIR_ENV = "RAYTRAIN_STATE_DIR"
+DEFAULT_STATE_DIR = "~/.raytrain"
+TOKEN_REFRESH_S = 5.0
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def tokens_path(state_dir: Path) -> Path:
+    return state_dir.expanduser() / TOKENS_FILE
+
+
+def read_tokens(state_dir: Path) -> dict[str, str]:
+    """The tokens by name; {} when the file does not exist."""
+    path = tokens_path(state_dir)
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise RaytrainError(f"cannot read the service's tokens in {path}: {exc}. To fix: "
+                            "restore the file, or remove it to have a new operator token "
+                            "written at the next start") from None
+    if not isinstance(document, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in document.items()):
+        raise RaytrainError(f"{path} is not a mapping of token names to tokens. To fix: "
+                            "restore it, or remove it to start over")
+    return document
+
+
+def write_tokens(state_dir: Path, tokens: dict[str, str]) -> Path:
+    """Replace the file atomically, readable by its owner only."""
+    path = tokens_path(state_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(json.dumps(tokens, indent=1, sort_keys=True) + "\n")
+    os.chmod(partial, 0o600)
+    partial.replace(path)
+    return path
+
+
+def new_token() -> str:
+    return "rt_" + secrets.token_urlsafe(32)
+
+
+def ensure_tokens(state_dir: Path) -> tuple[dict[str, str], bool]:
+    """The tokens, with an operator token written first if there are none; and whether it
+    was written now."""
+    tokens = read_tokens(state_dir)
+    if tokens:
+        return tokens, False
+    tokens = {OPERATOR: new_token()}
+    write_tokens(state_dir, tokens)
+    return tokens, True
+
+
+def set_token(state_dir: Path, name: str, remove: bool = False) -> str | None:
+    """Give `name` a new token (adding or rotating it), or remove it; the new token."""
+    if not name or not name.replace("-", "").replace("_", "").isalnum() or len(name) > 64:
+        raise RaytrainError(f"{name!r} is not a token name. To fix: use letters, digits, "
+                            "'-' and '_' (at most 64)")
+    tokens = read_tokens(state_dir)
+    if remove:
+        if name not in tokens:
+            raise RaytrainError(f"no token named {name!r}. To fix: use one of "
+                                + (", ".join(sorted(tokens)) or "none (none exist yet)"))
+        del tokens[name]
+        write_tokens(state_dir, tokens)
+        return None
+    tokens[name] = new_token()
+    write_tokens(state_dir, tokens)
+    return tokens[name]
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def caller_of(presented: str, digests: dict[str, str]) -> str | None:
+    """The name whose token was presented, or None. Compares against every known token, in
+    constant time each, whatever matches first."""
+    wanted = digest(presented)
+    found = None
+    for name, known in digests.items():
+        if hmac.compare_digest(wanted, known):
+            found = name
+    return found
+
+
+_DIGESTS: dict[Path, tuple[float, dict[str, str]]] = {}
+
+
+def token_digests(state_dir: Path) -> dict[str, str]:
+    """{name: digest} of the tokens in `state_dir` (writing the operator token on first
+    use), read again only when the file changes."""
+    path = tokens_path(state_dir)
+    try:
+        stamp = path.stat().st_mtime_ns
+    except FileNotFoundError:
+        ensure_tokens(state_dir)
+        stamp = path.stat().st_mtime_ns
+    cached = _DIGESTS.get(path)
+    if cached is None or cached[0] != stamp:
+        cached = (stamp, {name: digest(token) for name, token in read_tokens(state_dir).items()})
+        _DIGESTS[path] = cached
+    return cached[1]
+
+
+def operator_token(config: Any) -> str | None:
+    """A token of the service configured by `config` (a ServiceConfig), for the process that
+    started it on this machine: the operator's, else any; None when it runs open."""
+    if not config.auth:
+        return None
+    tokens, _ = ensure_tokens(config.state_path)
+    return tokens.get(OPERATOR) or next(iter(tokens.values()))
+
+
+def is_loopback(host: str) -> bool:
+    return host in LOOPBACK or host.startswith("127.")
+
+
+def client_token(url: str, state_dir: str | Path | None = None) -> str | None:
+    """The token a client sends: RAYTRAIN_TOKEN, else (for a service on this machine only)
+    the operator token in the state directory (RAYTRAIN_STATE_DIR, default ~/.raytrain)."""
+    if os.environ.get(TOKEN_ENV):
+        return os.environ[TOKEN_ENV]
+    if not is_loopback(urlparse(url).hostname or ""):
+        return None  # never send this machine's token to another one
+    folder = Path(state_dir or os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
+    try:
+        return read_tokens(folder).get(OPERATOR)
+    except RaytrainError:
+        return None
+
+
+class BearerAuth:
+    """ASGI middleware: every HTTP request but `open_paths` needs a known bearer token.
+
+    `digests` is asked for {name: sha256 of token} at most every TOKEN_REFRESH_S; None from it
+    means the service runs open (--no-auth on loopback). The caller's name goes in
+    scope["state"]["caller"] for the routes.
+    """
+
+    def __init__(self, app: Any, digests: Callable[[], Awaitable[dict[str, str] | None]],
+                 open_paths: frozenset[str]) -> None:
+        self.app = app
+        self.digests = digests
+        self.open_paths = open_paths
+        self._known: dict[str, str] | None = None
+        self._fetched_at = -float("inf")
+
+    async def _current(self) -> dict[str, str] | None:
+        if time.monotonic() - self._fetched_at > TOKEN_REFRESH_S:
+            try:
+                self._known = await self.digests()
+                self._fetched_at = time.monotonic()
+            except Exception:  # the manager is away: keep the tokens last seen
+                if self._fetched_at == -float("inf"):
+                    raise
+        return self._known
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] in self.open_paths:
+            await self.app(scope, receive, send)
+            return
+        try:
+            known = await self._current()
+        except Exception:
+            await _answer(send, 503, "the job manager is not answering yet, so the token "
+                          "cannot be checked. To fix: retry shortly", {b"retry-after": b"2"})
+            return
+        caller = None
+        if known is not None:
+            header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+            scheme, _, presented = header.partition(" ")
+            if scheme.lower() == "bearer" and presented.strip():
+                caller = caller_of(presented.strip(), known)
+            if caller is None:
+                logger.info("refused %s %s: no valid token", scope["method"], scope["path"])
+                await _answer(send, 401, "this service needs a token: send 'Authorization: "
+                              "Bearer <token>'. To fix: set RAYTRAIN_TOKEN (or --token) to "
+                              "the token in the service's state directory (tokens.json), or "
+                              "ask its operator for one (raytrain token add NAME)",
+                              {b"www-authenticate": b'Bearer realm="raytrain"'})
+                return
+        scope.setdefault("state", {})["caller"] = caller
+        await self.app(scope, receive, send)
+
+
+async def _answer(send: Any, status: int, detail: str, headers: dict[bytes, bytes]) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                            *headers.items()]})
+    await send({"type": "http.response.body", "body": body})

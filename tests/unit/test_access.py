@@ -1,0 +1,171 @@
+"""Who may call the API, and how much of it: tokens, rotation, idempotent submits and the
+job limit, through the real app over a real job manager (on the recording fake of Ray).
+The same token checks run against the deployed service in tests/integration/test_service.py.
+"""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi import HTTPException
+
+from raytrain.client import Client
+from raytrain.errors import NotAuthorizedError
+from raytrain.serve import auth
+from raytrain.serve.auth import caller_of, client_token, digest, read_tokens, set_token
+from raytrain.serve.http_limits import StreamLimits
+from tests.unit.test_api import Service, small_job
+
+
+@pytest.fixture(autouse=True)
+def no_token_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(auth, "TOKEN_REFRESH_S", 0.0)  # rotations show at once here
+
+
+def job_count(service: Service) -> int:
+    return len(service.request("GET", "/v1/jobs").json())
+
+
+def test_every_route_but_healthz_needs_a_valid_token_and_a_refusal_does_nothing(
+        tmp_path: Path) -> None:
+    service = Service(tmp_path)
+    path = tmp_path / "tokens.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert service.request("GET", "/healthz", token=None).status_code == 200
+    for token in (None, "rt_guess", service.token[:-1]):
+        for method, route in (("POST", "/v1/jobs"), ("GET", "/v1/jobs"), ("GET", "/metrics"),
+                              ("GET", "/readyz"), ("GET", "/openapi.json"),
+                              ("DELETE", "/v1/jobs/x"), ("GET", "/v1/jobs/x/events")):
+            answer = service.request(method, route, token=token, json=small_job())
+            assert answer.status_code == 401, (method, route, answer.text)
+            assert answer.headers["www-authenticate"].startswith("Bearer")
+            assert "RAYTRAIN_TOKEN" in answer.json()["detail"]
+    assert job_count(service) == 0  # nothing was queued
+    assert service.request("GET", "/metrics").status_code == 200
+    opened = Service(tmp_path / "open-metrics", open_metrics=True)
+    assert opened.request("GET", "/metrics", token=None).status_code == 200
+    assert opened.request("GET", "/v1/jobs", token=None).status_code == 401
+
+
+def test_jobs_record_whose_token_submitted_them_and_rotation_keeps_them(
+        tmp_path: Path) -> None:
+    service = Service(tmp_path)
+    alice = set_token(tmp_path, "alice")
+    job = service.request("POST", "/v1/jobs", token=alice, json=small_job()).json()
+    assert job["submitted_by"] == "alice"
+    rotated = set_token(tmp_path, "alice")
+    assert service.request("GET", "/v1/jobs", token=alice).status_code == 401
+    assert service.request("GET", f"/v1/jobs/{job['id']}", token=rotated).json()["state"] == \
+        "PENDING"
+    set_token(tmp_path, "alice", remove=True)
+    assert service.request("GET", "/v1/jobs", token=rotated).status_code == 401
+    assert service.request("GET", "/v1/jobs").json()[0]["id"] == job["id"]  # nothing lost
+    assert read_tokens(tmp_path).keys() == {"operator"}
+
+
+def test_an_open_service_needs_no_token_and_records_no_one(tmp_path: Path) -> None:
+    service = Service(tmp_path, auth=False)
+    answer = service.request("POST", "/v1/jobs", token=None, json=small_job())
+    assert answer.status_code == 202 and answer.json()["submitted_by"] is None
+
+
+def test_a_retried_submit_returns_the_first_job_and_a_reused_key_is_refused(
+        tmp_path: Path) -> None:
+    service = Service(tmp_path)
+    first = service.request("POST", "/v1/jobs", json=small_job(),
+                            headers={"Idempotency-Key": "k-1"})
+    again = service.request("POST", "/v1/jobs", json=small_job(),
+                            headers={"Idempotency-Key": "k-1"})
+    assert first.status_code == again.status_code == 202
+    assert first.json()["id"] == again.json()["id"] and job_count(service) == 1
+    other = small_job()
+    other["training"]["steps"] = 7
+    clash = service.request("POST", "/v1/jobs", json=other, headers={"Idempotency-Key": "k-1"})
+    assert clash.status_code == 409 and "new key" in clash.json()["detail"]
+    # another caller's key is its own
+    bob = set_token(tmp_path, "bob")
+    mine = service.request("POST", "/v1/jobs", token=bob, json=small_job(),
+                           headers={"Idempotency-Key": "k-1"})
+    assert mine.json()["id"] != first.json()["id"] and job_count(service) == 2
+    # a day later the key is free again
+    service.cluster.advance(24 * 3600 + 1)
+    later = service.request("POST", "/v1/jobs", json=small_job(),
+                            headers={"Idempotency-Key": "k-1"})
+    assert later.json()["id"] != first.json()["id"]
+
+
+def test_the_service_takes_no_more_than_max_active_jobs(tmp_path: Path) -> None:
+    service = Service(tmp_path, max_active_jobs=2)
+    ids = [service.request("POST", "/v1/jobs", json=small_job()).json()["id"]
+           for _ in range(2)]
+    busy = service.request("POST", "/v1/jobs", json=small_job())
+    assert busy.status_code == 429 and int(busy.headers["retry-after"]) > 0
+    assert "max_active_jobs=2" in busy.json()["detail"] and job_count(service) == 2
+    service.request("DELETE", f"/v1/jobs/{ids[0]}")  # one ends: room for another
+    assert service.request("POST", "/v1/jobs", json=small_job()).status_code == 202
+
+
+def test_event_streams_are_limited_per_job_and_in_all() -> None:
+    limits = StreamLimits(per_job=2, total=3)
+    with limits.held("a"), limits.held("a"):
+        with pytest.raises(HTTPException) as caught:
+            limits.admit("a")
+        assert caught.value.status_code == 429 and "2 on this job" in caught.value.detail
+        limits.admit("b")
+        with limits.held("b"):
+            with pytest.raises(HTTPException):
+                limits.admit("c")
+    limits.admit("a")  # all closed again
+    assert not limits.open
+
+
+def test_the_token_check_compares_every_token_and_names_the_caller() -> None:
+    known = {"alice": digest("rt_a"), "bob": digest("rt_b")}
+    assert caller_of("rt_b", known) == "bob" and caller_of("rt_c", known) is None
+
+
+def test_the_client_sends_the_local_token_only_to_this_machine(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    service = Service(tmp_path)
+    monkeypatch.delenv("RAYTRAIN_TOKEN", raising=False)
+    monkeypatch.setenv("RAYTRAIN_STATE_DIR", str(tmp_path))
+    assert client_token("http://127.0.0.1:8000") == service.token
+    assert client_token("http://10.1.2.3:8000") is None
+    monkeypatch.setenv("RAYTRAIN_TOKEN", "rt_env")
+    assert client_token("http://10.1.2.3:8000") == "rt_env"
+    monkeypatch.delenv("RAYTRAIN_TOKEN")
+
+    refused = Client("http://10.1.2.3:8000", token="rt_wrong")
+    assert refused._http.headers["authorization"] == "Bearer rt_wrong"
+    with pytest.raises(NotAuthorizedError):
+        Client._raise_for(httpx.Response(401, json={"detail": "no"}), None)
+
+
+def test_the_token_command_adds_rotates_and_removes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from raytrain.cli import main
+
+    state = ["--state-dir", str(tmp_path)]
+    assert main(["token", "add", "alice", *state]) == 0
+    first = capsys.readouterr().out.strip()
+    assert read_tokens(tmp_path)["alice"] == first and first.startswith("rt_")
+    assert main(["token", "add", "alice", *state]) == 1  # exists: rotate it instead
+    assert "raytrain token rotate" in capsys.readouterr().err
+    assert main(["token", "rotate", "alice", *state]) == 0
+    assert capsys.readouterr().out.strip() not in ("", first)
+    assert main(["token", "list", *state]) == 0
+    assert capsys.readouterr().out.split() == ["alice"]
+    assert main(["token", "remove", "bob", *state]) == 1
+    assert main(["token", "remove", "alice", *state]) == 0
+    assert read_tokens(tmp_path) == {}
+    assert main(["token", "add", "no spaces", *state]) == 1
+
+
+def test_serve_refuses_to_run_open_beyond_loopback(capsys: pytest.CaptureFixture[str]) -> None:
+    from raytrain.cli import main
+
+    assert main(["serve", "--no-auth", "--host", "0.0.0.0", "--port", "8765"]) == 1
+    assert "loopback" in capsys.readouterr().err
