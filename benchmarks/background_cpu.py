@@ -31,6 +31,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 from benchmarks.dp_throughput import job_document  # noqa: E402
 from raytrain.client import Client  # noqa: E402
+from raytrain.serve.auth import operator_token
 from raytrain.serve.deploy import connect_ray, deploy, undeploy  # noqa: E402
 from raytrain.spec import ServiceConfig  # noqa: E402
 
@@ -122,8 +123,9 @@ def main() -> None:
         return
     connect_ray(None, num_cpus=2, quiet=True)
     with tempfile.TemporaryDirectory() as state_dir:
-        url = deploy(ServiceConfig(state_dir=state_dir), "127.0.0.1", args.port)
-        client = Client(url)
+        config = ServiceConfig(state_dir=state_dir)
+        url = deploy(config, "127.0.0.1", args.port)
+        client = Client(url, token=operator_token(config))
         job = client.submit(job_document(100_000))
         follower = threading.Thread(target=lambda: [None for _ in job.events()], daemon=True)
         follower.start()  # progress reporting on, and someone watching it, as a user would

@@ -32,6 +32,7 @@ from pathlib import Path
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 from raytrain.client import Client  # noqa: E402
+from raytrain.serve.auth import operator_token
 from raytrain.serve.deploy import connect_ray, deploy, port_is_free, undeploy  # noqa: E402
 from raytrain.spec import ServiceConfig  # noqa: E402
 
@@ -116,9 +117,10 @@ def main() -> None:
     started = time.monotonic()
     connect_ray(None, num_cpus=2, quiet=True)
     with tempfile.TemporaryDirectory() as state_dir:
-        url = deploy(ServiceConfig(state_dir=state_dir), "127.0.0.1", args.port)
+        config = ServiceConfig(state_dir=state_dir)
+        url = deploy(config, "127.0.0.1", args.port)
         print(f"service ready {time.monotonic() - started:.1f} s after start", flush=True)
-        client = Client(url)
+        client = Client(url, token=operator_token(config))
         ours, reference, first_steps, unwatched, fused = [], [], [], [], []
         try:
             for round_index in range(args.rounds):

@@ -30,7 +30,7 @@ def _running_past(client: Client, job_id: str, steps: int) -> None:
 
 def measure(workers: int) -> list[PreemptionRecord]:
     with started_fake_cluster(max_spot_nodes=workers // 2) as cluster:
-        client = Client(cluster.url)
+        client = Client(cluster.url, token=cluster.token)
         spec = job_spec(steps=100_000, checkpoint_every=50)
         spec["resources"] = {"num_workers": workers, "cpus_per_worker": 1}
         job = client.submit(spec)

@@ -51,8 +51,10 @@ def small_job(steps: int, name: str) -> dict:
 
 
 class Soak:
-    def __init__(self, url: str, seed: int) -> None:
+    def __init__(self, url: str, seed: int, token: str | None) -> None:
         self.url = url
+        self.token = token
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
         self.latencies: list[tuple[float, str, float]] = []  # (time, kind, seconds)
@@ -88,7 +90,7 @@ class Soak:
         take = threading.Lock()
 
         def worker() -> None:
-            with httpx.Client(base_url=self.url, timeout=30.0) as http:
+            with httpx.Client(base_url=self.url, timeout=30.0, headers=self.headers) as http:
                 while time.monotonic() < deadline:
                     with take:
                         if next(remaining, None) is None:
@@ -104,7 +106,7 @@ class Soak:
     def jobs(self, count: int, deadline: float) -> None:
         from raytrain.client import Client
 
-        client = Client(self.url)
+        client = Client(self.url, token=self.token)
         for i in range(count):
             if time.monotonic() > deadline:
                 break
@@ -142,14 +144,16 @@ def main() -> None:
     import ray
 
     from raytrain.client import Client
+    from raytrain.serve.auth import operator_token
     from raytrain.serve.deploy import connect_ray, deploy, undeploy
     from raytrain.spec import ServiceConfig
     from tests.integration.conftest import free_port
 
     state = Path(tempfile.mkdtemp(prefix="raytrain-soak-"))
     connect_ray(None, num_cpus=2, quiet=True)
-    url = deploy(ServiceConfig(state_dir=str(state)), "127.0.0.1", free_port())
-    soak = Soak(url, args.seed)
+    config = ServiceConfig(state_dir=str(state))
+    url = deploy(config, "127.0.0.1", free_port())
+    soak = Soak(url, args.seed, operator_token(config))
     started = time.monotonic()
     deadline = started + args.max_s
     memory = [("start", rss_mib("ray::JobManager"), rss_mib("ray::ServeReplica"))]
@@ -161,7 +165,7 @@ def main() -> None:
         memory.append((f"{(part + 1) * 10}%", rss_mib("ray::JobManager"),
                        rss_mib("ray::ServeReplica")))
     job_thread.join()
-    client = Client(url)
+    client = Client(url, token=soak.token)
     for job in client.list():  # what the job thread left running
         if not job.state.is_terminal:
             client.cancel(job.id)

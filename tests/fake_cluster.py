@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import psutil
 import yaml
@@ -34,14 +37,36 @@ class FakeCluster:
         self.address = f"127.0.0.1:{port}"
         self.offers = root / "offers.yaml"  # what the service reads its offers from
         self.token = read_tokens(root / "state")[OPERATOR]  # written as the service started
+        self._probe: subprocess.Popen | None = None
+        self._answers: queue.Queue[str | None] = queue.Queue()
+
+    def close(self) -> None:
+        if self._probe is not None:
+            self._probe.kill()
+            self._probe.wait()
 
     def worker_nodes(self) -> dict[str, str]:
         """Alive worker nodes: id -> node type (each carries its own type's resource)."""
-        out = subprocess.run([sys.executable, "-m", "tests.integration.cluster_probe",
-                              self.address], cwd=REPO, capture_output=True, text=True,
-                             timeout=60, check=True).stdout
+        if self._probe is None or self._probe.poll() is not None:
+            self._probe = subprocess.Popen(
+                [sys.executable, "-m", "tests.integration.cluster_probe", self.address],
+                cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            threading.Thread(target=_lines_into, args=(self._probe.stdout, self._answers),
+                             daemon=True).start()
+        assert self._probe.stdin is not None
+        self._probe.stdin.write("\n")
+        self._probe.stdin.flush()
+        deadline = time.monotonic() + 120
+        line = ""
+        while not line.startswith("NODES "):
+            try:
+                line = self._answers.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError("the cluster probe did not answer within 120 s") from None
+            if line is None:
+                raise AssertionError("the cluster probe exited")
         nodes = {}
-        for node in json.loads(out.strip().splitlines()[-1]):
+        for node in json.loads(line[len("NODES "):]):
             for kind in ("cpu-spot", "cpu-on-demand"):
                 if kind in node["resources"]:
                     nodes[node["id"]] = kind
@@ -87,6 +112,12 @@ def _stop(root: Path, port: int) -> None:
     psutil.wait_procs(found, timeout=10)
 
 
+def _lines_into(stream: Any, answers: queue.Queue) -> None:
+    for line in stream:
+        answers.put(line)
+    answers.put(None)
+
+
 @contextmanager
 def started_fake_cluster(max_spot_nodes: int = 1) -> Iterator[FakeCluster]:
     """A second Ray cluster on this host (cluster/local-fake.yaml) with the service on it."""
@@ -117,7 +148,11 @@ def started_fake_cluster(max_spot_nodes: int = 1) -> Iterator[FakeCluster]:
                         f"--port={http_port}", "--config", str(root / "service.yaml"),
                         f"--state-dir={root / 'state'}", "--detach"],
                        env=env, check=True, capture_output=True, timeout=180, cwd=REPO)
-        yield FakeCluster(root, port, f"http://127.0.0.1:{http_port}", metadata)
+        cluster = FakeCluster(root, port, f"http://127.0.0.1:{http_port}", metadata)
+        try:
+            yield cluster
+        finally:
+            cluster.close()
     finally:
         _stop(root, port)
         metadata.close()

@@ -160,10 +160,9 @@ def four_rank_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip("four-rank layouts need 4 GPUs")
     out = tmp_path_factory.mktemp("four")
     cases = [(name, job(4, parallel), {}) for name, parallel in FOUR_RANKS.items()]
-    # Gradient accumulation across replicas: 2 and 4 micro-batches per step.
+    # HSDP with 2 micro-batches per step (hsdp_dp2_fsdp2 has one).
     cases.append(("hsdp_accum2", job(4, FOUR_RANKS["hsdp_dp2_fsdp2"], micro_batch_size=1),
                   {}))
-    cases.append(("dp2_tp2_accum4", job(4, FOUR_RANKS["dp2_tp2"], global_batch_size=16), {}))
     # A job on 4 workers, cut at step 6 (it resumes on 2 below).
     cases.append(("cut_dp4", job(4, {"strategy": "data"}, checkpoint_every_steps=6),
                   {"stop_after_steps": 6}))
@@ -192,13 +191,14 @@ def test_four_rank_layout_matches_one_process(name: str, four_rank_runs: Path,
 
 def test_replicas_sync_gradients_once_per_step_however_many_micro_batches(
         four_rank_runs: Path, reference: dict[int, float]) -> None:
-    """Data parallel through FSDP2 with replicas (HSDP, and data beside tensor parallel)
-    all-reduces across replicas on the last micro-batch only: the bytes per step do not grow
-    with the micro-batch count, and the losses still match one process."""
+    """Data parallel through FSDP2 with replicas (HSDP here; data beside tensor parallel
+    takes the same path) all-reduces across replicas on the last micro-batch only: the bytes
+    per step do not grow with the micro-batch count, and the losses still match one
+    process."""
     _assert_every_step_matches(four_rank_runs / "hsdp_accum2", reference)
-    two = int((four_rank_runs / "dp2_tp2" / "all_reduced_bytes").read_text())
-    four = int((four_rank_runs / "dp2_tp2_accum4" / "all_reduced_bytes").read_text())
-    assert two > 0 and four / two < 1.1, (two, four)  # not 2x: once per step either way
+    one = int((four_rank_runs / "hsdp_dp2_fsdp2" / "all_reduced_bytes").read_text())
+    two = int((four_rank_runs / "hsdp_accum2" / "all_reduced_bytes").read_text())
+    assert one > 0 and two / one < 1.1, (one, two)  # not 2x: once per step either way
 
 
 @pytest.mark.parametrize("strategy", ["data", "fsdp"])
