@@ -57,35 +57,13 @@ def test_a_cancel_running_or_starting_stops_workers_and_frees_cpus(service: Serv
              "the starting group's CPUs and placement group to be released")
 
 
-def test_a_workers_own_error_reaches_the_status_intact(service: Service,
-                                                       tmp_path: Path) -> None:
-    """A raytrain error raised in a worker crosses Ray's processes with its message and fix;
-    its traceback is in the rank's log, not in the status."""
-    tokens = tmp_path / "three-tokens.bin"
-    tokens.write_bytes(bytes(6))  # 3 uint16 tokens: fewer than seq_len + 1
-    spec = job_spec(steps=10, name="short-file")
-    spec["data"] = {"kind": "token_file", "path": str(tokens), "seq_len": 32}
-    client = Client(service.url)
-    status = client.job(client.submit(spec).id).wait()
-    assert status.state == JobState.FAILED
-    # It failed before its first step, so no retry could go differently: one attempt only,
-    # though max_restarts allows 3.
-    assert status.restarts == 0 and status.spec.training.max_restarts == 3
-    assert status.error is not None and "fewer than seq_len + 1" in status.error
-    assert "To fix" in status.error and "AttributeError" not in status.error
-    assert "Traceback" not in status.error and f"raytrain logs {status.id}" in status.message
-    logs = client.logs(status.id)
-    assert any("SpecError" in rank.text for rank in logs.ranks)
-    assert all(rank.text.count("==== ") == 1 for rank in logs.ranks)  # started once
-
-
-
-
 def test_an_impossible_job_is_refused_and_a_small_one_passes_a_waiting_big_one(
-        service: Service) -> None:
+        service: Service, tmp_path: Path) -> None:
     """422 for a group that never fits the cluster; a big job that fits but must wait does
     not hold up a small one that fits now (backfill; that it is passed only so often is
-    tests/unit/test_api.py's)."""
+    tests/unit/test_api.py's). The small one fails in its worker: a raytrain error raised
+    there crosses Ray's processes with its message and fix, its traceback in the rank's log,
+    not in the status."""
     never = service.http.post(f"{service.url}/v1/jobs", json={
         "resources": {"num_workers": NUM_CPUS * 2, "cpus_per_worker": 1},
         "training": {"global_batch_size": 16}})
@@ -96,9 +74,22 @@ def test_an_impossible_job_is_refused_and_a_small_one_passes_a_waiting_big_one(
                              "resources": one_worker})
     wait_for(lambda: running.status().state != JobState.PENDING, 60, "the first job to start")
     big = client.submit(job_spec(steps=10, name="big"))  # both CPUs: must wait
-    small = client.submit({**job_spec(steps=10, name="small"), "resources": one_worker})
-    assert small.wait().state == JobState.SUCCEEDED
+    tokens = tmp_path / "three-tokens.bin"
+    tokens.write_bytes(bytes(6))  # 3 uint16 tokens: fewer than seq_len + 1
+    small = {**job_spec(steps=10, name="short-file"), "resources": one_worker}
+    small["data"] = {"kind": "token_file", "path": str(tokens), "seq_len": 32}
+    status = client.submit(small).wait()
     assert big.status().state == JobState.PENDING and "queued" in big.status().message
+    assert status.state == JobState.FAILED
+    # It failed before its first step, so no retry could go differently: one attempt only,
+    # though max_restarts allows 3.
+    assert status.restarts == 0 and status.spec.training.max_restarts == 3
+    assert status.error is not None and "fewer than seq_len + 1" in status.error
+    assert "To fix" in status.error and "AttributeError" not in status.error
+    assert "Traceback" not in status.error and f"raytrain logs {status.id}" in status.message
+    logs = client.logs(status.id)
+    assert any("SpecError" in rank.text for rank in logs.ranks)
+    assert all(rank.text.count("==== ") == 1 for rank in logs.ranks)  # started once
     for job in (big, running):
         assert job.cancel().state == JobState.CANCELLED
 
