@@ -202,6 +202,11 @@ def resolve_layout(
     return layout, problems
 
 
+def _needs_built_in(degree: str, technique: str, why: str, instead: str) -> Problem:
+    return Problem(("parallel", degree), f"{technique} needs the built-in GPT ({why}). To "
+                   f"fix: use model.kind 'gpt', or strategy {instead} for your model")
+
+
 def check_layout(
     layout: Layout, shape: ModelShape, seq_len: int, built_in_model: bool
 ) -> list[Problem]:
@@ -209,11 +214,8 @@ def check_layout(
     problems: list[Problem] = []
     if layout.tp > 1:
         if not built_in_model:
-            problems.append(Problem(
-                ("parallel", "tp"),
-                "tensor parallelism needs the built-in GPT (its plan cuts layers by name). "
-                "To fix: use model.kind 'gpt', or strategy 'fsdp' or 'data' for your model",
-            ))
+            problems.append(_needs_built_in("tp", "tensor parallelism", "its plan cuts "
+                                            "layers by name", "'fsdp' or 'data'"))
         else:
             sizes = {"num_heads": shape.num_heads, "num_kv_heads": shape.num_kv_heads,
                      "ffn_dim (default 4 x dim)": shape.hidden_dim,
@@ -250,11 +252,8 @@ def check_layout(
         ))
     if layout.pp > 1:
         if not built_in_model:
-            problems.append(Problem(
-                ("parallel", "pp"),
-                "pipeline parallelism needs the built-in GPT (it is split by layer). To fix: "
-                "use model.kind 'gpt', or strategy 'fsdp' for your model",
-            ))
+            problems.append(_needs_built_in("pp", "pipeline parallelism", "it is split by "
+                                            "layer", "'fsdp'"))
         elif shape.num_layers is not None and layout.num_stages > shape.num_layers:
             problems.append(Problem(
                 ("parallel", "pp"),
