@@ -160,7 +160,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         lower_detached_daemons(head_pid)
     try:
         url = deploy(config, args.host, args.port)
-        err.print(f"raytrain is serving at [bold]{url}[/bold] (OpenAPI at {url}/docs)")
+        err.print(f"raytrain is serving at [bold]{url}[/bold] (its OpenAPI document at "
+                  f"{url}/openapi.json{', with a token' if config.auth else ''})")
         if config.auth:
             err.print(f"API tokens: {tokens_path(config.state_path)} (the CLI and client on "
                       "this machine read it; elsewhere set RAYTRAIN_TOKEN to one of them)",
