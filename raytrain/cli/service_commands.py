@@ -250,13 +250,7 @@ def cmd_token(args: argparse.Namespace) -> int:
     if not args.name:
         raise RaytrainError(f"`raytrain token {args.action}` needs the token's name. To fix: "
                             f"e.g. raytrain token {args.action} {OPERATOR}")
-    if args.action == "add" and args.name in read_tokens(state_dir):
-        raise RaytrainError(f"a token named {args.name!r} exists. To fix: rotate it "
-                            f"(raytrain token rotate {args.name}) or choose another name")
-    if args.action == "rotate" and args.name not in read_tokens(state_dir):
-        raise RaytrainError(f"no token named {args.name!r}. To fix: add it "
-                            f"(raytrain token add {args.name})")
-    token = set_token(state_dir, args.name, remove=args.action == "remove")
+    token = set_token(state_dir, args.name, args.action)
     if token is not None:
         out.print(token, highlight=False)
         err.print(f"{args.name}'s token is in {tokens_path(state_dir)}; the service takes it "

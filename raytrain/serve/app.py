@@ -117,7 +117,7 @@ def _unwrap(envelope: dict[str, Any]) -> Any:
 
 def _caller(request: Request) -> str | None:
     """The name of the token the request came with (None on an open service)."""
-    return request.state.caller if hasattr(request.state, "caller") else None
+    return getattr(request.state, "caller", None)
 
 
 def _not_found(job_id: str) -> HTTPException:

@@ -95,13 +95,20 @@ def ensure_tokens(state_dir: Path) -> tuple[dict[str, str], bool]:
     return tokens, True
 
 
-def set_token(state_dir: Path, name: str, remove: bool = False) -> str | None:
-    """Give `name` a new token (adding or rotating it), or remove it; the new token."""
+def set_token(state_dir: Path, name: str, action: str = "add") -> str | None:
+    """`add` a token for a new name, `rotate` (replace) a name's token, or `remove` it; the
+    new token (None after a removal)."""
     if not name or not name.replace("-", "").replace("_", "").isalnum() or len(name) > 64:
         raise RaytrainError(f"{name!r} is not a token name. To fix: use letters, digits, "
                             "'-' and '_' (at most 64)")
     tokens = read_tokens(state_dir)
-    if remove:
+    if action == "add" and name in tokens:
+        raise RaytrainError(f"a token named {name!r} exists. To fix: rotate it "
+                            f"(raytrain token rotate {name}) or choose another name")
+    if action == "rotate" and name not in tokens:
+        raise RaytrainError(f"no token named {name!r}. To fix: add it "
+                            f"(raytrain token add {name})")
+    if action == "remove":
         if name not in tokens:
             raise RaytrainError(f"no token named {name!r}. To fix: use one of "
                                 + (", ".join(sorted(tokens)) or "none (none exist yet)"))
@@ -207,8 +214,8 @@ class BearerAuth:
         try:
             known = await self._current()
         except Exception:
-            await _answer(send, 503, "the job manager is not answering yet, so the token "
-                          "cannot be checked. To fix: retry shortly", {b"retry-after": b"2"})
+            await send_json(send, 503, "the job manager is not answering yet, so the token "
+                            "cannot be checked. To fix: retry shortly", {b"retry-after": b"2"})
             return
         caller = None
         if known is not None:
@@ -218,20 +225,23 @@ class BearerAuth:
                 caller = caller_of(presented.strip(), known)
             if caller is None:
                 logger.info("refused %s %s: no valid token", scope["method"], scope["path"])
-                await _answer(send, 401, "this service needs a token: send 'Authorization: "
-                              "Bearer <token>'. To fix: set RAYTRAIN_TOKEN (or --token) to "
-                              "the token in the service's state directory (tokens.json), or "
-                              "ask its operator for one (raytrain token add NAME)",
-                              {b"www-authenticate": b'Bearer realm="raytrain"'})
+                await send_json(send, 401, "this service needs a token: send 'Authorization: "
+                                "Bearer <token>'. To fix: set RAYTRAIN_TOKEN (or --token) to "
+                                "the token in the service's state directory (tokens.json), or "
+                                "ask its operator for one (raytrain token add NAME)",
+                                {b"www-authenticate": b'Bearer realm="raytrain"'})
                 return
         scope.setdefault("state", {})["caller"] = caller
         await self.app(scope, receive, send)
 
 
-async def _answer(send: Any, status: int, detail: str, headers: dict[bytes, bytes]) -> None:
+async def send_json(send: Any, status: int, detail: str,
+                    headers: dict[bytes, bytes] | None = None) -> None:
+    """Answer an ASGI request with `{"detail": detail}` (for middleware that answers before
+    the app sees the request)."""
     body = json.dumps({"detail": detail}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode()),
-                            *headers.items()]})
+                            *(headers or {}).items()]})
     await send({"type": "http.response.body", "body": body})

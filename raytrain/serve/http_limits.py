@@ -11,12 +11,13 @@ reads the body, and Starlette has no stream count.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from contextlib import contextmanager
 from typing import Any, Iterator
 
 from fastapi import HTTPException
+
+from raytrain.serve.auth import send_json
 
 MAX_BODY_BYTES = 1 * 2**20  # a job spec is a few KB; the schema has no field near this
 MAX_STREAMS_PER_JOB = 16
@@ -66,13 +67,9 @@ class _BodyTooLarge(Exception):
 
 
 async def _too_large(send: Any) -> None:
-    body = json.dumps({"detail": f"the request body is over the {MAX_BODY_BYTES // 2**20} MiB "
-                       "limit. To fix: send a job spec (a few KB); large data belongs in a "
-                       "token file the workers read"}).encode()
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+    await send_json(send, 413, f"the request body is over the {MAX_BODY_BYTES // 2**20} MiB "
+                    "limit. To fix: send a job spec (a few KB); large data belongs in a token "
+                    "file the workers read")
 
 
 class StreamLimits:

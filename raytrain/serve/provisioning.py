@@ -165,14 +165,15 @@ class Provisioner:
                            max_usd_per_hour=None)
             found = options(goal, offers, throughput, self.policy_for(spec))
             ceiling = self.config.max_usd_per_hour
-            if found and (ceiling is None or min(o.usd_per_hour for o in found) <= ceiling):
+            cheapest = min((o.usd_per_hour for o in found), default=None)
+            if cheapest is not None and (ceiling is None or cheapest <= ceiling):
                 return None
-            if found:
+            if cheapest is not None:
                 return FieldError(("resources",), (
-                    f"the cheapest capacity that holds this job costs "
-                    f"${min(o.usd_per_hour for o in found):,.2f}/h, over this service's "
-                    f"ceiling of ${ceiling:,.2f}/h for all jobs together. To fix: use fewer "
-                    "or smaller workers, or ask the operator to raise max_usd_per_hour"))
+                    f"the cheapest capacity that holds this job costs ${cheapest:,.2f}/h, "
+                    f"over this service's ceiling of ${ceiling:,.2f}/h for all jobs "
+                    "together. To fix: use fewer or smaller workers, or ask the operator to "
+                    "raise max_usd_per_hour"))
             names = ", ".join(sorted(node_type.values())) or "none"
             reason = (f"no node type this service buys ({names}) can hold the job's "
                       f"{spec.resources.num_workers} workers as laid out. To fix: change "

@@ -56,11 +56,11 @@ def test_jobs_record_whose_token_submitted_them_and_rotation_keeps_them(
     alice = set_token(tmp_path, "alice")
     job = service.request("POST", "/v1/jobs", token=alice, json=small_job()).json()
     assert job["submitted_by"] == "alice"
-    rotated = set_token(tmp_path, "alice")
+    rotated = set_token(tmp_path, "alice", "rotate")
     assert service.request("GET", "/v1/jobs", token=alice).status_code == 401
     assert service.request("GET", f"/v1/jobs/{job['id']}", token=rotated).json()["state"] == \
         "PENDING"
-    set_token(tmp_path, "alice", remove=True)
+    set_token(tmp_path, "alice", "remove")
     assert service.request("GET", "/v1/jobs", token=rotated).status_code == 401
     assert service.request("GET", "/v1/jobs").json()[0]["id"] == job["id"]  # nothing lost
     assert read_tokens(tmp_path).keys() == {"operator"}
