@@ -9,9 +9,11 @@ running jobs (429, with the seconds after which to retry).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Iterable
 
 from raytrain.core.lifecycle import Record
+from raytrain.errors import FieldError, SpecError
 from raytrain.spec import JobSpec
 
 IDEMPOTENCY_WINDOW_S = 24 * 3600.0
@@ -38,3 +40,15 @@ def admission_refusal(records: Iterable[Record], spec: JobSpec, caller: str | No
             f"{max_active}). To fix: retry after some end, or ask its operator to raise "
             "max_active_jobs")}
     return None
+
+
+def check_paths_on_head_node(spec: JobSpec) -> None:
+    """Refuse at submit a token file that does not exist where the service runs (the head
+    node): on a cluster it must be on storage every node mounts, the head node included."""
+    if spec.data.kind == "token_file" and spec.data.path:
+        path = Path(spec.data.path).expanduser()
+        if not path.is_file():
+            raise SpecError([FieldError(("data", "path"), (
+                f"{spec.data.path} is not a readable file on the service's node"
+                f"{' (it does not exist)' if not path.exists() else ''}. To fix: give the "
+                "absolute path of a token file on storage every node mounts"))])

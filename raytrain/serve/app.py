@@ -37,6 +37,12 @@ from raytrain.core.planner import NothingFits
 from raytrain.core.resolve import rank_plans
 from raytrain.serve.auth import BearerAuth
 from raytrain.serve.http_limits import JSONBodies, StreamLimits
+from raytrain.serve.metrics import (
+    CONTENT_TYPE_PLAIN_0_0_4,
+    RequestLatency,
+    exposition,
+    request_latency,
+)
 from raytrain.spec import (
     JobLogs,
     JobSpec,
@@ -128,37 +134,6 @@ def _sse(event: dict[str, Any]) -> str:
     return f"id: {event['seq']}\nevent: {event['type']}\ndata: {json.dumps(event)}\n\n"
 
 
-def render_metrics(jobs: list[JobStatus]) -> str:
-    """Prometheus text exposition of job counts and each active job's progress."""
-    lines = [
-        "# HELP raytrain_jobs Jobs by state.",
-        "# TYPE raytrain_jobs gauge",
-    ]
-    for state in JobState:
-        count = sum(1 for job in jobs if job.state == state)
-        lines.append(f'raytrain_jobs{{state="{state.value}"}} {count}')
-    spent = sum(job.cost_usd for job in jobs)
-    holding = sum(job.resources.usd_per_hour for job in jobs if not job.state.is_terminal)
-    lines += ["# HELP raytrain_spent_usd Dollars all jobs the service knows have spent.",
-              "# TYPE raytrain_spent_usd gauge", f"raytrain_spent_usd {spent}",
-              "# HELP raytrain_usd_per_hour Hourly price of the capacity active jobs hold.",
-              "# TYPE raytrain_usd_per_hour gauge", f"raytrain_usd_per_hour {holding}"]
-    gauges = {
-        "raytrain_job_step": ("Optimizer steps completed.", lambda j: j.progress.step),
-        "raytrain_job_loss": ("Latest training loss.", lambda j: j.progress.loss),
-        "raytrain_job_tokens_per_second": ("Recent throughput.", lambda j: j.progress.tokens_per_s),
-        "raytrain_job_cost_usd": ("Dollars spent so far.", lambda j: j.cost_usd),
-        "raytrain_job_restarts": ("Restarts from a checkpoint.", lambda j: j.restarts),
-    }
-    for name, (help_text, read) in gauges.items():
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
-        for job in jobs:
-            value = read(job)
-            if value is not None and not job.state.is_terminal:
-                lines.append(f'{name}{{job="{job.id}",name="{job.spec.name}"}} {value}')
-    return "\n".join(lines) + "\n"
-
-
 def build_app(manager: Any, open_metrics: bool = False) -> FastAPI:
     """The HTTP API over a job manager handle: a Ray actor handle, or `InProcess(manager)`
     for a manager in this process (tests drive the app through httpx's ASGITransport).
@@ -174,6 +149,8 @@ def build_app(manager: Any, open_metrics: bool = False) -> FastAPI:
     api.add_middleware(BearerAuth, digests=lambda: manager.token_digests.remote(),
                        open_paths=frozenset({"/healthz", *(["/metrics"] if open_metrics
                                                             else [])}))
+    latency = request_latency()  # outermost: times every answer, a 401 too
+    api.add_middleware(RequestLatency, histogram=latency)
     streams = StreamLimits()
     api.add_exception_handler(RequestValidationError, _validation_error)
     api.add_exception_handler(RayActorError, _manager_away)
@@ -315,12 +292,14 @@ def build_app(manager: Any, open_metrics: bool = False) -> FastAPI:
                             content={**ready, "version": __version__},
                             headers={} if ready["ready"] else {"Retry-After": "2"})
 
-    @api.get("/metrics", response_class=PlainTextResponse)
-    async def metrics() -> str:
-        page = await manager.list_jobs.remote()
-        jobs = [JobStatus.model_validate(j) for j in page["jobs"]]
-        return render_metrics(jobs)
-
+    @api.get("/metrics", response_class=PlainTextResponse, responses={200: {
+        "content": {CONTENT_TYPE_PLAIN_0_0_4: {"schema": {"type": "string"}}},
+        "description": "Prometheus text format: counters, histograms, and each job's series "
+                       "while active and for ServiceConfig.metrics_retention_s after."}})
+    async def metrics(request: Request) -> Response:
+        body, content_type = exposition(await manager.metrics.remote(), latency,
+                                        request.headers.get("accept"))
+        return Response(body, media_type=content_type)
 
     return api
 

@@ -29,7 +29,6 @@ import threading
 import time
 import uuid
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -40,8 +39,9 @@ from raytrain.core import lifecycle as lc
 from raytrain.core.capacity import never_fits
 from raytrain.core.offers import offers_response
 from raytrain.core.resolve import plan_summary
+from raytrain.core.tally import Tally, snapshot
 from raytrain.errors import FieldError, SpecError
-from raytrain.serve.admission import admission_refusal
+from raytrain.serve.admission import admission_refusal, check_paths_on_head_node
 from raytrain.serve.auth import token_digests
 from raytrain.serve.events import EventLog
 from raytrain.serve.provisioning import Provisioner
@@ -78,6 +78,7 @@ class JobManager:
         self._store = JobStore(self.config.state_path / "jobs.db")
         loaded = self._store.load_all()
         self.records: dict[str, lc.Record] = {job.id: lc.Record(job) for job, _ in loaded}
+        self.tally = Tally.from_json(self._store.get_tally())
         self._events = {job.id: EventLog.reloaded(seq) for job, seq in loaded}
         self.handles: dict[str, RunHandle] = {}  # each running job's runner
         self.provisioner = Provisioner(self.config, request=self.cluster.request_nodes)
@@ -101,8 +102,10 @@ class JobManager:
         """Feed `event` to the job's lifecycle, keep the new record, carry out the effects;
         the lifecycle's reply."""
         with self.lock:
+            before = self.records[job_id].status if not isinstance(event, lc.Submitted) else None
             out = lc.step(self.records[job_id], event, self.cluster.now())
             self.records[job_id] = out.record
+            self.tally.observe(before, out.record.status, self.cluster.now())
             for effect in out.effects:
                 self._carry_out(job_id, effect)
             return out.reply
@@ -112,7 +115,8 @@ class JobManager:
             self._events[job_id].append(job_id, effect.kind, effect.data, self.cluster.now())
             self._changed.notify_all()
         elif isinstance(effect, lc.Save):
-            self._store.put(self.records[job_id].status, self._events[job_id].next_seq)
+            self._store.put(self.records[job_id].status, self._events[job_id].next_seq,
+                            self.tally.to_json())
         elif isinstance(effect, lc.ReleaseNodes):
             self.provisioner.release(job_id)
         elif isinstance(effect, lc.StopRunner):
@@ -151,7 +155,7 @@ class JobManager:
             policy_error = self.provisioner.policy_error(spec)
             if policy_error is not None:
                 raise SpecError([policy_error])
-            _check_paths_on_head_node(spec)
+            check_paths_on_head_node(spec)
             if not self.provisioner.enabled:
                 self._check_fits_the_cluster(spec)
             elif (holding := self.provisioner.holding_error(spec)) is not None:
@@ -232,6 +236,13 @@ class JobManager:
             logger.info("job %s cancelled by %s (was running: %s)", job_id,
                         caller or "an open service", record.run is not None)
             return {"ok": self.records[job_id].status.model_dump(mode="json")}
+
+    def metrics(self) -> dict[str, Any]:
+        """What /metrics shows: the tally, and each job's series while it is active or
+        within the retention window after it ended."""
+        with self.lock:
+            return snapshot(self.tally, [r.status for r in self.records.values()],
+                            self.cluster.now(), self.config.metrics_retention_s)
 
     def token_digests(self) -> dict[str, str] | None:
         """{token name: sha256 of the token} for the API's check; None when the service runs
@@ -323,9 +334,10 @@ class JobManager:
             return {"stop": True}
         return self.apply(job_id, lc.ProgressReported(attempt, payload))
 
-    def report_checkpoint(self, job_id: str, attempt: int, step: int, path: str) -> None:
+    def report_checkpoint(self, job_id: str, attempt: int, step: int, path: str,
+                          save_s: float | None = None) -> None:
         if job_id in self.records:
-            self.apply(job_id, lc.CheckpointCommitted(attempt, step, path))
+            self.apply(job_id, lc.CheckpointCommitted(attempt, step, path, save_s))
 
     def report_finished(self, job_id: str, attempt: int, result: dict[str, Any]) -> None:
         if job_id in self.records:
@@ -358,18 +370,6 @@ def _not_found(job_id: str) -> dict[str, Any]:
 def _cursor(job: JobStatus) -> str:
     """A job's place in the list, oldest first: its creation time, then its id."""
     return f"{job.created_at:017.6f}:{job.id}"
-
-
-def _check_paths_on_head_node(spec: JobSpec) -> None:
-    """Refuse at submit a token file that does not exist where the service runs (the head
-    node): on a cluster it must be on storage every node mounts, the head node included."""
-    if spec.data.kind == "token_file" and spec.data.path:
-        path = Path(spec.data.path).expanduser()
-        if not path.is_file():
-            raise SpecError([FieldError(("data", "path"), (
-                f"{spec.data.path} is not a readable file on the service's node"
-                f"{' (it does not exist)' if not path.exists() else ''}. To fix: give the "
-                "absolute path of a token file on storage every node mounts"))])
 
 
 JobManagerActor = ray.remote(JobManager)

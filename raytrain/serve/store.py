@@ -3,17 +3,21 @@
 The job manager writes a record on every state change, each checkpoint, and at most every
 few seconds of progress, so a restarted service knows every job and its last state. Beside
 each record it keeps the number the job's next event would take, so event numbers stay
-monotonic across restarts (a client resuming with an old Last-Event-ID skips nothing).
+monotonic across restarts (a client resuming with an old Last-Event-ID skips nothing). With
+each write it keeps the service's tally (core.tally), so the counters /metrics shows keep
+growing across a restart rather than starting again at zero.
 
     store = JobStore(Path("~/.raytrain/jobs.db").expanduser())
-    store.put(status, next_event_seq=12); store.load_all(); store.delete(job_id)
+    store.put(status, next_event_seq=12, tally={...}); store.load_all(); store.delete(job_id)
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 from pathlib import Path
+from typing import Any
 
 from raytrain.spec import JobStatus
 
@@ -30,19 +34,31 @@ class JobStore:
             "CREATE TABLE IF NOT EXISTS jobs ("
             " id TEXT PRIMARY KEY, created_at REAL NOT NULL, record TEXT NOT NULL)"
         )
+        self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
         if "next_event_seq" not in columns:  # a store written before events were numbered
             self._db.execute("ALTER TABLE jobs ADD COLUMN next_event_seq INTEGER NOT NULL "
                              "DEFAULT 0")
 
-    def put(self, status: JobStatus, next_event_seq: int = 0) -> None:
-        with self._lock:
+    def put(self, status: JobStatus, next_event_seq: int = 0,
+            tally: dict[str, Any] | None = None) -> None:
+        """Write a job's record, and the service's tally with it (one transaction)."""
+        with self._lock, self._db:  # commits, or rolls back on an error
+            self._db.execute("BEGIN")
+            if tally is not None:
+                self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('tally', ?)",
+                                 (json.dumps(tally),))
             self._db.execute(
                 "INSERT INTO jobs (id, created_at, record, next_event_seq) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT(id) DO UPDATE SET record = excluded.record, "
                 "next_event_seq = MAX(next_event_seq, excluded.next_event_seq)",
                 (status.id, status.created_at, status.model_dump_json(), next_event_seq),
             )
+
+    def get_tally(self) -> dict[str, Any] | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key = 'tally'").fetchone()
+        return json.loads(row[0]) if row else None
 
     def load_all(self) -> list[tuple[JobStatus, int]]:
         """Every record, oldest first, with the number its next event takes."""

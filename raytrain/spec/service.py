@@ -74,6 +74,10 @@ class ServiceConfig(Strict):
         False, description="Serve /metrics without a token (for a Prometheus scraper on a "
         "private network).",
     )
+    metrics_retention_s: float = Field(
+        24 * 3600.0, ge=0, description="Seconds a job's own series stay in /metrics after it "
+        "ends, so its final loss and cost can be scraped.",
+    )
     max_active_jobs: int = Field(
         1000, ge=1, le=100_000, description="Jobs queued or running at once; a submit beyond "
         "it answers 429 with Retry-After.",

@@ -77,6 +77,8 @@ class PlanSummary(Record):
 class CheckpointInfo(Record):
     step: int = Field(description="Optimizer steps the checkpoint includes.")
     path: str = Field(description="Directory of the checkpoint.")
+    save_s: float | None = Field(None, description="Seconds rank 0 took to save it (null: "
+                                 "not measured).")
 
 
 class PreemptionRecord(Record):

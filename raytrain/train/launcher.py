@@ -86,8 +86,9 @@ class ManagerSink:
             self._move = self._move or bool(reply.get("move"))
             self._last_reply = None
 
-    def checkpoint(self, step: int, path: str) -> None:
-        ray.get(self.manager.report_checkpoint.remote(self.job_id, self.attempt, step, path))
+    def checkpoint(self, step: int, path: str, save_s: float) -> None:
+        ray.get(self.manager.report_checkpoint.remote(self.job_id, self.attempt, step, path,
+                                                      save_s))
 
     def finished(self, result: dict[str, Any]) -> None:
         ray.get(self.manager.report_finished.remote(self.job_id, self.attempt, result))

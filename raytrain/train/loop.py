@@ -235,6 +235,7 @@ def train(
             if meter.record(steps_done, loss_value) and worker.rank == 0:
                 sink.progress(meter.snapshot())
         if checkpoint_due:
+            save_started = time.perf_counter()
             path = checkpoints.save(
                 steps_done,
                 model.parts,
@@ -248,7 +249,7 @@ def train(
                 },
             )
             if worker.rank == 0:
-                sink.checkpoint(steps_done, str(path))
+                sink.checkpoint(steps_done, str(path), time.perf_counter() - save_started)
         if stopped:
             if worker.rank == 0:
                 logger.info("stopping at step %d: %s", steps_done,

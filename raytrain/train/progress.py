@@ -19,7 +19,7 @@ class ProgressSink(Protocol):
 
     def progress(self, payload: dict[str, Any]) -> None: ...
 
-    def checkpoint(self, step: int, path: str) -> None: ...
+    def checkpoint(self, step: int, path: str, save_s: float) -> None: ...
 
     def finished(self, result: dict[str, Any]) -> None: ...
 
@@ -42,7 +42,7 @@ class NullSink:
     def progress(self, payload: dict[str, Any]) -> None:
         pass
 
-    def checkpoint(self, step: int, path: str) -> None:
+    def checkpoint(self, step: int, path: str, save_s: float) -> None:
         pass
 
     def finished(self, result: dict[str, Any]) -> None:

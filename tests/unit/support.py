@@ -23,7 +23,8 @@ class RecordingSink:
     def progress(self, payload: dict[str, Any]) -> None:
         self.reports.append(payload)
 
-    def checkpoint(self, step: int, path: str) -> None:
+    def checkpoint(self, step: int, path: str, save_s: float) -> None:
+        assert save_s >= 0
         self.checkpoints.append(step)
 
     def finished(self, result: dict[str, Any]) -> None:

@@ -81,7 +81,7 @@ class Service:
             self.cluster.advance(1.0)
             reply = self.manager.report_progress(job_id, attempt, progress(step))
             assert reply == {"stop": False, "move": False}
-        self.manager.report_checkpoint(job_id, attempt, steps, f"/ckpt/{steps}")
+        self.manager.report_checkpoint(job_id, attempt, steps, f"/ckpt/{steps}", 0.5)
         return attempt
 
 
@@ -113,7 +113,7 @@ def test_a_job_runs_to_the_end_and_its_stream_says_each_state_once(service: Serv
     attempt = service.train(job_id, 60)
     status = service.request("GET", f"/v1/jobs/{job_id}").json()
     assert status["state"] == "RUNNING" and status["progress"]["step"] == 60
-    assert status["checkpoint"] == {"step": 60, "path": "/ckpt/60"}
+    assert status["checkpoint"] == {"step": 60, "path": "/ckpt/60", "save_s": 0.5}
     service.manager.report_finished(job_id, attempt, result(60))
     service.cluster.finish(job_id)
     service.tick()
@@ -169,7 +169,7 @@ def test_jobs_come_a_page_at_a_time_oldest_first(service: Service) -> None:
         params = {"limit": 2, "after": page.headers["X-Next-Cursor"]}
     assert seen == ids
     metrics = service.request("GET", "/metrics").text
-    assert 'raytrain_jobs{state="PENDING"} 5' in metrics
+    assert 'raytrain_jobs{state="PENDING"} 5.0' in metrics
 
 
 def test_a_cancel_while_the_group_starts_stops_it_and_frees_its_group(

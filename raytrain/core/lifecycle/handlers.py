@@ -158,7 +158,7 @@ def resumed_after_preemption(c: Change) -> None:
 def checkpoint(c: Change, event: CheckpointCommitted) -> None:
     if c.run is None or event.attempt != c.run.attempt:
         return
-    c.job.checkpoint = CheckpointInfo(step=event.step, path=event.path)
+    c.job.checkpoint = CheckpointInfo(step=event.step, path=event.path, save_s=event.save_s)
     if not c.job.state.is_terminal:  # a cancelled job's stream has already ended
         c.emit("checkpoint", {"step": event.step, "path": event.path})
     c.save = True

@@ -171,6 +171,7 @@ class CheckpointCommitted:
     attempt: int
     step: int
     path: str
+    save_s: float | None = None  # as rank 0 measured it
 
 
 @dataclass(frozen=True)
