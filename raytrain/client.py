@@ -46,6 +46,9 @@ from raytrain.spec import (
 )
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+RETRY_FOR_S = 30.0  # how long a repeatable request keeps trying through a restart
+RETRIED_STATUSES = (502, 503, 504)
+MAX_PAUSE_S = 5.0
 
 
 class Client:
@@ -79,16 +82,13 @@ class Client:
     def submit(self, spec: JobSpec | dict[str, Any] | str | Path,
                idempotency_key: str | None = None) -> Job:
         """Queue a job from a JobSpec, a plain document, or a YAML/JSON file path. A timed-out
-        or cut request is retried once with the same Idempotency-Key (a new one each call
-        unless given), so it never queues the job twice."""
+        or cut request is retried with the same Idempotency-Key (a new one each call unless
+        given), so it never queues the job twice."""
         if isinstance(spec, (str, Path)):
             spec = load_job_spec(spec)
         body = spec.model_dump(mode="json") if isinstance(spec, JobSpec) else spec
         headers = {"Idempotency-Key": idempotency_key or uuid.uuid4().hex}
-        try:
-            answer = self._request("POST", "/v1/jobs", json=body, headers=headers)
-        except ServiceUnreachableError:
-            answer = self._request("POST", "/v1/jobs", json=body, headers=headers)
+        answer = self._request("POST", "/v1/jobs", json=body, headers=headers)
         return Job(self, JobStatus.model_validate(answer).id)
 
     def job(self, job_id: str) -> Job:
@@ -167,10 +167,27 @@ class Client:
 
     def _send(self, method: str, path: str, job_id: str | None = None,
               **kwargs: Any) -> httpx.Response:
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:
-            raise ServiceUnreachableError(self.url, str(exc) or type(exc).__name__) from None
+        """Send a request. One that is safe to repeat (a read, a keyed submit, a plan or offer
+        ranking) is retried with backoff for RETRY_FOR_S while the service cannot be reached
+        or answers 502-504 (its HTTP replica or job manager restarting); a cancel is not."""
+        retry = method == "GET" or "Idempotency-Key" in kwargs.get("headers", {}) or \
+            path in ("/v1/plans", "/v1/offers")
+        give_up = time.monotonic() + (RETRY_FOR_S if retry else 0.0)
+        pause = 0.25
+        while True:
+            try:
+                response = self._http.request(method, path, **kwargs)
+            except httpx.TransportError as exc:
+                if time.monotonic() + pause > give_up:
+                    raise ServiceUnreachableError(
+                        self.url, str(exc) or type(exc).__name__) from None
+            else:
+                if response.status_code not in RETRIED_STATUSES or \
+                        time.monotonic() + pause > give_up:
+                    break
+                pause = max(pause, min(_retry_after(response), MAX_PAUSE_S))
+            time.sleep(pause)
+            pause = min(pause * 2, MAX_PAUSE_S)
         if response.status_code >= 400:
             self._raise_for(response, job_id)
         return response
@@ -196,6 +213,13 @@ class Client:
         if response.status_code == 401:
             raise NotAuthorizedError(str(detail))
         raise ServiceError(response.status_code, detail)
+
+
+def _retry_after(response: httpx.Response) -> float:
+    try:
+        return float(response.headers.get("retry-after", 0))
+    except ValueError:
+        return 0.0
 
 
 class Job:

@@ -22,26 +22,38 @@ endpoints answer 503 with Retry-After rather than 500.
 import asyncio
 import json
 import logging
-from typing import Any, AsyncIterator
+from typing import Annotated, Any, AsyncIterator
 from urllib.parse import urlencode
 
-from fastapi import FastAPI, Header, HTTPException, Query, Request, Response
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Response
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import StringConstraints
 from ray import serve
-from ray.exceptions import GetTimeoutError, RayActorError, TaskCancelledError
+from ray.exceptions import GetTimeoutError, RayActorError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from raytrain import __version__
 from raytrain.core.planner import NothingFits
 from raytrain.core.resolve import rank_plans
 from raytrain.serve.auth import BearerAuth
+from raytrain.serve.feeds import Feeds, ManagerAway
 from raytrain.serve.http_limits import JSONBodies, StreamLimits
 from raytrain.serve.metrics import (
+    CONTENT_TYPE_OPENMETRICS,
     CONTENT_TYPE_PLAIN_0_0_4,
     RequestLatency,
     exposition,
     request_latency,
+)
+from raytrain.serve.openapi import (
+    RETRY_AFTER,
+    allow_every_method,
+    document,
+    errors,
+    event_stream,
+    no_unknown_query,
 )
 from raytrain.spec import (
     JobLogs,
@@ -65,6 +77,7 @@ LIST_PAGE_SIZE = 100
 LIST_PAGE_MAX = 1000
 
 logger = logging.getLogger(__name__)
+RankOffset = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,9}:[0-9]{1,18}$")]
 
 def excerpt(value: Any) -> Any:
     """`value` if its JSON is short, else the first EXCERPT_CHARS characters of it."""
@@ -90,20 +103,6 @@ async def _manager_away(request: Request, exc: Exception) -> JSONResponse:
         status_code=503, headers={"Retry-After": str(MANAGER_RETRY_AFTER_S)},
         content={"detail": "the job manager is not answering (restarting, or starting up); "
                  f"no job was changed. To fix: retry in {MANAGER_RETRY_AFTER_S} s"})
-
-
-def _event_position(request: Request) -> int:
-    """The event to resume after: Last-Event-ID, else ?after=, else -1 (from the start)."""
-    header = request.headers.get("last-event-id")
-    where, text = (("header", "last-event-id"), header) if header is not None else \
-        (("query", "after"), request.query_params.get("after", "-1"))
-    try:
-        return max(-1, int(text))
-    except ValueError:
-        raise RequestValidationError([{
-            "loc": list(where), "type": "int_parsing", "input": text,
-            "msg": f"{text[:40]!r} is not an event number. To fix: send the id of the last "
-                   "event received, or leave it out to read from the start"}]) from None
 
 
 def _unwrap(envelope: dict[str, Any]) -> Any:
@@ -142,21 +141,26 @@ def build_app(manager: Any, open_metrics: bool = False) -> FastAPI:
         title="raytrain",
         version=__version__,
         description="Train PyTorch models across many GPUs as cheaply as possible.",
+        dependencies=[Depends(no_unknown_query)],
     )
     api.add_middleware(JSONBodies)
     # Added last, so it runs first: a request without a token is refused before its body
     # is read.
+    open_paths = frozenset({"/healthz", *(["/metrics"] if open_metrics else [])})
     api.add_middleware(BearerAuth, digests=lambda: manager.token_digests.remote(),
-                       open_paths=frozenset({"/healthz", *(["/metrics"] if open_metrics
-                                                            else [])}))
+                       open_paths=open_paths)
+    document(api, open_paths)
     latency = request_latency()  # outermost: times every answer, a 401 too
     api.add_middleware(RequestLatency, histogram=latency)
     streams = StreamLimits()
+    feeds = Feeds(manager, EVENT_POLL_S)
     api.add_exception_handler(RequestValidationError, _validation_error)
+    api.add_exception_handler(StarletteHTTPException, allow_every_method)
     api.add_exception_handler(RayActorError, _manager_away)
     api.add_exception_handler(GetTimeoutError, _manager_away)
 
-    @api.post("/v1/jobs", status_code=202, response_model=JobStatus)
+    @api.post("/v1/jobs", status_code=202, response_model=JobStatus,
+              responses=errors(400, 409, 413, 422, 429))
     async def submit(spec: JobSpec, request: Request, idempotency_key: str | None = Header(
             None, max_length=200, description="Retrying with the same key returns the job the "
             "first request queued (for a day) instead of queueing another.")
@@ -164,7 +168,7 @@ def build_app(manager: Any, open_metrics: bool = False) -> FastAPI:
         return _unwrap(await manager.submit.remote(
             spec.model_dump(mode="json"), _caller(request), idempotency_key))
 
-    @api.get("/v1/jobs", response_model=list[JobStatus])
+    @api.get("/v1/jobs", response_model=list[JobStatus], responses=errors(422))
     async def list_jobs(
         response: Response,
         limit: int = Query(LIST_PAGE_SIZE, ge=1, le=LIST_PAGE_MAX, description="Jobs per page."),
@@ -182,14 +186,15 @@ def build_app(manager: Any, open_metrics: bool = False) -> FastAPI:
             response.headers["Link"] = f'</v1/jobs?{query}>; rel="next"'
         return page["jobs"]
 
-    @api.get("/v1/jobs/{job_id}", response_model=JobStatus)
+    @api.get("/v1/jobs/{job_id}", response_model=JobStatus, responses=errors(404, 422))
     async def get_job(job_id: str) -> dict[str, Any]:
         job = await manager.get_job.remote(job_id)
         if job is None:
             raise _not_found(job_id)
         return job
 
-    @api.delete("/v1/jobs/{job_id}", response_model=JobStatus)
+    @api.delete("/v1/jobs/{job_id}", response_model=JobStatus,
+                responses=errors(404, 409, 422))
     async def cancel(job_id: str, request: Request, purge: bool = Query(
             False, description="Forget an ended job instead: its record, checkpoints and "
             "logs (409 while it runs)")) -> dict[str, Any]:
@@ -198,32 +203,32 @@ def build_app(manager: Any, open_metrics: bool = False) -> FastAPI:
             return _unwrap(await manager.delete.remote(job_id))
         return _unwrap(await manager.cancel.remote(job_id, _caller(request)))
 
-    @api.get("/v1/jobs/{job_id}/logs", response_model=JobLogs)
+    @api.get("/v1/jobs/{job_id}/logs", response_model=JobLogs, responses=errors(404, 422))
     async def logs(job_id: str, rank: int | None = Query(None, ge=0, le=100_000),
-                   offset: list[str] = Query(
-                       [], description="RANK:BYTE pairs: read each rank from there (the "
-                       "`offset` of the previous answer); default: each rank's tail"),
+                   offset: list[RankOffset] = Query(
+                       [], description="RANK:BYTE pairs, e.g. 0:1024: read each rank from "
+                       "there (the `offset` of the previous answer); default: each rank's "
+                       "tail"),
                    max_bytes: int = Query(LOG_BYTES_PER_RANK, ge=1, le=LOG_BYTES_PER_RANK)
                    ) -> dict[str, Any]:
         """Each worker's output by rank, at most max_bytes per rank per answer."""
-        offsets = {}
-        for pair in offset:
-            r, _, byte = pair.partition(":")
-            if not (r.isdigit() and byte.isdigit()):
-                raise RequestValidationError([{
-                    "loc": ["query", "offset"], "type": "value_error", "input": pair[:40],
-                    "msg": "an offset is RANK:BYTE, e.g. 0:1024. To fix: send back the "
-                    "rank and offset of the previous answer"}])
-            offsets[int(r)] = int(byte)
+        offsets = {int(r): int(byte) for r, _, byte in (p.partition(":") for p in offset)}
         return _unwrap(await manager.logs.remote(job_id, offsets or None, rank,
                                                       max_bytes))
 
-    @api.get("/v1/jobs/{job_id}/events")
-    async def events(job_id: str, request: Request) -> StreamingResponse:
+    @api.get("/v1/jobs/{job_id}/events", response_class=StreamingResponse,
+             responses=event_stream())
+    async def events(job_id: str, after: int = Query(
+            -1, ge=-1, le=2**53, description="Send the events after this one (-1: from the "
+            "start); the Last-Event-ID header wins when both are sent."),
+            last_event_id: int | None = Header(None, ge=-1, le=2**53, description="The id "
+                                               "of the last event received, to resume.")
+            ) -> StreamingResponse:
         """Server-Sent Events: `state`, `progress`, `checkpoint`, then one `end`.
 
         Resumes after the `Last-Event-ID` header (or `?after=`) when given."""
-        after = _event_position(request)
+        if last_event_id is not None:
+            after = last_event_id
         if await manager.get_job.remote(job_id) is None:
             raise _not_found(job_id)
         streams.admit(job_id)
@@ -232,26 +237,27 @@ def build_app(manager: Any, open_metrics: bool = False) -> FastAPI:
             nonlocal after
             with streams.held(job_id):
                 try:
-                    while True:
-                        batch = await manager.wait_events.remote(job_id, after, EVENT_POLL_S)
-                        if batch is None:
-                            return
-                        if not batch:
-                            yield ": keep-alive\n\n"
-                            continue
-                        for event in batch:
-                            after = event["seq"]
-                            yield _sse(event)
-                            if event["type"] == "end":
+                    async with feeds.follow(job_id) as feed:
+                        while True:
+                            batch = await feed.after(after, EVENT_POLL_S)
+                            if batch is None:
                                 return
-                except (asyncio.CancelledError, TaskCancelledError):
+                            if not batch:
+                                yield ": keep-alive\n\n"
+                                continue
+                            for event in batch:
+                                after = event["seq"]
+                                yield _sse(event)
+                                if event["type"] == "end":
+                                    return
+                except asyncio.CancelledError:
                     return  # the client went away: nothing to report
-                except (RayActorError, GetTimeoutError):
+                except ManagerAway:
                     yield ": the job manager went away; reconnect with Last-Event-ID\n\n"
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 
-    @api.post("/v1/plans", response_model=PlanResponse)
+    @api.post("/v1/plans", response_model=PlanResponse, responses=errors(400, 413, 422))
     async def plans(request: PlanRequest) -> PlanResponse:
         """Rank every feasible layout of the job on the hardware asked about."""
         try:
@@ -262,14 +268,15 @@ def build_app(manager: Any, open_metrics: bool = False) -> FastAPI:
                 "type": "nothing_fits", "suggestions": exc.suggestions,
             }]) from None
 
-    @api.get("/v1/offers", response_model=OffersResponse)
+    @api.get("/v1/offers", response_model=OffersResponse, responses=errors(404, 422))
     async def offers(job: str | None = None, policy: str | None = None,
                      keep: int = 20) -> dict[str, Any]:
         """The instance offers with current prices; with `?job=ID`, the policy's ranking of
         offer x market x node count for that job."""
         return _unwrap(await manager.offers.remote(None, policy, keep, job))
 
-    @api.post("/v1/offers", response_model=OffersResponse)
+    @api.post("/v1/offers", response_model=OffersResponse,
+              responses=errors(400, 413, 422))
     async def rank_offers(request: OffersRequest) -> dict[str, Any]:
         """The policy's ranking for a job spec, nothing submitted."""
         return _unwrap(await manager.offers.remote(
@@ -280,8 +287,9 @@ def build_app(manager: Any, open_metrics: bool = False) -> FastAPI:
         """Liveness: this process answers. Readiness is /readyz."""
         return {"status": "ok", "version": __version__}
 
-    @api.get("/readyz", responses={503: {"description": "starting, or the job manager or "
-                                         "its store is not answering"}})
+    @api.get("/readyz", responses={**errors(), 503: {
+        "description": "Starting, or the job manager or its store is not answering.",
+        "headers": RETRY_AFTER}})
     async def readyz() -> JSONResponse:
         """Readiness: the job manager answers and its store takes writes."""
         try:
@@ -292,8 +300,9 @@ def build_app(manager: Any, open_metrics: bool = False) -> FastAPI:
                             content={**ready, "version": __version__},
                             headers={} if ready["ready"] else {"Retry-After": "2"})
 
-    @api.get("/metrics", response_class=PlainTextResponse, responses={200: {
-        "content": {CONTENT_TYPE_PLAIN_0_0_4: {"schema": {"type": "string"}}},
+    @api.get("/metrics", response_class=Response, responses={**errors(), 200: {
+        "content": {CONTENT_TYPE_PLAIN_0_0_4: {"schema": {"type": "string"}},
+                    CONTENT_TYPE_OPENMETRICS: {"schema": {"type": "string"}}},
         "description": "Prometheus text format: counters, histograms, and each job's series "
                        "while active and for ServiceConfig.metrics_retention_s after."}})
     async def metrics(request: Request) -> Response:
@@ -343,4 +352,5 @@ class RaytrainAPI:
 
 
 def serve_app(config: ServiceConfig) -> serve.Application:
-    return RaytrainAPI.bind(config.model_dump(mode="json"))
+    return RaytrainAPI.options(num_replicas=config.http_replicas).bind(
+        config.model_dump(mode="json"))

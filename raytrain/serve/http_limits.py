@@ -1,7 +1,8 @@
 """The API's limits that are not part of any schema: request bodies (413 before they are
 read, and every body read as JSON whatever its Content-Type says) and open event streams
-(429 past MAX_STREAMS_PER_JOB on one job or MAX_STREAMS in all, each of which holds a
-connection and a waiting call into the job manager). Events kept per job are bounded by the
+(429 past MAX_STREAMS_PER_JOB on one job, MAX_STREAMS in all, or MAX_FOLLOWED_JOBS jobs
+followed at once: each stream holds a connection, and each followed job one waiting call into
+the job manager, whose threads are bounded; serve.feeds). Events kept per job are bounded by the
 job manager's EventLog (serve.events); spec fields by their schema bounds; queued and running
 jobs by ServiceConfig.max_active_jobs (serve.admission).
 
@@ -20,8 +21,9 @@ from fastapi import HTTPException
 from raytrain.serve.auth import send_json
 
 MAX_BODY_BYTES = 1 * 2**20  # a job spec is a few KB; the schema has no field near this
-MAX_STREAMS_PER_JOB = 16
+MAX_STREAMS_PER_JOB = 64
 MAX_STREAMS = 256
+MAX_FOLLOWED_JOBS = 32  # of the job manager's 64 threads
 STREAM_RETRY_AFTER_S = 10
 
 
@@ -75,15 +77,18 @@ async def _too_large(send: Any) -> None:
 class StreamLimits:
     """Open event streams, per job and in all."""
 
-    def __init__(self, per_job: int = MAX_STREAMS_PER_JOB, total: int = MAX_STREAMS) -> None:
-        self.per_job, self.total = per_job, total
+    def __init__(self, per_job: int = MAX_STREAMS_PER_JOB, total: int = MAX_STREAMS,
+                 jobs: int = MAX_FOLLOWED_JOBS) -> None:
+        self.per_job, self.total, self.jobs = per_job, total, jobs
         self.open: Counter[str] = Counter()
 
     def admit(self, job_id: str) -> None:
         """Raise 429 when another stream would pass a limit."""
-        if self.open[job_id] >= self.per_job or sum(self.open.values()) >= self.total:
-            which = (f"{self.per_job} on this job" if self.open[job_id] >= self.per_job
-                     else f"{self.total} on this service")
+        which = (f"{self.per_job} on this job" if self.open[job_id] >= self.per_job
+                 else f"{self.total} on this service" if sum(self.open.values()) >= self.total
+                 else f"{self.jobs} jobs followed at once" if job_id not in self.open
+                 and len(self.open) >= self.jobs else None)
+        if which is not None:
             raise HTTPException(status_code=429, headers={
                 "Retry-After": str(STREAM_RETRY_AFTER_S)}, detail=(
                 f"too many open event streams ({which}). To fix: close streams you no longer "

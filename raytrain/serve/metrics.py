@@ -26,11 +26,13 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as CONTENT_TYPE_OPENMETRICS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from raytrain.core.tally import COUNTERS, ENDED_HELP, HISTOGRAMS, JOB_GAUGES
 
-__all__ = ["CONTENT_TYPE_PLAIN_0_0_4", "RequestLatency", "exposition", "request_latency"]
+__all__ = ["CONTENT_TYPE_OPENMETRICS", "CONTENT_TYPE_PLAIN_0_0_4", "RequestLatency", "exposition",
+           "request_latency"]
 
 PREFIX = "raytrain_"
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)

@@ -23,6 +23,9 @@ and the planner keeps only candidates without any.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import Field
 
 # Which degree a named strategy fills with whatever the explicitly given degrees leave.
 FREE_DEGREE = {
@@ -37,20 +40,36 @@ DEGREES = ("dp_replicate", "dp_shard", "tp", "pp")
 
 SCHEDULES = ("1f1b", "interleaved_1f1b", "gpipe")
 RECOMPUTE = ("none", "selective", "full")
+# What each field means, for the API's documents (the Layout and a plan's row both show them).
+FIELD_DOCS = {
+    "dp_replicate": "Data-parallel replicas: each holds the whole (sharded) model.",
+    "dp_shard": "Data-parallel ranks that shard parameters, gradients and optimizer state "
+                "(FSDP2) within a replica.",
+    "tp": "Tensor-parallel degree: each layer's matmuls split across this many ranks.",
+    "pp": "Pipeline-parallel degree: ranks that each hold a run of layers.",
+    "virtual_stages": "Stages per pipeline rank (more than 1: interleaved schedule).",
+    "micro_batch_size": "Sequences per micro-batch on each data-parallel rank.",
+    "microbatches": "Micro-batches per optimizer step (accumulated, or fed to the pipeline).",
+    "recompute": "Activation recomputation: none, selective or full.",
+    "schedule": "Pipeline schedule: 1f1b, interleaved_1f1b or gpipe.",
+    "sequence_parallel": "Norms and dropout sharded along the sequence with tensor "
+                         "parallelism.",
+}
 
 
 @dataclass(frozen=True)
 class Layout:
-    dp_replicate: int = 1
-    dp_shard: int = 1
-    tp: int = 1
-    pp: int = 1
-    virtual_stages: int = 1
-    micro_batch_size: int = 1
-    microbatches: int = 1
-    recompute: str = "none"
-    schedule: str = "1f1b"
-    sequence_parallel: bool = True
+    dp_replicate: Annotated[int, Field(description=FIELD_DOCS["dp_replicate"])] = 1
+    dp_shard: Annotated[int, Field(description=FIELD_DOCS["dp_shard"])] = 1
+    tp: Annotated[int, Field(description=FIELD_DOCS["tp"])] = 1
+    pp: Annotated[int, Field(description=FIELD_DOCS["pp"])] = 1
+    virtual_stages: Annotated[int, Field(description=FIELD_DOCS["virtual_stages"])] = 1
+    micro_batch_size: Annotated[int, Field(description=FIELD_DOCS["micro_batch_size"])] = 1
+    microbatches: Annotated[int, Field(description=FIELD_DOCS["microbatches"])] = 1
+    recompute: Annotated[str, Field(description=FIELD_DOCS["recompute"])] = "none"
+    schedule: Annotated[str, Field(description=FIELD_DOCS["schedule"])] = "1f1b"
+    sequence_parallel: Annotated[bool, Field(
+        description=FIELD_DOCS["sequence_parallel"])] = True
 
     def __post_init__(self) -> None:
         for name in (*DEGREES, "virtual_stages", "micro_batch_size", "microbatches"):

@@ -148,29 +148,36 @@ class OffersRequest(Strict):
 class OfferRow(Record):
     """One option of the policy's ranking: an offer, a market and a node count for a job."""
 
-    rank: int
-    offer: str
-    instance_type: str
-    gpu_kind: str
-    market: Market
-    nodes: int
-    gpus: int
-    usd_per_hour: float = Field(description="All nodes.")
-    tokens_per_s: float
-    layout: str
-    preemptions_per_hour: float
-    checkpoint_interval_s: float | None
-    expected_hours: float
-    expected_cost_usd: float
+    rank: int = Field(description="Place in the ranking, from 1 (the policy's choice).")
+    offer: str = Field(description="The offer's id (provider/region/type).")
+    instance_type: str = Field(description="The provider's name for the machine.")
+    gpu_kind: str = Field(description="The accelerator kind, as the catalog names it.")
+    market: Market = Field(description="spot or on-demand.")
+    nodes: int = Field(description="Machines bought.")
+    gpus: int = Field(description="Devices on those machines, in all.")
+    usd_per_hour: float = Field(description="Hourly price of all the nodes.")
+    tokens_per_s: float = Field(description="The planner's throughput on them.")
+    layout: str = Field(description="The layout the job would train with there.")
+    preemptions_per_hour: float = Field(
+        description="Expected preemptions per hour of all the nodes (0 on-demand).")
+    checkpoint_interval_s: float | None = Field(
+        description="Checkpoint interval the policy would use (null: the job's own).")
+    expected_hours: float = Field(
+        description="Expected hours to finish, counting redone work and restarts.")
+    expected_cost_usd: float = Field(description="Expected dollars to finish.")
 
 
 class OffersResponse(Record):
-    catalog_version: str
-    source: str
-    warnings: list[str]
-    offers: list[Offer]
+    """The catalog, and with a job the policy's ranking for it."""
+
+    catalog_version: str = Field(description="Version of the hardware catalog.")
+    source: str = Field(description="Where the prices came from (a file, or the cloud's API "
+                        "and when).")
+    warnings: list[str] = Field(description="Prices that are stale or fell back offline.")
+    offers: list[Offer] = Field(description="Every offer the service can buy.")
     policy: str | None = Field(None, description="The policy that ranked, with a job.")
-    ranking: list[OfferRow] = Field(default_factory=list)
+    ranking: list[OfferRow] = Field(default_factory=list, description=(
+        "Offer x market x node count for the job, best first (empty without a job)."))
     decision: str | None = Field(None, description="What the policy would do, and why.")
 
 
@@ -185,10 +192,12 @@ class DecisionRecord(Record):
     event: str = Field(description="What prompted it: submit, preemption, deadline, ...")
     action: str = Field(description="start, stay, switch, wait.")
     offer: str | None = Field(None, description="The chosen offer's id.")
-    market: str | None = None
-    nodes: int = 0
-    usd_per_hour: float = 0.0
-    expected_hours: float | None = None
-    expected_cost_usd: float | None = None
-    checkpoint_interval_s: float | None = None
+    market: str | None = Field(None, description="spot or on-demand, when it buys.")
+    nodes: int = Field(0, description="Nodes it buys or holds.")
+    usd_per_hour: float = Field(0.0, description="Hourly price of those nodes.")
+    expected_hours: float | None = Field(None, description="Expected hours to finish there.")
+    expected_cost_usd: float | None = Field(
+        None, description="Expected dollars to finish there.")
+    checkpoint_interval_s: float | None = Field(
+        None, description="Checkpoint interval the policy chose (null: the job's own).")
     reason: str = Field(description="Why, in one line.")

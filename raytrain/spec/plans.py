@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from raytrain.spec._base import Record, Strict, field_error, raise_if_any
 from raytrain.spec.job import JobSpec
+from raytrain.spec.layout import FIELD_DOCS
 from raytrain.spec.sections import accelerator_errors
 
 
@@ -38,28 +39,34 @@ class PlanRequest(Strict):
 
 
 class PlanRow(Record):
-    rank: int
+    """One feasible layout, with what the planner predicts for it."""
+
+    rank: int = Field(description="Place in the ranking, from 1 (best).")
     layout: str = Field(description="Degrees, schedule, micro-batch x count, recomputation.")
-    dp_replicate: int
-    dp_shard: int
-    tp: int
-    pp: int
-    virtual_stages: int
-    micro_batch_size: int
-    microbatches: int
-    recompute: str
-    step_s: float
-    tokens_per_s: float
-    mfu: float
+    dp_replicate: int = Field(description=FIELD_DOCS["dp_replicate"])
+    dp_shard: int = Field(description=FIELD_DOCS["dp_shard"])
+    tp: int = Field(description=FIELD_DOCS["tp"])
+    pp: int = Field(description=FIELD_DOCS["pp"])
+    virtual_stages: int = Field(description=FIELD_DOCS["virtual_stages"])
+    micro_batch_size: int = Field(description=FIELD_DOCS["micro_batch_size"])
+    microbatches: int = Field(description=FIELD_DOCS["microbatches"])
+    recompute: str = Field(description=FIELD_DOCS["recompute"])
+    step_s: float = Field(description="Predicted seconds per optimizer step.")
+    tokens_per_s: float = Field(description="Predicted training tokens per second, all devices.")
+    mfu: float = Field(description="Predicted model FLOPs utilisation (0-1) of peak.")
     memory_gib: float = Field(description="Predicted memory per device.")
     memory_limit_gib: float = Field(description="Usable memory per device.")
     scaling_efficiency: float = Field(description="Throughput over N x one device's.")
-    usd_per_million_tokens: float | None
-    reason: str
+    usd_per_million_tokens: float | None = Field(
+        description="Dollars per million training tokens at the request's price (null: no "
+        "price given).")
+    reason: str = Field(description="The planner's one-line account of this layout.")
 
 
 class PlanResponse(Record):
-    accelerator: str
-    gpus: int
-    catalog_version: str
-    plans: list[PlanRow]
+    """POST /v1/plans' answer: the layouts that fit, best first."""
+
+    accelerator: str = Field(description="The device kind planned for.")
+    gpus: int = Field(description="The number of devices planned for.")
+    catalog_version: str = Field(description="The hardware catalog the plans were made with.")
+    plans: list[PlanRow] = Field(description="Feasible layouts, fastest first.")

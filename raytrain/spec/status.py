@@ -109,13 +109,19 @@ class JobResult(Record):
 
 
 class JobStatus(Record):
-    id: str
-    state: JobState
-    spec: JobSpec
-    plan: PlanSummary | None = None
-    progress: Progress = Field(default_factory=Progress)
-    resources: Resources = Field(default_factory=Resources)
-    cost_usd: float = 0.0
+    """A job as the service knows it."""
+
+    id: str = Field(description="The job's id, as the service gave it at submit.")
+    state: JobState = Field(description="PENDING, PROVISIONING, RUNNING, RECOVERING, then "
+                            "SUCCEEDED, FAILED or CANCELLED.")
+    spec: JobSpec = Field(description="The job as submitted, with defaults filled in.")
+    plan: PlanSummary | None = Field(None, description="The layout the job trains with, "
+                                     "decided at submit (null: the user's own model with a "
+                                     "stated strategy only).")
+    progress: Progress = Field(default_factory=Progress, description="Training progress.")
+    resources: Resources = Field(default_factory=Resources,
+                                 description="The capacity the job holds or last held.")
+    cost_usd: float = Field(0.0, description="Dollars spent so far (0 on a fixed cluster).")
     restarts: int = Field(0, description="Times training restarted from a checkpoint.")
     submitted_by: str | None = Field(
         None, description="Name of the token that submitted the job (None: an open service).")
@@ -144,10 +150,12 @@ class JobStatus(Record):
 
 class JobEvent(Record):
     seq: int = Field(description="Position in the job's event stream, from 0.")
-    type: Literal["state", "progress", "checkpoint", "preemption", "end"]
-    job_id: str
-    time: float
-    data: dict[str, Any] = Field(default_factory=dict)
+    type: Literal["state", "progress", "checkpoint", "preemption", "end"] = Field(
+        description="state: {state, message}; progress: Progress's fields and sent_at; "
+        "checkpoint: {step, path}; preemption: a PreemptionRecord; end: {state, error}.")
+    job_id: str = Field(description="The job.")
+    time: float = Field(description="Unix time the service recorded it.")
+    data: dict[str, Any] = Field(default_factory=dict, description="What happened; by type.")
 
 
 class RankLog(Record):

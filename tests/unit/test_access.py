@@ -6,6 +6,8 @@ The same token checks run against the deployed service in tests/integration/test
 from __future__ import annotations
 
 import stat
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -13,10 +15,19 @@ import pytest
 from fastapi import HTTPException
 
 from raytrain.client import Client
-from raytrain.errors import NotAuthorizedError
+from raytrain.errors import NotAuthorizedError, ServiceUnreachableError
 from raytrain.serve import auth
-from raytrain.serve.auth import caller_of, client_token, digest, read_tokens, set_token
+from raytrain.serve.auth import (
+    caller_of,
+    client_token,
+    digest,
+    operator_token,
+    read_tokens,
+    set_token,
+)
 from raytrain.serve.http_limits import StreamLimits
+from raytrain.spec import ServiceConfig
+from tests.http_service import free_port, served
 from tests.unit.test_api import Service, small_job
 
 
@@ -97,6 +108,26 @@ def test_a_retried_submit_returns_the_first_job_and_a_reused_key_is_refused(
     assert later.json()["id"] != first.json()["id"]
 
 
+def test_the_client_retries_reads_and_keyed_submits_through_a_restart_but_not_a_cancel(
+        tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with pytest.raises(ServiceUnreachableError):  # a cancel is not repeated: it fails at once
+        Client(url, token="t").cancel("abc")
+    up = threading.Event()
+
+    def start_late() -> None:  # the service comes back a second after the client asks
+        time.sleep(1.0)
+        with served(tmp_path, port=port):
+            up.set()
+            time.sleep(30)
+
+    threading.Thread(target=start_late, daemon=True).start()
+    client = Client(url, token=operator_token(ServiceConfig(state_dir=str(tmp_path))))
+    job = client.submit(small_job())  # sent while nothing listened: retried, queued once
+    assert up.is_set() and [j.id for j in client.list()] == [job.id]
+
+
 def test_the_service_takes_no_more_than_max_active_jobs(tmp_path: Path) -> None:
     service = Service(tmp_path, max_active_jobs=2)
     ids = [service.request("POST", "/v1/jobs", json=small_job()).json()["id"]
@@ -120,6 +151,12 @@ def test_event_streams_are_limited_per_job_and_in_all() -> None:
                 limits.admit("c")
     limits.admit("a")  # all closed again
     assert not limits.open
+    one_job = StreamLimits(per_job=5, total=10, jobs=1)
+    with one_job.held("a"):
+        one_job.admit("a")
+        with pytest.raises(HTTPException) as caught:
+            one_job.admit("b")
+        assert "1 jobs followed at once" in caught.value.detail
 
 
 def test_the_token_check_compares_every_token_and_names_the_caller() -> None:

@@ -17,6 +17,7 @@ import pytest
 from raytrain.core import lifecycle as lc
 from raytrain.serve.app import InProcess, build_app
 from raytrain.serve.auth import operator_token
+from raytrain.serve.feeds import Feeds
 from raytrain.serve.http_limits import MAX_BODY_BYTES
 from raytrain.serve.manager import JobManager
 from raytrain.spec import ServiceConfig
@@ -275,3 +276,27 @@ def test_an_auto_job_is_planned_once_at_submit_and_never_again(
     run = second.cluster.runs[answer.json()["id"]]
     assert run.layout == planned["layout"]  # what every worker builds
     assert second.request("GET", "/metrics").status_code == 200
+
+
+def test_the_streams_of_one_job_share_one_wait_on_the_manager(service: Service) -> None:
+    job_id = service.request("POST", "/v1/jobs", json=small_job()).json()["id"]
+    service.tick()
+    waits = []
+    wait_events = service.manager.wait_events
+    service.manager.wait_events = lambda *args: waits.append(args) or wait_events(*args)
+
+    async def twenty_streams() -> list[Any]:
+        feeds = Feeds(InProcess(service.manager), poll_s=0.2)
+
+        async def one() -> Any:
+            async with feeds.follow(job_id) as feed:
+                return await feed.after(-1, timeout_s=5.0)
+        return await asyncio.gather(*(one() for _ in range(20)))
+
+    batches = asyncio.run(twenty_streams())
+    assert batches[0] and all(batch == batches[0] for batch in batches)
+    assert [e["data"]["state"] for e in batches[0]] == ["PENDING", "PROVISIONING"]
+    # the history, then perhaps the wait for more that the last stream's leaving cancels;
+    # not one each
+    assert [after for _, after, _ in waits] in ([-1], [-1, 1])
+

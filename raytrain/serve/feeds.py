@@ -1,0 +1,100 @@
+"""One wait on the job manager per followed job, however many event streams follow it.
+
+Each open stream used to hold its own `wait_events` call on the job manager, an actor with a
+bounded number of threads: fifty dashboards on one job took fifty of them, and a rank's
+progress report could wait behind them. A `Feed` is one pump per job in the HTTP replica that
+waits on the manager and keeps what it got; every stream of that job reads from it. Written
+here because neither Starlette nor Ray Serve shares one upstream among many SSE clients.
+
+    feeds = Feeds(manager, poll_s=10.0)
+    async with feeds.follow(job_id) as feed:
+        batch = await feed.after(seq, timeout_s=10.0)  # [] on timeout, None: the job is gone
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+from ray.exceptions import GetTimeoutError, RayActorError, TaskCancelledError
+
+from raytrain.serve.events import EVENTS_KEPT_PER_JOB
+
+
+class ManagerAway(Exception):
+    """The job manager stopped answering while a feed waited on it."""
+
+
+class Feed:
+    def __init__(self, manager: Any, job_id: str, poll_s: float) -> None:
+        self.manager, self.job_id, self.poll_s = manager, job_id, poll_s
+        self.events: list[dict[str, Any]] = []
+        self.gone = False  # the job was deleted
+        self.away = False  # the manager stopped answering
+        self.ended = False  # the job's `end` event came
+        self.changed = asyncio.Condition()
+        self.followers = 0
+        self.task: asyncio.Task | None = None
+
+    async def pump(self) -> None:
+        last = -1
+        while not self.ended:
+            try:
+                batch = await self.manager.wait_events.remote(self.job_id, last, self.poll_s)
+            except (RayActorError, GetTimeoutError, TaskCancelledError):
+                batch, self.away = [], True
+            async with self.changed:
+                if batch is None:
+                    self.gone = True
+                elif batch:
+                    self.events.extend(batch)
+                    del self.events[:-EVENTS_KEPT_PER_JOB]
+                    last = batch[-1]["seq"]
+                    self.ended = batch[-1]["type"] == "end"
+                self.changed.notify_all()
+            if self.gone or self.away:
+                return
+
+    async def after(self, seq: int, timeout_s: float) -> list[dict[str, Any]] | None:
+        """Events numbered above `seq`, waiting up to timeout_s for one ([] if none came);
+        None once the job is gone. Raises ManagerAway if the manager stopped answering."""
+        async with self.changed:
+            try:
+                await asyncio.wait_for(self.changed.wait_for(
+                    lambda: self.gone or self.away or self._fresh(seq)), timeout_s)
+            except asyncio.TimeoutError:
+                return []
+            if self._fresh(seq):
+                return [event for event in self.events if event["seq"] > seq]
+            if self.away:
+                raise ManagerAway(self.job_id)
+            return None
+
+    def _fresh(self, seq: int) -> bool:
+        return bool(self.events) and self.events[-1]["seq"] > seq
+
+
+class Feeds:
+    """The replica's feeds, by job: made by the first stream of a job, stopped with its last."""
+
+    def __init__(self, manager: Any, poll_s: float) -> None:
+        self.manager, self.poll_s = manager, poll_s
+        self.feeds: dict[str, Feed] = {}
+
+    @asynccontextmanager
+    async def follow(self, job_id: str) -> AsyncIterator[Feed]:
+        feed = self.feeds.get(job_id)
+        if feed is None or feed.away or feed.gone:
+            feed = self.feeds[job_id] = Feed(self.manager, job_id, self.poll_s)
+            feed.task = asyncio.create_task(feed.pump())
+        feed.followers += 1
+        try:
+            yield feed
+        finally:
+            feed.followers -= 1
+            if not feed.followers:
+                if self.feeds.get(job_id) is feed:
+                    del self.feeds[job_id]
+                if feed.task is not None:
+                    feed.task.cancel()
