@@ -22,6 +22,7 @@ and the planner keeps only candidates without any.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -165,7 +166,8 @@ def stages_of_rank(pp_rank: int, pp: int, num_stages: int) -> list[int]:
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
 
 
 def resolve_layout(

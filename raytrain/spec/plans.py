@@ -16,7 +16,8 @@ class PlanRequest(Strict):
     """POST /v1/plans: rank the layouts of a job on some hardware."""
 
     spec: JobSpec = Field(description="The job (its model, batch and precision matter).")
-    gpus: int | None = Field(None, ge=1, description="Devices; default resources.num_workers.")
+    gpus: int | None = Field(None, ge=1, le=100_000,
+                             description="Devices; default resources.num_workers.")
     accelerator: str | None = Field(
         None, description="Device kind; default resources.accelerator, or 'cpu'."
     )

@@ -11,19 +11,24 @@ from pydantic_core import InitErrorDetails
 
 from raytrain.catalog.hardware import GPUS
 from raytrain.spec._base import IMPORT_PATH, Strict, field_error, raise_if_any
+from raytrain.spec.layout import divisors
 
 
 class GPTConfig(Strict):
     """Dimensions of the built-in GPT-style decoder."""
 
     vocab_size: int = Field(256, ge=2, le=1_000_000, description="Number of token ids.")
-    dim: int = Field(128, ge=8, description="Model (residual stream) width.")
-    num_layers: int = Field(2, ge=1, description="Number of transformer blocks.")
-    num_heads: int = Field(4, ge=1, description="Attention heads per block; must divide dim.")
+    # Upper bounds: several times the largest published dense models (dim 25,600, 128
+    # layers), so a typo or a hostile request cannot make validation or the planner spin.
+    dim: int = Field(128, ge=8, le=131_072, description="Model (residual stream) width.")
+    num_layers: int = Field(2, ge=1, le=2_048, description="Number of transformer blocks.")
+    num_heads: int = Field(4, ge=1, le=4_096,
+                           description="Attention heads per block; must divide dim.")
     ffn_dim: int | None = Field(
-        None, ge=1, description="Hidden width of each MLP; default 4 x dim."
+        None, ge=1, le=1_048_576, description="Hidden width of each MLP; default 4 x dim."
     )
-    max_seq_len: int = Field(128, ge=2, description="Longest sequence the model accepts.")
+    max_seq_len: int = Field(128, ge=2, le=4_194_304,
+                             description="Longest sequence the model accepts.")
 
     @model_validator(mode="after")
     def _heads_divide_dim(self) -> GPTConfig:
@@ -48,7 +53,7 @@ class GPTConfig(Strict):
 
 
 def _nearest_divisor(n: int, near: int) -> int:
-    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - near), d))
+    return min(divisors(n), key=lambda d: (abs(d - near), d))
 
 
 class ModelSpec(Strict):
@@ -88,7 +93,7 @@ class DataSpec(Strict):
         description="'synthetic': seeded learnable token sequences; 'token_file': a flat "
         "binary file of token ids (memory-mapped); 'import': a user factory.",
     )
-    seq_len: int = Field(64, ge=1, description="Tokens per training sequence.")
+    seq_len: int = Field(64, ge=1, le=4_194_304, description="Tokens per training sequence.")
     seed: int = Field(0, ge=0, description="Seed of the synthetic data.")
     path: str | None = Field(None, max_length=4096,
                              description="For 'token_file': path readable by every worker.")
@@ -169,11 +174,13 @@ class TrainingSpec(Strict):
 
     steps: int = Field(100, ge=1, le=100_000_000, description="Optimizer steps to run.")
     global_batch_size: int = Field(
-        16, ge=1, description="Sequences per optimizer step, summed over all data-parallel ranks."
+        16, ge=1, le=100_000_000,
+        description="Sequences per optimizer step, summed over all data-parallel ranks."
     )
     micro_batch_size: int = Field(
         4,
         ge=1,
+        le=1_000_000,
         description="Sequences per rank per forward/backward; the rest of the global batch "
         "is reached by gradient accumulation.",
     )
@@ -256,15 +263,16 @@ class ParallelSpec(Strict):
         "degree defaults to num_workers over the others.",
     )
     dp_replicate: int | None = Field(
-        None, ge=1, description="Data-parallel replicas (DDP, or HSDP's replicate dimension)."
+        None, ge=1, le=100_000,
+        description="Data-parallel replicas (DDP, or HSDP's replicate dimension)."
     )
     dp_shard: int | None = Field(
-        None, ge=1, description="Ranks each replica's weights are sharded over (FSDP2)."
+        None, ge=1, le=100_000, description="Ranks each replica's weights are sharded over (FSDP2)."
     )
-    tp: int | None = Field(None, ge=1, description="Tensor-parallel degree.")
-    pp: int | None = Field(None, ge=1, description="Pipeline-parallel ranks.")
+    tp: int | None = Field(None, ge=1, le=100_000, description="Tensor-parallel degree.")
+    pp: int | None = Field(None, ge=1, le=100_000, description="Pipeline-parallel ranks.")
     virtual_stages: int = Field(
-        1, ge=1, description="Pipeline stages per pipeline rank (interleaved_1f1b only)."
+        1, ge=1, le=1_024, description="Pipeline stages per pipeline rank (interleaved_1f1b only)."
     )
     pipeline_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = Field(
         "1f1b",
@@ -282,7 +290,7 @@ class ParallelSpec(Strict):
         description="Compress data-parallel gradient traffic (DDP only): fp16/bf16 casts, "
         "PowerSGD low-rank, or top-k sparsification with error feedback.",
     )
-    powersgd_rank: int = Field(2, ge=1, description="PowerSGD approximation rank.")
+    powersgd_rank: int = Field(2, ge=1, le=1_024, description="PowerSGD approximation rank.")
     topk_ratio: float = Field(
         0.01, gt=0, le=1, description="Fraction of gradient entries top-k sends each step."
     )
