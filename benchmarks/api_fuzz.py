@@ -40,7 +40,7 @@ def fuzz(url: str, token: str, examples: int) -> int:
     seconds = time.monotonic() - started
     print(run.stdout[-6000:])
     generated = re.search(r"(\d+) generated", run.stdout)
-    failures = re.search(r"(\d+) unique failures", run.stdout)
+    failures = re.search(r"(\d+) unique failure", run.stdout)
     server_errors = len(re.findall(r"^\[5\d\d\]", run.stdout, flags=re.M))
     print(f"cases generated: {generated.group(1) if generated else '?'}, "
           f"unique failures: {failures.group(1) if failures else 0}, 5xx answers shown: "

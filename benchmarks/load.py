@@ -10,7 +10,9 @@ a closed loop of `--connections` keep-alive connections for `--seconds`:
 - the demo job's training throughput unloaded, then under the readers, then unloaded again,
   and the CPU seconds the load client itself spent meanwhile;
 - `--streams` event streams open on the training job: how late their progress events come
-  (from the report's sent_at to the stream's arrival).
+  (from the report's sent_at to the stream's arrival);
+- the same app on plain uvicorn without Ray Serve (its job manager in process, on the fake
+  cluster of the tests), to tell the app's own cost from Serve's.
 
 The client is a minimal HTTP/1.1 client on asyncio streams (a request and a response parsed by
 hand), since a general client (httpx) spends more CPU per request than the service it would
@@ -85,17 +87,18 @@ def stream_lag(url: str, job_id: str, token: str | None, streams: int,
     lags: list[float] = []
     counts: list[int] = []
 
+    opened = time.time()
+
     async def follow(client: httpx.AsyncClient) -> None:
         seen = 0
         try:
-            async with client.stream("GET", f"/v1/jobs/{job_id}/events",
-                                     params={"after": 10**12}) as response:
-                # after a far event number: only what comes from now on
+            async with client.stream("GET", f"/v1/jobs/{job_id}/events") as response:
                 async for line in response.aiter_lines():
                     if line.startswith("data: "):
                         event = json.loads(line[6:])
-                        if event["type"] == "progress" and "sent_at" in event["data"]:
-                            lags.append(time.time() - event["data"]["sent_at"])
+                        sent = event["data"].get("sent_at", 0.0)
+                        if event["type"] == "progress" and sent > opened:  # not the history
+                            lags.append(time.time() - sent)
                             seen += 1
         finally:
             counts.append(seen)
@@ -156,13 +159,14 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=50)
     args = parser.parse_args()
 
+    import httpx
     import ray
 
     from raytrain.client import Client
     from raytrain.serve.auth import operator_token
     from raytrain.serve.deploy import connect_ray, deploy, undeploy
     from raytrain.spec import ServiceConfig, load_job_spec
-    from tests.http_service import free_port
+    from tests.http_service import free_port, served
     from tests.integration.test_service import job_spec
 
     state = Path(tempfile.mkdtemp(prefix="raytrain-load-"))
@@ -181,7 +185,8 @@ def main() -> None:
     while client.get(job.id).progress.step < 5:
         time.sleep(1)
     body = Path(state / "job.json")
-    body.write_bytes(client._send("GET", f"/v1/jobs/{job.id}").content)
+    body.write_bytes(httpx.get(f"{url}/v1/jobs/{job.id}",
+                               headers={"Authorization": f"Bearer {token}"}).content)
     plain_port = free_port()
     plain = subprocess.Popen([sys.executable, "-c", PLAIN_APP, str(body), str(plain_port)])
     try:
@@ -209,6 +214,11 @@ def main() -> None:
         rows.append(("plain FastAPI + uvicorn, same JSON",
                      closed_loop(f"http://127.0.0.1:{plain_port}", "/job", None, n, secs)))
         rows.append(("/healthz", closed_loop(url, "/healthz", token, n, secs)))
+        with served(state / "no-serve") as (direct, direct_token):
+            direct_job = Client(direct, token=direct_token).submit(demo).id
+            rows.append(("GET /v1/jobs/{id}, the same app on uvicorn without Serve (manager "
+                         "in process, fake cluster)",
+                         closed_loop(direct, f"/v1/jobs/{direct_job}", direct_token, n, secs)))
         rows.append(("GET /v1/jobs/{id}",
                      closed_loop(url, f"/v1/jobs/{job.id}", token, n, secs)))
         for i in range(99):

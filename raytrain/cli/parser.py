@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "loopback --host)")
     serve.add_argument("--open-metrics", action="store_true", help="serve /metrics without a "
                        "token")
+    serve.add_argument("--http-replicas", type=int, default=None, metavar="N",
+                       help="copies of the HTTP API (default 1; 2 on a cluster, so losing one "
+                       "costs clients no wait)")
     with_service(serve)
     serve.set_defaults(func=cmd_serve)
 

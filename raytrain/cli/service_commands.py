@@ -51,6 +51,7 @@ def _service_config(args: argparse.Namespace) -> ServiceConfig:
         "default_policy": getattr(args, "default_policy", None),
         "auth": False if getattr(args, "no_auth", False) else None,
         "open_metrics": True if getattr(args, "open_metrics", False) else None,
+        "http_replicas": getattr(args, "http_replicas", None),
     }, Path.cwd())
     try:
         config = ServiceConfig.model_validate(

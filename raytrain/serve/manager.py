@@ -79,6 +79,7 @@ class JobManager:
         loaded = self._store.load_all()
         self.records: dict[str, lc.Record] = {job.id: lc.Record(job) for job, _ in loaded}
         self.tally = Tally.from_json(self._store.get_tally())
+        self._encoded: dict[str, str] = {}  # each job's status as JSON, until it changes
         self._events = {job.id: EventLog.reloaded(seq) for job, seq in loaded}
         self.handles: dict[str, RunHandle] = {}  # each running job's runner
         self.provisioner = Provisioner(self.config, request=self.cluster.request_nodes)
@@ -105,6 +106,7 @@ class JobManager:
             before = self.records[job_id].status if not isinstance(event, lc.Submitted) else None
             out = lc.step(self.records[job_id], event, self.cluster.now())
             self.records[job_id] = out.record
+            self._encoded.pop(job_id, None)
             self.tally.observe(before, out.record.status, self.cluster.now())
             for effect in out.effects:
                 self._carry_out(job_id, effect)
@@ -206,8 +208,9 @@ class JobManager:
 
     def list_jobs(self, limit: int | None = None, after: str | None = None,
                   states: list[str] | None = None) -> dict[str, Any]:
-        """Jobs oldest first: at most `limit` of them after the cursor `after` (the previous
-        page's `next`), only in `states` if given; `next` is None on the last page."""
+        """Jobs oldest first as a JSON array (text): at most `limit` of them after the cursor
+        `after` (the previous page's `next`), only in `states` if given; `next` is None on
+        the last page."""
         with self.lock:
             jobs = [r.status for r in self.records.values()
                     if not states or r.status.state.value in states]
@@ -215,13 +218,20 @@ class JobManager:
                 jobs = [job for job in jobs if _cursor(job) > after]
             page = jobs if limit is None else jobs[:limit]
             more = limit is not None and len(jobs) > limit
-            return {"jobs": [job.model_dump(mode="json") for job in page],
+            return {"jobs": "[" + ",".join(self._json(job.id) for job in page) + "]",
                     "next": _cursor(page[-1]) if more else None}
 
-    def get_job(self, job_id: str) -> dict[str, Any] | None:
+    def get_job(self, job_id: str) -> str | None:
+        """The job's status as JSON text; None for no such job."""
         with self.lock:
-            record = self.records.get(job_id)
-            return record.status.model_dump(mode="json") if record else None
+            return self._json(job_id) if job_id in self.records else None
+
+    def _json(self, job_id: str) -> str:
+        """A job's status as JSON, encoded once per change (reads far outnumber changes)."""
+        text = self._encoded.get(job_id)
+        if text is None:
+            text = self._encoded[job_id] = self.records[job_id].status.model_dump_json()
+        return text
 
     def cancel(self, job_id: str, caller: str | None = None) -> dict[str, Any]:
         with self.lock:
@@ -283,6 +293,7 @@ class JobManager:
                     f"To fix: cancel it first (raytrain cancel {job_id}), then delete it")}
             self._store.delete(job_id)
             del self.records[job_id]
+            self._encoded.pop(job_id, None)
             self._events.pop(job_id, None)
             self._changed.notify_all()
         root = self.config.checkpoint_root / job_id  # large: removed outside the lock

@@ -96,9 +96,17 @@ SSE_FORMAT = (
 
 
 def event_stream() -> dict[int | str, dict[str, Any]]:
-    """`responses=` for the event stream: 200 as text/event-stream, and its errors."""
-    return {200: {"description": SSE_FORMAT, "content": {
-        "text/event-stream": {"schema": {"type": "string"}}}}, **errors(404, 422, 429)}
+    """`responses=` for the event stream: 200 as text/event-stream (its schema is one event's,
+    as OpenAPI 3.2's itemSchema means and the fuzzer reads it), and its errors."""
+    event = {"type": "object", "required": ["data"], "properties": {
+        "id": {"type": "string", "description": "The event's seq."},
+        "event": {"type": "string", "enum": ["state", "progress", "checkpoint", "preemption",
+                                             "end"]},
+        "data": {"type": "string", "contentMediaType": "application/json",
+                 "contentSchema": {"$ref": "#/components/schemas/JobEvent"},
+                 "description": "The JobEvent, as JSON."}}}
+    return {200: {"description": SSE_FORMAT, "content": {"text/event-stream": {
+        "schema": event}}}, **errors(404, 422, 429)}
 
 
 def document(api: FastAPI, open_paths: frozenset[str]) -> None:
