@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable
 
+from raytrain.core.capacity import never_fits
 from raytrain.core.lifecycle import Record
 from raytrain.errors import FieldError, SpecError
 from raytrain.spec import JobSpec
@@ -52,3 +53,13 @@ def check_paths_on_head_node(spec: JobSpec) -> None:
                 f"{spec.data.path} is not a readable file on the service's node"
                 f"{' (it does not exist)' if not path.exists() else ''}. To fix: give the "
                 "absolute path of a token file on storage every node mounts"))])
+
+
+def check_fits_the_cluster(spec: JobSpec, nodes: Any) -> None:
+    """On a fixed cluster (`nodes`: each node's resources), refuse a worker group that could
+    never start (it would wait in the queue forever, and everything behind it with it)."""
+    resources = spec.resources
+    per_worker = {"CPU": resources.cpus_per_worker, "GPU": resources.gpus_per_worker}
+    reason = never_fits(resources.num_workers, per_worker, nodes)
+    if reason is not None:
+        raise SpecError([FieldError(("resources", "num_workers"), reason)])

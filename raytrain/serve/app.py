@@ -85,10 +85,36 @@ def excerpt(value: Any) -> Any:
     return value if len(text) <= EXCERPT_CHARS else text[:EXCERPT_CHARS] + "..."
 
 
+_FIXES = {
+    "missing": "add it",
+    "extra_forbidden": "remove it (a misspelt name?)",
+    "json_invalid": "send the body as JSON",
+    "string_pattern_mismatch": "send it in the form the API document gives",
+}
+
+
+_KINDS = {"int": "a whole number", "float": "a number", "bool": "true or false",
+          "string": "a string", "list": "a list", "dict": "an object", "model": "an object"}
+
+
+def _fix_for(error: dict[str, Any]) -> str:
+    """How to fix a field pydantic or FastAPI refused, for errors whose message lacks it."""
+    kind = error.get("type", "")
+    if kind in _FIXES:
+        return _FIXES[kind]
+    if kind.endswith(("_parsing", "_type")):
+        return f"send {_KINDS.get(kind.split('_')[0], 'the type /openapi.json gives')} here"
+    where = ".".join(str(part) for part in error.get("loc", ())[1:]) or "the value"
+    return f"change {where} to meet that"
+
+
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     """422 with each bad field's path and message, and only an excerpt of its input."""
     errors = []
     for error in exc.errors():
+        if "To fix" not in error.get("msg", ""):
+            error = {**error, "msg": f"{error.get('msg', 'invalid')}. To fix: "
+                     f"{_fix_for(error)}"}
         error = {k: v for k, v in error.items() if k not in ("ctx", "url")}
         if "input" in error:
             error["input"] = excerpt(error["input"])

@@ -34,14 +34,15 @@ from typing import Any
 import ray
 from ray.actor import ActorHandle
 
-from raytrain.catalog.files import unknown_policy
 from raytrain.core import lifecycle as lc
-from raytrain.core.capacity import never_fits
-from raytrain.core.offers import offers_response
 from raytrain.core.resolve import plan_summary
 from raytrain.core.tally import Tally, snapshot
-from raytrain.errors import FieldError, SpecError
-from raytrain.serve.admission import admission_refusal, check_paths_on_head_node
+from raytrain.errors import SpecError
+from raytrain.serve.admission import (
+    admission_refusal,
+    check_fits_the_cluster,
+    check_paths_on_head_node,
+)
 from raytrain.serve.auth import token_digests
 from raytrain.serve.events import EventLog
 from raytrain.serve.provisioning import Provisioner
@@ -159,7 +160,7 @@ class JobManager:
                 raise SpecError([policy_error])
             check_paths_on_head_node(spec)
             if not self.provisioner.enabled:
-                self._check_fits_the_cluster(spec)
+                check_fits_the_cluster(spec, self.cluster.node_resources())
             elif (holding := self.provisioner.holding_error(spec)) is not None:
                 raise SpecError([holding])
         except SpecError as exc:
@@ -198,13 +199,7 @@ class JobManager:
                     return _not_found(job_id)
                 spec_json = record.status.spec.model_dump(mode="json")
         spec = JobSpec.model_validate(spec_json) if spec_json is not None else None
-        provisioner = self.provisioner
-        name = policy or (spec.capacity.policy if spec else None) or self.config.default_policy
-        error = unknown_policy(name, provisioner.policies, ("policy",))
-        if error is not None:
-            return {"error": "spec", "detail": [error.to_json()]}
-        response = offers_response(provisioner.catalog, provisioner.policies[name], spec, keep)
-        return {"ok": response.model_dump(mode="json")}
+        return self.provisioner.offers(spec, policy, keep)
 
     def list_jobs(self, limit: int | None = None, after: str | None = None,
                   states: list[str] | None = None) -> dict[str, Any]:
@@ -363,15 +358,6 @@ class JobManager:
             except Exception:  # keep scheduling whatever one job did
                 logger.exception("scheduler pass failed")
             self._stopping.wait(self.config.scheduler_interval_s)
-
-    def _check_fits_the_cluster(self, spec: JobSpec) -> None:
-        """On a fixed cluster, refuse a worker group that could never start (it would wait
-        in the queue forever, and everything behind it with it)."""
-        resources = spec.resources
-        per_worker = {"CPU": resources.cpus_per_worker, "GPU": resources.gpus_per_worker}
-        reason = never_fits(resources.num_workers, per_worker, self.cluster.node_resources())
-        if reason is not None:
-            raise SpecError([FieldError(("resources", "num_workers"), reason)])
 
 
 def _not_found(job_id: str) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import yaml
 
@@ -55,6 +55,7 @@ from raytrain.core.autoscale import (
     redecide,
 )
 from raytrain.core.lifecycle import CapacityDecided
+from raytrain.core.offers import offers_response
 from raytrain.core.resolve import plan_summary
 from raytrain.core.spending import within_service_limits
 from raytrain.errors import FieldError
@@ -153,6 +154,16 @@ class Provisioner:
     def policy_error(self, spec: JobSpec) -> FieldError | None:
         name = spec.capacity.policy
         return None if name is None else unknown_policy(name, self.policies)
+
+    def offers(self, spec: JobSpec | None, policy: str | None, keep: int) -> dict[str, Any]:
+        """The catalog, and with a spec the ranking of `policy` (default: the job's, else
+        the service's); an envelope, as the job manager answers."""
+        name = policy or (spec.capacity.policy if spec else None) or self.config.default_policy
+        error = unknown_policy(name, self.policies, ("policy",))
+        if error is not None:
+            return {"error": "spec", "detail": [error.to_json()]}
+        response = offers_response(self.catalog, self.policies[name], spec, keep)
+        return {"ok": response.model_dump(mode="json")}
 
     def holding_error(self, spec: JobSpec) -> FieldError | None:
         """Why no node type this service may buy can ever hold the job (whatever the prices,
