@@ -112,6 +112,14 @@ class Client:
     def cancel(self, job_id: str) -> JobStatus:
         return JobStatus.model_validate(self._request("DELETE", f"/v1/jobs/{job_id}", job_id))
 
+    def resume(self, job_id: str, budget_usd: float | None = None) -> Job:
+        """Queue a new job that goes on from a failed or cancelled job's latest checkpoint,
+        with its own budget if given (JobStateError if it has none, or has not ended)."""
+        answer = self._request("POST", f"/v1/jobs/{job_id}/resume", job_id,
+                               json={"budget_usd": budget_usd},
+                               headers={"Idempotency-Key": uuid.uuid4().hex})
+        return Job(self, JobStatus.model_validate(answer).id)
+
     def delete(self, job_id: str) -> JobStatus:
         """Forget an ended job with its checkpoints and logs (JobStateError while it runs)."""
         return JobStatus.model_validate(self._request(

@@ -251,6 +251,13 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return _print_job(args, job, f"job {job.id} {job.state.value}")
 
 
+def cmd_resume(args: argparse.Namespace) -> int:
+    client = _client(args)
+    job = client.get(client.resume(args.id, args.budget_usd).id)
+    return _print_job(args, job, f"job {job.id} queued, going on from {args.id}'s checkpoint "
+                      f"{job.spec.training.resume_from}")
+
+
 def cmd_delete(args: argparse.Namespace) -> int:
     job = _client(args).delete(args.id)
     return _print_job(args, job, f"job {job.id} deleted with its checkpoints and logs")

@@ -20,6 +20,7 @@ from raytrain.cli.commands import (
     cmd_logs,
     cmd_offers,
     cmd_plan,
+    cmd_resume,
     cmd_simulate,
     cmd_status,
     cmd_submit,
@@ -176,6 +177,13 @@ def build_parser() -> argparse.ArgumentParser:
     cancel = command("cancel", "cancel a job", json_flag=True)
     cancel.add_argument("id")
     cancel.set_defaults(func=cmd_cancel)
+
+    resume = command("resume", "go on from a failed or cancelled job's latest checkpoint, as a "
+                     "new job", json_flag=True)
+    resume.add_argument("id")
+    resume.add_argument("--budget-usd", type=float, default=None,
+                        help="the new job's budget (default: the old job's)")
+    resume.set_defaults(func=cmd_resume)
 
     delete = command("delete", "forget an ended job and delete its checkpoints and logs",
                      json_flag=True)

@@ -15,9 +15,10 @@ from typing import Any, Iterable
 from raytrain.core.capacity import never_fits
 from raytrain.core.lifecycle import Record
 from raytrain.errors import FieldError, SpecError
-from raytrain.spec import JobSpec
+from raytrain.spec import JobSpec, JobState, JobStatus
 
 IDEMPOTENCY_WINDOW_S = 24 * 3600.0
+COMMITTED = "COMMITTED"  # raytrain.train.checkpoint's marker (that module imports torch)
 BUSY_RETRY_AFTER_S = 30
 
 
@@ -43,9 +44,33 @@ def admission_refusal(records: Iterable[Record], spec: JobSpec, caller: str | No
     return None
 
 
+def resumed(job: JobStatus, budget_usd: float | None) -> dict[str, Any]:
+    """The spec of a new job that goes on from where `job` stopped (its latest checkpoint),
+    with its own budget if given, as an envelope."""
+    if job.state not in (JobState.FAILED, JobState.CANCELLED):
+        return {"error": "state", "detail": (
+            f"job {job.id} is {job.state.value}; only a failed or cancelled job can be "
+            "resumed. To fix: wait for it to end, or cancel it first")}
+    if job.checkpoint is None:
+        return {"error": "state", "detail": (
+            f"job {job.id} ended before its first checkpoint: there is nothing to resume "
+            "from. To fix: submit its spec again")}
+    spec = job.spec.model_dump(mode="json")
+    spec["training"]["resume_from"] = job.checkpoint.path
+    if budget_usd is not None:
+        spec["capacity"]["budget_usd"] = budget_usd
+    return {"ok": spec}
+
+
 def check_paths_on_head_node(spec: JobSpec) -> None:
-    """Refuse at submit a token file that does not exist where the service runs (the head
-    node): on a cluster it must be on storage every node mounts, the head node included."""
+    """Refuse at submit a token file or a checkpoint to resume from that does not exist where
+    the service runs (the head node): on a cluster it must be on storage every node mounts,
+    the head node included."""
+    resume = spec.training.resume_from
+    if resume and not (Path(resume).expanduser() / COMMITTED).is_file():
+        raise SpecError([FieldError(("training", "resume_from"), (
+            f"{resume} is not a committed checkpoint on the service's node. To fix: give the "
+            "checkpoint.path of an ended job, on storage every node mounts"))])
     if spec.data.kind == "token_file" and spec.data.path:
         path = Path(spec.data.path).expanduser()
         if not path.is_file():

@@ -64,6 +64,7 @@ from raytrain.spec import (
     OffersResponse,
     PlanRequest,
     PlanResponse,
+    ResumeRequest,
     ServiceConfig,
 )
 
@@ -234,6 +235,15 @@ def build_app(manager: Any, open_metrics: bool = False) -> FastAPI:
         if purge:
             return _unwrap(await manager.delete.remote(job_id))
         return _unwrap(await manager.cancel.remote(job_id, _caller(request)))
+
+    @api.post("/v1/jobs/{job_id}/resume", status_code=202, response_model=JobStatus,
+              responses=errors(400, 404, 409, 413, 422, 429))
+    async def resume(job_id: str, body: ResumeRequest, request: Request,
+                     idempotency_key: str | None = Header(None, max_length=200)) -> Any:
+        """Queue a new job that goes on from a failed or cancelled job's latest checkpoint
+        (a job stopped by its budget, say), with its own budget if given."""
+        return _unwrap(await manager.resume.remote(job_id, _caller(request), body.budget_usd,
+                                                   idempotency_key))
 
     @api.get("/v1/jobs/{job_id}/logs", response_model=JobLogs, responses=errors(404, 422))
     async def logs(job_id: str, rank: int | None = Query(None, ge=0, le=100_000),

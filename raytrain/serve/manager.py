@@ -40,8 +40,8 @@ from raytrain.core.tally import Tally, snapshot
 from raytrain.errors import SpecError
 from raytrain.serve.admission import (
     admission_refusal,
-    check_fits_the_cluster,
     check_paths_on_head_node,
+    resumed,
 )
 from raytrain.serve.auth import token_digests
 from raytrain.serve.events import EventLog
@@ -155,14 +155,8 @@ class JobManager:
         try:
             plan = plan_summary(spec)  # the layout, decided once: stored, never planned again
             check_imports_allowed(spec, self.config.allowed_import_packages)
-            policy_error = self.provisioner.policy_error(spec)
-            if policy_error is not None:
-                raise SpecError([policy_error])
             check_paths_on_head_node(spec)
-            if not self.provisioner.enabled:
-                check_fits_the_cluster(spec, self.cluster.node_resources())
-            elif (holding := self.provisioner.holding_error(spec)) is not None:
-                raise SpecError([holding])
+            self.provisioner.check_capacity(spec, self.cluster.node_resources)
         except SpecError as exc:
             return {"error": "spec", "detail": [e.to_json() for e in exc.errors]}
         job = JobStatus(
@@ -188,6 +182,16 @@ class JobManager:
         logger.info("job %s submitted by %s: %s", job.id, caller or "an open service",
                     spec.name)
         return {"ok": job.model_dump(mode="json")}
+
+    def resume(self, job_id: str, caller: str | None = None, budget_usd: float | None = None,
+               key: str | None = None) -> dict[str, Any]:
+        """Queue a new job that goes on from a failed or cancelled job's latest checkpoint."""
+        with self.lock:
+            record = self.records.get(job_id)
+            if record is None:
+                return _not_found(job_id)
+            answer = resumed(record.status, budget_usd)
+        return self.submit(answer["ok"], caller, key) if "ok" in answer else answer
 
     def offers(self, spec_json: dict[str, Any] | None, policy: str | None, keep: int,
                job_id: str | None = None) -> dict[str, Any]:

@@ -58,7 +58,8 @@ from raytrain.core.lifecycle import CapacityDecided
 from raytrain.core.offers import offers_response
 from raytrain.core.resolve import plan_summary
 from raytrain.core.spending import within_service_limits
-from raytrain.errors import FieldError
+from raytrain.errors import FieldError, SpecError
+from raytrain.serve.admission import check_fits_the_cluster
 from raytrain.spec import (
     DecisionRecord,
     JobSpec,
@@ -164,6 +165,18 @@ class Provisioner:
             return {"error": "spec", "detail": [error.to_json()]}
         response = offers_response(self.catalog, self.policies[name], spec, keep)
         return {"ok": response.model_dump(mode="json")}
+
+    def check_capacity(self, spec: JobSpec, nodes: Callable[[], Any]) -> None:
+        """Raise SpecError at submit for a job no capacity can ever hold: an unknown policy,
+        more than the hourly ceiling alone, or (on a fixed cluster, `nodes()` its nodes'
+        resources) a worker group no node set fits."""
+        error = self.policy_error(spec)
+        if error is None and self.enabled:
+            error = self.holding_error(spec)
+        if error is not None:
+            raise SpecError([error])
+        if not self.enabled:
+            check_fits_the_cluster(spec, nodes())
 
     def holding_error(self, spec: JobSpec) -> FieldError | None:
         """Why no node type this service may buy can ever hold the job (whatever the prices,

@@ -35,6 +35,7 @@ from raytrain.spec.offers import (
     OffersRequest,
     OffersResponse,
     PolicySpec,
+    ResumeRequest,
 )
 from raytrain.spec.plans import (
     PlanRequest,
@@ -86,6 +87,7 @@ __all__ = [
     "OfferCatalog",
     "PolicySpec",
     "OffersRequest",
+    "ResumeRequest",
     "OfferRow",
     "OffersResponse",
     "NodeTypeBinding",

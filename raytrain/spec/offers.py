@@ -136,6 +136,13 @@ class PolicySpec(Strict):
         return self
 
 
+class ResumeRequest(Strict):
+    """POST /v1/jobs/{id}/resume: go on from a failed or cancelled job's latest checkpoint."""
+
+    budget_usd: float | None = Field(None, gt=0, description="The new job's own budget in "
+                                     "dollars; default: the old job's.")
+
+
 class OffersRequest(Strict):
     """POST /v1/offers: rank the offers for a job that has not been submitted."""
 

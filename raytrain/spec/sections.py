@@ -200,6 +200,12 @@ class TrainingSpec(Strict):
     checkpoint_every_steps: int = Field(
         50, ge=1, description="Save a checkpoint every this many steps (and at the end)."
     )
+    resume_from: str | None = Field(
+        None, max_length=4096, description="A checkpoint directory to start from while the "
+        "job has none of its own: an ended job's checkpoint.path (POST "
+        "/v1/jobs/{id}/resume sets it). On storage every node mounts; keep the old job until "
+        "this one has checkpointed.",
+    )
     keep_checkpoints: int = Field(
         2, ge=1, le=1000, description="Committed checkpoints kept on storage; older ones are "
         "deleted as new ones commit. `raytrain delete ID` removes the rest once the job ended."

@@ -196,6 +196,8 @@ def train(
 
     start_step, first_loss, loss_value = 0, None, float("nan")
     latest = checkpoints.latest()
+    if latest is None and training.resume_from:  # a resumed job, before its own checkpoint
+        latest = Path(training.resume_from)
     if latest is not None:
         meta = checkpoints.load(latest, model.parts, optimizers)
         start_step, first_loss = meta["step"], meta.get("first_loss")

@@ -173,6 +173,36 @@ def test_jobs_come_a_page_at_a_time_oldest_first(service: Service) -> None:
     assert 'raytrain_jobs{state="PENDING"} 5.0' in metrics
 
 
+def test_a_stopped_job_goes_on_as_a_new_job_from_its_checkpoint(
+        service: Service, tmp_path: Path) -> None:
+    job_id = service.request("POST", "/v1/jobs", json=small_job()).json()["id"]
+    assert service.request("POST", f"/v1/jobs/{job_id}/resume", json={}).status_code == 409
+    service.tick()
+    service.train(job_id, 12)  # checkpoints at /ckpt/12, which is not on this machine
+    service.request("DELETE", f"/v1/jobs/{job_id}")
+    refused = service.request("POST", f"/v1/jobs/{job_id}/resume", json={})
+    assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == [
+        "body", "training", "resume_from"]
+    saved = tmp_path / "ckpt" / "step_00000012"  # as if the path were shared storage
+    saved.mkdir(parents=True)
+    (saved / "COMMITTED").touch()
+    record = service.manager.records[job_id]
+    record.status.checkpoint = record.status.checkpoint.model_copy(update={"path": str(saved)})
+    again = service.request("POST", f"/v1/jobs/{job_id}/resume", json={"budget_usd": 5.0},
+                            headers={"Idempotency-Key": "r-1"})
+    assert again.status_code == 202, again.text
+    new = again.json()
+    assert new["id"] != job_id and new["state"] == "PENDING"
+    assert new["spec"]["training"]["resume_from"] == str(saved)
+    assert new["spec"]["capacity"]["budget_usd"] == 5.0
+    retried = service.request("POST", f"/v1/jobs/{job_id}/resume", json={"budget_usd": 5.0},
+                              headers={"Idempotency-Key": "r-1"})
+    assert retried.json()["id"] == new["id"]  # a retried resume queues nothing more
+    assert service.request("POST", "/v1/jobs/nope/resume", json={}).status_code == 404
+    running = service.request("POST", f"/v1/jobs/{new['id']}/resume", json={})
+    assert running.status_code == 409 and "To fix" in running.json()["detail"]
+
+
 def test_a_cancel_while_the_group_starts_stops_it_and_frees_its_group(
         service: Service) -> None:
     job_id = service.request("POST", "/v1/jobs", json=small_job()).json()["id"]

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from raytrain.serve.admission import COMMITTED
 from raytrain.spec import JobSpec
 from raytrain.train.checkpoint import COMMIT_MARKER, latest_checkpoint
 from raytrain.train.loop import LossSync, WorkerInfo, train
@@ -67,6 +68,22 @@ def test_resume_continues_exactly_where_an_uninterrupted_run_goes(tmp_path: Path
     for step in resumed:
         assert resumed[step] == pytest.approx(whole[step], abs=1e-6)
     assert second.result is not None and second.result["first_loss"] == whole[1]
+
+
+def test_a_new_job_resuming_from_an_old_ones_checkpoint_goes_on_exactly(
+        tmp_path: Path) -> None:
+    spec = small_spec(1)
+    whole = run_single(spec, tmp_path / "whole").losses()
+    run_single(spec, tmp_path / "old", stop_after_steps=13)  # stopped: last checkpoint 10
+    saved = latest_checkpoint(tmp_path / "old")
+    assert saved is not None
+    resumed_spec = small_spec(1, resume_from=str(saved))
+    resumed = run_single(resumed_spec, tmp_path / "new")  # its own root: empty
+    assert resumed.started_at == [10] and sorted(resumed.losses()) == list(range(11, 21))
+    for step, loss in resumed.losses().items():
+        assert loss == pytest.approx(whole[step], abs=1e-6)
+    assert latest_checkpoint(tmp_path / "new") is not None  # its own from then on
+    assert (saved / COMMITTED).is_file()  # what the service checks at submit
 
 
 def test_resuming_a_finished_run_reports_its_final_loss(tmp_path: Path) -> None:

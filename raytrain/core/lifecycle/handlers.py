@@ -185,8 +185,8 @@ def run_ended(c: Change, event: RunEnded) -> None:
         saved = c.job.checkpoint.step if c.job.checkpoint else 0
         error = (f"budget reached: ${c.job.cost_usd:,.2f} spent of ${run.budget_usd:,.2f}; "
                  f"stopped with a checkpoint at step {saved}, which is kept with the job. To "
-                 "fix: give the next run a larger capacity.budget_usd (or ask the operator "
-                 "for a larger max_usd_per_job)")
+                 "fix: go on from it with a larger budget (raytrain resume "
+                 f"{c.job.id} --budget-usd N)")
     if not recovered(c, run, error, event.alive):
         finish(c, run, error)
     c.run = None
