@@ -62,6 +62,7 @@ class Client:
         self.url = url.rstrip("/")
         token = token or client_token(self.url)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._answered = False  # whether the service has answered this client yet
         self._http = httpx.Client(base_url=self.url, timeout=timeout_s, transport=transport,
                                   headers=headers)
 
@@ -176,8 +177,9 @@ class Client:
     def _send(self, method: str, path: str, job_id: str | None = None,
               **kwargs: Any) -> httpx.Response:
         """Send a request. One that is safe to repeat (a read, a keyed submit, a plan or offer
-        ranking) is retried with backoff for RETRY_FOR_S while the service cannot be reached
-        or answers 502-504 (its HTTP replica or job manager restarting); a cancel is not."""
+        ranking) is retried with backoff for RETRY_FOR_S while the service answers 502-504 or
+        cuts the connection, and, once it has answered this client, while it refuses
+        connections (restarting); a cancel is not."""
         retry = method == "GET" or "Idempotency-Key" in kwargs.get("headers", {}) or \
             path in ("/v1/plans", "/v1/offers")
         give_up = time.monotonic() + (RETRY_FOR_S if retry else 0.0)
@@ -186,10 +188,14 @@ class Client:
             try:
                 response = self._http.request(method, path, **kwargs)
             except httpx.TransportError as exc:
-                if time.monotonic() + pause > give_up:
+                # Refused before this client was ever answered: a wrong address or a service
+                # not started, which waiting does not fix. Say so at once.
+                first_contact = isinstance(exc, httpx.ConnectError) and not self._answered
+                if first_contact or time.monotonic() + pause > give_up:
                     raise ServiceUnreachableError(
                         self.url, str(exc) or type(exc).__name__) from None
             else:
+                self._answered = True
                 if response.status_code not in RETRIED_STATUSES or \
                         time.monotonic() + pause > give_up:
                     break

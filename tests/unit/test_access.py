@@ -112,20 +112,26 @@ def test_the_client_retries_reads_and_keyed_submits_through_a_restart_but_not_a_
         tmp_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    started = time.monotonic()
+    with pytest.raises(ServiceUnreachableError):  # never answered: a wrong address, at once
+        Client(url, token="t").list()
+    assert time.monotonic() - started < 5
+    client = Client(url, token=operator_token(ServiceConfig(state_dir=str(tmp_path))))
+    with served(tmp_path, port=port):
+        first = client.submit(small_job())
     with pytest.raises(ServiceUnreachableError):  # a cancel is not repeated: it fails at once
-        Client(url, token="t").cancel("abc")
+        client.cancel(first.id)
     up = threading.Event()
 
-    def start_late() -> None:  # the service comes back a second after the client asks
+    def restart() -> None:  # the service comes back a second after the client asks
         time.sleep(1.0)
         with served(tmp_path, port=port):
             up.set()
             time.sleep(30)
 
-    threading.Thread(target=start_late, daemon=True).start()
-    client = Client(url, token=operator_token(ServiceConfig(state_dir=str(tmp_path))))
-    job = client.submit(small_job())  # sent while nothing listened: retried, queued once
-    assert up.is_set() and [j.id for j in client.list()] == [job.id]
+    threading.Thread(target=restart, daemon=True).start()
+    second = client.submit(small_job())  # sent while nothing listened: retried, queued once
+    assert up.is_set() and [j.id for j in client.list()] == [first.id, second.id]
 
 
 def test_the_service_takes_no_more_than_max_active_jobs(tmp_path: Path) -> None:
