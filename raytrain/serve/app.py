@@ -80,6 +80,7 @@ LIST_PAGE_MAX = 1000
 logger = logging.getLogger(__name__)
 RankOffset = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,9}:[0-9]{1,18}$")]
 
+
 def excerpt(value: Any) -> Any:
     """`value` if its JSON is short, else the first EXCERPT_CHARS characters of it."""
     text = json.dumps(jsonable_encoder(value), default=str)
@@ -92,8 +93,6 @@ _FIXES = {
     "json_invalid": "send the body as JSON",
     "string_pattern_mismatch": "send it in the form the API document gives",
 }
-
-
 _KINDS = {"int": "a whole number", "float": "a number", "bool": "true or false",
           "string": "a string", "list": "a list", "dict": "an object", "model": "an object"}
 
