@@ -29,7 +29,6 @@ import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -160,20 +159,14 @@ def main() -> None:
     args = parser.parse_args()
 
     import httpx
-    import ray
 
+    from benchmarks import local_service
     from raytrain.client import Client
-    from raytrain.serve.auth import operator_token
-    from raytrain.serve.deploy import connect_ray, deploy, undeploy
-    from raytrain.spec import ServiceConfig, load_job_spec
+    from raytrain.spec import load_job_spec
     from tests.http_service import free_port, served
     from tests.integration.test_service import job_spec
 
-    state = Path(tempfile.mkdtemp(prefix="raytrain-load-"))
-    connect_ray(None, num_cpus=2, quiet=True)
-    config = ServiceConfig(state_dir=str(state))
-    url = deploy(config, "127.0.0.1", free_port())
-    token = operator_token(config)
+    url, token, state = local_service.start("raytrain-load-")
     client = Client(url, token=token)
     n, secs = args.connections, args.seconds
     rows: list[tuple[str, dict[str, float]]] = []
@@ -229,8 +222,7 @@ def main() -> None:
                      closed_loop(f"http://127.0.0.1:{plain_port}", "/job", None, n, secs)))
     finally:
         plain.terminate()
-        undeploy(stop_jobs=True)
-        ray.shutdown()
+        local_service.stop()
 
     plain_rps = statistics.fmean(r["rps"] for name, r in rows if name.startswith("plain"))
     print(f"\n{n} connections, {secs:.0f} s closed loops, client on the same machine "

@@ -14,10 +14,8 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import psutil
@@ -82,29 +80,19 @@ def main() -> None:
     parser.add_argument("--watch-s", type=float, default=40.0)
     args = parser.parse_args()
 
-    import ray
-
+    from benchmarks import local_service
     from raytrain.client import Client
-    from raytrain.serve.auth import operator_token
-    from raytrain.serve.deploy import connect_ray, deploy, undeploy
-    from raytrain.spec import ServiceConfig
-    from tests.http_service import free_port
     from tests.integration.test_service import job_spec
 
     for replicas in args.replicas:
-        state = Path(tempfile.mkdtemp(prefix="raytrain-replica-loss-"))
-        connect_ray(None, num_cpus=2, quiet=True)
-        config = ServiceConfig(state_dir=str(state), http_replicas=replicas)
-        url = deploy(config, "127.0.0.1", free_port())
-        token = operator_token(config)
+        url, token, _ = local_service.start("raytrain-replica-loss-", http_replicas=replicas)
         client = Client(url, token=token)
         job = client.submit(job_spec(steps=10))
         client.cancel(job.id)
         try:
             watch(url, token, job.id, args.watch_s, replicas)
         finally:
-            undeploy(stop_jobs=True)
-            ray.shutdown()
+            local_service.stop()
 
 
 if __name__ == "__main__":

@@ -19,11 +19,9 @@ import json
 import os
 import random
 import statistics
-import tempfile
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
 import httpx
 import psutil
@@ -143,17 +141,11 @@ def main() -> None:
 
     import ray
 
+    from benchmarks import local_service
     from raytrain.client import Client
-    from raytrain.serve.auth import operator_token
-    from raytrain.serve.deploy import connect_ray, deploy, undeploy
-    from raytrain.spec import ServiceConfig
-    from tests.integration.conftest import free_port
 
-    state = Path(tempfile.mkdtemp(prefix="raytrain-soak-"))
-    connect_ray(None, num_cpus=2, quiet=True)
-    config = ServiceConfig(state_dir=str(state))
-    url = deploy(config, "127.0.0.1", free_port())
-    soak = Soak(url, args.seed, operator_token(config))
+    url, token, _ = local_service.start("raytrain-soak-")
+    soak = Soak(url, args.seed, token)
     started = time.monotonic()
     deadline = started + args.max_s
     memory = [("start", rss_mib("ray::JobManager"), rss_mib("ray::ServeReplica"))]
@@ -192,8 +184,7 @@ def main() -> None:
     ended = Counter(job.state.value for job in client.list())
     memory.append(("end", rss_mib("ray::JobManager"), rss_mib("ray::ServeReplica")))
     wall = time.monotonic() - started
-    undeploy(stop_jobs=True)
-    ray.shutdown()
+    local_service.stop()
 
     lat = soak.latencies
     print(f"requests: {len(lat)} in {wall:.0f} s; jobs submitted: {len(soak.job_ids)}; "
