@@ -62,6 +62,24 @@ def resumed(job: JobStatus, budget_usd: float | None) -> dict[str, Any]:
     return {"ok": spec}
 
 
+def deletion_refusal(record: Record, jobs: Iterable[JobStatus]) -> dict[str, Any] | None:
+    """Why a job may not be deleted yet (an envelope), or None: it has not ended, or a job
+    resumed from its checkpoint still reads it (it has none of its own yet)."""
+    job = record.status
+    if not job.state.is_terminal or record.run is not None:
+        return {"error": "state", "detail": (
+            f"job {job.id} is {job.state.value}; only an ended job can be deleted. To fix: "
+            f"cancel it first (raytrain cancel {job.id}), then delete it")}
+    path = job.checkpoint.path if job.checkpoint else None
+    for other in jobs:
+        if path and other.spec.training.resume_from == path and other.checkpoint is None \
+                and not other.state.is_terminal:
+            return {"error": "state", "detail": (
+                f"job {other.id} goes on from job {job.id}'s checkpoint and has none of its "
+                f"own yet. To fix: delete {job.id} once {other.id} has checkpointed or ended")}
+    return None
+
+
 def check_paths_on_head_node(spec: JobSpec) -> None:
     """Refuse at submit a token file or a checkpoint to resume from that does not exist where
     the service runs (the head node): on a cluster it must be on storage every node mounts,

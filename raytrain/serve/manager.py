@@ -41,6 +41,7 @@ from raytrain.errors import SpecError
 from raytrain.serve.admission import (
     admission_refusal,
     check_paths_on_head_node,
+    deletion_refusal,
     resumed,
 )
 from raytrain.serve.auth import token_digests
@@ -286,10 +287,9 @@ class JobManager:
             if record is None:
                 return _not_found(job_id)
             job = record.status
-            if not job.state.is_terminal or record.run is not None:
-                return {"error": "state", "detail": (
-                    f"job {job_id} is {job.state.value}; only an ended job can be deleted. "
-                    f"To fix: cancel it first (raytrain cancel {job_id}), then delete it")}
+            refused = deletion_refusal(record, [r.status for r in self.records.values()])
+            if refused is not None:
+                return refused
             self._store.delete(job_id)
             del self.records[job_id]
             self._encoded.pop(job_id, None)

@@ -203,8 +203,8 @@ class TrainingSpec(Strict):
     resume_from: str | None = Field(
         None, max_length=4096, description="A checkpoint directory to start from while the "
         "job has none of its own: an ended job's checkpoint.path (POST "
-        "/v1/jobs/{id}/resume sets it). On storage every node mounts; keep the old job until "
-        "this one has checkpointed.",
+        "/v1/jobs/{id}/resume sets it), on storage every node mounts. The service keeps that "
+        "job from being deleted until this one has a checkpoint of its own.",
     )
     keep_checkpoints: int = Field(
         2, ge=1, le=1000, description="Committed checkpoints kept on storage; older ones are "

@@ -180,6 +180,8 @@ def test_a_stopped_job_goes_on_as_a_new_job_from_its_checkpoint(
     service.tick()
     service.train(job_id, 12)  # checkpoints at /ckpt/12, which is not on this machine
     service.request("DELETE", f"/v1/jobs/{job_id}")
+    service.cluster.finish(job_id)  # its workers leave
+    service.tick()
     refused = service.request("POST", f"/v1/jobs/{job_id}/resume", json={})
     assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == [
         "body", "training", "resume_from"]
@@ -201,6 +203,12 @@ def test_a_stopped_job_goes_on_as_a_new_job_from_its_checkpoint(
     assert service.request("POST", "/v1/jobs/nope/resume", json={}).status_code == 404
     running = service.request("POST", f"/v1/jobs/{new['id']}/resume", json={})
     assert running.status_code == 409 and "To fix" in running.json()["detail"]
+    # the old job (and its checkpoint) stays while the new one has none of its own
+    kept = service.request("DELETE", f"/v1/jobs/{job_id}", params={"purge": "true"})
+    assert kept.status_code == 409 and new["id"] in kept.json()["detail"]
+    service.request("DELETE", f"/v1/jobs/{new['id']}")  # cancelled: the old one may go
+    gone = service.request("DELETE", f"/v1/jobs/{job_id}", params={"purge": "true"})
+    assert gone.status_code == 200
 
 
 def test_a_cancel_while_the_group_starts_stops_it_and_frees_its_group(
