@@ -161,10 +161,6 @@ def _json(text: str, headers: dict[str, str] | None = None) -> Response:
     return Response(text, media_type="application/json", headers=headers)
 
 
-def _sse(event: dict[str, Any]) -> str:
-    return f"id: {event['seq']}\nevent: {event['type']}\ndata: {json.dumps(event)}\n\n"
-
-
 def build_app(manager: Any, open_metrics: bool = False) -> FastAPI:
     """The HTTP API over a job manager handle: a Ray actor handle, or `InProcess(manager)`
     for a manager in this process (tests drive the app through httpx's ASGITransport).
@@ -185,7 +181,7 @@ def build_app(manager: Any, open_metrics: bool = False) -> FastAPI:
     latency = request_latency()  # outermost: times every answer, a 401 too
     api.add_middleware(RequestLatency, histogram=latency)
     streams = StreamLimits()
-    feeds = Feeds(manager, EVENT_POLL_S)
+    feeds = Feeds(manager, EVENT_POLL_S, streams)
     api.add_exception_handler(RequestValidationError, _validation_error)
     api.add_exception_handler(StarletteHTTPException, allow_every_method)
     api.add_exception_handler(RayActorError, _manager_away)
@@ -276,25 +272,24 @@ def build_app(manager: Any, open_metrics: bool = False) -> FastAPI:
 
         async def stream() -> AsyncIterator[str]:
             nonlocal after
-            with streams.held(job_id):
-                try:
-                    async with feeds.follow(job_id) as feed:
-                        while True:
-                            batch = await feed.after(after, EVENT_POLL_S)
-                            if batch is None:
+            try:
+                async with feeds.follow(job_id) as feed:
+                    while True:
+                        batch = await feed.after(after, EVENT_POLL_S)
+                        if batch is None:
+                            return
+                        if not batch:
+                            yield ": keep-alive\n\n"
+                            continue
+                        for sent in batch:
+                            after = sent.seq
+                            yield sent.text
+                            if sent.type == "end":
                                 return
-                            if not batch:
-                                yield ": keep-alive\n\n"
-                                continue
-                            for event in batch:
-                                after = event["seq"]
-                                yield _sse(event)
-                                if event["type"] == "end":
-                                    return
-                except asyncio.CancelledError:
-                    return  # the client went away: nothing to report
-                except ManagerAway:
-                    yield ": the job manager went away; reconnect with Last-Event-ID\n\n"
+            except asyncio.CancelledError:
+                return  # the client went away: nothing to report
+            except ManagerAway:
+                yield ": the job manager went away; reconnect with Last-Event-ID\n\n"
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 

@@ -3,23 +3,41 @@
 Each open stream used to hold its own `wait_events` call on the job manager, an actor with a
 bounded number of threads: fifty dashboards on one job took fifty of them, and a rank's
 progress report could wait behind them. A `Feed` is one pump per job in the HTTP replica that
-waits on the manager and keeps what it got; every stream of that job reads from it. Written
-here because neither Starlette nor Ray Serve shares one upstream among many SSE clients.
+waits on the manager and keeps what it got, each event encoded for the wire once; every
+stream of that job reads from it. Its streams are counted by the replica's StreamLimits
+(serve.http_limits), and the feed stops with the last. Written here because neither
+Starlette nor Ray Serve shares one upstream among many SSE clients.
 
-    feeds = Feeds(manager, poll_s=10.0)
+    feeds = Feeds(manager, poll_s=10.0, limits=StreamLimits())
     async with feeds.follow(job_id) as feed:
         batch = await feed.after(seq, timeout_s=10.0)  # [] on timeout, None: the job is gone
+        for sent in batch: write(sent.text)            # `id: ..., event: ..., data: ...`
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, NamedTuple
 
 from ray.exceptions import GetTimeoutError, RayActorError, TaskCancelledError
 
 from raytrain.serve.events import EVENTS_KEPT_PER_JOB
+from raytrain.serve.http_limits import StreamLimits
+
+
+class Sent(NamedTuple):
+    """One event as every stream sends it."""
+
+    seq: int
+    type: str
+    text: str  # the Server-Sent Event: id, event and data lines
+
+
+def sse(event: dict[str, Any]) -> Sent:
+    text = f"id: {event['seq']}\nevent: {event['type']}\ndata: {json.dumps(event)}\n\n"
+    return Sent(event["seq"], event["type"], text)
 
 
 class ManagerAway(Exception):
@@ -29,12 +47,11 @@ class ManagerAway(Exception):
 class Feed:
     def __init__(self, manager: Any, job_id: str, poll_s: float) -> None:
         self.manager, self.job_id, self.poll_s = manager, job_id, poll_s
-        self.events: list[dict[str, Any]] = []
+        self.events: list[Sent] = []
         self.gone = False  # the job was deleted
         self.away = False  # the manager stopped answering
         self.ended = False  # the job's `end` event came
         self.changed = asyncio.Condition()
-        self.followers = 0
         self.task: asyncio.Task | None = None
 
     async def pump(self) -> None:
@@ -48,7 +65,7 @@ class Feed:
                 if batch is None:
                     self.gone = True
                 elif batch:
-                    self.events.extend(batch)
+                    self.events.extend(sse(event) for event in batch)
                     del self.events[:-EVENTS_KEPT_PER_JOB]
                     last = batch[-1]["seq"]
                     self.ended = batch[-1]["type"] == "end"
@@ -56,7 +73,7 @@ class Feed:
             if self.gone or self.away:
                 return
 
-    async def after(self, seq: int, timeout_s: float) -> list[dict[str, Any]] | None:
+    async def after(self, seq: int, timeout_s: float) -> list[Sent] | None:
         """Events numbered above `seq`, waiting up to timeout_s for one ([] if none came);
         None once the job is gone. Raises ManagerAway if the manager stopped answering."""
         async with self.changed:
@@ -66,34 +83,36 @@ class Feed:
             except asyncio.TimeoutError:
                 return []
             if self._fresh(seq):
-                return [event for event in self.events if event["seq"] > seq]
+                return [sent for sent in self.events if sent.seq > seq]
             if self.away:
                 raise ManagerAway(self.job_id)
             return None
 
     def _fresh(self, seq: int) -> bool:
-        return bool(self.events) and self.events[-1]["seq"] > seq
+        return bool(self.events) and self.events[-1].seq > seq
 
 
 class Feeds:
-    """The replica's feeds, by job: made by the first stream of a job, stopped with its last."""
+    """The replica's feeds, by job: made by the first stream of a job, stopped with its last
+    (`limits` counts the streams)."""
 
-    def __init__(self, manager: Any, poll_s: float) -> None:
+    def __init__(self, manager: Any, poll_s: float, limits: StreamLimits | None = None) -> None:
         self.manager, self.poll_s = manager, poll_s
+        self.limits = limits if limits is not None else StreamLimits()
         self.feeds: dict[str, Feed] = {}
 
     @asynccontextmanager
     async def follow(self, job_id: str) -> AsyncIterator[Feed]:
+        """Follow a job's events, as one more of its streams."""
         feed = self.feeds.get(job_id)
         if feed is None or feed.away or feed.gone:
             feed = self.feeds[job_id] = Feed(self.manager, job_id, self.poll_s)
             feed.task = asyncio.create_task(feed.pump())
-        feed.followers += 1
         try:
-            yield feed
+            with self.limits.held(job_id):
+                yield feed
         finally:
-            feed.followers -= 1
-            if not feed.followers:
+            if not self.limits.open[job_id]:  # the job's last stream left
                 if self.feeds.get(job_id) is feed:
                     del self.feeds[job_id]
                 if feed.task is not None:

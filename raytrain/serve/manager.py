@@ -106,10 +106,11 @@ class JobManager:
         the lifecycle's reply."""
         with self.lock:
             before = self.records[job_id].status if not isinstance(event, lc.Submitted) else None
-            out = lc.step(self.records[job_id], event, self.cluster.now())
+            now = self.cluster.now()
+            out = lc.step(self.records[job_id], event, now)
             self.records[job_id] = out.record
             self._encoded.pop(job_id, None)
-            self.tally.observe(before, out.record.status, self.cluster.now())
+            self.tally.observe(before, out.record.status, now)
             for effect in out.effects:
                 self._carry_out(job_id, effect)
             return out.reply

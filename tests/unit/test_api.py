@@ -333,7 +333,9 @@ def test_the_streams_of_one_job_share_one_wait_on_the_manager(service: Service) 
 
     batches = asyncio.run(twenty_streams())
     assert batches[0] and all(batch == batches[0] for batch in batches)
-    assert [e["data"]["state"] for e in batches[0]] == ["PENDING", "PROVISIONING"]
+    states = [json.loads(sent.text.split("data: ", 1)[1])["data"]["state"]
+              for sent in batches[0]]
+    assert states == ["PENDING", "PROVISIONING"]
     # the history, then perhaps the wait for more that the last stream's leaving cancels;
     # not one each
     assert [after for _, after, _ in waits] in ([-1], [-1, 1])
