@@ -38,6 +38,7 @@ from raytrain.errors import (
 from raytrain.serve.auth import client_token
 from raytrain.spec import (
     JobEvent,
+    JobHistory,
     JobLogs,
     JobSpec,
     JobStatus,
@@ -135,6 +136,11 @@ class Client:
             params["rank"] = rank
         return JobLogs.model_validate(self._request(
             "GET", f"/v1/jobs/{job_id}/logs", job_id, params=params))
+
+    def history(self, job_id: str) -> JobHistory:
+        """The job's progress points (time, step, loss, tokens/s, dollars), oldest first."""
+        return JobHistory.model_validate(self._request(
+            "GET", f"/v1/jobs/{job_id}/history", job_id))
 
     def offers(self, spec: JobSpec | None = None, job_id: str | None = None,
                policy: str | None = None) -> OffersResponse:

@@ -40,7 +40,8 @@ def served(state_dir: Path, port: int | None = None, **config: Any) -> Iterator[
     service_config = ServiceConfig(state_dir=str(state_dir), **config)
     manager = JobManager(service_config.model_dump(mode="json"), cluster=FakeRay(cpus=64),
                          schedule=False)
-    app = build_app(InProcess(manager), service_config.open_metrics)
+    app = build_app(InProcess(manager), service_config.open_metrics,
+                    service_config.auth)
     port = port or free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            access_log=False))

@@ -7,24 +7,44 @@ for a job, the policy's ranking of offer x market x node count and its choice.
 from __future__ import annotations
 
 from raytrain.core.autoscale import (
+    Observed,
     choose,
     device_mismatch,
     job_goal,
     job_throughput,
     options,
 )
-from raytrain.spec import JobSpec, OfferCatalog, OfferRow, OffersResponse, PolicySpec
+from raytrain.spec import (
+    JobSpec,
+    ObservedRate,
+    OfferCatalog,
+    OfferRow,
+    OffersResponse,
+    PolicySpec,
+)
 
 
 def offers_response(catalog: OfferCatalog, policy: PolicySpec | None = None,
-                    spec: JobSpec | None = None, keep: int = 20) -> OffersResponse:
+                    spec: JobSpec | None = None, keep: int = 20,
+                    observed: Observed = Observed()) -> OffersResponse:
+    """The catalog; with a policy, each spot offer's interruption rate as it ranks with it
+    (the catalog's prior updated by `observed`); with a spec too, its ranking and choice."""
     response = OffersResponse(catalog_version=catalog.version, source=catalog.source,
                               warnings=catalog.warnings, offers=catalog.offers)
-    if spec is None or policy is None:
+    if policy is None:
+        return response
+    rates = [ObservedRate(
+        offer=o.id, prior_per_node_hour=o.spot_interruptions_per_hour,
+        preemptions=observed.spot_history.get(o.id, (0, 0.0))[0],
+        spot_node_hours=observed.spot_history.get(o.id, (0, 0.0))[1],
+        estimate_per_node_hour=observed.rate(o, policy.prior_node_hours),
+    ) for o in catalog.offers if o.spot_usd_per_hour is not None]
+    response = response.model_copy(update={"observed": rates})
+    if spec is None:
         return response
     goal, throughput = job_goal(spec), job_throughput(spec)
-    ranked = options(goal, catalog.offers, throughput, policy)
-    decision = choose(goal, catalog.offers, throughput, policy)
+    ranked = options(goal, catalog.offers, throughput, policy, observed)
+    decision = choose(goal, catalog.offers, throughput, policy, observed)
     rows = [OfferRow(
         rank=i, offer=o.offer.id, instance_type=o.offer.instance_type,
         gpu_kind=o.offer.gpu_kind, market=o.market, nodes=o.nodes,  # type: ignore[arg-type]

@@ -5,21 +5,31 @@ running jobs (429, with the seconds after which to retry).
 
     admission_refusal(records, spec, caller, key, now, max_active=1000)
     # None: queue it; else an envelope {"ok": earlier job} or {"error": ..., "detail": ...}
+    new_job(spec, plan, caller, key, now)  # the record of an admitted job, PENDING
 """
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any, Iterable
 
 from raytrain.core.capacity import never_fits
 from raytrain.core.lifecycle import Record
 from raytrain.errors import FieldError, SpecError
-from raytrain.spec import JobSpec, JobState, JobStatus
+from raytrain.spec import JobSpec, JobState, JobStatus, PlanSummary, Progress
 
 IDEMPOTENCY_WINDOW_S = 24 * 3600.0
 COMMITTED = "COMMITTED"  # raytrain.train.checkpoint's marker (that module imports torch)
 BUSY_RETRY_AFTER_S = 30
+
+
+def new_job(spec: JobSpec, plan: PlanSummary, caller: str | None, key: str | None,
+            now: float) -> JobStatus:
+    """The record of a job just admitted: PENDING, with a new id."""
+    return JobStatus(id=uuid.uuid4().hex[:12], state=JobState.PENDING, spec=spec, plan=plan,
+                     progress=Progress(total_steps=spec.training.steps), message="queued",
+                     created_at=now, submitted_by=caller, idempotency_key=key)
 
 
 def admission_refusal(records: Iterable[Record], spec: JobSpec, caller: str | None,

@@ -38,6 +38,7 @@ from raytrain import __version__
 from raytrain.core.planner import NothingFits
 from raytrain.core.resolve import rank_plans
 from raytrain.serve.auth import BearerAuth
+from raytrain.serve.dashboard import ASSETS, PAGES, add_pages
 from raytrain.serve.feeds import Feeds, ManagerAway
 from raytrain.serve.http_limits import JSONBodies, StreamLimits
 from raytrain.serve.metrics import (
@@ -56,6 +57,7 @@ from raytrain.serve.openapi import (
     no_unknown_query,
 )
 from raytrain.spec import (
+    JobHistory,
     JobLogs,
     JobSpec,
     JobState,
@@ -161,23 +163,26 @@ def _json(text: str, headers: dict[str, str] | None = None) -> Response:
     return Response(text, media_type="application/json", headers=headers)
 
 
-def build_app(manager: Any, open_metrics: bool = False) -> FastAPI:
+def build_app(manager: Any, open_metrics: bool = False, auth: bool = True) -> FastAPI:
     """The HTTP API over a job manager handle: a Ray actor handle, or `InProcess(manager)`
     for a manager in this process (tests drive the app through httpx's ASGITransport).
-    open_metrics: serve /metrics without a token."""
+    open_metrics: serve /metrics without a token. auth: whether the service asks for tokens
+    (the manager's config decides; /healthz says so, for the dashboard's sign-in)."""
     api = FastAPI(
         title="raytrain",
         version=__version__,
         description="Train PyTorch models across many GPUs as cheaply as possible.",
         dependencies=[Depends(no_unknown_query)],
+        docs_url=None, redoc_url=None,  # serve.dashboard serves them, with no CDN
     )
     api.add_middleware(JSONBodies)
     # Added last, so it runs first: a request without a token is refused before its body
     # is read.
     open_paths = frozenset({"/healthz", *(["/metrics"] if open_metrics else [])})
     api.add_middleware(BearerAuth, digests=lambda: manager.token_digests.remote(),
-                       open_paths=open_paths)
+                       open_paths=open_paths | PAGES, open_prefixes=(ASSETS,))
     document(api, open_paths)
+    add_pages(api)
     latency = request_latency()  # outermost: times every answer, a 401 too
     api.add_middleware(RequestLatency, histogram=latency)
     streams = StreamLimits()
@@ -239,6 +244,16 @@ def build_app(manager: Any, open_metrics: bool = False) -> FastAPI:
         (a job stopped by its budget, say), with its own budget if given."""
         return _unwrap(await manager.resume.remote(job_id, _caller(request), body.budget_usd,
                                                    idempotency_key))
+
+    @api.get("/v1/jobs/{job_id}/history", response_model=JobHistory,
+             responses=errors(404, 422))
+    async def history(job_id: str) -> Response:
+        """The job's progress reports for charts (step, loss, tokens/s, dollars), oldest
+        first; kept across service restarts, thinned evenly past `points_kept`."""
+        points = await manager.history.remote(job_id)
+        if points is None:
+            raise _not_found(job_id)
+        return _json(points)
 
     @api.get("/v1/jobs/{job_id}/logs", response_model=JobLogs, responses=errors(404, 422))
     async def logs(job_id: str, rank: int | None = Query(None, ge=0, le=100_000),
@@ -319,9 +334,10 @@ def build_app(manager: Any, open_metrics: bool = False) -> FastAPI:
             request.spec.model_dump(mode="json"), request.policy, request.keep))
 
     @api.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        """Liveness: this process answers. Readiness is /readyz."""
-        return {"status": "ok", "version": __version__}
+    async def healthz() -> dict[str, Any]:
+        """Liveness: this process answers. Readiness is /readyz. `auth`: whether the other
+        endpoints need a token."""
+        return {"status": "ok", "version": __version__, "auth": auth}
 
     @api.get("/readyz", responses={**errors(), 503: {
         "description": "Starting, or the job manager or its store is not answering.",
@@ -384,7 +400,8 @@ class RaytrainAPI:
     def __serve_build_asgi_app__(self) -> FastAPI:
         from raytrain.serve.manager import get_or_create_manager
 
-        return build_app(get_or_create_manager(self.config), self.config.open_metrics)
+        return build_app(get_or_create_manager(self.config), self.config.open_metrics,
+                         self.config.auth)
 
 
 def serve_app(config: ServiceConfig) -> serve.Application:

@@ -182,7 +182,8 @@ def client_token(url: str, state_dir: str | Path | None = None) -> str | None:
 
 
 class BearerAuth:
-    """ASGI middleware: every HTTP request but `open_paths` needs a known bearer token.
+    """ASGI middleware: every HTTP request but `open_paths` (and paths under
+    `open_prefixes`) needs a known bearer token.
 
     `digests` is asked for {name: sha256 of token} at most every TOKEN_REFRESH_S; None from it
     means the service runs open (--no-auth on loopback). The caller's name goes in
@@ -190,10 +191,11 @@ class BearerAuth:
     """
 
     def __init__(self, app: Any, digests: Callable[[], Awaitable[dict[str, str] | None]],
-                 open_paths: frozenset[str]) -> None:
+                 open_paths: frozenset[str], open_prefixes: tuple[str, ...] = ()) -> None:
         self.app = app
         self.digests = digests
         self.open_paths = open_paths
+        self.open_prefixes = open_prefixes
         self._known: dict[str, str] | None = None
         self._fetched_at = -float("inf")
 
@@ -208,7 +210,9 @@ class BearerAuth:
         return self._known
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] in self.open_paths:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path in self.open_paths or \
+                (path.startswith(self.open_prefixes) and ".." not in path):
             await self.app(scope, receive, send)
             return
         try:

@@ -27,7 +27,6 @@ import logging
 import shutil
 import threading
 import time
-import uuid
 from dataclasses import asdict
 from typing import Any
 
@@ -42,10 +41,12 @@ from raytrain.serve.admission import (
     admission_refusal,
     check_paths_on_head_node,
     deletion_refusal,
+    new_job,
     resumed,
 )
 from raytrain.serve.auth import token_digests
 from raytrain.serve.events import EventLog
+from raytrain.serve.history import History, point_of
 from raytrain.serve.provisioning import Provisioner
 from raytrain.serve.ray_cluster import (
     HEAD_NODE_RESOURCE,
@@ -58,9 +59,7 @@ from raytrain.serve.scheduler import Scheduler
 from raytrain.serve.store import JobStore
 from raytrain.spec import (
     JobSpec,
-    JobState,
     JobStatus,
-    Progress,
     ServiceConfig,
     check_imports_allowed,
     parse_job_spec,
@@ -83,6 +82,7 @@ class JobManager:
         self.tally = Tally.from_json(self._store.get_tally())
         self._encoded: dict[str, str] = {}  # each job's status as JSON, until it changes
         self._events = {job.id: EventLog.reloaded(seq) for job, seq in loaded}
+        self._history = History(self._store)  # each job's progress points, for charts
         self.handles: dict[str, RunHandle] = {}  # each running job's runner
         self.provisioner = Provisioner(self.config, request=self.cluster.request_nodes)
         self.scheduler = Scheduler(self)
@@ -117,11 +117,15 @@ class JobManager:
 
     def _carry_out(self, job_id: str, effect: lc.Effect) -> None:
         if isinstance(effect, lc.Emit):
-            self._events[job_id].append(job_id, effect.kind, effect.data, self.cluster.now())
+            now = self.cluster.now()
+            self._events[job_id].append(job_id, effect.kind, effect.data, now)
+            if effect.kind == "progress":
+                self._history.add(job_id, point_of(effect.data, now))
             self._changed.notify_all()
         elif isinstance(effect, lc.Save):
             self._store.put(self.records[job_id].status, self._events[job_id].next_seq,
                             self.tally.to_json())
+            self._history.save(job_id)
         elif isinstance(effect, lc.ReleaseNodes):
             self.provisioner.release(job_id)
         elif isinstance(effect, lc.StopRunner):
@@ -161,17 +165,7 @@ class JobManager:
             self.provisioner.check_capacity(spec, self.cluster.node_resources)
         except SpecError as exc:
             return {"error": "spec", "detail": [e.to_json() for e in exc.errors]}
-        job = JobStatus(
-            id=uuid.uuid4().hex[:12],
-            state=JobState.PENDING,
-            spec=spec,
-            plan=plan,
-            progress=Progress(total_steps=spec.training.steps),
-            message="queued",
-            created_at=self.cluster.now(),
-            submitted_by=caller,
-            idempotency_key=key,
-        )
+        job = new_job(spec, plan, caller, key, self.cluster.now())
         with self.lock:
             refused = admission_refusal(self.records.values(), spec, caller, key,
                                         self.cluster.now(), self.config.max_active_jobs)
@@ -226,6 +220,11 @@ class JobManager:
         """The job's status as JSON text; None for no such job."""
         with self.lock:
             return self._json(job_id) if job_id in self.records else None
+
+    def history(self, job_id: str) -> str | None:
+        """The job's progress points as JobHistory's JSON text; None for no such job."""
+        with self.lock:
+            return self._history.json(job_id) if job_id in self.records else None
 
     def _json(self, job_id: str) -> str:
         """A job's status as JSON, encoded once per change (reads far outnumber changes)."""
@@ -295,6 +294,7 @@ class JobManager:
             del self.records[job_id]
             self._encoded.pop(job_id, None)
             self._events.pop(job_id, None)
+            self._history.forget(job_id)
             self._changed.notify_all()
         root = self.config.checkpoint_root / job_id  # large: removed outside the lock
         shutil.rmtree(root, ignore_errors=True)

@@ -163,7 +163,8 @@ class Provisioner:
         error = unknown_policy(name, self.policies, ("policy",))
         if error is not None:
             return {"error": "spec", "detail": [error.to_json()]}
-        response = offers_response(self.catalog, self.policies[name], spec, keep)
+        response = offers_response(self.catalog, self.policies[name], spec, keep,
+                                   Observed(spot_history=dict(self.history)))
         return {"ok": response.model_dump(mode="json")}
 
     def check_capacity(self, spec: JobSpec, nodes: Callable[[], Any]) -> None:

@@ -5,10 +5,12 @@ few seconds of progress, so a restarted service knows every job and its last sta
 each record it keeps the number the job's next event would take, so event numbers stay
 monotonic across restarts (a client resuming with an old Last-Event-ID skips nothing). With
 each write it keeps the service's tally (core.tally), so the counters /metrics shows keep
-growing across a restart rather than starting again at zero.
+growing across a restart rather than starting again at zero. A second table keeps each job's
+progress points (serve.history) for the dashboard's charts.
 
     store = JobStore(Path("~/.raytrain/jobs.db").expanduser())
     store.put(status, next_event_seq=12, tally={...}); store.load_all(); store.delete(job_id)
+    store.save_points(job_id, {0: '{"n": 0, "step": 1, ...}'}); store.points(job_id)
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import json
 import sqlite3
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from raytrain.spec import JobStatus
 
@@ -35,6 +37,8 @@ class JobStore:
             " id TEXT PRIMARY KEY, created_at REAL NOT NULL, record TEXT NOT NULL)"
         )
         self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+        self._db.execute("CREATE TABLE IF NOT EXISTS points (job_id TEXT NOT NULL, "
+                         "n INTEGER NOT NULL, point TEXT NOT NULL, PRIMARY KEY (job_id, n))")
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
         if "next_event_seq" not in columns:  # a store written before events were numbered
             self._db.execute("ALTER TABLE jobs ADD COLUMN next_event_seq INTEGER NOT NULL "
@@ -68,8 +72,28 @@ class JobStore:
         return [(JobStatus.model_validate_json(record), seq) for record, seq in rows]
 
     def delete(self, job_id: str) -> None:
-        with self._lock:
+        with self._lock, self._db:
+            self._db.execute("BEGIN")
             self._db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+            self._db.execute("DELETE FROM points WHERE job_id = ?", (job_id,))
+
+    def save_points(self, job_id: str, points: dict[int, str], drop: Iterable[int] = ()) -> None:
+        """Write a job's progress points {report number: JSON text} and remove the numbers in
+        `drop` (thinned out), in one transaction."""
+        with self._lock, self._db:
+            self._db.execute("BEGIN")
+            self._db.executemany("DELETE FROM points WHERE job_id = ? AND n = ?",
+                                 [(job_id, n) for n in drop])
+            self._db.executemany("INSERT OR REPLACE INTO points (job_id, n, point) "
+                                 "VALUES (?, ?, ?)",
+                                 [(job_id, n, point) for n, point in points.items()])
+
+    def points(self, job_id: str) -> list[str]:
+        """A job's progress points (JSON texts) by report number."""
+        with self._lock:
+            rows = self._db.execute("SELECT point FROM points WHERE job_id = ? ORDER BY n",
+                                    (job_id,)).fetchall()
+        return [row[0] for row in rows]
 
     def writable(self) -> bool:
         """Whether a write goes through now (for readiness)."""

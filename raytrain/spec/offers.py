@@ -174,6 +174,17 @@ class OfferRow(Record):
     expected_cost_usd: float = Field(description="Expected dollars to finish.")
 
 
+class ObservedRate(Record):
+    """One offer's spot interruptions: the catalog's prior, what this service saw, and the
+    estimate the policy ranks with (the prior updated by what was seen)."""
+
+    offer: str = Field(description="The offer's id.")
+    prior_per_node_hour: float = Field(description="The catalog's rate, per node-hour.")
+    preemptions: int = Field(description="Spot preemptions this service has seen there.")
+    spot_node_hours: float = Field(description="Spot node-hours held there when they struck.")
+    estimate_per_node_hour: float = Field(description="The rate the policy uses now.")
+
+
 class OffersResponse(Record):
     """The catalog, and with a job the policy's ranking for it."""
 
@@ -186,6 +197,8 @@ class OffersResponse(Record):
     ranking: list[OfferRow] = Field(default_factory=list, description=(
         "Offer x market x node count for the job, best first (empty without a job)."))
     decision: str | None = Field(None, description="What the policy would do, and why.")
+    observed: list[ObservedRate] = Field(default_factory=list, description=(
+        "Each spot offer's interruption rate: prior, seen, and the policy's estimate."))
 
 
 class NodeTypeBinding(Strict):

@@ -151,11 +151,34 @@ class JobStatus(Record):
 class JobEvent(Record):
     seq: int = Field(description="Position in the job's event stream, from 0.")
     type: Literal["state", "progress", "checkpoint", "preemption", "end"] = Field(
-        description="state: {state, message}; progress: Progress's fields and sent_at; "
-        "checkpoint: {step, path}; preemption: a PreemptionRecord; end: {state, error}.")
+        description="state: {state, message}; progress: Progress's fields, sent_at, "
+        "cost_usd and usd_per_hour; checkpoint: {step, path}; preemption: a "
+        "PreemptionRecord; end: {state, error}.")
     job_id: str = Field(description="The job.")
     time: float = Field(description="Unix time the service recorded it.")
     data: dict[str, Any] = Field(default_factory=dict, description="What happened; by type.")
+
+
+class ProgressPoint(Record):
+    """One progress report, as a chart draws it."""
+
+    n: int = Field(description="The report's number in the job, from 0 (gaps: thinned out).")
+    time: float = Field(description="Unix time the service recorded the report.")
+    step: int = Field(description="Optimizer steps completed (lower after a restart from an "
+                      "older checkpoint: the steps since were redone).")
+    loss: float | None = Field(None, description="Training loss of that step.")
+    tokens_per_s: float | None = Field(None, description="Training throughput then.")
+    cost_usd: float = Field(0.0, description="Dollars spent by then.")
+    usd_per_hour: float = Field(0.0, description="Hourly price of the capacity held then.")
+
+
+class JobHistory(Record):
+    """A job's progress reports, oldest first, kept across service restarts: every one, or
+    past `points_kept` of them every 2nd, 4th, ... from the first, and the latest."""
+
+    job_id: str = Field(description="The job.")
+    points_kept: int = Field(description="The most points kept per job.")
+    points: list[ProgressPoint] = Field(description="The reports, oldest first.")
 
 
 class RankLog(Record):

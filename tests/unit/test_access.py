@@ -48,7 +48,7 @@ def test_every_route_but_healthz_needs_a_valid_token_and_a_refusal_does_nothing(
     assert service.request("GET", "/healthz", token=None).status_code == 200
     for token in (None, "rt_guess", service.token[:-1]):
         for method, route in (("POST", "/v1/jobs"), ("GET", "/v1/jobs"), ("GET", "/metrics"),
-                              ("GET", "/readyz"), ("GET", "/openapi.json"),
+                              ("GET", "/readyz"), ("GET", "/v1/jobs/x/history"),
                               ("DELETE", "/v1/jobs/x"), ("GET", "/v1/jobs/x/events")):
             answer = service.request(method, route, token=token, json=small_job())
             assert answer.status_code == 401, (method, route, answer.text)
@@ -56,6 +56,11 @@ def test_every_route_but_healthz_needs_a_valid_token_and_a_refusal_does_nothing(
             assert "RAYTRAIN_TOKEN" in answer.json()["detail"]
     assert job_count(service) == 0  # nothing was queued
     assert service.request("GET", "/metrics").status_code == 200
+    # The dashboard's page and files, and the API's documents, hold no job's data: open.
+    assert service.request("GET", "/healthz", token=None).json()["auth"] is True
+    for page in ("/", "/ui/app.js", "/ui/vendor/uPlot.iife.min.js", "/docs", "/redoc",
+                 "/openapi.json"):
+        assert service.request("GET", page, token=None).status_code == 200, page
     opened = Service(tmp_path / "open-metrics", open_metrics=True)
     assert opened.request("GET", "/metrics", token=None).status_code == 200
     assert opened.request("GET", "/v1/jobs", token=None).status_code == 401

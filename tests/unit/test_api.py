@@ -41,7 +41,8 @@ class Service:
         self.config = ServiceConfig(state_dir=str(state_dir), **config)
         self.manager = JobManager(self.config.model_dump(mode="json"), cluster=self.cluster,
                                   schedule=False)
-        self.app = build_app(InProcess(self.manager), self.config.open_metrics)
+        self.app = build_app(InProcess(self.manager), self.config.open_metrics,
+                             self.config.auth)
         self.token = operator_token(self.config)
 
     def request(self, method: str, path: str, token: str | None = "operator",

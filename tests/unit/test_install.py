@@ -1,6 +1,7 @@
 """A plain (non-editable) install carries its own data: the offers snapshot, the named
-policies, the spot traces and the demo's job spec. Run from a directory far from the
-checkout, it lists the offers, ranks a job under every shipped policy, and replays a trace.
+policies, the spot traces, the demo's job spec and the dashboard's files. Run from a
+directory far from the checkout, it lists the offers, ranks a job under every shipped
+policy, and replays a trace.
 (`raytrain demo` from such an install was run by hand; it starts Ray, which this test does
 not afford.)"""
 
@@ -40,6 +41,11 @@ def test_a_plain_install_finds_its_data_from_any_directory(tmp_path: Path) -> No
     offers = json.loads(raytrain("offers", "--json"))
     assert offers["offers"] and offers["source"] == "snapshot"
     assert (site / "raytrain" / "examples" / "demo.yaml").is_file()  # what `demo` trains
+    web = site / "raytrain" / "serve" / "web"  # the dashboard, and /docs' assets
+    for shipped in ("index.html", "app.js", "style.css", "vendor/uPlot.iife.min.js",
+                    "vendor/uPlot.LICENSE", "vendor/swagger-ui-bundle.js",
+                    "vendor/redoc.standalone.js", "vendor/js-yaml.min.js"):
+        assert (web / shipped).is_file(), shipped
     job = elsewhere / "job.json"
     job.write_text(json.dumps({
         "model": {"gpt": {"vocab_size": 32000, "dim": 2048, "num_layers": 16, "num_heads": 16,

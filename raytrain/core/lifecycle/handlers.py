@@ -134,8 +134,10 @@ def progress(c: Change, event: ProgressReported) -> dict[str, bool]:
         {k: v for k, v in event.payload.items() if k != "sent_at"})
     if job.plan is not None and job.progress.tokens_per_s:
         job.plan.measured_step_s = job.plan.tokens_per_step / job.progress.tokens_per_s
-    # sent_at stays in the event: followers can see how fresh each report is.
-    c.emit("progress", event.payload)
+    # sent_at stays in the event: followers can see how fresh each report is. Dollars go
+    # with it, so a follower (the dashboard's charts, serve.history) needs nothing else.
+    c.emit("progress", {**event.payload, "cost_usd": job.cost_usd,
+                        "usd_per_hour": job.resources.usd_per_hour})
     if c.now - c.saved_at >= PROGRESS_SAVE_INTERVAL_S:
         c.save = True
     return reply

@@ -1,0 +1,68 @@
+"""The dashboard and the API's documentation pages, served from files inside the package.
+
+    GET /         the dashboard: one HTML page; its script (web/app.js) signs in with a token
+                  and talks only to the public API, with that token, as any client would
+    GET /ui/...   its script, styles and vendored libraries (web/, web/vendor/)
+    GET /docs     Swagger UI, GET /redoc ReDoc, over /openapi.json
+
+Nothing here is fetched from the internet at run time: the charting library (uPlot), the YAML
+parser (js-yaml), Swagger UI and ReDoc are vendored with their licences under web/vendor/
+(web/vendor/README.md says where each came from; scripts/vendor_web.sh fetches them again).
+These paths need no token: they hold no job's data, and the page asks for the token before
+it reads any. /openapi.json is open too (the API's shape, as published in the source), so the
+documentation pages load before anyone signs in; "Authorize" there takes the token.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import FileResponse, HTMLResponse
+from fastapi.staticfiles import StaticFiles
+
+WEB = Path(__file__).with_name("web")
+ASSETS = "/ui/"
+PAGES = frozenset({"/", "/docs", "/redoc", "/openapi.json"})
+# The dashboard loads only what it ships, and talks only to this service.
+DASHBOARD_POLICY = ("default-src 'self'; img-src 'self' data:; style-src 'self' "
+                    "'unsafe-inline'; connect-src 'self'; frame-ancestors 'none'; "
+                    "base-uri 'none'; form-action 'self'")
+# The documentation pages start their libraries with inline scripts, and ReDoc searches in a
+# worker; neither may reach another host (ReDoc would fetch its maker's logo from a CDN).
+DOCS_POLICY = ("default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' "
+               "'unsafe-inline'; img-src 'self' data:; worker-src 'self' blob:; "
+               "connect-src 'self'; frame-ancestors 'none'")
+
+
+def add_pages(api: FastAPI) -> None:
+    """Add the dashboard, its assets, /docs and /redoc to `api` (out of its API document)."""
+    api.mount(ASSETS.rstrip("/"), StaticFiles(directory=WEB), name="ui")
+    vendor = f"{ASSETS}vendor"
+
+    @api.get("/", include_in_schema=False)
+    async def dashboard() -> FileResponse:
+        return FileResponse(WEB / "index.html", headers={
+            "Content-Security-Policy": DASHBOARD_POLICY, "Cache-Control": "no-cache",
+            "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"})
+
+    @api.get("/docs", include_in_schema=False)
+    async def swagger() -> HTMLResponse:
+        return _with_policy(get_swagger_ui_html(
+            openapi_url=api.openapi_url or "/openapi.json", title=f"{api.title} API",
+            swagger_js_url=f"{vendor}/swagger-ui-bundle.js",
+            swagger_css_url=f"{vendor}/swagger-ui.css",
+            swagger_favicon_url=f"{ASSETS}favicon.svg"))
+
+    @api.get("/redoc", include_in_schema=False)
+    async def redoc() -> HTMLResponse:
+        return _with_policy(get_redoc_html(
+            openapi_url=api.openapi_url or "/openapi.json", title=f"{api.title} API",
+            redoc_js_url=f"{vendor}/redoc.standalone.js", redoc_favicon_url=f"{ASSETS}favicon.svg",
+            with_google_fonts=False))
+
+
+def _with_policy(page: HTMLResponse) -> HTMLResponse:
+    page.headers["Content-Security-Policy"] = DOCS_POLICY
+    return page

@@ -1,0 +1,101 @@
+"""Each job's progress history: bounded by even thinning, durable across a restarted job
+manager, served at /v1/jobs/{id}/history; and the dashboard's files and the API's documents
+served from the package with nothing fetched from elsewhere."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from raytrain.serve import history
+from raytrain.serve.dashboard import WEB
+from raytrain.serve.history import History, stride_of, thinned
+from raytrain.serve.store import JobStore
+from tests.unit.test_api import Service, small_job
+
+
+@given(st.integers(0, 5000), st.integers(2, 400))
+def test_thinning_keeps_an_even_spread_from_the_first_to_the_latest(n: int,
+                                                                     limit: int) -> None:
+    numbers = list(range(n))
+    kept, stride = thinned(numbers, limit, 1)
+    assert len(kept) <= limit and kept == sorted(set(kept)) and set(kept) <= set(numbers)
+    if n:
+        assert kept[0] == 0 and kept[-1] == n - 1
+    if len(kept) > 2:  # two points say nothing of the stride (a limit of 2)
+        assert stride_of(kept) == stride  # what a restarted service reads back
+    if n <= limit:
+        assert kept == numbers and stride == 1
+    elif len(kept) > 2:
+        assert {b - a for a, b in zip(kept, kept[1:-1])} == {stride}
+        assert len(kept) > limit // 2  # the stride only doubles as far as it must
+
+
+def test_a_long_history_stays_bounded_in_memory_and_in_the_store(tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "jobs.db")
+    kept = History(store, limit=100)
+    for step in range(1, 1001):
+        kept.add("a", {"time": float(step), "step": step, "loss": 1.0 / step})
+        if step % 7 == 0:
+            kept.save("a")
+    kept.save("a")
+    again = History(JobStore(tmp_path / "jobs.db"), limit=100)
+    steps = [p["step"] for p in _points(again, "a")]
+    assert steps == [p["step"] for p in _points(kept, "a")]
+    assert len(store.points("a")) == len(steps) <= 100
+    assert steps[0] == 1 and steps[-1] == 1000 and steps == sorted(steps)
+    gaps = {b - a for a, b in zip(steps, steps[1:-1])}
+    assert gaps == {16}  # 1000 reports: one in 16, old and new alike
+
+
+def _points(kept: History, job_id: str) -> list[dict]:
+    return json.loads(kept.json(job_id))["points"]
+
+
+def test_the_history_survives_a_restarted_manager_and_goes_with_the_job(
+        tmp_path: Path) -> None:
+    service = Service(tmp_path)
+    job_id = service.request("POST", "/v1/jobs", json=small_job()).json()["id"]
+    service.tick()
+    service.train(job_id, steps=12)
+    live = [e for e in service.recorded(job_id) if e["type"] == "progress"]
+    assert {"cost_usd", "usd_per_hour"} <= live[-1]["data"].keys()  # for live charts
+    answer = service.request("GET", f"/v1/jobs/{job_id}/history").json()
+    assert [p["step"] for p in answer["points"]] == list(range(1, 13))
+    assert answer["points_kept"] == history.POINTS_KEPT
+    assert [p["time"] for p in answer["points"]] == [e["time"] for e in live]
+
+    service.manager.shutdown()  # the service stops; a new manager reads the same store
+    restarted = Service(tmp_path, cluster=service.cluster)
+    again = restarted.request("GET", f"/v1/jobs/{job_id}/history").json()
+    assert [p["step"] for p in again["points"]] == list(range(1, 13))
+    assert again["points"][-1]["loss"] == answer["points"][-1]["loss"]
+    assert restarted.request("GET", "/v1/jobs/nope/history").status_code == 404
+
+    restarted.request("DELETE", f"/v1/jobs/{job_id}")
+    restarted.tick()
+    assert restarted.request("DELETE", f"/v1/jobs/{job_id}",
+                             params={"purge": "true"}).status_code == 200
+    assert JobStore(tmp_path / "jobs.db").points(job_id) == []
+
+
+def test_the_pages_load_only_what_the_package_ships(tmp_path: Path) -> None:
+    """/, /docs and /redoc name no other host: they work offline and behind a firewall."""
+    service = Service(tmp_path)
+    for page in ("/", "/docs", "/redoc"):
+        answer = service.request("GET", page, token=None)
+        assert answer.status_code == 200, page
+        assert not re.findall(r"(?:src|href)=[\"']?(?:https?:)?//", answer.text), page
+        for asset in re.findall(r"(?:src|href)=[\"']?(/ui/[^\"' >]+)", answer.text) + \
+                re.findall(r"url: *'(/[^']+)'", answer.text):
+            assert service.request("GET", asset, token=None).status_code == 200, asset
+    assert "default-src 'self'" in service.request("GET", "/", token=None).headers[
+        "content-security-policy"]
+    vendored = {p.name for p in (WEB / "vendor").iterdir()}
+    for library in ("uPlot", "js-yaml", "swagger-ui", "redoc"):
+        assert f"{library}.LICENSE" in vendored, library
+    # test_install.py checks that an installed package carries them.
