@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-CATALOG_VERSION = "2026-11-30"
+CATALOG_VERSION = "2026-12-02"
 
 TB = 1e12
 GB = 1e9

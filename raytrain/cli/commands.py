@@ -144,6 +144,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _refresh_runpod(catalog: Any) -> Any:
+    """The catalog with RunPod's prices from its API when a key is set; else a warning."""
+    from raytrain.cloud import runpod
+
+    try:
+        api = runpod.RunPodAPI(runpod.api_key(), url=os.environ.get("RUNPOD_API_URL",
+                                                                    runpod.API_URL))
+    except runpod.RunPodError as exc:
+        return catalog.model_copy(update={"warnings": [
+            *catalog.warnings, f"RunPod prices kept from before: {exc}"]})
+    with err.status("refreshing RunPod offers"):
+        try:
+            return runpod.refresh(catalog, api, now=time.time())
+        finally:
+            api.close()
+
+
 def cmd_offers(args: argparse.Namespace) -> int:
     """The offer catalog and, for a job, the policy's ranking (offline, like `plan`)."""
     state_dir = Path(args.state_dir).expanduser()
@@ -154,6 +171,7 @@ def cmd_offers(args: argparse.Namespace) -> int:
         with err.status(f"refreshing AWS offers in {args.region}"):
             catalog = refresh(catalog, Clients.create(args.region, args.endpoint_url),
                               args.region, now=time.time())
+        catalog = _refresh_runpod(catalog)
         if not catalog.warnings or any(o.note.startswith("refreshed") for o in catalog.offers):
             err.print(f"saved {save_offers(catalog, state_dir)}")
     for warning in catalog.warnings:

@@ -5,7 +5,9 @@ Every worker node type carries a custom resource named after itself (amount 1 pe
 service asks Ray's autoscaler for a node type by that resource and places a job's workers on
 it by the same resource. On AWS the market comes from the node type's
 `InstanceMarketOptions` (spot) or its absence (on-demand), and the offer from its instance
-type and the provider's region.
+type and the provider's region. On RunPod (the external provider
+raytrain.cloud.runpod_provider) the market comes from `interruptible`, and the offer from
+`gpu_type_id` and `gpu_count` (runpod/secure/<count>x-<gpu kind>).
 
     problems = check_cluster_config(document, catalog)         # [] when good
     bindings = node_type_bindings(document, catalog)            # {"p5-spot": NodeTypeBinding}
@@ -42,9 +44,48 @@ def _worker_types(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
             if name != head}
 
 
+RUNPOD_MODULE = "raytrain.cloud.runpod_provider.RunPodNodeProvider"
+
+
+def _is_runpod(provider: dict[str, Any]) -> bool:
+    return provider.get("type") == "external" and provider.get("module") == RUNPOD_MODULE
+
+
 def _market(node_config: dict[str, Any]) -> str:
+    if "interruptible" in node_config:
+        return "spot" if node_config["interruptible"] else "on-demand"
     options = node_config.get("InstanceMarketOptions") or {}
     return "spot" if str(options.get("MarketType", "")).lower() == "spot" else "on-demand"
+
+
+def _runpod_offer_id(node_config: dict[str, Any]) -> str | None:
+    from raytrain.cloud.runpod import GPU_KINDS  # httpx only where RunPod is used
+
+    kind = GPU_KINDS.get(str(node_config.get("gpu_type_id")))
+    count = node_config.get("gpu_count")
+    return f"runpod/secure/{count}x-{kind}" if kind and isinstance(count, int) else None
+
+
+def _runpod_problems(here: tuple[str, ...], node_config: dict[str, Any],
+                     catalog: OfferCatalog) -> list[FieldError]:
+    from raytrain.cloud.runpod import GPU_KINDS
+
+    gpu = node_config.get("gpu_type_id")
+    if gpu not in GPU_KINDS:
+        return [FieldError(here + ("node_config", "gpu_type_id"), f"{gpu!r} is not a GPU type "
+                           "the catalog prices. To fix: use one of "
+                           + ", ".join(sorted(GPU_KINDS)))]
+    offer = _runpod_offer_id(node_config)
+    if offer not in {o.id for o in catalog.offers}:
+        sizes = sorted(o.gpus_per_node for o in catalog.offers if o.provider == "runpod"
+                       and o.gpu_kind == GPU_KINDS[node_config["gpu_type_id"]])
+        return [FieldError(here + ("node_config", "gpu_count"), f"no RunPod offer of "
+                           f"{node_config.get('gpu_count')!r} x {node_config['gpu_type_id']}. "
+                           f"To fix: use one of {sizes}")]
+    if not isinstance(node_config.get("interruptible"), bool):
+        return [FieldError(here + ("node_config", "interruptible"), "missing. To fix: true "
+                           "for interruptible (spot) pods, false for on-demand")]
+    return []
 
 
 def check_cluster_config(document: dict[str, Any], catalog: OfferCatalog) -> list[FieldError]:
@@ -77,6 +118,8 @@ def check_cluster_config(document: dict[str, Any], catalog: OfferCatalog) -> lis
                                        f"resource {name!r}: 1, by which the service requests it "
                                        f"and places jobs on it. To fix: add {{{name}: 1}}"))
         node_config = spec.get("node_config") or {}
+        if _is_runpod(provider):
+            problems += _runpod_problems(here, node_config, catalog)
         if provider.get("type") != "aws":
             continue
         misspelt = [k for k in node_config if k.lower() == "instancetype" and k != "InstanceType"]
@@ -106,11 +149,13 @@ def node_type_bindings(document: dict[str, Any], catalog: OfferCatalog
         raise SpecError(problems, "cluster config")
     region = (document.get("provider") or {}).get("region")
     bindings = {}
+    runpod = _is_runpod(document.get("provider") or {})
     for name, spec in _worker_types(document).items():
         node_config = spec.get("node_config") or {}
-        offer = next(o for o in catalog.offers if o.provider == "aws" and o.region == region
-                     and o.instance_type == node_config["InstanceType"])
-        bindings[name] = NodeTypeBinding(offer=offer.id, market=_market(node_config),
+        offer = _runpod_offer_id(node_config) if runpod else next(
+            o.id for o in catalog.offers if o.provider == "aws" and o.region == region
+            and o.instance_type == node_config["InstanceType"])
+        bindings[name] = NodeTypeBinding(offer=offer, market=_market(node_config),
                                          max_nodes=spec.get("max_workers", 0))
     return bindings
 

@@ -162,7 +162,8 @@ def options(goal: Goal, offers: Iterable[Offer], throughput: Throughput, policy:
     for offer in offers:
         for market in (m for m in offer.markets() if m in allowed):
             hourly = offer.usd_per_hour(market) or 0.0
-            for nodes in (n for n in NODE_COUNTS if n <= policy.max_nodes):
+            most = min(policy.max_nodes, offer.max_nodes or policy.max_nodes)
+            for nodes in (n for n in NODE_COUNTS if n <= most):
                 if goal.max_usd_per_hour is not None and hourly * nodes > goal.max_usd_per_hour:
                     break
                 fit = throughput(offer, nodes)

@@ -35,6 +35,9 @@ class Offer(Strict):
     interruption_band: str | None = Field(
         None, description="The provider's published band, e.g. AWS Spot Advisor '>20%' a month."
     )
+    max_nodes: int | None = Field(None, ge=1, description=(
+        "The most nodes of this offer one job may span (1: its nodes cannot train together, "
+        "e.g. GPU-cloud pods joined only by a slow network); null: no limit."))
     note: str = Field("", description="Where the figures come from.")
 
     @model_validator(mode="after")
@@ -68,7 +71,9 @@ class OfferCatalog(Record):
         CATALOG_VERSION, description="The catalog these offers belong to (raytrain.catalog: "
         "one version for hardware, offers and policies); fetched_at says when a refresh "
         "updated their prices.")
-    source: Literal["snapshot", "aws", "file"] = Field(description="Where the offers came from.")
+    source: Literal["snapshot", "aws", "runpod", "aws+runpod", "file"] = Field(
+        description="Where the offers came from: the shipped snapshot, a refresh from AWS, "
+        "RunPod or both, or an operator's file.")
     fetched_at: float | None = Field(None, description="Unix time of the refresh, if any.")
     warnings: list[str] = Field(default_factory=list, description="What could not be refreshed.")
     offers: list[Offer]

@@ -1,0 +1,294 @@
+"""The only code that talks to RunPod: its GraphQL API (https://api.runpod.io/graphql, the
+schema at graphql-spec.runpod.io), over httpx, with the key in an `Authorization: Bearer`
+header (never in the URL, so no log line carries it).
+
+The operations, as RunPod's own Python SDK (runpod-python, runpod/api/) and other projects
+that rent pods through it send them:
+- `gpuTypes { ... lowestPrice(input: {gpuCount}) { minimumBidPrice uninterruptablePrice
+  stockStatus } }`: GPU types, their on-demand price, the lowest interruptible bid and stock;
+- `podFindAndDeployOnDemand(input: PodFindAndDeployOnDemandInput!)`: an on-demand pod;
+- `podRentInterruptable(input: PodRentInterruptableInput!)`: an interruptible pod at
+  `bidPerGpu` dollars per GPU-hour;
+- `myself { pods { id name desiredStatus env costPerHr gpuCount ... } }`: the account's pods;
+- `podTerminate(input: {podId})`.
+Variables carry every value, so no input is ever spliced into a query.
+
+Errors say what failed and how to fix it, and never include the key:
+- `RunPodAuthError`: the key was refused;
+- `NoCapacity`: no machine has the GPU type in stock, or the bid is below the lowest one
+  (the autoscaler's request is not met; the service's policy moves to its next offer);
+- `RunPodUnavailable`: a timeout, no connection, or a 5xx (worth retrying later).
+
+    api = RunPodAPI(api_key())                       # RUNPOD_API_KEY, or a key file
+    api.gpu_types(); api.deploy(...); api.pods(); api.terminate(pod_id)
+    catalog = refresh(load_offers(state_dir), api, now=time.time())
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from raytrain.errors import RaytrainError
+from raytrain.spec import Offer, OfferCatalog
+
+logger = logging.getLogger(__name__)
+
+API_URL = "https://api.runpod.io/graphql"
+KEY_ENV = "RUNPOD_API_KEY"
+KEY_FILE_ENV = "RUNPOD_API_KEY_FILE"
+# runpodctl and the runpod SDK keep the key here (`apikey = "..."`).
+DEFAULT_KEY_FILE = Path("~/.runpod/config.toml")
+TIMEOUT_S = 30.0
+# What the catalog calls the GPU types RunPod names (gpuTypes' ids).
+GPU_KINDS = {"NVIDIA GeForce RTX 4090": "rtx4090", "NVIDIA H100 80GB HBM3": "h100-sxm"}
+INTRA_LINKS = {"rtx4090": "pcie4-no-p2p", "h100-sxm": "nvlink4"}
+# Pods reach each other only over RunPod's global networking, at 100 Mbit/s: enough for Ray's
+# control plane, far too slow for gradients. Each offer is one pod (max_nodes 1).
+POD_NETWORK_GBPS = 0.1
+
+_NO_STOCK = re.compile(r"no longer any instances available|not enough|out of stock|"
+                       r"no (gpu|machine)s? available", re.I)
+_LOW_BID = re.compile(r"bid", re.I)
+_AUTH = re.compile(r"unauthori[sz]ed|invalid (api key|authorization)|UNAUTHENTICATED", re.I)
+
+
+class RunPodError(RaytrainError):
+    """A RunPod API call failed; the message says how to fix it."""
+
+
+class RunPodAuthError(RunPodError):
+    pass
+
+
+class NoCapacity(RunPodError):
+    pass
+
+
+class RunPodUnavailable(RunPodError):
+    pass
+
+
+def api_key(environ: dict[str, str] | None = None) -> str:
+    """The key from RUNPOD_API_KEY, else the file RUNPOD_API_KEY_FILE names, else
+    ~/.runpod/config.toml; RunPodAuthError naming where it looked when none has one."""
+    environ = dict(os.environ if environ is None else environ)
+    if environ.get(KEY_ENV, "").strip():
+        return environ[KEY_ENV].strip()
+    path = Path(environ.get(KEY_FILE_ENV) or DEFAULT_KEY_FILE).expanduser()
+    try:
+        text = path.read_text()
+    except OSError:
+        text = ""
+    found = re.search(r'^\s*api_?key\s*=\s*"([^"]+)"', text, re.M | re.I)
+    if found:
+        return found.group(1)
+    if text.strip() and "=" not in text:
+        return text.strip()  # a file holding only the key
+    raise RunPodAuthError(f"no RunPod API key: {KEY_ENV} is unset and {path} has none. To fix: "
+                          f"export {KEY_ENV}=<key> (RunPod console, Settings, API Keys) or put "
+                          f"it in a file and set {KEY_FILE_ENV}")
+
+
+GPU_TYPES = """
+query GpuTypes($count: Int!) {
+  gpuTypes {
+    id displayName memoryInGb maxGpuCount securePrice communityPrice
+    secureSpotPrice communitySpotPrice
+    lowestPrice(input: {gpuCount: $count}) { minimumBidPrice uninterruptablePrice stockStatus }
+  }
+}"""
+POD_FIELDS = ("id name desiredStatus env costPerHr gpuCount machineId "
+              "runtime { ports { ip isIpPublic privatePort publicPort type } }")
+DEPLOY_ON_DEMAND = f"""
+mutation Deploy($input: PodFindAndDeployOnDemandInput!) {{
+  podFindAndDeployOnDemand(input: $input) {{ {POD_FIELDS} }}
+}}"""
+DEPLOY_INTERRUPTIBLE = f"""
+mutation Rent($input: PodRentInterruptableInput!) {{
+  podRentInterruptable(input: $input) {{ {POD_FIELDS} }}
+}}"""
+PODS = f"query Pods {{ myself {{ pods {{ {POD_FIELDS} }} }} }}"
+TERMINATE = "mutation Terminate($input: PodTerminateInput!) { podTerminate(input: $input) }"
+
+
+@dataclass
+class PodRequest:
+    """One pod to create."""
+
+    name: str
+    image: str
+    gpu_type_id: str
+    gpu_count: int
+    interruptible: bool
+    env: dict[str, str] = field(default_factory=dict)
+    bid_per_gpu: float | None = None  # interruptible only; None: the lowest bid now
+    cloud_type: str = "SECURE"
+    container_disk_gb: int = 50
+    docker_args: str = ""
+    ports: str = "22/tcp"
+
+    def input(self, bid_per_gpu: float | None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "name": self.name, "imageName": self.image, "gpuTypeId": self.gpu_type_id,
+            "gpuCount": self.gpu_count, "cloudType": self.cloud_type,
+            "containerDiskInGb": self.container_disk_gb, "volumeInGb": 0,
+            "dockerArgs": self.docker_args, "ports": self.ports, "supportPublicIp": False,
+            "env": [{"key": k, "value": v} for k, v in sorted(self.env.items())],
+        }
+        if self.interruptible:
+            body["bidPerGpu"] = bid_per_gpu
+        return body
+
+
+class RunPodAPI:
+    def __init__(self, key: str, url: str = API_URL, timeout_s: float = TIMEOUT_S) -> None:
+        self._http = httpx.Client(timeout=timeout_s,
+                                  headers={"Authorization": f"Bearer {key}",
+                                           "Content-Type": "application/json"})
+        self.url, self.timeout_s = url, timeout_s
+
+    def __repr__(self) -> str:  # never the key
+        return f"RunPodAPI({self.url!r})"
+
+    def close(self) -> None:
+        self._http.close()
+
+    def call(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The `data` of one GraphQL request; the errors above for anything else."""
+        what = query.split("(")[0].split("{")[0].strip()
+        try:
+            answer = self._http.post(self.url, json={"query": query,
+                                                     "variables": variables or {}})
+        except httpx.TimeoutException:
+            raise RunPodUnavailable(f"RunPod did not answer {what} within {self.timeout_s:.0f} "
+                                    "s. To fix: retry later; nothing was changed if it was a "
+                                    "query") from None
+        except httpx.HTTPError as exc:
+            raise RunPodUnavailable(f"cannot reach RunPod for {what}: {type(exc).__name__}. To "
+                                    "fix: check this machine's network") from None
+        if answer.status_code in (401, 403):
+            raise _auth_error()
+        if answer.status_code >= 500:
+            raise RunPodUnavailable(f"RunPod answered {answer.status_code} to {what}. To fix: "
+                                    "retry later (RunPod's side)")
+        try:
+            document = answer.json()
+        except ValueError:
+            raise RunPodUnavailable(f"RunPod answered {what} with {answer.status_code} and no "
+                                    "JSON. To fix: retry later") from None
+        errors = document.get("errors") or []
+        if errors:
+            message = "; ".join(str(e.get("message", e)) for e in errors)[:300]
+            codes = {str((e.get("extensions") or {}).get("code", "")) for e in errors}
+            if "UNAUTHENTICATED" in codes or _AUTH.search(message):
+                raise _auth_error()
+            if _NO_STOCK.search(message):
+                raise NoCapacity(f"RunPod has no machine for {what} now: {message}. To fix: "
+                                 "nothing; the policy tries the next offer")
+            if _LOW_BID.search(message):
+                raise NoCapacity(f"RunPod refused the bid for {what}: {message}. To fix: "
+                                 "nothing; the policy tries on-demand or another offer")
+            raise RunPodError(f"RunPod refused {what}: {message}")
+        if answer.status_code >= 400 or not isinstance(document.get("data"), dict):
+            raise RunPodError(f"RunPod answered {what} with {answer.status_code} and no data")
+        return document["data"]
+
+    def gpu_types(self, gpu_count: int = 1) -> list[dict[str, Any]]:
+        return list(self.call(GPU_TYPES, {"count": gpu_count})["gpuTypes"] or [])
+
+    def deploy(self, request: PodRequest) -> dict[str, Any]:
+        """Create a pod; NoCapacity when none can be had at that price now."""
+        if not request.interruptible:
+            pod = self.call(DEPLOY_ON_DEMAND, {"input": request.input(None)})
+            pod = pod["podFindAndDeployOnDemand"]
+        else:
+            bid = request.bid_per_gpu
+            if bid is None:
+                bid = lowest_bid(self.gpu_types(request.gpu_count), request.gpu_type_id)
+            pod = self.call(DEPLOY_INTERRUPTIBLE, {"input": request.input(bid)})
+            pod = pod["podRentInterruptable"]
+        if not pod:
+            raise NoCapacity(f"RunPod created no {request.gpu_count} x {request.gpu_type_id} "
+                             "pod (no machine free). To fix: nothing; the policy tries the "
+                             "next offer")
+        return pod
+
+    def pods(self) -> list[dict[str, Any]]:
+        return list((self.call(PODS)["myself"] or {}).get("pods") or [])
+
+    def terminate(self, pod_id: str) -> None:
+        self.call(TERMINATE, {"input": {"podId": pod_id}})
+
+
+def _auth_error() -> RunPodAuthError:
+    return RunPodAuthError(f"RunPod refused the API key. To fix: set {KEY_ENV} (or the file "
+                           f"{KEY_FILE_ENV} names) to a current key from RunPod's console, "
+                           "Settings, API Keys")
+
+
+def lowest_bid(gpu_types: list[dict[str, Any]], gpu_type_id: str) -> float:
+    for gpu in gpu_types:
+        if gpu.get("id") == gpu_type_id:
+            price = (gpu.get("lowestPrice") or {}).get("minimumBidPrice")
+            if price:
+                return float(price)
+            raise NoCapacity(f"RunPod lists no interruptible {gpu_type_id} now (no minimum "
+                             "bid). To fix: nothing; the policy tries the next offer")
+    raise RunPodError(f"RunPod has no GPU type {gpu_type_id!r}. To fix: use one of "
+                      + ", ".join(sorted(str(g.get("id")) for g in gpu_types)))
+
+
+def pod_env(pod: dict[str, Any]) -> dict[str, str]:
+    """A pod's environment, which RunPod lists as "KEY=value" strings."""
+    env = pod.get("env") or []
+    if isinstance(env, dict):
+        return {str(k): str(v) for k, v in env.items()}
+    return dict(item.split("=", 1) for item in env if "=" in item)
+
+
+def refresh(catalog: OfferCatalog, api: RunPodAPI, now: float) -> OfferCatalog:
+    """The catalog with its RunPod offers' prices from the API: on-demand from each GPU type's
+    `uninterruptablePrice` for that pod size, interruptible from its `minimumBidPrice`. What
+    fails keeps the previous figures with a warning; other providers' rows are unchanged."""
+    rows = [o for o in catalog.offers if o.provider == "runpod"]
+    warnings: list[str] = []
+    refreshed: dict[str, Offer] = {}
+    by_kind = {kind: gpu_id for gpu_id, kind in GPU_KINDS.items()}
+    for count in sorted({o.gpus_per_node for o in rows}):
+        try:
+            types = {g["id"]: g for g in api.gpu_types(count)}
+        except RunPodError as exc:
+            warnings.append(f"RunPod prices for {count}-GPU pods kept from before: {exc}")
+            continue
+        for offer in (o for o in rows if o.gpus_per_node == count):
+            gpu = types.get(by_kind.get(offer.gpu_kind, ""))
+            if gpu is None:
+                warnings.append(f"RunPod lists no {offer.gpu_kind} now; {offer.id} keeps its "
+                                "previous prices")
+                continue
+            lowest = gpu.get("lowestPrice") or {}
+            update: dict[str, Any] = {"note": f"refreshed from RunPod {_day(now)}; stock "
+                                              f"{lowest.get('stockStatus') or 'unknown'}"}
+            if lowest.get("uninterruptablePrice"):
+                update["on_demand_usd_per_hour"] = float(lowest["uninterruptablePrice"]) * count
+            if lowest.get("minimumBidPrice"):
+                update["spot_usd_per_hour"] = float(lowest["minimumBidPrice"]) * count
+            refreshed[offer.id] = Offer.model_validate({**offer.model_dump(), **update})
+    for warning in warnings:
+        logger.warning("offer refresh: %s", warning)
+    source = "aws+runpod" if catalog.source in ("aws", "aws+runpod") else "runpod"
+    return OfferCatalog(version=catalog.version, source=source,  # type: ignore[arg-type]
+                        fetched_at=now, warnings=[*catalog.warnings, *warnings],
+                        offers=[refreshed.get(o.id, o) for o in catalog.offers])
+
+
+def _day(now: float) -> str:
+    return dt.datetime.fromtimestamp(now, dt.timezone.utc).strftime("%Y-%m-%d")

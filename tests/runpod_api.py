@@ -1,0 +1,229 @@
+"""A local fake of RunPod's GraphQL API on 127.0.0.1: the operations raytrain.cloud.runpod
+sends, executed by graphql-core against the part of RunPod's published schema they use (so a
+misspelt field or input is refused as RunPod would refuse it), with bearer-key checks, stock,
+bids, and faults to inject.
+
+    with FakeRunPod(stock={"NVIDIA GeForce RTX 4090": 8}) as fake:
+        api = RunPodAPI(fake.key, url=fake.url)
+        fake.fail_next(status=503); fake.reclaim(pod_id)
+        fake.delay_s, fake.delayed = 5, 1     # the next answer comes 5 s late
+
+`on_create(pod)` / `on_terminate(pod)` let a test start and stop what a pod stands for (a
+local Ray worker node, say).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+from graphql import build_schema, graphql_sync
+
+SCHEMA = build_schema("""
+type Query { gpuTypes(input: GpuTypeFilter): [GpuType]  myself: User  pod(input: PodFilter): Pod }
+type Mutation {
+  podFindAndDeployOnDemand(input: PodFindAndDeployOnDemandInput): Pod
+  podRentInterruptable(input: PodRentInterruptableInput!): Pod
+  podTerminate(input: PodTerminateInput!): Boolean
+}
+input GpuTypeFilter { id: String }
+input PodFilter { podId: String! }
+input LowestPriceInput { gpuCount: Int }
+type GpuType {
+  id: String displayName: String memoryInGb: Int maxGpuCount: Int
+  securePrice: Float communityPrice: Float secureSpotPrice: Float communitySpotPrice: Float
+  lowestPrice(input: LowestPriceInput): LowestPrice
+}
+type LowestPrice { minimumBidPrice: Float uninterruptablePrice: Float stockStatus: String }
+type User { id: String pods: [Pod] }
+type Pod {
+  id: String! name: String desiredStatus: String env: [String] costPerHr: Float
+  gpuCount: Int machineId: String runtime: PodRuntime
+}
+type PodRuntime { ports: [PodRuntimePorts] }
+type PodRuntimePorts {
+  ip: String isIpPublic: Boolean privatePort: Int publicPort: Int type: String
+}
+enum CloudTypeEnum { ALL SECURE COMMUNITY }
+input EnvironmentVariableInput { key: String! value: String! }
+input PodFindAndDeployOnDemandInput {
+  name: String imageName: String gpuTypeId: String gpuCount: Int cloudType: CloudTypeEnum
+  containerDiskInGb: Int volumeInGb: Int dockerArgs: String ports: String
+  supportPublicIp: Boolean env: [EnvironmentVariableInput]
+}
+input PodRentInterruptableInput {
+  name: String imageName: String gpuTypeId: String gpuCount: Int cloudType: CloudTypeEnum
+  containerDiskInGb: Int volumeInGb: Int dockerArgs: String ports: String
+  supportPublicIp: Boolean env: [EnvironmentVariableInput] bidPerGpu: Float!
+}
+input PodTerminateInput { podId: String! }
+""")
+
+# Per GPU-hour: (on-demand, lowest interruptible bid).
+PRICES = {"NVIDIA GeForce RTX 4090": (0.59, 0.34), "NVIDIA H100 80GB HBM3": (2.99, 2.09)}
+MEMORY_GB = {"NVIDIA GeForce RTX 4090": 24, "NVIDIA H100 80GB HBM3": 80}
+
+
+class GraphQLError(Exception):
+    pass
+
+
+class FakeRunPod:
+    def __init__(self, stock: dict[str, int] | None = None, key: str = "rp_test_key") -> None:
+        self.key = key
+        self.stock = dict(stock if stock is not None else {g: 8 for g in PRICES})
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.requests: list[dict[str, Any]] = []
+        self.delay_s = 0.0  # how late the next `delayed` answers come (after the work)
+        self.delayed = 0
+        self._fail: list[tuple[int, str]] = []
+        self.on_create: Callable[[dict[str, Any]], None] = lambda pod: None
+        self.on_terminate: Callable[[dict[str, Any]], None] = lambda pod: None
+        self.lock = threading.Lock()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                status, answer = fake.answer(self.headers.get("Authorization", ""), body)
+                if fake.delayed > 0:
+                    fake.delayed -= 1
+                    time.sleep(fake.delay_s)
+                data = json.dumps(answer).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up waiting (a timeout the test asked for)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/graphql"
+
+    def __enter__(self) -> FakeRunPod:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    # -------------------------------------------------------------- what tests do
+
+    def fail_next(self, status: int = 503, message: str = "internal error") -> None:
+        """The next request answers `status` (a GraphQL error with `message` for 200)."""
+        self._fail.append((status, message))
+
+    def reclaim(self, pod_id: str) -> None:
+        """RunPod takes an interruptible pod back (outbid, or its host reclaimed): no
+        notice; the pod is gone and billing stops."""
+        with self.lock:
+            pod = self.pods.pop(pod_id)
+            self.stock[pod["gpuTypeId"]] += pod["gpuCount"]
+        self.on_terminate(pod)
+
+    def running(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [p for p in self.pods.values() if p["desiredStatus"] == "RUNNING"]
+
+    # ------------------------------------------------------------------- the API
+
+    def answer(self, authorization: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        if authorization != f"Bearer {self.key}":
+            return 401, {"errors": [{"message": "Unauthorized",
+                                     "extensions": {"code": "UNAUTHENTICATED"}}]}
+        if self._fail:
+            status, message = self._fail.pop(0)
+            if status != 200:
+                return status, {"error": message}
+            return 200, {"errors": [{"message": message}], "data": None}
+        request = json.loads(body)
+        self.requests.append(request)
+        result = graphql_sync(SCHEMA, request["query"], root_value=self,
+                              variable_values=request.get("variables"))
+        answer: dict[str, Any] = {"data": result.data}
+        if result.errors:
+            answer["errors"] = [{"message": e.message} for e in result.errors]
+        return 200, answer
+
+    def gpuTypes(self, info: Any, input: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # noqa: A002,N802
+        return [self._gpu(gpu_id) for gpu_id in PRICES
+                if input is None or input.get("id") in (None, gpu_id)]
+
+    def _gpu(self, gpu_id: str) -> dict[str, Any]:
+        on_demand, bid = PRICES[gpu_id]
+        fake = self
+
+        def lowest(info: Any, input: dict[str, Any] | None = None) -> dict[str, Any]:  # noqa: A002
+            count = (input or {}).get("gpuCount") or 1
+            free = fake.stock.get(gpu_id, 0)
+            return {"minimumBidPrice": bid if free >= count else None,
+                    "uninterruptablePrice": on_demand if free >= count else None,
+                    "stockStatus": "High" if free >= 8 else "Low" if free >= count else None}
+
+        return {"id": gpu_id, "displayName": gpu_id, "memoryInGb": MEMORY_GB[gpu_id],
+                "maxGpuCount": 8, "securePrice": on_demand, "communityPrice": on_demand,
+                "secureSpotPrice": bid, "communitySpotPrice": bid, "lowestPrice": lowest}
+
+    def myself(self, info: Any) -> dict[str, Any]:
+        with self.lock:
+            return {"id": "user", "pods": [self._public(p) for p in self.pods.values()]}
+
+    def pod(self, info: Any, input: dict[str, Any]) -> dict[str, Any] | None:  # noqa: A002
+        pod = self.pods.get(input["podId"])
+        return self._public(pod) if pod else None
+
+    def podFindAndDeployOnDemand(self, info: Any, input: dict[str, Any]) -> dict[str, Any]:  # noqa: A002,N802
+        return self._deploy(input, None)
+
+    def podRentInterruptable(self, info: Any, input: dict[str, Any]) -> dict[str, Any]:  # noqa: A002,N802
+        return self._deploy(input, input["bidPerGpu"])
+
+    def podTerminate(self, info: Any, input: dict[str, Any]) -> None:  # noqa: A002,N802
+        with self.lock:
+            pod = self.pods.pop(input["podId"], None)
+            if pod is not None:
+                self.stock[pod["gpuTypeId"]] += pod["gpuCount"]
+        if pod is not None:
+            self.on_terminate(pod)
+
+    def _deploy(self, spec: dict[str, Any], bid: float | None) -> dict[str, Any]:
+        gpu_id, count = spec["gpuTypeId"], spec.get("gpuCount") or 1
+        if gpu_id not in PRICES:
+            raise GraphQLError(f"Invalid gpu type {gpu_id}")
+        on_demand, lowest_bid = PRICES[gpu_id]
+        if bid is not None and bid < lowest_bid:
+            raise GraphQLError(f"Your bid price of {bid} is below the minimum bid of "
+                               f"{lowest_bid}")
+        with self.lock:
+            if self.stock.get(gpu_id, 0) < count:
+                raise GraphQLError("There are no longer any instances available with the "
+                                   "requested specifications. Please refresh and try again.")
+            self.stock[gpu_id] -= count
+            pod = {"id": uuid.uuid4().hex[:14], "name": spec.get("name"),
+                   "desiredStatus": "RUNNING", "gpuTypeId": gpu_id, "gpuCount": count,
+                   "env": [f"{e['key']}={e['value']}" for e in spec.get("env") or []],
+                   "costPerHr": round((bid if bid is not None else on_demand) * count, 4),
+                   "machineId": uuid.uuid4().hex[:8], "interruptible": bid is not None,
+                   # The pod's private address on RunPod's global network: this host here.
+                   "runtime": {"ports": [{"ip": "127.0.0.1", "isIpPublic": False,
+                                          "privatePort": 22, "publicPort": 22,
+                                          "type": "tcp"}]},
+                   "dockerArgs": spec.get("dockerArgs", "")}
+            self.pods[pod["id"]] = pod
+        self.on_create(pod)
+        return self._public(pod)
+
+    @staticmethod
+    def _public(pod: dict[str, Any]) -> dict[str, Any]:
+        return {k: pod[k] for k in ("id", "name", "desiredStatus", "env", "costPerHr",
+                                    "gpuCount", "machineId", "runtime")}

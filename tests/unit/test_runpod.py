@@ -1,0 +1,211 @@
+"""RunPod: the API client, the offers it refreshes and the Ray node provider, against a local
+fake of RunPod's GraphQL API over real HTTP (tests/runpod_api.py); the cluster config against
+Ray's schema and ours; and the policy keeping a job on one pod."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import yaml
+from ray.autoscaler.tags import TAG_RAY_NODE_KIND, TAG_RAY_NODE_STATUS, TAG_RAY_USER_NODE_TYPE
+
+from raytrain.catalog.files import load_policies, snapshot
+from raytrain.cloud import runpod
+from raytrain.cloud.cluster import check_cluster_config, node_type_bindings, validate_with_ray
+from raytrain.cloud.runpod import (
+    NoCapacity,
+    PodRequest,
+    RunPodAPI,
+    RunPodAuthError,
+    RunPodUnavailable,
+    api_key,
+)
+from raytrain.cloud.runpod_provider import RunPodNodeProvider
+from raytrain.core.autoscale import job_goal, job_throughput, options
+from raytrain.spec import JobSpec
+from tests.runpod_api import FakeRunPod
+
+REPO = Path(__file__).resolve().parents[2]
+RTX4090 = "NVIDIA GeForce RTX 4090"
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeRunPod]:
+    with FakeRunPod(stock={RTX4090: 8, H100: 8}) as server:
+        yield server
+
+
+@pytest.fixture
+def api(fake: FakeRunPod) -> Iterator[RunPodAPI]:
+    client = RunPodAPI(fake.key, url=fake.url, timeout_s=1.0)
+    yield client
+    client.close()
+
+
+def pod(interruptible: bool, gpu: str = RTX4090, count: int = 1, **kw: object) -> PodRequest:
+    return PodRequest(name="t", image="img", gpu_type_id=gpu, gpu_count=count,
+                      interruptible=interruptible, **kw)  # type: ignore[arg-type]
+
+
+def test_pods_are_bought_on_demand_and_interruptible_and_listed_and_terminated(
+        fake: FakeRunPod, api: RunPodAPI) -> None:
+    on_demand = api.deploy(pod(False, env={"A": "1"}))
+    spot = api.deploy(pod(True, count=2))  # at the lowest bid RunPod lists now
+    assert on_demand["costPerHr"] == 0.59 and spot["costPerHr"] == 0.68
+    assert runpod.pod_env(on_demand) == {"A": "1"}
+    assert {p["id"] for p in api.pods()} == {on_demand["id"], spot["id"]}
+    assert fake.stock[RTX4090] == 5
+    api.terminate(spot["id"])
+    assert [p["id"] for p in api.pods()] == [on_demand["id"]] and fake.stock[RTX4090] == 7
+
+
+def test_every_bad_answer_is_a_clear_error_in_time_and_never_shows_the_key(
+        fake: FakeRunPod, api: RunPodAPI, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    fake.stock[H100] = 0
+    with pytest.raises(NoCapacity, match="no machine"):
+        api.deploy(pod(False, gpu=H100, count=8))
+    with pytest.raises(NoCapacity, match="lists no interruptible"):
+        api.deploy(pod(True, gpu=H100, count=8))
+    with pytest.raises(NoCapacity, match="refused the bid"):
+        api.deploy(pod(True, bid_per_gpu=0.05))
+    fake.fail_next(status=503)
+    with pytest.raises(RunPodUnavailable, match="503"):
+        api.pods()
+    fake.delay_s, fake.delayed = 2.0, 1
+    started = time.monotonic()
+    with pytest.raises(RunPodUnavailable, match="within 1 s"):
+        api.gpu_types()
+    assert time.monotonic() - started < 2.0
+    wrong = RunPodAPI("rp_wrong_secret", url=fake.url)
+    with pytest.raises(RunPodAuthError, match="RUNPOD_API_KEY") as refused:
+        wrong.pods()
+    for text in (str(refused.value), repr(wrong), caplog.text):
+        assert "rp_wrong_secret" not in text and fake.key not in text
+    assert not fake.pods  # nothing was bought by any of it
+
+
+def test_the_key_comes_from_the_environment_or_a_file(tmp_path: Path) -> None:
+    assert api_key({"RUNPOD_API_KEY": " k1 "}) == "k1"
+    config = tmp_path / "config.toml"
+    config.write_text('apikey = "k2"\n')
+    assert api_key({"RUNPOD_API_KEY_FILE": str(config)}) == "k2"
+    with pytest.raises(RunPodAuthError, match="RUNPOD_API_KEY"):
+        api_key({"RUNPOD_API_KEY_FILE": str(tmp_path / "none")})
+
+
+def test_offers_take_runpods_prices_and_keep_the_rest(fake: FakeRunPod, api: RunPodAPI) -> None:
+    before = snapshot()
+    after = runpod.refresh(before, api, now=1_796_200_000.0)
+    rows = {o.id: o for o in after.offers}
+    assert rows["runpod/secure/4x-rtx4090"].on_demand_usd_per_hour == pytest.approx(4 * 0.59)
+    assert rows["runpod/secure/4x-rtx4090"].spot_usd_per_hour == pytest.approx(4 * 0.34)
+    assert rows["runpod/secure/8x-h100-sxm"].spot_usd_per_hour == pytest.approx(8 * 2.09)
+    assert "refreshed from RunPod" in rows["runpod/secure/1x-rtx4090"].note
+    assert [o for o in after.offers if o.provider == "aws"] == \
+        [o for o in before.offers if o.provider == "aws"]
+    assert not [o for o in after.offers if o.provider == "gpu-market"]
+    fake.fail_next(status=500)  # the 1-GPU query fails: those rows keep their figures
+    kept = runpod.refresh(before, api, now=1_796_200_000.0)
+    one = next(o for o in kept.offers if o.id == "runpod/secure/1x-rtx4090")
+    assert one == next(o for o in before.offers if o.id == one.id)
+    assert any("kept from before" in w for w in kept.warnings)
+
+
+def provider(fake: FakeRunPod, api: RunPodAPI, tmp_path: Path) -> RunPodNodeProvider:
+    return RunPodNodeProvider({"head_ip": "10.0.0.1", "tags_file": str(tmp_path / "tags.json")},
+                              "rt", api=api)
+
+
+NODE_CONFIG = {"gpu_type_id": RTX4090, "gpu_count": 2, "interruptible": True,
+               "docker_args": "ray start --address={head_ip}:6379 --resources='{resources}'"}
+TAGS = {TAG_RAY_NODE_KIND: "worker", TAG_RAY_USER_NODE_TYPE: "rtx4090x2-spot"}
+
+
+def test_the_node_provider_keeps_its_nodes_and_tags_on_runpod_across_a_restart(
+        fake: FakeRunPod, api: RunPodAPI, tmp_path: Path) -> None:
+    nodes = provider(fake, api, tmp_path)
+    [node] = nodes.create_node(NODE_CONFIG, TAGS, 1)
+    made = fake.pods[node]
+    assert made["interruptible"] and made["gpuCount"] == 2
+    assert made["dockerArgs"] == ("ray start --address=10.0.0.1:6379 "
+                                  "--resources='{\"rtx4090x2-spot\": 1}'")
+    assert nodes.non_terminated_nodes({TAG_RAY_USER_NODE_TYPE: "rtx4090x2-spot"}) == [node]
+    assert nodes.non_terminated_nodes({TAG_RAY_USER_NODE_TYPE: "h100x8-spot"}) == []
+    assert nodes.node_tags(node)[TAG_RAY_NODE_STATUS] == "up-to-date"
+    assert nodes.internal_ip(node) == "127.0.0.1"
+    nodes.set_node_tags(node, {"later": "yes"})
+    fake.requests.clear()
+    restarted = provider(fake, api, tmp_path)  # a new autoscaler: only RunPod and the file
+    assert restarted.non_terminated_nodes({}) == [node]
+    assert restarted.node_tags(node) == {**TAGS, TAG_RAY_NODE_STATUS: "up-to-date",
+                                         "later": "yes"}
+    other_cluster = RunPodNodeProvider({"head_ip": "10.0.0.1", "tags_file": str(
+        tmp_path / "other.json")}, "someone-else", api=api)
+    assert other_cluster.non_terminated_nodes({}) == []
+    restarted.terminate_node(node)
+    assert fake.pods == {} and restarted.non_terminated_nodes({}) == []
+
+
+def test_a_reclaimed_pod_is_gone_and_no_failed_create_leaves_a_pod_running(
+        fake: FakeRunPod, api: RunPodAPI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+        ) -> None:
+    monkeypatch.setattr("raytrain.cloud.runpod_provider.LIST_CACHE_S", 0.0)
+    nodes = provider(fake, api, tmp_path)
+    [node] = nodes.create_node(NODE_CONFIG, TAGS, 1)
+    fake.reclaim(node)  # interruptible, no notice
+    assert nodes.is_terminated(node) and nodes.non_terminated_nodes({}) == []
+    fake.stock[RTX4090] = 0
+    with pytest.raises(NoCapacity):
+        nodes.create_node({**NODE_CONFIG, "interruptible": False}, TAGS, 1)
+    fake.stock[RTX4090] = 8
+    # RunPod makes the pod but answers too late: the provider finds it and terminates it.
+    on_demand = {**NODE_CONFIG, "interruptible": False}
+    fake.delay_s, fake.delayed = 1.5, 1
+    with pytest.raises(RunPodUnavailable):
+        nodes.create_node(on_demand, TAGS, 1)
+    assert fake.pods == {}
+    # ... and when RunPod cannot even be asked then, the next listing does it.
+    fake.delay_s, fake.delayed = 1.5, 2
+    with pytest.raises(RunPodUnavailable):
+        nodes.create_node(on_demand, TAGS, 1)
+    assert len(fake.pods) == 1 and nodes.non_terminated_nodes({}) == []
+    assert fake.pods == {}
+
+
+def test_the_runpod_cluster_config_passes_rays_schema_and_ours() -> None:
+    document = yaml.safe_load((REPO / "cluster" / "runpod.yaml").read_text())
+    validate_with_ray(document, fill_defaults=False)
+    validate_with_ray(document)
+    assert check_cluster_config(document, snapshot()) == []
+    bindings = node_type_bindings(document, snapshot())
+    assert {(b.offer, b.market) for b in bindings.values()} == {
+        (f"runpod/secure/{n}x-rtx4090", m) for n in (1, 2, 4, 8)
+        for m in ("spot", "on-demand")} | {("runpod/secure/8x-h100-sxm", m)
+                                           for m in ("spot", "on-demand")}
+    broken = copy.deepcopy(document)
+    broken["available_node_types"]["rtx4090x2-spot"]["node_config"]["gpu_count"] = 3
+    [problem] = check_cluster_config(broken, snapshot())
+    assert problem.loc[-1] == "gpu_count" and "[1, 2, 4, 8]" in problem.msg
+
+
+def test_the_policy_keeps_a_job_on_one_runpod_pod() -> None:
+    spec = JobSpec.model_validate({
+        "model": {"gpt": {"vocab_size": 32000, "dim": 2048, "num_layers": 16, "num_heads": 16,
+                          "max_seq_len": 2048}},
+        "data": {"seq_len": 2048},
+        "training": {"steps": 20000, "global_batch_size": 64, "micro_batch_size": 4,
+                     "precision": "bf16"},
+        "parallel": {"strategy": "auto"},
+        "resources": {"num_workers": 8, "gpus_per_worker": 1, "accelerator": "rtx4090"}})
+    found = options(job_goal(spec), snapshot().offers, job_throughput(spec),
+                    load_policies()["cost-first"])
+    runpod_options = [o for o in found if o.offer.provider == "runpod"]
+    assert {o.offer.gpus_per_node for o in runpod_options} >= {4, 8}
+    assert all(o.nodes == 1 for o in runpod_options)  # 100 Mbit/s between pods: never more
