@@ -1,6 +1,14 @@
-"""A fake multi-node Ray cluster with the real autoscaler, the service deployed on it, and an
-instance metadata service for its nodes: for tests and benchmarks of buying capacity and of
-surviving preemption, on one machine.
+"""A multi-node Ray cluster on one machine whose real autoscaler buys its worker nodes as
+"pods" from the local fake of RunPod's API (tests/runpod_api.py), through raytrain's RunPod
+node provider, with the service deployed on it and an instance metadata service for its
+nodes' interruption notices: for tests and benchmarks of buying capacity and of surviving
+preemption.
+
+Creating a pod runs the pod's own start command (its docker args: `ray start` against the
+head with the node type's resource), so a real Ray worker node joins; RunPod terminating or
+reclaiming a pod kills that node and everything under it, as losing the machine would. The
+service prices the two node types (interruptible and on-demand) as one local CPU offer
+(cluster/local-fake-offers.yaml): these pods train on CPUs.
 
     with started_fake_cluster(max_spot_nodes=2) as cluster:
         Client(cluster.url, token=cluster.token).submit(...); cluster.take_node(node_id)
@@ -16,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -23,17 +32,26 @@ from typing import Any, Iterator
 import psutil
 import yaml
 
+from raytrain.cloud.runpod import pod_env
+from raytrain.cloud.runpod_provider import NODE_ID_ENV
 from raytrain.serve.auth import OPERATOR, read_tokens
 from tests.imds_server import MetadataServer
 from tests.integration.conftest import free_port, wait_for
+from tests.runpod_api import FakeRunPod
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+NODE_TYPES = {"cpu-spot": True, "cpu-on-demand": False}  # name: interruptible
+GPU_TYPE = "NVIDIA GeForce RTX 4090"  # what the pods are bought as; they train on CPUs
+STOP_GRACE_S = 10.0  # docker stop's default
 
 
 class FakeCluster:
-    def __init__(self, root: Path, port: int, url: str, metadata: MetadataServer) -> None:
+    def __init__(self, root: Path, port: int, url: str, metadata: MetadataServer,
+                 runpod: FakeRunPod) -> None:
         self.root, self.port, self.url, self.metadata = root, port, url, metadata
+        self.runpod = runpod
+        self.started: dict[str, subprocess.Popen] = {}  # pod id: its `ray start`
         self.address = f"127.0.0.1:{port}"
         self.offers = root / "offers.yaml"  # what the service reads its offers from
         self.token = read_tokens(root / "state")[OPERATOR]  # written as the service started
@@ -76,20 +94,40 @@ class FakeCluster:
         return sorted(self.worker_nodes().values())
 
     def take_node(self, node_id: str) -> None:
-        """Take a node away as a cloud would. Killing its processes is not enough: the fake
-        provider would still list it, so the autoscaler would wait for it forever. Instead,
-        its node type's max_workers drops to 0 for a moment (the autoscaler rereads its
-        config every round), and the autoscaler terminates it through the provider."""
-        path = self.root / "cluster.yaml"
-        original = path.read_text()
-        config = yaml.safe_load(original)
-        kind = self.worker_nodes()[node_id]
-        config["available_node_types"][kind]["max_workers"] = 0
-        path.write_text(yaml.safe_dump(config))
+        """RunPod takes the pod of this Ray node back, with no notice, as it does an
+        interruptible pod: the node dies, and the autoscaler no longer finds the pod."""
+        for pod in self.runpod.running():  # none if the autoscaler let it go first (idle)
+            if pod_env(pod).get(NODE_ID_ENV) == node_id:
+                self.runpod.reclaim(pod["id"])
+        wait_for(lambda: node_id not in self.worker_nodes(), 60, "the node to go")
+
+    def start_pod(self, pod: dict[str, Any]) -> None:
+        """What RunPod's machine does with a new pod: run its command with its environment."""
+        env = {**os.environ, **pod_env(pod), "RAY_AUTH_MODE": "disabled"}
+        self.started[pod["id"]] = subprocess.Popen(
+            ["bash", "-c", pod["dockerArgs"]], env=env, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def stop_pod(self, pod: dict[str, Any], hard: bool = False) -> None:
+        """A terminated pod's container is stopped as `docker stop` stops one: SIGTERM to its
+        command (`ray start --block`, which stops its node), then SIGKILL to whatever is left
+        after STOP_GRACE_S. A reclaimed one (`hard`) is gone at once, every process killed."""
+        proc = self.started.pop(pod["id"], None)
+        if proc is None:
+            return
         try:
-            wait_for(lambda: node_id not in self.worker_nodes(), 60, f"{kind} node to go")
-        finally:
-            path.write_text(original)
+            found = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(True)]
+        except psutil.Error:
+            return
+        if not hard:
+            proc.terminate()
+        _, alive = psutil.wait_procs(found, timeout=0 if hard else STOP_GRACE_S)
+        for victim in alive:
+            try:
+                victim.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(alive, timeout=10)
 
 
 def _stop(root: Path, port: int) -> None:
@@ -120,10 +158,13 @@ def _lines_into(stream: Any, answers: queue.Queue) -> None:
 
 @contextmanager
 def started_fake_cluster(max_spot_nodes: int = 1) -> Iterator[FakeCluster]:
-    """A second Ray cluster on this host (cluster/local-fake.yaml) with the service on it."""
+    """A second Ray cluster on this host, its nodes bought from a fake RunPod, with the service
+    on it."""
     root = Path(tempfile.mkdtemp(prefix="rtf", dir="/tmp"))  # short: Ray's socket paths
     port, http_port = free_port(), free_port()
-    metadata = MetadataServer()  # every fake node's instance metadata service
+    head_node_id = uuid.uuid4().hex + uuid.uuid4().hex[:24]  # the head's Ray node id
+    metadata = MetadataServer()  # every node's instance metadata service (notices)
+    runpod = FakeRunPod(stock={GPU_TYPE: 8}).__enter__()
     service = yaml.safe_load((REPO / "cluster/local-fake-service.yaml").read_text())
     offers = root / "offers.yaml"  # a copy: tests change prices
     offers.write_text((REPO / "cluster" / service["offers_file"]).read_text())
@@ -131,28 +172,60 @@ def started_fake_cluster(max_spot_nodes: int = 1) -> Iterator[FakeCluster]:
     service["interruption_endpoint"] = metadata.url
     service["node_types"]["cpu-spot"]["max_nodes"] = max_spot_nodes
     (root / "service.yaml").write_text(yaml.safe_dump(service))
-    config = yaml.safe_load((REPO / "cluster/local-fake.yaml").read_text())
-    config["provider"]["gcs_address"] = f"127.0.0.1:{port}"
-    config["available_node_types"]["cpu-spot"]["max_workers"] = max_spot_nodes
-    config["max_workers"] = max(config["max_workers"], max_spot_nodes + 1)
+    start = (f"exec {BIN / 'ray'} start --address=127.0.0.1:{port} --num-cpus=2 "
+             "--resources='{resources}' --block")
+    config = {
+        "cluster_name": "raytrain-local", "upscaling_speed": 1.0,
+        "max_workers": max_spot_nodes + 1,
+        "idle_timeout_minutes": 0.1,  # idle nodes go after about 6 s
+        "provider": {"type": "external",
+                     "module": "raytrain.cloud.runpod_provider.RunPodNodeProvider",
+                     "api_url": runpod.url, "head_ip": "127.0.0.1",
+                     "tags_file": str(root / "runpod-tags.json"), "use_node_id_as_ip": True,
+                     "head_node_id": head_node_id,
+                     "disable_node_updaters": True, "disable_launch_config_check": True},
+        "auth": {"ssh_user": "root"}, "head_node_type": "head",
+        "available_node_types": {
+            "head": {"resources": {"CPU": 1}, "node_config": {}, "max_workers": 0},
+            **{name: {"resources": {"CPU": 2, name: 1}, "min_workers": 0,
+                      "max_workers": max_spot_nodes if spot else 1,
+                      "node_config": {"gpu_type_id": GPU_TYPE, "gpu_count": 1,
+                                      "interruptible": spot, "docker_args": start}}
+               for name, spot in NODE_TYPES.items()}},
+        "file_mounts": {}, "cluster_synced_files": [], "file_mounts_sync_continuously": False,
+        **{key: [] for key in ("initialization_commands", "setup_commands",
+                               "head_setup_commands", "worker_setup_commands",
+                               "head_start_ray_commands", "worker_start_ray_commands")},
+    }
     (root / "cluster.yaml").write_text(yaml.safe_dump(config))
-    env = {**os.environ, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
-           "RAY_enable_autoscaler_v2": "0", "RAY_AUTH_MODE": "disabled"}
+    # A node whose machine is gone stops answering: Ray's health checks find it in about 3 s
+    # here, rather than 15 s.
+    env = {**os.environ, "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_enable_autoscaler_v2": "0",
+           "RAY_AUTH_MODE": "disabled", "RUNPOD_API_KEY": runpod.key,
+           "RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
+    head_env = {**env, "RAY_OVERRIDE_NODE_ID_FOR_TESTING": head_node_id}
+    cluster = None
     try:
         subprocess.run([str(BIN / "ray"), "start", "--head", f"--port={port}", "--num-cpus=1",
                         "--include-dashboard=false", "--disable-usage-stats",
                         f"--autoscaling-config={root / 'cluster.yaml'}",
                         f"--temp-dir={root / 'ray'}"],
-                       env=env, check=True, capture_output=True, timeout=120)
+                       env=head_env, check=True, capture_output=True, timeout=120)
         subprocess.run([str(BIN / "raytrain"), "serve", f"--address=127.0.0.1:{port}",
                         f"--port={http_port}", "--config", str(root / "service.yaml"),
                         f"--state-dir={root / 'state'}", "--detach"],
                        env=env, check=True, capture_output=True, timeout=180, cwd=REPO)
-        cluster = FakeCluster(root, port, f"http://127.0.0.1:{http_port}", metadata)
+        cluster = FakeCluster(root, port, f"http://127.0.0.1:{http_port}", metadata, runpod)
+        runpod.on_create, runpod.on_terminate = cluster.start_pod, cluster.stop_pod
+        runpod.on_reclaim = lambda pod: cluster.stop_pod(pod, hard=True)
         try:
             yield cluster
         finally:
             cluster.close()
     finally:
+        if cluster is not None:
+            for pod in list(runpod.pods.values()):
+                cluster.stop_pod(pod)
         _stop(root, port)
+        runpod.__exit__(None, None, None)
         metadata.close()

@@ -8,8 +8,8 @@ bids, and faults to inject.
         fake.fail_next(status=503); fake.reclaim(pod_id)
         fake.delay_s, fake.delayed = 5, 1     # the next answer comes 5 s late
 
-`on_create(pod)` / `on_terminate(pod)` let a test start and stop what a pod stands for (a
-local Ray worker node, say).
+`on_create(pod)`, `on_terminate(pod)` and `on_reclaim(pod)` let a test start and stop what a
+pod stands for (a local Ray worker node, say).
 """
 
 from __future__ import annotations
@@ -83,6 +83,7 @@ class FakeRunPod:
         self._fail: list[tuple[int, str]] = []
         self.on_create: Callable[[dict[str, Any]], None] = lambda pod: None
         self.on_terminate: Callable[[dict[str, Any]], None] = lambda pod: None
+        self.on_reclaim: Callable[[dict[str, Any]], None] = lambda pod: self.on_terminate(pod)
         self.lock = threading.Lock()
         fake = self
 
@@ -127,9 +128,11 @@ class FakeRunPod:
         """RunPod takes an interruptible pod back (outbid, or its host reclaimed): no
         notice; the pod is gone and billing stops."""
         with self.lock:
-            pod = self.pods.pop(pod_id)
+            pod = self.pods.pop(pod_id, None)
+            if pod is None:
+                return  # terminated meanwhile
             self.stock[pod["gpuTypeId"]] += pod["gpuCount"]
-        self.on_terminate(pod)
+        self.on_reclaim(pod)
 
     def running(self) -> list[dict[str, Any]]:
         with self.lock:

@@ -7,6 +7,9 @@ Ray's NodeProvider interface is the contract; what RunPod lacks is written here:
   nodes from RunPod alone. RunPod cannot change a running pod's environment, so tags Ray sets
   later (its status) are kept beside it in a small JSON file on the head
   (`provider.tags_file`, default ~/.raytrain/runpod-tags-<cluster>.json), read back on start.
+- The head is not a pod the provider bought (it runs the autoscaler), but Ray's autoscaler
+  expects to find it among the provider's nodes: it is listed as node "head", of the node type
+  `provider.head_node_type` (default "head"), and never terminated here.
 - Pods start Ray themselves (their docker args run `ray start` against the head over
   RunPod's global networking), so the config sets `disable_node_updaters` and each node is
   up to date as created. A node's internal IP is its private address on that network.
@@ -22,6 +25,10 @@ Node config per node type: gpu_type_id, gpu_count, interruptible (true: spot),
 bid_per_gpu (optional, default the lowest bid now), image, cloud_type, container_disk_gb,
 docker_args (the command that installs raytrain and starts Ray; `{head_ip}` and
 `{resources}` are filled in).
+
+With Ray's `use_node_id_as_ip` set in the provider config (every "pod" on one host, as in
+the tests' fake of RunPod), each pod is given the Ray node id its node will take, and that id
+stands for its address, as Ray's own fake multi-node provider does.
 """
 
 from __future__ import annotations
@@ -35,7 +42,12 @@ from pathlib import Path
 from typing import Any
 
 from ray.autoscaler.node_provider import NodeProvider
-from ray.autoscaler.tags import TAG_RAY_NODE_STATUS, TAG_RAY_USER_NODE_TYPE
+from ray.autoscaler.tags import (
+    NODE_KIND_HEAD,
+    TAG_RAY_NODE_KIND,
+    TAG_RAY_NODE_STATUS,
+    TAG_RAY_USER_NODE_TYPE,
+)
 
 from raytrain.cloud.runpod import (
     API_URL,
@@ -50,6 +62,8 @@ logger = logging.getLogger(__name__)
 
 CLUSTER_ENV = "RAYTRAIN_CLUSTER"
 TAGS_ENV = "RAYTRAIN_NODE_TAGS"
+NODE_ID_ENV = "RAYTRAIN_RAY_NODE_ID"
+HEAD = "head"  # the head's node id here: it is not a pod this provider bought
 LIST_CACHE_S = 2.0
 GONE = ("TERMINATED", "EXITED")
 DEFAULT_IMAGE = "runpod/pytorch:2.8.0-py3.11-cuda12.8.1-cudnn-devel-ubuntu22.04"
@@ -83,27 +97,36 @@ class RunPodNodeProvider(NodeProvider):
             return self._pods
 
     def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
-        pods = self._list()
-        return [pod_id for pod_id in pods
-                if all(self.node_tags(pod_id).get(k) == v for k, v in tag_filters.items())]
+        nodes = [HEAD, *self._list()]
+        return [node_id for node_id in nodes
+                if all(self.node_tags(node_id).get(k) == v for k, v in tag_filters.items())]
 
     def is_running(self, node_id: str) -> bool:
-        return node_id in self._list()
+        return node_id == HEAD or node_id in self._list()
 
     def is_terminated(self, node_id: str) -> bool:
-        return node_id not in self._list()
+        return not self.is_running(node_id)
 
     def node_tags(self, node_id: str) -> dict[str, str]:
+        if node_id == HEAD:
+            return {TAG_RAY_NODE_KIND: NODE_KIND_HEAD, TAG_RAY_NODE_STATUS: "up-to-date",
+                    TAG_RAY_USER_NODE_TYPE: self.provider_config.get("head_node_type", HEAD)}
         with self._lock:
             pod = self._pods.get(node_id) or self._list(fresh=True).get(node_id)
             created = json.loads(pod_env(pod).get(TAGS_ENV, "{}")) if pod else {}
             return {**created, **self._later_tags.get(node_id, {})}
 
     def internal_ip(self, node_id: str) -> str:
-        return _ip(self._list().get(node_id) or {}, public=False)
+        if node_id == HEAD:
+            return str(self.provider_config.get("head_node_id") or self.head_ip) \
+                if self.provider_config.get("use_node_id_as_ip") else self.head_ip
+        pod = self._list().get(node_id) or {}
+        if self.provider_config.get("use_node_id_as_ip"):
+            return pod_env(pod).get(NODE_ID_ENV, "")
+        return _ip(pod, public=False)
 
     def external_ip(self, node_id: str) -> str:
-        return _ip(self._list().get(node_id) or {}, public=True)
+        return "" if node_id == HEAD else _ip(self._list().get(node_id) or {}, public=True)
 
     # ------------------------------------------------------------ create/remove
 
@@ -127,6 +150,10 @@ class RunPodNodeProvider(NodeProvider):
 
     def _request(self, node_config: dict[str, Any], tags: dict[str, str]) -> PodRequest:
         node_type = tags.get(TAG_RAY_USER_NODE_TYPE, "worker")
+        if "gpu_type_id" not in node_config or "gpu_count" not in node_config:
+            raise RunPodError(f"node type {node_type!r} names no gpu_type_id and gpu_count, so "
+                              "no pod can be bought for it. To fix: add them to its node_config "
+                              "(the head is not bought here)")
         # The pod starts Ray itself: it is up to date as soon as it exists.
         tags = {**tags, TAG_RAY_NODE_STATUS: "up-to-date"}
         resources = json.dumps({node_type: 1, **node_config.get("resources", {})})
@@ -142,7 +169,14 @@ class RunPodNodeProvider(NodeProvider):
             container_disk_gb=int(node_config.get("container_disk_gb", 50)),
             docker_args=args,
             env={**node_config.get("env", {}), CLUSTER_ENV: self.cluster_name,
-                 TAGS_ENV: json.dumps(tags, sort_keys=True), "RAY_HEAD_IP": self.head_ip})
+                 TAGS_ENV: json.dumps(tags, sort_keys=True), "RAY_HEAD_IP": self.head_ip,
+                 **self._node_id_env()})
+
+    def _node_id_env(self) -> dict[str, str]:
+        if not self.provider_config.get("use_node_id_as_ip"):
+            return {}
+        node_id = uuid.uuid4().hex + uuid.uuid4().hex[:24]  # a Ray NodeID: 28 bytes
+        return {NODE_ID_ENV: node_id, "RAY_OVERRIDE_NODE_ID_FOR_TESTING": node_id}
 
     def _clean_up_after(self, name: str) -> None:
         """A create failed: RunPod may still have made the pod. Terminate it, now or at the
@@ -169,6 +203,9 @@ class RunPodNodeProvider(NodeProvider):
             self._write_tags()
 
     def terminate_node(self, node_id: str) -> None:
+        if node_id == HEAD:
+            logger.warning("not terminating the head: this provider did not buy it")
+            return
         self.api.terminate(node_id)
         with self._lock:
             self._pods.pop(node_id, None)

@@ -78,17 +78,22 @@ class History:
     def add(self, job_id: str, point: dict[str, Any]) -> None:
         points = self._of(job_id)
         n = points[-1]["n"] + 1 if points else 0
+        if points and points[-1]["n"] % self._stride[job_id]:
+            self._drop(job_id, points.pop())  # kept only while it was the latest
         points.append({**point, "n": n})
         self._unsaved[job_id][n] = points[-1]
-        kept, self._stride[job_id] = thinned([p["n"] for p in points], self.limit,
-                                             self._stride[job_id])
-        if len(kept) < len(points):  # the previous latest was off the stride, or a thinning
+        if len(points) > self.limit:  # at most once per limit / 2 reports
+            kept, self._stride[job_id] = thinned([p["n"] for p in points], self.limit,
+                                                 self._stride[job_id])
             keep = set(kept)
             for p in points:
                 if p["n"] not in keep:
-                    self._unsaved[job_id].pop(p["n"], None)
-                    self._dropped[job_id].add(p["n"])
+                    self._drop(job_id, p)
             self._points[job_id] = [p for p in points if p["n"] in keep]
+
+    def _drop(self, job_id: str, point: dict[str, Any]) -> None:
+        self._unsaved[job_id].pop(point["n"], None)
+        self._dropped[job_id].add(point["n"])
 
     def save(self, job_id: str) -> None:
         """Write what changed of the job's points since the last save."""

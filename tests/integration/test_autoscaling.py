@@ -1,9 +1,11 @@
-"""The real Ray autoscaler, with Ray's fake multi-node provider, buys exactly the node type the
-policy chose for a job; the job trains there and the node goes away after it ends.
+"""The real Ray autoscaler buys exactly the node type the policy chose for a job, as a pod from
+a local fake of RunPod's API through raytrain's RunPod node provider; the job trains there and
+the pod is terminated after it ends.
 
-And preemptions: interruption notices from the nodes' metadata service and nodes taken with
-no notice, five in one run, then a move to a much cheaper offer at a checkpoint; the job
-resumes on the replacement node each time and ends with the loss an uninterrupted run has.
+And preemptions: interruption notices from the nodes' metadata service (as AWS gives), and
+interruptible pods RunPod takes back with no notice, five in one run, then a move to a much
+cheaper offer at a checkpoint; the job resumes on a replacement each time and ends with the
+loss an uninterrupted run has.
 
 The fake cluster is a second Ray cluster on this host (tests/fake_cluster.py), started and
 stopped by this module; the service runs on it through `raytrain serve --detach`, and the
@@ -36,38 +38,6 @@ def fake_cluster() -> Iterator[FakeCluster]:
         yield cluster
 
 
-def test_the_autoscaler_launches_the_chosen_node_type_and_lets_it_go(
-    fake_cluster: FakeCluster,
-) -> None:
-    client = Client(fake_cluster.url, token=fake_cluster.token)
-    spec = job_spec(steps=60, checkpoint_every=30)
-    assert fake_cluster.worker_node_types() == []  # nothing bought yet
-    job = client.submit(spec)
-    # The policy picks spot (0.03 $/h against 0.10 on demand) for a job this short.
-    running = wait_for(lambda: (s := client.get(job.id)).state in (
-        JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED) and s, 150, "the job to start")
-    assert running.error is None, running.error
-    resources = running.resources
-    assert (resources.node_type, resources.market, resources.offer) == (
-        "cpu-spot", "spot", "local/here/cpu-2")
-    assert resources.nodes == 1 and resources.usd_per_hour == pytest.approx(0.03)
-    first = running.decisions[0]
-    assert (first.event, first.action, first.market) == ("submit", "start", "spot")
-    assert "1 x cpu-2 spot" in first.reason
-    # Exactly the chosen node type came up; the workers can only run there (they each ask
-    # for half of its cpu-spot resource).
-    assert fake_cluster.worker_node_types() == ["cpu-spot"]
-    final = job.wait()
-    assert final.state == JobState.SUCCEEDED, final.error
-    assert final.result is not None and final.result.final_loss < final.result.first_loss
-    assert final.cost_usd > 0  # 0.03 $/h for the time it held the node
-    # The request is withdrawn; the idle node goes (idle_timeout_minutes: 0.1).
-    wait_for(lambda: fake_cluster.worker_node_types() == [], 90, "the spot node to go away")
-    offers = client.offers(job_id=job.id)
-    assert offers.ranking[0].market == "spot" and offers.decision
-    assert offers.source == "file" and offers.offers[0].id == "local/here/cpu-2"
-
-
 @functools.lru_cache(maxsize=None)
 def _reference_final_loss(steps: int) -> float:
     """The job of `job_spec(steps)` uninterrupted, in one process (every layout matches it to
@@ -84,18 +54,41 @@ def _wait_step(client: Client, job_id: str, step: int) -> None:
              150, f"step {step}")
 
 
-def test_five_preemptions_then_a_cheaper_offer_and_the_job_ends_where_it_would_have(
+def test_the_chosen_pod_is_bought_five_preemptions_survived_then_a_move_and_all_let_go(
     fake_cluster: FakeCluster,
 ) -> None:
-    """Notice, loss, notice, loss, notice. With a notice the job checkpoints at once (no step
-    lost) and stops; the node is then taken through the autoscaler, as a cloud takes it.
-    Without one the node goes while the job trains: it loses at most the checkpoint interval.
-    A replacement comes each time and the failure budget is never touched. Then on-demand
+    """The autoscaler buys exactly the node type the policy chose, as one interruptible pod
+    bought through RunPod's API. Then notice, loss, notice, loss, notice. With a notice the
+    job checkpoints at once (no step lost) and stops; RunPod then takes the pod back. Without
+    one the pod goes while the job trains: it loses at most the checkpoint interval. A
+    replacement comes each time and the failure budget is never touched. Then on-demand
     becomes far cheaper than spot: the policy moves the job there at a checkpoint taken for
-    it (neither a preemption nor a restart). It ends with the loss of an uninterrupted run."""
+    it (neither a preemption nor a restart). It ends with the loss of an uninterrupted run,
+    and the idle pod is terminated through RunPod's API."""
     client = Client(fake_cluster.url, token=fake_cluster.token)
     steps = 800  # each fault takes 50-150 steps of the job's progress here
+    assert fake_cluster.worker_node_types() == []  # nothing bought yet
     job = client.submit(job_spec(steps=steps, checkpoint_every=50))
+    # The policy picks spot (0.03 $/h against 0.10 on demand).
+    running = wait_for(lambda: (s := client.get(job.id)).state in (
+        JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED) and s, 150, "the job to start")
+    assert running.error is None, running.error
+    resources = running.resources
+    assert (resources.node_type, resources.market, resources.offer) == (
+        "cpu-spot", "spot", "local/here/cpu-2")
+    assert resources.nodes == 1 and resources.usd_per_hour == pytest.approx(0.03)
+    first = running.decisions[0]
+    assert (first.event, first.action, first.market) == ("submit", "start", "spot")
+    assert "1 x cpu-2 spot" in first.reason
+    # Exactly the chosen node type came up; the workers can only run there (they each ask
+    # for half of its cpu-spot resource).
+    assert fake_cluster.worker_node_types() == ["cpu-spot"]
+    [pod] = fake_cluster.runpod.running()
+    assert fake_cluster.runpod.pods[pod["id"]]["interruptible"]
+    assert pod["name"].startswith("ray-raytrain-local-cpu-spot-")
+    offers = client.offers(job_id=job.id)
+    assert offers.ranking[0].market == "spot" and offers.decision
+    assert offers.source == "file" and offers.offers[0].id == "local/here/cpu-2"
     for fault in range(6):
         status = client.get(job.id)  # past its last report: training again after a resume
         _wait_step(client, job.id, status.progress.step + 25)
@@ -137,3 +130,12 @@ def test_five_preemptions_then_a_cheaper_offer_and_the_job_ends_where_it_would_h
     assert move.action == "switch" and move.market == "on-demand" and "saves" in move.reason
     assert final.resources.node_type == "cpu-on-demand" and final.resources.market == "on-demand"
     assert final.result.final_loss == pytest.approx(_reference_final_loss(steps), abs=1e-5)
+    assert final.cost_usd > 0
+    # The request is withdrawn; the idle pod is terminated through RunPod's API
+    # (idle_timeout_minutes: 0.1).
+    wait_for(lambda: fake_cluster.worker_node_types() == [] and not fake_cluster.runpod.pods,
+             90, "the last pod to be terminated")
+    print(f"\nRunPod (fake API): decision to first step on a new pod "
+          f"{running.started_at - first.time:.1f} s; capacity to first step after each "
+          f"preemption {[round(r.capacity_to_first_step_s, 1) for r in log]} s; down "
+          f"{[round(r.down_s, 1) for r in log]} s")

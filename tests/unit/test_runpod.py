@@ -143,14 +143,18 @@ def test_the_node_provider_keeps_its_nodes_and_tags_on_runpod_across_a_restart(
     nodes.set_node_tags(node, {"later": "yes"})
     fake.requests.clear()
     restarted = provider(fake, api, tmp_path)  # a new autoscaler: only RunPod and the file
-    assert restarted.non_terminated_nodes({}) == [node]
+    workers = {TAG_RAY_NODE_KIND: "worker"}
+    assert restarted.non_terminated_nodes(workers) == [node]
+    # The head (not a pod it bought) is listed for Ray's autoscaler, and never terminated.
+    assert restarted.non_terminated_nodes({TAG_RAY_NODE_KIND: "head"}) == ["head"]
+    restarted.terminate_node("head")
     assert restarted.node_tags(node) == {**TAGS, TAG_RAY_NODE_STATUS: "up-to-date",
                                          "later": "yes"}
     other_cluster = RunPodNodeProvider({"head_ip": "10.0.0.1", "tags_file": str(
         tmp_path / "other.json")}, "someone-else", api=api)
-    assert other_cluster.non_terminated_nodes({}) == []
+    assert other_cluster.non_terminated_nodes(workers) == []
     restarted.terminate_node(node)
-    assert fake.pods == {} and restarted.non_terminated_nodes({}) == []
+    assert fake.pods == {} and restarted.non_terminated_nodes({}) == ["head"]
 
 
 def test_a_reclaimed_pod_is_gone_and_no_failed_create_leaves_a_pod_running(
@@ -160,7 +164,8 @@ def test_a_reclaimed_pod_is_gone_and_no_failed_create_leaves_a_pod_running(
     nodes = provider(fake, api, tmp_path)
     [node] = nodes.create_node(NODE_CONFIG, TAGS, 1)
     fake.reclaim(node)  # interruptible, no notice
-    assert nodes.is_terminated(node) and nodes.non_terminated_nodes({}) == []
+    workers = {TAG_RAY_NODE_KIND: "worker"}
+    assert nodes.is_terminated(node) and nodes.non_terminated_nodes(workers) == []
     fake.stock[RTX4090] = 0
     with pytest.raises(NoCapacity):
         nodes.create_node({**NODE_CONFIG, "interruptible": False}, TAGS, 1)
@@ -175,7 +180,7 @@ def test_a_reclaimed_pod_is_gone_and_no_failed_create_leaves_a_pod_running(
     fake.delay_s, fake.delayed = 1.5, 2
     with pytest.raises(RunPodUnavailable):
         nodes.create_node(on_demand, TAGS, 1)
-    assert len(fake.pods) == 1 and nodes.non_terminated_nodes({}) == []
+    assert len(fake.pods) == 1 and nodes.non_terminated_nodes(workers) == []
     assert fake.pods == {}
 
 
