@@ -35,6 +35,7 @@ import yaml
 from raytrain.cloud.runpod import pod_env
 from raytrain.cloud.runpod_provider import NODE_ID_ENV
 from raytrain.serve.auth import OPERATOR, read_tokens
+from raytrain.serve.deploy import terminate_family
 from tests.imds_server import MetadataServer
 from tests.integration.conftest import free_port, wait_for
 from tests.runpod_api import FakeRunPod
@@ -116,18 +117,23 @@ class FakeCluster:
         if proc is None:
             return
         try:
-            found = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(True)]
+            top = psutil.Process(proc.pid)
+            found = [top, *top.children(recursive=True)]
         except psutil.Error:
             return
-        if not hard:
-            proc.terminate()
-        _, alive = psutil.wait_procs(found, timeout=0 if hard else STOP_GRACE_S)
-        for victim in alive:
-            try:
-                victim.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(alive, timeout=10)
+        if hard:
+            _kill_all(found)
+        else:
+            terminate_family(top, STOP_GRACE_S)
+
+
+def _kill_all(found: list[psutil.Process]) -> None:
+    for proc in found:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(found, timeout=10)
 
 
 def _stop(root: Path, port: int) -> None:
@@ -142,12 +148,7 @@ def _stop(root: Path, port: int) -> None:
                 found += [proc, *proc.children(recursive=True)]
             except psutil.Error:
                 pass
-    for proc in found:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(found, timeout=10)
+    _kill_all(found)
 
 
 def _lines_into(stream: Any, answers: queue.Queue) -> None:

@@ -233,7 +233,7 @@ def start_detached_head(num_cpus: int | None, log_path: Path, timeout_s: float =
                                 f"output is in {log_path}. To fix: read it, or start Ray "
                                 "yourself (ray start --head) and pass --address")
         if time.monotonic() > deadline:
-            _terminate(psutil.Process(head.pid))
+            terminate_family(psutil.Process(head.pid))
             raise RaytrainError(f"Ray's head node did not start within {timeout_s:.0f} s; "
                                 f"its output is in {log_path}")
         time.sleep(0.5)
@@ -253,7 +253,7 @@ def lower_detached_daemons(head_pid: int) -> None:
         pass
 
 
-def _terminate(proc: psutil.Process, timeout_s: float = 30.0) -> None:
+def terminate_family(proc: psutil.Process, timeout_s: float = 30.0) -> None:
     """SIGTERM a process and its children, then SIGKILL what is left after timeout_s."""
     try:
         family = [proc, *proc.children(recursive=True)]
@@ -294,13 +294,13 @@ def stop_detached(state_dir: Path) -> str:
             if ray.is_initialized():
                 ray.shutdown()
     if head is not None:
-        _terminate(head)
+        terminate_family(head)
         stopped.append(f"the Ray cluster it started at {record.address}")
     if record.temp_dir:
         leftovers = [p for p in psutil.process_iter(["cmdline"])
                      if record.temp_dir in " ".join(p.info.get("cmdline") or [])]
         for proc in leftovers:
-            _terminate(proc, timeout_s=5.0)
+            terminate_family(proc, timeout_s=5.0)
         shutil.rmtree(record.temp_dir, ignore_errors=True)
     (state_dir / SERVICE_RECORD).unlink(missing_ok=True)
     return " and ".join(stopped) if stopped else "nothing was running any more"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
@@ -42,7 +43,8 @@ def fake_cluster() -> Iterator[FakeCluster]:
 def _reference_final_loss(steps: int) -> float:
     """The job of `job_spec(steps)` uninterrupted, in one process (every layout matches it to
     1e-5; the checkpoint interval does not change the losses)."""
-    one = JobSpec.model_validate({**job_spec(steps=steps), "resources": {"num_workers": 1}})
+    one = JobSpec.model_validate({**job_spec(steps=steps, checkpoint_every=steps),
+                                  "resources": {"num_workers": 1}})
     with tempfile.TemporaryDirectory() as root:
         sink = run_single(one, Path(root))
     assert sink.result is not None
@@ -67,6 +69,8 @@ def test_the_chosen_pod_is_bought_five_preemptions_survived_then_a_move_and_all_
     and the idle pod is terminated through RunPod's API."""
     client = Client(fake_cluster.url, token=fake_cluster.token)
     steps = 800  # each fault takes 50-150 steps of the job's progress here
+    # The uninterrupted run's loss (20 s of one process), while the cluster starts the job.
+    reference = ThreadPoolExecutor(1).submit(_reference_final_loss, steps)
     assert fake_cluster.worker_node_types() == []  # nothing bought yet
     job = client.submit(job_spec(steps=steps, checkpoint_every=50))
     # The policy picks spot (0.03 $/h against 0.10 on demand).
@@ -129,7 +133,7 @@ def test_the_chosen_pod_is_bought_five_preemptions_survived_then_a_move_and_all_
     move = final.decisions[-1]
     assert move.action == "switch" and move.market == "on-demand" and "saves" in move.reason
     assert final.resources.node_type == "cpu-on-demand" and final.resources.market == "on-demand"
-    assert final.result.final_loss == pytest.approx(_reference_final_loss(steps), abs=1e-5)
+    assert final.result.final_loss == pytest.approx(reference.result(), abs=1e-5)
     assert final.cost_usd > 0
     # The request is withdrawn; the idle pod is terminated through RunPod's API
     # (idle_timeout_minutes: 0.1).

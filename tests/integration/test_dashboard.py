@@ -1,10 +1,13 @@
 """The dashboard in a real browser (Debian's Chromium, headless, driven by Playwright) against
 the real service on 127.0.0.1: sign in, submit the demo through the page, watch it train, see
 it succeed with its cost, open the offers, see a bad spec's field error, cancel a running job
-(whose workers then exit and free their CPUs: the service's cancel-while-training check).
+(whose workers then exit and free their CPUs). The job cancelled is a pipeline x tensor
+parallel one on four workers: it also proves that layout trains and checkpoints through the
+API on Ray Train.
 
 One test covers the whole flow: each Ray Train fit costs tens of seconds here, so the demo and
-the job to cancel train side by side (half a CPU per worker) rather than one after the other.
+the job to cancel train side by side (half and a quarter of a CPU per worker) rather than one
+after the other.
 Set RAYTRAIN_SCREENSHOTS=docs to write the README's screenshots of the job page.
 """
 
@@ -33,6 +36,15 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-component-update", "--disable-sync"]
 TRAINING_S = 300_000  # ms: generous, a busy 2-core machine trains the demo in about a minute
 EXPECTED_NETWORK_ERROR = re.compile(r"status of 422")  # the bad spec, refused on purpose
+# Pipeline x tensor parallel on four workers at a quarter CPU each: it trains beside the demo.
+HYBRID = """name: hybrid
+model: {gpt: {vocab_size: 128, dim: 64, num_layers: 2, num_heads: 4, max_seq_len: 32}}
+data: {seq_len: 32}
+training: {steps: 100000, global_batch_size: 16, micro_batch_size: 4,
+           checkpoint_every_steps: 10, learning_rate: 0.01}
+parallel: {strategy: hybrid, pp: 2, tp: 2}
+resources: {num_workers: 4, cpus_per_worker: 0.25}
+"""
 TO_RANK = """name: on-h100
 model: {kind: gpt, gpt: {dim: 512, num_layers: 8, num_heads: 8, max_seq_len: 512}}
 data: {kind: synthetic, seq_len: 512}
@@ -41,15 +53,9 @@ resources: {num_workers: 8, accelerator: h100-sxm, gpus_per_worker: 1}
 """
 
 
-def side_by_side(spec_text: str, name: str | None = None, steps: int | None = None) -> str:
-    """The spec with half a CPU per worker (two jobs share the two CPUs), renamed, with its
-    steps changed if asked."""
-    text = spec_text.replace("cpus_per_worker: 1", "cpus_per_worker: 0.5")
-    if name is not None:
-        text = re.sub(r"(?m)^name: .*$", f"name: {name}", text)
-    if steps is not None:
-        text = re.sub(r"(?m)^  steps: \d+", f"  steps: {steps}", text)
-    return text
+def side_by_side(spec_text: str) -> str:
+    """The spec with half a CPU per worker: two jobs share the two CPUs."""
+    return spec_text.replace("cpus_per_worker: 1", "cpus_per_worker: 0.5")
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium: apt-get install chromium")
@@ -75,9 +81,10 @@ def test_the_dashboard_follows_a_job_from_submit_to_the_end(
         page.press("#token", "Enter")
         expect(page.locator("h1")).to_have_text("Jobs")
 
-        # Submit the job to cancel, then the demo; both through the page.
+        # Submit the job to cancel (pipeline x tensor parallel, on four workers), then the
+        # demo; both through the page.
         page.click("a[data-nav=submit]")
-        page.fill("#spec", side_by_side(demo, name="long-run", steps=100_000))
+        page.fill("#spec", HYBRID)
         page.click("#submit")
         expect(page.locator("#job-state")).to_be_visible()
         long_run = page.url.rsplit("/", 1)[-1]
@@ -123,10 +130,14 @@ def test_the_dashboard_follows_a_job_from_submit_to_the_end(
         expect(error).to_contain_text("To fix")
         assert page.url.endswith("#/submit")
 
-        # Cancel the other job from its page, once it trains, through the confirmation.
+        # The hybrid job trains its planned layout and checkpoints it (DCP, sharded by
+        # stage and tensor); then it is cancelled from its page, through the confirmation.
         page.goto(f"{service.url}/#/jobs/{long_run}")
+        expect(page.locator("#job-plan")).to_contain_text("tp2 pp2 1f1b")
         expect(page.locator("#chart-loss")).to_have_attribute(
             "data-points", re.compile(r"^[1-9]"), timeout=TRAINING_S)
+        expect(page.locator("#checkpoint-step")).to_have_text(re.compile(r"^step [1-9]"),
+                                                              timeout=TRAINING_S)
         page.click("#cancel")
         expect(page.locator("#confirm")).to_be_visible()
         page.keyboard.press("Escape")  # keyboard: Escape keeps it running

@@ -153,23 +153,9 @@ def test_job_trains_to_success_and_streams_progress(service: Service) -> None:
     assert service.http.get(f"{service.url}/v1/jobs/{job.id}").status_code == 404
 
 
-def test_hybrid_pipeline_by_tensor_job_trains_through_the_api(service: Service) -> None:
-    """pp2 x tp2 on four workers sharing the two CPUs, submitted and followed over HTTP."""
-    spec = job_spec(steps=30, checkpoint_every=30, name="hybrid")
-    spec["parallel"] = {"strategy": "hybrid", "pp": 2, "tp": 2}
-    spec["resources"] = {"num_workers": 4, "cpus_per_worker": 0.5}
-    job = Client(service.url).submit(spec)
-    assert job.status().plan.description.startswith("tp2 pp2 1f1b mb")
-    status = job.wait()
-    assert status.state is JobState.SUCCEEDED, status.error
-    assert status.plan.layout.pp == 2 and status.plan.layout.tp == 2
-    assert status.result.final_loss < status.result.first_loss
-    assert status.checkpoint is not None and status.checkpoint.step == 30
-
-
 def test_killed_worker_resumes_from_its_last_checkpoint(service: Service) -> None:
     client = Client(service.url)
-    steps = 400  # ~20 s of training: the kill must land mid-run even on a slow machine
+    steps = 250  # ~12 s of training: the kill must land mid-run even on a slow machine
     job = client.submit(job_spec(steps=steps, checkpoint_every=20, name="kill-me"))
     # Progress is published at the steps where ranks agree on the loss, and checkpoint steps
     # are among them, so the reported step may sit exactly on the latest checkpoint.
