@@ -134,6 +134,7 @@ class PodRequest:
     container_disk_gb: int = 50
     docker_args: str = ""
     ports: str = "22/tcp"
+    extra: dict[str, Any] = field(default_factory=dict)  # more deploy input fields, as named
 
     def input(self, bid_per_gpu: float | None) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -145,7 +146,7 @@ class PodRequest:
         }
         if self.interruptible:
             body["bidPerGpu"] = bid_per_gpu
-        return body
+        return {**body, **self.extra}
 
 
 class RunPodAPI:

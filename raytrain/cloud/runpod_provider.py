@@ -24,7 +24,8 @@ Ray's NodeProvider interface is the contract; what RunPod lacks is written here:
 Node config per node type: gpu_type_id, gpu_count, interruptible (true: spot),
 bid_per_gpu (optional, default the lowest bid now), image, cloud_type, container_disk_gb,
 docker_args (the command that installs raytrain and starts Ray; `{head_ip}` and
-`{resources}` are filled in).
+`{resources}` are filled in), deploy_input (more fields of the deploy mutation's input, as
+RunPod's schema names them, e.g. a data center or the global networking switch).
 
 With Ray's `use_node_id_as_ip` set in the provider config (every "pod" on one host, as in
 the tests' fake of RunPod), each pod is given the Ray node id its node will take, and that id
@@ -167,7 +168,7 @@ class RunPodNodeProvider(NodeProvider):
             bid_per_gpu=node_config.get("bid_per_gpu"),
             cloud_type=node_config.get("cloud_type", "SECURE"),
             container_disk_gb=int(node_config.get("container_disk_gb", 50)),
-            docker_args=args,
+            docker_args=args, extra=dict(node_config.get("deploy_input", {})),
             env={**node_config.get("env", {}), CLUSTER_ENV: self.cluster_name,
                  TAGS_ENV: json.dumps(tags, sort_keys=True), "RAY_HEAD_IP": self.head_ip,
                  **self._node_id_env()})

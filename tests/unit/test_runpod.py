@@ -75,6 +75,8 @@ def test_every_bad_answer_is_a_clear_error_in_time_and_never_shows_the_key(
         api.deploy(pod(True, gpu=H100, count=8))
     with pytest.raises(NoCapacity, match="refused the bid"):
         api.deploy(pod(True, bid_per_gpu=0.05))
+    with pytest.raises(runpod.RunPodError, match="noSuchField"):  # as RunPod's schema would
+        api.deploy(pod(False, extra={"noSuchField": 1}))
     fake.fail_next(status=503)
     with pytest.raises(RunPodUnavailable, match="503"):
         api.pods()
@@ -131,9 +133,11 @@ TAGS = {TAG_RAY_NODE_KIND: "worker", TAG_RAY_USER_NODE_TYPE: "rtx4090x2-spot"}
 def test_the_node_provider_keeps_its_nodes_and_tags_on_runpod_across_a_restart(
         fake: FakeRunPod, api: RunPodAPI, tmp_path: Path) -> None:
     nodes = provider(fake, api, tmp_path)
-    [node] = nodes.create_node(NODE_CONFIG, TAGS, 1)
+    [node] = nodes.create_node({**NODE_CONFIG, "deploy_input": {"containerDiskInGb": 80}},
+                               TAGS, 1)
     made = fake.pods[node]
     assert made["interruptible"] and made["gpuCount"] == 2
+    assert fake.requests[-1]["variables"]["input"]["containerDiskInGb"] == 80
     assert made["dockerArgs"] == ("ray start --address=10.0.0.1:6379 "
                                   "--resources='{\"rtx4090x2-spot\": 1}'")
     assert nodes.non_terminated_nodes({TAG_RAY_USER_NODE_TYPE: "rtx4090x2-spot"}) == [node]
