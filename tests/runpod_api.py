@@ -192,12 +192,14 @@ class FakeRunPod:
         return self._deploy(input, input["bidPerGpu"])
 
     def podTerminate(self, info: Any, input: dict[str, Any]) -> None:  # noqa: A002,N802
+        """As RunPod does: the pod is gone from the account at once, and its machine stops it
+        in the background (the answer does not wait for the container to stop)."""
         with self.lock:
             pod = self.pods.pop(input["podId"], None)
             if pod is not None:
                 self.stock[pod["gpuTypeId"]] += pod["gpuCount"]
         if pod is not None:
-            self.on_terminate(pod)
+            threading.Thread(target=self.on_terminate, args=(pod,), daemon=True).start()
 
     def _deploy(self, spec: dict[str, Any], bid: float | None) -> dict[str, Any]:
         gpu_id, count = spec["gpuTypeId"], spec.get("gpuCount") or 1
