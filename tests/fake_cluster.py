@@ -35,7 +35,7 @@ import yaml
 from raytrain.cloud.runpod import pod_env
 from raytrain.cloud.runpod_provider import NODE_ID_ENV
 from raytrain.serve.auth import OPERATOR, read_tokens
-from raytrain.serve.deploy import terminate_family
+from raytrain.serve.deploy import kill_all, terminate_family
 from tests.imds_server import MetadataServer
 from tests.integration.conftest import free_port, wait_for
 from tests.runpod_api import FakeRunPod
@@ -122,18 +122,9 @@ class FakeCluster:
         except psutil.Error:
             return
         if hard:
-            _kill_all(found)
+            kill_all(found)
         else:
             terminate_family(top, STOP_GRACE_S)
-
-
-def _kill_all(found: list[psutil.Process]) -> None:
-    for proc in found:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(found, timeout=10)
 
 
 def _stop(root: Path, port: int) -> None:
@@ -148,7 +139,7 @@ def _stop(root: Path, port: int) -> None:
                 found += [proc, *proc.children(recursive=True)]
             except psutil.Error:
                 pass
-    _kill_all(found)
+    kill_all(found)
 
 
 def _lines_into(stream: Any, answers: queue.Queue) -> None:

@@ -265,12 +265,17 @@ def terminate_family(proc: psutil.Process, timeout_s: float = 30.0) -> None:
         except psutil.Error:
             pass
     _, alive = psutil.wait_procs(family, timeout=timeout_s)
-    for member in alive:
+    kill_all(alive)
+
+
+def kill_all(procs: list[psutil.Process]) -> None:
+    """SIGKILL each process and wait for them (up to 10 s)."""
+    for proc in procs:
         try:
-            member.kill()
+            proc.kill()
         except psutil.Error:
             pass
-    psutil.wait_procs(alive, timeout=10)
+    psutil.wait_procs(procs, timeout=10)
 
 
 def stop_detached(state_dir: Path) -> str:

@@ -108,7 +108,7 @@ def test_a_killed_job_manager_comes_back_and_its_job_ends_as_if_never_stopped(
     # An ended job of the tests above, to check its event numbers across the restart.
     ended = next((job for job in client.list() if job.state.is_terminal), None)
     last_seq_before = [e.seq for e in client.events(ended.id)][-1] if ended else -1
-    spec = job_spec(steps=400, checkpoint_every=40, name="survivor")
+    spec = job_spec(steps=300, checkpoint_every=40, name="survivor")
     # Submitted the way `curl -d @job.json` does: a JSON body labelled form-encoded.
     response = service.http.post(f"{service.url}/v1/jobs", content=json.dumps(spec),
                           headers={"content-type": "application/x-www-form-urlencoded"})
