@@ -1,10 +1,25 @@
-"""Things tests hand to raytrain by import path, and a sink that records every report."""
+"""Things tests hand to raytrain by import path, a sink that records every report, and a job
+the planner and the policy are asked about."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+
+
+def gpt_1b_job(accelerator: str, **sections: Any) -> dict[str, Any]:
+    """A 1B-class GPT (16 x 2048, bf16, 20,000 steps of 64 x 2048 tokens) on 8 devices of
+    `accelerator`, as a job document; `sections` (parallel, capacity, ...) are added."""
+    return {
+        "model": {"gpt": {"vocab_size": 32000, "dim": 2048, "num_layers": 16, "num_heads": 16,
+                          "max_seq_len": 2048}},
+        "data": {"seq_len": 2048},
+        "training": {"steps": 20000, "global_batch_size": 64, "micro_batch_size": 4,
+                     "precision": "bf16"},
+        "resources": {"num_workers": 8, "gpus_per_worker": 1, "accelerator": accelerator},
+        **sections,
+    }
 
 
 class RecordingSink:

@@ -16,6 +16,7 @@ from raytrain.cloud.cluster import check_cluster_config, node_type_bindings, val
 from raytrain.errors import SpecError
 from raytrain.serve.provisioning import Provisioner
 from raytrain.spec import JobSpec, JobState, JobStatus, ServiceConfig
+from tests.unit.support import gpt_1b_job
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER = yaml.safe_load((REPO / "cluster.yaml").read_text())
@@ -84,16 +85,8 @@ def test_the_provisioner_requests_the_chosen_node_type_and_moves_when_it_does_no
     config = ServiceConfig(node_types=node_type_bindings(CLUSTER, snapshot()))
     provisioner = Provisioner(config, request=lambda job_id, bundles: sent.append(
         (job_id, bundles)))
-    job = _job({
-        "model": {"gpt": {"vocab_size": 32000, "dim": 2048, "num_layers": 16, "num_heads": 16,
-                          "max_seq_len": 2048}},
-        "data": {"seq_len": 2048},
-        "training": {"steps": 20000, "global_batch_size": 64, "micro_batch_size": 4,
-                     "precision": "bf16"},
-        "parallel": {"strategy": "auto"},
-        "resources": {"num_workers": 8, "gpus_per_worker": 1, "accelerator": "h100-sxm"},
-        "capacity": {"policy": "cost-first"},
-    })
+    job = _job(gpt_1b_job("h100-sxm", parallel={"strategy": "auto"},
+                          capacity={"policy": "cost-first"}))
     placement, decided = provisioner.place(job, now=time.time())
     assert placement is not None and decided is not None and decided.resources is not None
     first = decided.decision

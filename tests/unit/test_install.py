@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.unit.support import gpt_1b_job
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -47,14 +49,7 @@ def test_a_plain_install_finds_its_data_from_any_directory(tmp_path: Path) -> No
                     "vendor/redoc.standalone.js", "vendor/js-yaml.min.js"):
         assert (web / shipped).is_file(), shipped
     job = elsewhere / "job.json"
-    job.write_text(json.dumps({
-        "model": {"gpt": {"vocab_size": 32000, "dim": 2048, "num_layers": 16, "num_heads": 16,
-                          "max_seq_len": 2048}},
-        "data": {"seq_len": 2048},
-        "training": {"steps": 20000, "global_batch_size": 64, "micro_batch_size": 4,
-                     "precision": "bf16"},
-        "resources": {"num_workers": 8, "gpus_per_worker": 1, "accelerator": "h100-sxm"},
-        "capacity": {"deadline_hours": 48}}))
+    job.write_text(json.dumps(gpt_1b_job("h100-sxm", capacity={"deadline_hours": 48})))
     policies = sorted(p.stem for p in (site / "raytrain" / "catalog" / "policies").glob("*.yaml"))
     assert {"cost-first", "deadline-aware", "on-demand-only", "spot-only"} <= set(policies)
     for policy in policies:

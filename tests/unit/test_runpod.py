@@ -29,6 +29,7 @@ from raytrain.cloud.runpod_provider import RunPodNodeProvider
 from raytrain.core.autoscale import job_goal, job_throughput, options
 from raytrain.spec import JobSpec
 from tests.runpod_api import FakeRunPod
+from tests.unit.support import gpt_1b_job
 
 REPO = Path(__file__).resolve().parents[2]
 RTX4090 = "NVIDIA GeForce RTX 4090"
@@ -205,14 +206,7 @@ def test_the_runpod_cluster_config_passes_rays_schema_and_ours() -> None:
 
 
 def test_the_policy_keeps_a_job_on_one_runpod_pod() -> None:
-    spec = JobSpec.model_validate({
-        "model": {"gpt": {"vocab_size": 32000, "dim": 2048, "num_layers": 16, "num_heads": 16,
-                          "max_seq_len": 2048}},
-        "data": {"seq_len": 2048},
-        "training": {"steps": 20000, "global_batch_size": 64, "micro_batch_size": 4,
-                     "precision": "bf16"},
-        "parallel": {"strategy": "auto"},
-        "resources": {"num_workers": 8, "gpus_per_worker": 1, "accelerator": "rtx4090"}})
+    spec = JobSpec.model_validate(gpt_1b_job("rtx4090", parallel={"strategy": "auto"}))
     found = options(job_goal(spec), snapshot().offers, job_throughput(spec),
                     load_policies()["cost-first"])
     runpod_options = [o for o in found if o.offer.provider == "runpod"]
