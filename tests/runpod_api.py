@@ -80,7 +80,7 @@ class FakeRunPod:
         self.requests: list[dict[str, Any]] = []
         self.delay_s = 0.0  # how late the next `delayed` answers come (after the work)
         self.delayed = 0
-        self._fail: list[tuple[int, str]] = []
+        self._fail: list[tuple[int, str, str]] = []
         self.on_create: Callable[[dict[str, Any]], None] = lambda pod: None
         self.on_terminate: Callable[[dict[str, Any]], None] = lambda pod: None
         self.on_reclaim: Callable[[dict[str, Any]], None] = lambda pod: self.on_terminate(pod)
@@ -120,9 +120,11 @@ class FakeRunPod:
 
     # -------------------------------------------------------------- what tests do
 
-    def fail_next(self, status: int = 503, message: str = "internal error") -> None:
-        """The next request answers `status` (a GraphQL error with `message` for 200)."""
-        self._fail.append((status, message))
+    def fail_next(self, status: int = 503, message: str = "internal error",
+                  operation: str = "") -> None:
+        """The next request (naming `operation`, e.g. podTerminate, if given) answers
+        `status` (a GraphQL error with `message` for 200)."""
+        self._fail.append((status, message, operation))
 
     def reclaim(self, pod_id: str) -> None:
         """RunPod takes an interruptible pod back (outbid, or its host reclaimed): no
@@ -144,12 +146,14 @@ class FakeRunPod:
         if authorization != f"Bearer {self.key}":
             return 401, {"errors": [{"message": "Unauthorized",
                                      "extensions": {"code": "UNAUTHENTICATED"}}]}
-        if self._fail:
-            status, message = self._fail.pop(0)
+        request = json.loads(body)
+        failing = next((f for f in self._fail if f[2] in request["query"]), None)
+        if failing is not None:
+            self._fail.remove(failing)
+            status, message, _ = failing
             if status != 200:
                 return status, {"error": message}
             return 200, {"errors": [{"message": message}], "data": None}
-        request = json.loads(body)
         self.requests.append(request)
         result = graphql_sync(SCHEMA, request["query"], root_value=self,
                               variable_values=request.get("variables"))

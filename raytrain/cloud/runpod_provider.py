@@ -191,11 +191,18 @@ class RunPodNodeProvider(NodeProvider):
                                "listing terminates it if it does", name, exc)
 
     def _finish_unfinished(self, pods: list[dict[str, Any]]) -> None:
+        """Terminate the pods of failed creates; a name whose pod RunPod would not terminate
+        now stays for the next listing (which must not fail for it)."""
         for name in list(self._unfinished):
-            for pod in (p for p in pods if p.get("name") == name):
-                self.api.terminate(pod["id"])
-                self._pods.pop(pod["id"], None)
-                logger.warning("RunPod pod %s from a failed create terminated", pod["id"])
+            try:
+                for pod in (p for p in pods if p.get("name") == name):
+                    self.api.terminate(pod["id"])
+                    self._pods.pop(pod["id"], None)
+                    logger.warning("RunPod pod %s from a failed create terminated", pod["id"])
+            except RunPodError as exc:
+                logger.warning("RunPod pod %s from a failed create is not terminated yet "
+                               "(%s); the next listing tries again", name, exc)
+                continue
             self._unfinished.discard(name)
 
     def set_node_tags(self, node_id: str, tags: dict[str, str]) -> None:

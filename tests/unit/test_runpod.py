@@ -187,6 +187,15 @@ def test_a_reclaimed_pod_is_gone_and_no_failed_create_leaves_a_pod_running(
         nodes.create_node(on_demand, TAGS, 1)
     assert len(fake.pods) == 1 and nodes.non_terminated_nodes(workers) == []
     assert fake.pods == {}
+    # If RunPod will not terminate it at that listing either, it stays listed (accounted
+    # for, billed), and a later listing ends it.
+    fake.delay_s, fake.delayed = 1.5, 2
+    with pytest.raises(RunPodUnavailable):
+        nodes.create_node(on_demand, TAGS, 1)
+    [left] = fake.pods
+    fake.fail_next(status=503, operation="podTerminate")
+    assert nodes.non_terminated_nodes(workers) == [left]
+    assert nodes.non_terminated_nodes(workers) == [] and fake.pods == {}
 
 
 def test_the_runpod_cluster_config_passes_rays_schema_and_ours() -> None:
