@@ -112,12 +112,11 @@ class JobManager:
             self._encoded.pop(job_id, None)
             self.tally.observe(before, out.record.status, now)
             for effect in out.effects:
-                self._carry_out(job_id, effect)
+                self._carry_out(job_id, effect, now)
             return out.reply
 
-    def _carry_out(self, job_id: str, effect: lc.Effect) -> None:
-        if isinstance(effect, lc.Emit):
-            now = self.cluster.now()
+    def _carry_out(self, job_id: str, effect: lc.Effect, now: float) -> None:
+        if isinstance(effect, lc.Emit):  # stamped with the time the lifecycle stepped at
             self._events[job_id].append(job_id, effect.kind, effect.data, now)
             if effect.kind == "progress":
                 self._history.add(job_id, point_of(effect.data, now))
@@ -136,8 +135,7 @@ class JobManager:
                 self.scheduler.reclaim_groups()
         elif isinstance(effect, lc.Rebuy):
             if self.provisioner.enabled:
-                _, decided = self.provisioner.preempted(self.records[job_id].status,
-                                                        self.cluster.now())
+                _, decided = self.provisioner.preempted(self.records[job_id].status, now)
                 if decided is not None:
                     self.apply(job_id, decided)
         else:
