@@ -56,8 +56,9 @@ def point_of(data: Mapping[str, Any], now: float) -> dict[str, Any]:
 
 
 class History:
-    """Every job's kept points, read from the store the first time a job is touched, written
-    back on `save`. Not thread-safe: the job manager calls it under its lock."""
+    """The kept points of each job that reports, read from the store when it first reports
+    (after a restart too), written back on `save` and let go once it ends. Not thread-safe:
+    the job manager calls it under its lock."""
 
     def __init__(self, store: JobStore, limit: int = POINTS_KEPT) -> None:
         self._store = store
@@ -95,22 +96,29 @@ class History:
         self._unsaved[job_id].pop(point["n"], None)
         self._dropped[job_id].add(point["n"])
 
-    def save(self, job_id: str) -> None:
-        """Write what changed of the job's points since the last save."""
+    def save(self, job_id: str, release: bool = False) -> None:
+        """Write what changed of the job's points since the last save; with `release` (the
+        job has ended: no more points come), drop them from memory too."""
         if job_id not in self._points:
             return
         unsaved, dropped = self._unsaved[job_id], self._dropped[job_id]
         if unsaved or dropped:
             self._store.save_points(job_id, {n: json.dumps(p) for n, p in unsaved.items()},
-                                    dropped - unsaved.keys())
+                                    dropped)
             self._unsaved[job_id], self._dropped[job_id] = {}, set()
+        if release:
+            self.forget(job_id)
 
     def json(self, job_id: str) -> str:
-        """The job's history as JobHistory's JSON."""
-        return json.dumps({"job_id": job_id, "points_kept": self.limit,
-                           "points": self._of(job_id)})
+        """The job's history as JobHistory's JSON: from memory while the job reports, else
+        read from the store (and not held: an ended job's points stay out of memory)."""
+        points = self._points.get(job_id)
+        if points is None:
+            points = [json.loads(p) for p in self._store.points(job_id)]
+        return json.dumps({"job_id": job_id, "points_kept": self.limit, "points": points})
 
     def forget(self, job_id: str) -> None:
-        """Drop a deleted job's points from memory (the store drops them with its record)."""
+        """Drop a job's points from memory (a deleted job's go from the store with its
+        record)."""
         for kept in (self._points, self._stride, self._unsaved, self._dropped):
             kept.pop(job_id, None)

@@ -122,9 +122,9 @@ class JobManager:
                 self._history.add(job_id, point_of(effect.data, now))
             self._changed.notify_all()
         elif isinstance(effect, lc.Save):
-            self._store.put(self.records[job_id].status, self._events[job_id].next_seq,
-                            self.tally.to_json())
-            self._history.save(job_id)
+            status = self.records[job_id].status
+            self._store.put(status, self._events[job_id].next_seq, self.tally.to_json())
+            self._history.save(job_id, release=status.state.is_terminal)
         elif isinstance(effect, lc.ReleaseNodes):
             self.provisioner.release(job_id)
         elif isinstance(effect, lc.StopRunner):

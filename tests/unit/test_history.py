@@ -50,6 +50,11 @@ def test_a_long_history_stays_bounded_in_memory_and_in_the_store(tmp_path: Path)
     assert steps[0] == 1 and steps[-1] == 1000 and steps == sorted(steps)
     gaps = {b - a for a, b in zip(steps, steps[1:-1])}
     assert gaps == {16}  # 1000 reports: one in 16, old and new alike
+    # The job ends with a report not yet saved: it is written as its memory is let go (and
+    # takes the place of the previous latest, which was off the stride).
+    kept.add("a", {"time": 1001.0, "step": 1001, "loss": 0.001})
+    kept.save("a", release=True)
+    assert [p["step"] for p in _points(kept, "a")] == steps[:-1] + [1001]
 
 
 def _points(kept: History, job_id: str) -> list[dict]:
