@@ -10,7 +10,10 @@ and a log of every call. With it the job manager and the HTTP API run in one pro
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 
@@ -97,3 +100,155 @@ class FakeRay:
 
     def advance(self, seconds: float) -> None:
         self.time += seconds
+
+
+class NodeLost(Exception):
+    """Raised in a run's thread when its node is taken without notice: the rank dies there."""
+
+
+class StepNotices:
+    """A node's interruption notice, heard at the step the test chose (what the workers'
+    metadata watcher, raytrain.cloud.interruption.Watcher, tells the loop)."""
+
+    def __init__(self) -> None:
+        self.stop_requested = False
+        self.noticed_at: float | None = None
+
+    def take_checkpoint_request(self) -> bool:
+        return False
+
+    def hear(self) -> None:
+        self.stop_requested, self.noticed_at = True, time.time()
+
+
+class DirectSink:
+    """What rank 0's raytrain.train.launcher.ManagerSink sends through Ray, as plain calls on
+    the manager in this process; and the place a fault planned for a step happens."""
+
+    def __init__(self, cluster: TrainingRay, run: FakeRun, node: str | None) -> None:
+        self.cluster, self.run, self.node = cluster, run, node
+        self.notices = StepNotices()
+        self.attempt, self._stop, self._move = 0, False, False
+
+    def started(self, resumed_step: int) -> None:
+        self.attempt = self.cluster.manager.worker_group_started(
+            self.run.job_id, resumed_step, {"placement_group": None, "nodes": 1})
+        self._stop = self.attempt < 0
+
+    def progress(self, payload: dict[str, Any]) -> None:
+        cluster = self.cluster
+        if payload["step"] == cluster.hold_at:
+            cluster.held.set()
+            cluster.go.wait(60)
+        notice = cluster.faults.get(payload["step"]) if self.node else None
+        if notice is not None:
+            cluster.faults.pop(payload["step"])
+            if not notice:  # taken at once: no checkpoint of this step, no report
+                cluster.take(self.node)
+                raise NodeLost(f"the node {self.node} was lost")
+            self.notices.hear()  # checkpoint and stop at the next step
+        reply = cluster.manager.report_progress(
+            self.run.job_id, self.attempt, {**payload, "sent_at": time.time()})
+        self._stop = self._stop or bool(reply.get("stop"))
+        self._move = self._move or bool(reply.get("move"))
+
+    def should_stop(self) -> bool:
+        return self._stop
+
+    def should_move(self) -> bool:
+        return self._move
+
+    def checkpoint(self, step: int, path: str, save_s: float) -> None:
+        self.cluster.manager.report_checkpoint(self.run.job_id, self.attempt, step, path,
+                                               save_s)
+
+    def finished(self, result: dict[str, Any]) -> None:
+        self.cluster.manager.report_finished(self.run.job_id, self.attempt, result)
+
+
+@dataclass
+class TrainingRay(FakeRay):
+    """A FakeRay whose runs train for real: each in a thread of this process, as one rank,
+    reporting straight to the job manager (`manager`, set once it exists). It is also the
+    autoscaler and the cloud: `autoscale()` adds a node (2 CPUs and its type's resource) for
+    each node requested and missing. `faults` maps a training step to how the run's node goes
+    there: True, after a notice (the run checkpoints and stops one step later, then the cloud
+    takes the node); False, at once (the rank dies there, its node gone). At `hold_at` the
+    run sets `held` and waits for `go` before it reports that step.
+
+        cluster = TrainingRay(cpus=1, faults={30: True, 55: False})
+        manager = JobManager(config, cluster=cluster, schedule=False)
+        cluster.manager = manager
+        while not done: manager.scheduler.pass_once(); cluster.autoscale()
+    """
+
+    manager: Any = None
+    faults: dict[int, bool] = field(default_factory=dict)
+    errors: list[BaseException] = field(default_factory=list)  # anything else a run raised
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.lock = threading.Lock()
+        self.launched = self.bought = 0
+        self.hold_at: int | None = None  # a step where the run waits for `go`, after `held`
+        self.held, self.go = threading.Event(), threading.Event()
+
+    def now(self) -> float:
+        return time.time()
+
+    def launch(self, job_id: str, spec_json: dict[str, Any], layout_json: dict[str, Any],
+               checkpoint_root: str, run_root: str, worker_resources: dict[str, float] | None,
+               notice_endpoint: str | None) -> FakeRun:
+        run = super().launch(job_id, spec_json, layout_json, checkpoint_root, run_root,
+                             worker_resources, notice_endpoint)
+        with self.lock:
+            node = next((n for n, r in self.nodes.items() if set(worker_resources or ()) & set(r)),
+                        None)
+        threading.Thread(target=self._train, args=(run, node, checkpoint_root), daemon=True,
+                         name=f"run-{job_id}-{self.launched}").start()
+        self.launched += 1
+        return run
+
+    def _train(self, run: FakeRun, node: str | None, checkpoint_root: str) -> None:
+        from raytrain.spec import JobSpec, Layout
+        from raytrain.train.loop import WorkerInfo, train
+
+        sink = DirectSink(self, run, node)
+        try:
+            result = train(JobSpec.model_validate(run.spec), WorkerInfo.single_process(), sink,
+                           Path(checkpoint_root), progress_interval_s=0.0,
+                           notices=sink.notices, layout=Layout(**run.layout))
+            if result["preempted"] and sink.notices.stop_requested and node:
+                self.take(node)  # the cloud takes the noticed node back
+        except NodeLost as lost:
+            run.error = f"ActorDiedError: a training worker died: {lost}"
+        except BaseException as unexpected:  # noqa: BLE001 - handed to the test
+            self.errors.append(unexpected)
+            run.error = repr(unexpected)
+        run.done = True
+
+    def take(self, node: str) -> None:
+        with self.lock:
+            self.nodes.pop(node, None)
+
+    def autoscale(self) -> None:
+        with self.lock:
+            for bundles in self.requests.values():
+                for kind in {key for bundle in bundles for key in bundle}:
+                    wanted = sum(1 for bundle in bundles if kind in bundle)
+                    have = sum(1 for r in self.nodes.values() if kind in r)
+                    for _ in range(wanted - have):
+                        self.bought += 1
+                        self.nodes[f"{kind}-{self.bought}"] = {"CPU": 2.0, kind: 1.0}
+
+    def total_resources(self) -> dict[str, float]:
+        with self.lock:
+            return super().total_resources()
+
+    def node_resources(self) -> list[dict[str, float]]:
+        with self.lock:
+            return super().node_resources()
+
+    def alive_nodes(self, with_resources: Iterable[str] = ()) -> frozenset[str]:
+        with self.lock:
+            return super().alive_nodes(with_resources)

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
@@ -101,7 +102,7 @@ def test_a_killed_job_manager_comes_back_and_its_job_ends_as_if_never_stopped(
     """kill -9 of the job manager mid-job, and the HTTP layer redeployed too: records and
     event numbers survive, Ray restarts the manager, it reclaims the dead run's placement
     group, and the job resumes from its checkpoint to the loss an uninterrupted run reaches.
-    A job queued behind it runs after it."""
+    (That a job queued behind it stays behind it is tests/unit/test_api.py's.)"""
     from raytrain.serve.deploy import deploy, undeploy
 
     client = Client(service.url)
@@ -114,10 +115,11 @@ def test_a_killed_job_manager_comes_back_and_its_job_ends_as_if_never_stopped(
                           headers={"content-type": "application/x-www-form-urlencoded"})
     assert response.status_code == 202, response.text
     survivor = client.job(response.json()["id"])
-    behind = client.submit(job_spec(steps=10, name="behind"))
+    one_process = JobSpec.model_validate({**spec, "resources": {"num_workers": 1}})
+    # The uninterrupted run's loss, in this process while the cluster trains.
+    reference = ThreadPoolExecutor(1).submit(run_single, one_process, tmp_path / "reference")
     wait_for(lambda: (s := survivor.status()).checkpoint is not None and s.progress.step >= 50,
              150, "a checkpoint and some steps")
-    assert "queued, position" in (behind.status().message or "")
     before = {job.id: job.state for job in client.list()}
 
     os.kill(manager_pid(), signal.SIGKILL)  # the manager dies mid-job ...
@@ -141,10 +143,8 @@ def test_a_killed_job_manager_comes_back_and_its_job_ends_as_if_never_stopped(
 
     final = survivor.wait()
     assert final.state == JobState.SUCCEEDED, final.error
-    one_process = JobSpec.model_validate({**spec, "resources": {"num_workers": 1}})
-    reference = run_single(one_process, tmp_path / "reference")
-    assert final.result.final_loss == pytest.approx(reference.result["final_loss"], abs=1e-5)
-    assert behind.wait().state == JobState.SUCCEEDED
+    assert final.result.final_loss == pytest.approx(reference.result().result["final_loss"],
+                                                    abs=1e-5)
     wait_for(lambda: not live_placement_groups(), 60, "every placement group to be released")
     assert cli_main(["--server", service.url, "status", survivor.id]) == 0
     assert "SUCCEEDED" in capsys.readouterr().out

@@ -251,10 +251,14 @@ def test_a_failure_before_the_first_step_is_not_retried_and_says_where_the_logs_
 
 def test_a_restarted_manager_requeues_running_jobs_and_numbers_events_past_the_old_ones(
         tmp_path: Path) -> None:
-    first = Service(tmp_path)
+    """A job queued behind the running one stays behind it: it runs once that one ends."""
+    first = Service(tmp_path, cluster=FakeRay(cpus=2))
     job_id = first.request("POST", "/v1/jobs", json=small_job()).json()["id"]
     first.tick()
+    behind = first.request("POST", "/v1/jobs", json=small_job()).json()["id"]
+    first.tick()
     first.train(job_id, 12)
+    assert first.state(behind) == "PENDING"
     last_seq = first.recorded(job_id)[-1]["seq"]
     # the manager is lost; a new one on the same store and cluster takes over
     second = Service(tmp_path, cluster=first.cluster)
@@ -265,7 +269,10 @@ def test_a_restarted_manager_requeues_running_jobs_and_numbers_events_past_the_o
     assert replayed[0]["seq"] > last_seq and replayed[0]["data"]["state"] == "PENDING"
     assert ("reclaim_runners",) in second.cluster.calls
     second.tick()
-    assert second.state(job_id) == "PROVISIONING"
+    assert second.state(job_id) == "PROVISIONING" and second.state(behind) == "PENDING"
+    second.cluster.finish(job_id, error="stopped")  # the resumed run ends (fails): CPUs free
+    second.tick()
+    assert second.state(behind) == "PROVISIONING"
 
 
 def test_small_jobs_pass_a_waiting_big_one_only_so_often(tmp_path: Path) -> None:
