@@ -67,7 +67,9 @@ from raytrain.spec import (
 )
 
 out = Console()
-err = Console(stderr=True)
+# Errors and warnings are not broken into lines at 80 columns when stderr is not a terminal:
+# a path or a `raytrain ...` command in one stays whole for a log, a grep or a copy.
+err = Console(stderr=True, soft_wrap=True)
 
 DEMO_SPEC = EXAMPLES_DIR / "demo.yaml"
 DEFAULT_TRACE = TRACES_DIR / "bamboo" / "p3-trace.csv"

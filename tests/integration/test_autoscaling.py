@@ -32,7 +32,7 @@ from tests.integration.conftest import wait_for
 from tests.integration.test_service import job_spec
 from tests.unit.test_training import run_single
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def _reference_final_loss(steps: int) -> float:
 
 def _wait_step(client: Client, job_id: str, step: int) -> None:
     wait_for(lambda: (s := client.get(job_id)).progress.step >= step or s.state.is_terminal,
-             150, f"step {step}")
+             300, f"step {step}")
 
 
 def test_the_chosen_pod_is_bought_a_notice_and_a_loss_survived_then_a_move_and_all_let_go(
@@ -77,7 +77,7 @@ def test_the_chosen_pod_is_bought_a_notice_and_a_loss_survived_then_a_move_and_a
     job = client.submit(job_spec(steps=steps, checkpoint_every=50))
     # The policy picks spot (0.03 $/h against 0.10 on demand).
     running = wait_for(lambda: (s := client.get(job.id)).state in (
-        JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED) and s, 150, "the job to start")
+        JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED) and s, 300, "the job to start")
     assert running.error is None, running.error
     resources = running.resources
     assert (resources.node_type, resources.market, resources.offer) == (
@@ -98,7 +98,7 @@ def test_the_chosen_pod_is_bought_a_notice_and_a_loss_survived_then_a_move_and_a
     for fault in range(3):
         status = client.get(job.id)  # past its last report: training again after a resume
         _wait_step(client, job.id, status.progress.step + 25)
-        wait_for(lambda: client.get(job.id).state == JobState.RUNNING, 150, "training")
+        wait_for(lambda: client.get(job.id).state == JobState.RUNNING, 300, "training")
         [node] = fake_cluster.worker_nodes()
         assert client.get(job.id).progress.step < steps - 150, f"too near the end: {fault + 1}"
         if fault == 2:

@@ -180,3 +180,13 @@ def test_worker_output_is_kept_by_rank_bounded_and_read_from_offsets(tmp_path: P
     [tail] = read_logs(logs, offsets={1: 0}, max_bytes=10)  # too far behind: the tail
     assert len(tail.text) <= 10 and tail.skipped > 0
 
+
+
+def test_an_error_keeps_its_path_and_command_on_one_line(tmp_path: Path) -> None:
+    """stderr is not a terminal here: an error is not broken at 80 columns, so the path and
+    the command in it can be copied or grepped whole."""
+    state = tmp_path / ("a-long-directory-name-" * 4) / "state"
+    stopped = run_cli("stop", f"--state-dir={state}")
+    assert stopped.returncode == 1
+    [line] = stopped.stderr.strip().splitlines()
+    assert f"{state / 'service.json'}" in line and "`raytrain serve --detach`" in line
