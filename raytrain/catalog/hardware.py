@@ -13,6 +13,12 @@ and the planner sees it through the link, not through a special case.
 
     shape = NODE_SHAPES["h100-sxm-8"]
     shape.gpu.bf16_flops, shape.intra.bandwidth, shape.inter.bandwidth
+
+Node shapes are the machines as sold: p4d and p4de have 400 Gbit/s of EFA per 8 A100s, p5
+and p5e 3,200 Gbit/s per 8 H100s or H200s, a DGX one InfiniBand port per GPU (HDR 200 Gbit/s
+on the A100, NDR 400 on the H100). The GPU clouds' shapes are their offers'
+(raytrain/catalog/offers.yaml); a cluster of one's own is described in a shape file
+(`raytrain plan --shape-file`, raytrain.spec.plans.ShapeSpec).
 """
 
 from __future__ import annotations
@@ -89,6 +95,7 @@ GPUS: dict[str, GPUKind] = {
     "rtx4090": GPUKind("rtx4090", 165 * TB, 82.6 * TB, 24 * GB, 1.008 * TB),
     "l40s": GPUKind("l40s", 362 * TB, 91.6 * TB, 48 * GB, 0.864 * TB),
     "a100-80gb-sxm": GPUKind("a100-80gb-sxm", 312 * TB, 19.5 * TB, 80 * GB, 2.039 * TB),
+    "a100-40gb-sxm": GPUKind("a100-40gb-sxm", 312 * TB, 19.5 * TB, 40 * GB, 1.555 * TB),
     # H100 achievable fraction: the one figure fitted to a measurement, torchtitan's Llama 3.1
     # 8B FSDP run on 8 H100s (5,762 tokens/s per GPU, eager, bf16, selective recomputation);
     # its other published runs validate it (BENCHMARKS.md, tests/unit/test_planner.py).
@@ -120,6 +127,10 @@ LINKS: dict[str, Link] = {
     # Through host memory: each transfer crosses PCIe twice.
     "pcie4-no-p2p": Link("pcie4-no-p2p", 10 * GB, 60e-6, efficiency=0.6),
     "efa-3200": Link("efa-3200", 3200e9 / 8 / 8, 30e-6),  # p5: 3,200 Gbit/s per 8 GPUs
+    "efa-400": Link("efa-400", 400e9 / 8 / 8, 30e-6),  # p4d/p4de: 4 x 100 Gbit/s per 8 GPUs
+    # DGX A100 and H100: one InfiniBand port per GPU (HDR 200 and NDR 400 Gbit/s).
+    "ib-200-per-gpu": Link("ib-200-per-gpu", 200e9 / 8, 20e-6),
+    "ib-400-per-gpu": Link("ib-400-per-gpu", 400e9 / 8, 20e-6),
     "rdma-400-per-gpu": Link("rdma-400-per-gpu", 400e9 / 8, 30e-6),
     "eth-100": Link("eth-100", 100e9 / 8 / 8, 50e-6, efficiency=0.6),  # 100 Gbit/s per 8 GPUs
     "eth-25": Link("eth-25", 25e9 / 8 / 8, 80e-6, efficiency=0.6),
@@ -143,7 +154,16 @@ NODE_SHAPES: dict[str, NodeShape] = {
     "h100-pcie-8": NodeShape("h100-pcie-8", GPUS["h100-pcie"], 8, LINKS["pcie5-p2p"],
                              LINKS["eth-100"]),
     "a100-80gb-sxm-8": NodeShape("a100-80gb-sxm-8", GPUS["a100-80gb-sxm"], 8, LINKS["nvlink3"],
-                                 LINKS["efa-3200"]),
+                                 LINKS["efa-400"]),
+    # Named machines (`raytrain plan --shape`): AWS's GPU instances and NVIDIA's DGX systems.
+    "p4d": NodeShape("p4d", GPUS["a100-40gb-sxm"], 8, LINKS["nvlink3"], LINKS["efa-400"]),
+    "p4de": NodeShape("p4de", GPUS["a100-80gb-sxm"], 8, LINKS["nvlink3"], LINKS["efa-400"]),
+    "p5": NodeShape("p5", GPUS["h100-sxm"], 8, LINKS["nvlink4"], LINKS["efa-3200"]),
+    "p5e": NodeShape("p5e", GPUS["h200"], 8, LINKS["nvlink4"], LINKS["efa-3200"]),
+    "dgx-a100": NodeShape("dgx-a100", GPUS["a100-80gb-sxm"], 8, LINKS["nvlink3"],
+                          LINKS["ib-200-per-gpu"]),
+    "dgx-h100": NodeShape("dgx-h100", GPUS["h100-sxm"], 8, LINKS["nvlink4"],
+                          LINKS["ib-400-per-gpu"]),
     "l40s-8": NodeShape("l40s-8", GPUS["l40s"], 8, LINKS["pcie4-p2p"], LINKS["eth-100"]),
     "rtx4090-8": NodeShape("rtx4090-8", GPUS["rtx4090"], 8, LINKS["pcie4-no-p2p"],
                            LINKS["eth-25"]),
@@ -160,6 +180,7 @@ DEFAULT_SHAPE = {
     "h200": "h200-8",
     "h100-pcie": "h100-pcie-8",
     "a100-80gb-sxm": "a100-80gb-sxm-8",
+    "a100-40gb-sxm": "p4d",
     "l40s": "l40s-8",
     "rtx4090": "rtx4090-8",
     "v100-16gb": "v100-16gb-1",

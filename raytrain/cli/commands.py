@@ -8,6 +8,7 @@
     raytrain delete ID                    forget an ended job and delete its checkpoints
     raytrain stop                         stop what `raytrain serve --detach` started
     raytrain plan job.yaml --gpus 16 --gpu rtx4090   rank parallel layouts (offline)
+    raytrain plan job.yaml --shape p5 --layout dp_shard=8,tp=8   that one layout, there
     raytrain offers [job.yaml] [--refresh]           offers, prices, the policy's ranking
     raytrain simulate [--trace FILE]                 replay spot traces under four strategies
 
@@ -45,6 +46,7 @@ from raytrain.cli.progress_view import JobProgressView
 from raytrain.cli.views import (
     jobs_table,
     offers_table,
+    plans_json,
     plans_table,
     ranking_table,
     simulation_table,
@@ -65,6 +67,7 @@ from raytrain.spec import (
     load_job_spec,
     spec_error_from_validation,
 )
+from raytrain.spec.job import read_document
 
 out = Console()
 # Errors and warnings are not broken into lines at 80 columns when stderr is not a terminal:
@@ -126,11 +129,38 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0 if status.state == JobState.SUCCEEDED else 1
 
 
+LAYOUT_KEYS = {"dp_replicate": "dp_replicate", "dp_shard": "dp_shard", "tp": "tp", "pp": "pp",
+               "vp": "virtual_stages", "virtual_stages": "virtual_stages",
+               "mb": "micro_batch_size", "micro_batch_size": "micro_batch_size",
+               "recompute": "recompute"}
+
+
+def parse_layout(text: str) -> dict[str, Any]:
+    """`dp_replicate=2,tp=8,pp=2,vp=2,mb=1,recompute=full` as a LayoutChoice document."""
+    choice: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, _, value = part.partition("=")
+        if key.strip() not in LAYOUT_KEYS or not value.strip():
+            raise SpecError([FieldError(("layout",), (
+                f"cannot read {part!r}. To fix: write key=value pairs separated by commas, "
+                f"keys from {', '.join(LAYOUT_KEYS)}"))], source="--layout")
+        value = value.strip()
+        choice[LAYOUT_KEYS[key.strip()]] = int(value) if value.isdigit() else value
+    return choice
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
-    """Rank layouts locally (no server needed): the planner is pure arithmetic."""
+    """Rank layouts locally (no server needed): the planner is pure arithmetic. With
+    --layout, evaluate that one layout; --shape / --shape-file set the node it runs on."""
+    node_shape = None
+    if args.shape_file:
+        node_shape = read_document(Path(args.shape_file), "--shape-file")
     try:
-        request = PlanRequest(spec=load_job_spec(args.file), gpus=args.gpus,
-                              accelerator=args.gpu, usd_per_gpu_hour=args.price, keep=args.top)
+        request = PlanRequest(
+            spec=load_job_spec(args.file), gpus=args.gpus, accelerator=args.gpu,
+            usd_per_gpu_hour=args.price, keep=args.top, precision=args.precision,
+            layout=parse_layout(args.layout) if args.layout else None, shape=args.shape,
+            node_shape=node_shape)
     except ValidationError as exc:
         raise spec_error_from_validation(exc, source="plan request") from None
     try:
@@ -139,10 +169,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         err.print(f"[red]error:[/red] {exc}")
         return 1
     if args.json:
-        _print_json(response.model_dump(mode="json"))
+        _print_json(plans_json(response))
         return 0
     out.print(plans_table(response))
-    out.print(f"best: {response.plans[0].reason}")
+    best = response.plans[0]
+    if not best.fits:
+        err.print(f"[yellow]warning:[/yellow] {best.layout} does not fit: it needs "
+                  f"{best.memory_gib:.1f} GiB per device of {best.memory_limit_gib:.1f} usable")
+    out.print(f"{'best' if args.layout is None else 'plan'}: {best.reason}")
     return 0
 
 

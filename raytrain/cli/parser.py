@@ -126,6 +126,16 @@ def build_parser() -> argparse.ArgumentParser:
                           help="USD per device-hour, for $/M tokens")
     planning.add_argument("--top", type=whole(at_least=1), default=10,
                           help="plans to show (default 10)")
+    planning.add_argument("--layout", help="evaluate this layout only: "
+                          "dp_replicate=D,dp_shard=S,tp=T,pp=P[,vp=V][,mb=B][,recompute=full] "
+                          "(degrees left out are 1; their product is the device count)")
+    planning.add_argument("--shape", help="node shape: p4d, p4de, p5, p5e, dgx-a100, "
+                          "dgx-h100, ... or an offer, e.g. runpod/secure/8x-rtx4090")
+    planning.add_argument("--shape-file", help="YAML describing your own node: gpu, "
+                          "gpus_per_node, intra_link or intra_gbytes_per_s, "
+                          "inter_gbits_per_gpu, rdma")
+    planning.add_argument("--precision", choices=("fp32", "bf16"),
+                          help="default: the spec's, else bf16 on GPUs that have it")
     planning.set_defaults(func=cmd_plan)
 
     offering = command("offers", "instance offers and prices; with a job file, the policy's "

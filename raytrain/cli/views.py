@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 from rich import box
 from rich.table import Table
@@ -138,19 +138,35 @@ def summary_table(job: JobStatus, wall_s: float | None = None) -> Table:
 
 
 def plans_table(response: PlanResponse) -> Table:
-    table = _compact(f"{response.gpus} x {response.accelerator} "
-                     f"(catalog {response.catalog_version}), fastest first")
-    for column in ("#", "layout", "step", "tok/s", "MFU", "GiB/dev", "scale", "$/Mtok"):
+    table = _compact(f"{response.gpus} x {response.accelerator} on {response.shape} nodes, "
+                     f"{response.precision} (catalog {response.catalog_version})"
+                     + (", fastest first" if len(response.plans) > 1 else ""))
+    for column in ("#", "layout", "step", "tok/s", "TF/s", "MFU", "GiB/dev", "scale",
+                   "$/Mtok"):
         table.add_column(column, no_wrap=column != "layout",
                          justify="left" if column == "layout" else "right")
     for row in response.plans:
         table.add_row(
             str(row.rank), row.layout, duration_text(row.step_s), count_text(row.tokens_per_s),
-            f"{row.mfu:.0%}", f"{row.memory_gib:.3g}/{row.memory_limit_gib:.0f}"
+            f"{row.tflops_per_gpu:.3g}", f"{row.mfu:.0%}",
+            f"{row.memory_gib:.3g}/{row.memory_limit_gib:.0f}"
             if row.memory_gib >= 0.1 else f"{row.memory_gib * 1024:.3g} MiB",
             f"{row.scaling_efficiency:.0%}", usd_text(row.usd_per_million_tokens),
         )
     return table
+
+
+def plans_json(response: PlanResponse) -> dict[str, Any]:
+    """`raytrain plan --json`: each plan's layout as an object, then its figures."""
+    degrees = ("dp_replicate", "dp_shard", "tp", "pp", "virtual_stages", "micro_batch_size",
+               "microbatches", "recompute")
+    head = response.model_dump(mode="json", exclude={"plans"})
+    plans = []
+    for row in response.plans:
+        figures = row.model_dump(mode="json", exclude={"rank", "layout", *degrees})
+        layout = {"description": row.layout, **{k: getattr(row, k) for k in degrees}}
+        plans.append({"layout": layout, **figures})
+    return {**head, "plans": plans}
 
 
 _LINKS = {"nvlink4": "NVLink", "pcie4-p2p": "PCIe", "pcie4-no-p2p": "PCIe no-P2P"}

@@ -15,11 +15,30 @@ from __future__ import annotations
 
 from dataclasses import asdict, replace
 
-from raytrain.catalog.hardware import CATALOG_VERSION, node_shape, with_cpu_share
+from raytrain.catalog.files import snapshot
+from raytrain.catalog.hardware import (
+    CATALOG_VERSION,
+    GPUS,
+    LINKS,
+    NODE_SHAPES,
+    Link,
+    NodeShape,
+    network_link,
+    node_shape,
+    with_cpu_share,
+)
+from raytrain.catalog.shapes import node_shape_of
 from raytrain.core.planner import ModelDims, NothingFits, Plan, Workload, evaluate, plan
 from raytrain.errors import FieldError, SpecError
-from raytrain.spec import JobSpec, PlanRequest, PlanResponse, PlanRow, PlanSummary
-from raytrain.spec.layout import Layout
+from raytrain.spec import (
+    JobSpec,
+    LayoutChoice,
+    PlanRequest,
+    PlanResponse,
+    PlanRow,
+    PlanSummary,
+)
+from raytrain.spec.layout import Layout, check_layout, divisors
 
 
 def planner_inputs(spec: JobSpec, gpus: int | None = None, accelerator: str | None = None
@@ -90,22 +109,117 @@ def plan_summary(spec: JobSpec, layout: Layout | None = None) -> PlanSummary:
 
 
 def rank_plans(request: PlanRequest) -> PlanResponse:
-    """POST /v1/plans: the ranked plans for a request; raises NothingFits with the smallest
-    changes that would fit."""
+    """POST /v1/plans: the ranked plans for a request, or the one layout it asks for on the
+    node shape it names; raises NothingFits with the smallest changes that would fit, and
+    SpecError naming the field when the shape or the layout cannot work."""
     spec = request.spec
-    dims, work, kind, gpus = planner_inputs(spec, request.gpus, request.accelerator)
-    # Ranking searches micro-batch sizes and recomputation too, not only the spec's own.
-    work = replace(work, micro_batch_options=(1, 2, 4, 8, 16), recompute_options=("none", "full"))
-    plans = plan(dims, work, kind, gpus, request.usd_per_gpu_hour, keep=request.keep)
+    shape = request_shape(request)
+    kind = shape.gpu.name
+    choice = request.layout
+    gpus = request.gpus or (_degrees(choice) if choice is not None else None)
+    dims, work, _, gpus = planner_inputs(spec, gpus, kind)
+    work = replace(work, precision=request.precision or default_precision(spec, kind))
+    if choice is not None:
+        plans = [evaluate(dims, work, chosen_layout(choice, spec, dims, work, gpus), shape,
+                          request.usd_per_gpu_hour)]
+    else:
+        # Ranking searches micro-batch sizes and recomputation too, not only the spec's own.
+        work = replace(work, micro_batch_options=(1, 2, 4, 8, 16),
+                       recompute_options=("none", "full"))
+        plans = plan(dims, work, kind, gpus, request.usd_per_gpu_hour, shape=shape,
+                     keep=request.keep)
     rows = [
         PlanRow(
             rank=index, layout=p.candidate.describe(),
             **{k: v for k, v in asdict(p.candidate).items() if k in PlanRow.model_fields},
-            step_s=p.step_s, tokens_per_s=p.tokens_per_s, mfu=p.mfu,
+            step_s=p.step_s, tokens_per_s=p.tokens_per_s,
+            tflops_per_gpu=p.tokens_per_s * dims.flops_per_token / gpus / 1e12, mfu=p.mfu,
             memory_gib=p.memory_bytes / 2**30, memory_limit_gib=p.memory_limit_bytes / 2**30,
-            scaling_efficiency=p.scaling_efficiency,
+            fits=p.fits, breakdown=p.breakdown, scaling_efficiency=p.scaling_efficiency,
             usd_per_million_tokens=p.usd_per_million_tokens, reason=p.reason,
         )
         for index, p in enumerate(plans, start=1)
     ]
-    return PlanResponse(accelerator=kind, gpus=gpus, catalog_version=CATALOG_VERSION, plans=rows)
+    return PlanResponse(accelerator=kind, gpus=gpus, shape=shape.name, precision=work.precision,
+                        catalog_version=CATALOG_VERSION, plans=rows)
+
+
+# GPUs whose half precision is fp16 only (no bf16): planned in fp32 unless told otherwise.
+NO_BF16 = frozenset({"cpu", "v100-16gb", "t4"})
+
+
+def default_precision(spec: JobSpec, kind: str) -> str:
+    """What a plan assumes: the spec's precision when it states one, else bf16 where the
+    device has it (what a GPU job should train in) and fp32 elsewhere."""
+    if "precision" in spec.training.model_fields_set:
+        return "fp32" if spec.training.precision == "fp32" else "bf16"
+    return "fp32" if kind in NO_BF16 else "bf16"
+
+
+def request_shape(request: PlanRequest) -> NodeShape:
+    """The node shape a plan request names, describes, or implies by its device kind."""
+    custom, name = request.node_shape, request.shape
+    if custom is not None:
+        intra = LINKS[custom.intra_link] if custom.intra_link else Link(
+            "custom", custom.intra_gbytes_per_s * 1e9, 15e-6)
+        shape = NodeShape(custom.name, GPUS[custom.gpu], custom.gpus_per_node, intra,
+                          network_link(custom.inter_gbits_per_gpu * custom.gpus_per_node,
+                                       custom.gpus_per_node, custom.rdma))
+    elif name is not None:
+        shape = NODE_SHAPES.get(name) or _offer_shape(name)
+    else:
+        return node_shape(request.accelerator or request.spec.resources.device_kind or "cpu")
+    if request.accelerator not in (None, shape.gpu.name):
+        raise SpecError([FieldError(("accelerator",), (
+            f"the shape {shape.name} has {shape.gpu.name} GPUs, not {request.accelerator}. "
+            "To fix: drop the accelerator, or name a shape of those GPUs"))], "plan request")
+    return shape
+
+
+def _offer_shape(name: str) -> NodeShape:
+    offers = snapshot().offers
+    found = next((o for o in offers if name in (o.id, o.instance_type)), None)
+    if found is None:
+        known = sorted({*NODE_SHAPES, *(o.instance_type for o in offers)})
+        raise SpecError([FieldError(("shape",), (
+            f"unknown node shape {name!r}. To fix: use one of {', '.join(known)}, an offer's "
+            "id, or describe the node (node_shape; the CLI's --shape-file)"))], "plan request")
+    return replace(node_shape_of(found), name=found.id)
+
+
+def _degrees(choice: LayoutChoice) -> int:
+    return choice.dp_replicate * choice.dp_shard * choice.tp * choice.pp
+
+
+def chosen_layout(choice: LayoutChoice, spec: JobSpec, dims: ModelDims, work: Workload,
+                  gpus: int) -> Layout:
+    """The Layout a plan request asks for, checked as a job's stated layout is; SpecError
+    naming the field (under `layout`) and the fix when it cannot train this model."""
+    micro = choice.micro_batch_size or spec.training.micro_batch_size
+    dp, batch = choice.dp_replicate * choice.dp_shard, work.global_batch
+    errors = []
+    if _degrees(choice) != gpus:
+        errors.append(FieldError(("layout",), (
+            f"dp_replicate x dp_shard x tp x pp = {_degrees(choice)} devices, but {gpus} are "
+            "planned for. To fix: make the degrees' product the device count, or leave out "
+            "the device count")))
+    if batch % (dp * micro):
+        fits = divisors(batch // dp) if batch % dp == 0 else []
+        errors.append(FieldError(("layout", "micro_batch_size"), (
+            f"global_batch_size {batch} does not split into {dp} data-parallel ranks x "
+            f"micro-batches of {micro}. To fix: " + (
+                f"use a micro_batch_size in {fits}" if fits else
+                "use data-parallel degrees whose product divides global_batch_size"))))
+    if errors:
+        raise SpecError(errors, "plan request")
+    recompute = choice.recompute or ("full" if spec.parallel.activation_checkpointing
+                                     else "none")
+    layout = Layout(choice.dp_replicate, choice.dp_shard, choice.tp, choice.pp,
+                    choice.virtual_stages, micro, batch // (dp * micro), recompute,
+                    schedule="interleaved_1f1b" if choice.virtual_stages > 1 else "1f1b",
+                    sequence_parallel=spec.parallel.sequence_parallel)
+    problems = check_layout(layout, dims.layout_shape(), dims.seq_len, True)
+    if problems:
+        raise SpecError([FieldError(("layout", p.field[-1]), p.message) for p in problems],
+                        "plan request")
+    return layout

@@ -37,6 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from raytrain import __version__
 from raytrain.core.planner import NothingFits
 from raytrain.core.resolve import rank_plans
+from raytrain.errors import SpecError
 from raytrain.serve.auth import BearerAuth
 from raytrain.serve.dashboard import ASSETS, PAGES, add_pages
 from raytrain.serve.feeds import Feeds, ManagerAway
@@ -310,7 +311,8 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True) -> Fa
 
     @api.post("/v1/plans", response_model=PlanResponse, responses=errors(400, 413, 422))
     async def plans(request: PlanRequest) -> PlanResponse:
-        """Rank every feasible layout of the job on the hardware asked about."""
+        """Rank every feasible layout of the job on the hardware asked about, or evaluate the
+        one layout the request gives, on its node shape."""
         try:
             return rank_plans(request)
         except NothingFits as exc:
@@ -318,6 +320,9 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True) -> Fa
                 "loc": ["body", "spec", "parallel"], "msg": str(exc),
                 "type": "nothing_fits", "suggestions": exc.suggestions,
             }]) from None
+        except SpecError as exc:  # a layout or shape that cannot work
+            raise HTTPException(status_code=422, detail=[
+                {**e.to_json(), "loc": ["body", *e.loc]} for e in exc.errors]) from None
 
     @api.get("/v1/offers", response_model=OffersResponse, responses=errors(404, 422))
     async def offers(job: str | None = None, policy: str | None = None,

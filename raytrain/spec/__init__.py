@@ -39,9 +39,11 @@ from raytrain.spec.offers import (
     ResumeRequest,
 )
 from raytrain.spec.plans import (
+    LayoutChoice,
     PlanRequest,
     PlanResponse,
     PlanRow,
+    ShapeSpec,
 )
 from raytrain.spec.sections import (
     CapacitySpec,
@@ -111,6 +113,8 @@ __all__ = [
     "JobEvent",
     "ServiceConfig",
     "PlanRequest",
+    "LayoutChoice",
+    "ShapeSpec",
     "PlanRow",
     "PlanResponse",
     "Layout", "ModelShape", "Problem",

@@ -214,10 +214,10 @@ def load_job_spec(path: str | Path) -> JobSpec:
 
         spec = load_job_spec("examples/demo.yaml")
     """
-    return parse_job_spec(_read_document(Path(path), "job spec"))
+    return parse_job_spec(read_document(Path(path), "job spec"))
 
 
-def _read_document(path: Path, what: str) -> dict[str, Any]:
+def read_document(path: Path, what: str) -> dict[str, Any]:
     try:
         text = path.read_text()
     except OSError as exc:

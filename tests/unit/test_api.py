@@ -348,3 +348,22 @@ def test_the_streams_of_one_job_share_one_wait_on_the_manager(service: Service) 
     # not one each
     assert [after for _, after, _ in waits] in ([-1], [-1, 1])
 
+
+
+def test_a_plan_for_one_layout_on_a_named_shape_or_the_field_that_stops_it(
+        service: Service) -> None:
+    """POST /v1/plans with a layout and a shape evaluates that layout there; one that cannot
+    train the model is a 422 naming the field under `layout`, with the fix."""
+    spec = {**small_job(), "training": {"global_batch_size": 16, "micro_batch_size": 2}}
+    answer = service.request("POST", "/v1/plans", json={
+        "spec": spec, "shape": "dgx-h100", "layout": {"dp_shard": 4, "tp": 2}})
+    assert answer.status_code == 200, answer.text
+    plans = answer.json()
+    assert (plans["gpus"], plans["accelerator"], plans["precision"]) == (8, "h100-sxm", "bf16")
+    [row] = plans["plans"]
+    assert row["layout"].startswith("dp_shard4 tp2") and row["breakdown"]["total"] > 0
+    refused = service.request("POST", "/v1/plans", json={
+        "spec": spec, "layout": {"dp_shard": 2, "tp": 3}})
+    assert refused.status_code == 422
+    first = refused.json()["detail"][0]
+    assert first["loc"] == ["body", "layout", "tp"] and "To fix" in first["msg"]

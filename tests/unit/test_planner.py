@@ -3,24 +3,32 @@ checked with hypothesis."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from benchmarks.planner_torchtitan import ONE_T, RUNS, predict, time_one_trillion
-from raytrain.catalog.hardware import GPUS, GiB, GPUKind, node_shape
+from raytrain.catalog.hardware import GPUS, NODE_SHAPES, GiB, GPUKind, node_shape
 from raytrain.core.planner import (
     Layout,
     ModelDims,
     NothingFits,
     Workload,
     candidates,
+    evaluate,
     memory_per_device,
     plan,
     step_time,
 )
+from raytrain.core.resolve import planner_inputs, rank_plans
+from raytrain.errors import SpecError
+from raytrain.spec import JobSpec, LayoutChoice, PlanRequest, spec_error_from_validation
 
 
 @pytest.mark.parametrize("run", RUNS, ids=[r[0] for r in RUNS])
@@ -207,3 +215,106 @@ def test_a_pipeline_runs_at_the_pace_of_its_slowest_rank() -> None:
     peak = shape.gpu.fp32_flops * shape.gpu.achievable
     head_alone = c.microbatches * 2 * 512 * 6 * dims.head_params / peak
     assert step_time(dims, work, c, shape)["compute"] >= head_alone
+
+
+# ------------------------------------------------------- what-if: one layout, one cluster
+
+
+def gpt_job(precision: str | None = None, **gpt: int) -> JobSpec:
+    training = {"global_batch_size": 64, "micro_batch_size": 2,
+                **({"precision": precision} if precision else {})}
+    return JobSpec.model_validate({
+        "model": {"gpt": {"vocab_size": 32000, "dim": 2048, "num_layers": 24, "num_heads": 16,
+                          "max_seq_len": 2048, **gpt}},
+        "data": {"seq_len": 2048}, "training": training,
+        "resources": {"num_workers": 8, "gpus_per_worker": 1, "accelerator": "h100-sxm"}})
+
+
+def test_a_layout_asked_for_is_evaluated_exactly_on_the_shape_named() -> None:
+    spec = gpt_job()
+    answer = rank_plans(PlanRequest(spec=spec, layout=LayoutChoice(dp_shard=8, tp=2),
+                                    shape="p4de"))
+    [row] = answer.plans
+    assert (answer.gpus, answer.accelerator, answer.shape) == (16, "a100-80gb-sxm", "p4de")
+    assert answer.precision == "bf16"  # a GPU with bf16, and a spec that states none
+    dims, work, _, _ = planner_inputs(spec, 16, "a100-80gb-sxm")
+    layout = Layout(1, 8, 2, 1, 1, 2, 4, "none")  # 64 sequences: 8 ranks x 2 x 4
+    expected = evaluate(dims, replace(work, precision="bf16"), layout, NODE_SHAPES["p4de"])
+    assert row.layout == layout.describe() and row.step_s == expected.step_s
+    assert row.memory_gib == pytest.approx(expected.memory_bytes / GiB) and row.fits
+    assert row.breakdown["total"] == row.step_s and row.breakdown["compute"] > 0
+    assert row.tflops_per_gpu * 1e12 == pytest.approx(
+        row.tokens_per_s * dims.flops_per_token / 16)
+    assert row.mfu == pytest.approx(row.tflops_per_gpu * 1e12 / GPUS["a100-80gb-sxm"].bf16_flops)
+    # The precision a spec states wins; fp32 is several times slower on tensor-core GPUs.
+    fp32 = rank_plans(PlanRequest(spec=gpt_job("fp32"), layout=LayoutChoice(dp_shard=8, tp=2),
+                                  shape="p4de"))
+    assert fp32.precision == "fp32" and fp32.plans[0].step_s > 2 * row.step_s
+
+
+def test_node_shapes_are_the_machines_as_sold() -> None:
+    per_gpu = {name: NODE_SHAPES[name].inter.bandwidth * 8 / 1e9
+               for name in ("p4d", "p4de", "p5", "p5e", "dgx-a100", "dgx-h100")}
+    assert per_gpu == pytest.approx({"p4d": 50, "p4de": 50, "p5": 400, "p5e": 400,
+                                     "dgx-a100": 200, "dgx-h100": 400})  # Gbit/s per GPU
+    assert NODE_SHAPES["p4d"].gpu.memory_bytes == 40e9
+    assert node_shape("a100-80gb-sxm").inter.bandwidth == NODE_SHAPES["p4de"].inter.bandwidth
+    # Data parallel across 4 nodes waits on the network: p4d's 400 Gbit/s, not p5's 3,200.
+    spec, choice = gpt_job(), LayoutChoice(dp_replicate=32)
+    slow = rank_plans(PlanRequest(spec=spec, layout=choice, shape="dgx-a100")).plans[0]
+    slower = rank_plans(PlanRequest(spec=spec, layout=choice, shape="p4de")).plans[0]
+    assert slower.breakdown["total"] > slow.breakdown["total"]
+    # A GPU cloud's shape is its offer's: 4090s without peer-to-peer.
+    pod = rank_plans(PlanRequest(spec=spec, layout=LayoutChoice(tp=8),
+                                 shape="runpod/secure/8x-rtx4090"))
+    assert pod.shape == "runpod/secure/8x-rtx4090" and pod.accelerator == "rtx4090"
+
+
+@pytest.mark.parametrize("request_fields, field, words", [
+    ({"layout": LayoutChoice(dp_shard=2, tp=3)}, ("layout", "tp"), "does not divide"),
+    ({"layout": LayoutChoice(dp_shard=2, tp=2), "gpus": 8}, ("layout",), "4 devices"),
+    ({"layout": LayoutChoice(dp_shard=8, micro_batch_size=3)}, ("layout", "micro_batch_size"),
+     "micro_batch_size in [1, 2, 4, 8]"),
+    ({"shape": "p9"}, ("shape",), "p4de"),
+    ({"shape": "p5", "accelerator": "rtx4090"}, ("accelerator",), "h100-sxm GPUs"),
+    ({"layout": LayoutChoice(dp_shard=100_000, tp=1024)}, ("layout",), "102,400,000"),
+])
+def test_a_layout_or_shape_that_cannot_work_names_the_field_and_the_fix(
+        request_fields: dict, field: tuple, words: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        try:
+            rank_plans(PlanRequest(spec=gpt_job(), **request_fields))
+        except ValidationError as exc:  # refused by the request's own validation
+            raise spec_error_from_validation(exc, source="plan request") from None
+    error = caught.value.errors[0]  # tp=3 also cannot split the sequence: a second error
+    assert error.loc == field and words in error.msg and "To fix" in error.msg
+    assert caught.value.source == "plan request"
+
+
+def test_plan_evaluates_a_layout_on_a_cluster_of_ones_own(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`raytrain plan --layout ... --shape-file box.yaml --json`: a 4090 box on 25 GbE."""
+    from raytrain.cli import main
+
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(gpt_job().model_dump(mode="json", exclude_unset=True)))
+    box = tmp_path / "box.yaml"
+    box.write_text("name: 4090-box\ngpu: rtx4090\ngpus_per_node: 8\nintra_link: pcie4-no-p2p\n"
+                   "inter_gbits_per_gpu: 3.125\nrdma: false\n")
+    argv = ["plan", str(job), "--shape-file", str(box), "--layout", "dp_shard=16,mb=1"]
+    assert main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["shape"], report["gpus"], report["precision"]) == ("4090-box", 16, "bf16")
+    [only] = report["plans"]
+    assert only["layout"] == {"description": "dp_shard16 mb1x4", "dp_replicate": 1,
+                              "dp_shard": 16, "tp": 1, "pp": 1, "virtual_stages": 1,
+                              "micro_batch_size": 1, "microbatches": 4, "recompute": "none"}
+    assert {"step_s", "tokens_per_s", "tflops_per_gpu", "mfu", "memory_gib",
+            "breakdown"} <= only.keys()
+    assert main(argv) == 0
+    assert "16 x rtx4090 on 4090-box nodes, bf16" in capsys.readouterr().out
+    assert main(["plan", str(job), "--layout", "dp_shard=16,tq=2"]) == 2
+    assert "--layout" in capsys.readouterr().err
+    box.write_text("gpu: rtx4090\ngpus_per_node: 8\ninter_gbits_per_gpu: 3\n")
+    assert main([*argv]) == 2
+    assert "intra_link" in capsys.readouterr().err

@@ -623,7 +623,7 @@
       const answer = await api("POST", "/v1/plans", { spec });
       if (!answer.ok) { showProblems(answer, true); return; }
       const d = answer.data;
-      fill(result, h("h2", {}, `Plans on ${d.gpus} × ${d.accelerator}`), planTable(d.plans));
+      fill(result, h("h2", {}, `Plans on ${d.gpus} × ${d.accelerator} (${d.shape} nodes, ${d.precision})`), planTable(d.plans));
     });
     const submit = () => view.run(async () => {
       const spec = read();

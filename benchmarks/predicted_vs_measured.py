@@ -1,0 +1,57 @@
+"""Predicted against measured step time of the shipped examples, each run through the
+service on this machine's local Ray: what a job's status shows side by side
+(plan.predicted_step_s, plan.measured_step_s).
+
+Measured is the median over the job's progress reports after the first (each report's
+tokens/s covers the steps since the one before, about a second of training), turned into
+seconds per step; the status's own figure, the last report's, is printed beside it.
+
+    python -m benchmarks.predicted_vs_measured [--steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+from benchmarks.local_service import start, stop
+from raytrain import Client, load_job_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ("examples/demo.yaml", "examples/job.json", "examples/hybrid.yaml")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=None,
+                        help="train each example this many steps (default: its own)")
+    args = parser.parse_args()
+    url, token, _ = start(prefix="raytrain-pvm-")
+    client = Client(url, token=token)
+    rows = []
+    try:
+        for example in EXAMPLES:
+            spec = load_job_spec(ROOT / example)
+            if args.steps:
+                spec = spec.model_copy(update={"training": spec.training.model_copy(
+                    update={"steps": args.steps})})
+            status = client.submit(spec).wait()
+            assert status.state.value == "SUCCEEDED", status.error
+            points = client.history(status.id).points[1:]
+            rates = [p.tokens_per_s for p in points if p.tokens_per_s]
+            measured = status.plan.tokens_per_step / statistics.median(rates)
+            rows.append((example, status.plan.description, status.plan.predicted_step_s,
+                         measured, status.plan.measured_step_s, len(rates)))
+    finally:
+        stop()
+    print("| example | layout | predicted s/step | measured (median) | measured/predicted "
+          "| last report | reports |")
+    print("|---|---|---|---|---|---|---|")
+    for example, layout, predicted, measured, last, count in rows:
+        print(f"| {example} | {layout} | {predicted:.4f} | {measured:.4f} | "
+              f"{measured / predicted:.2f} | {last:.4f} | {count} |")
+
+
+if __name__ == "__main__":
+    main()
