@@ -34,6 +34,9 @@ class Progress(Record):
     loss: float | None = Field(None, description="Training loss of the latest step.")
     first_loss: float | None = Field(None, description="Training loss of the first step.")
     tokens_per_s: float | None = Field(None, description="Recent training throughput.")
+    step_s: float | None = Field(
+        None, description="Recent seconds per optimizer step, checkpoint saves left out (what "
+        "the plan's predicted_step_s is compared with).")
     elapsed_s: float = Field(0.0, description="Seconds since training started.")
     eta_s: float | None = Field(None, description="Estimated seconds to finish.")
 
@@ -64,7 +67,8 @@ class PlanSummary(Record):
         "state, activations)."
     )
     measured_step_s: float | None = Field(
-        None, description="Step time from the latest progress report, once running."
+        None, description="Seconds per step from the latest progress report, checkpoint "
+        "saves left out, once running."
     )
     reason: str | None = Field(None, description="The planner's one-line account of the plan.")
     grad_accum_steps: int = Field(description="Micro-batches accumulated per optimizer step.")

@@ -250,8 +250,10 @@ def train(
                     "layout": asdict(layout),
                 },
             )
+            save_s = time.perf_counter() - save_started
+            meter.saved(save_s)
             if worker.rank == 0:
-                sink.checkpoint(steps_done, str(path), time.perf_counter() - save_started)
+                sink.checkpoint(steps_done, str(path), save_s)
         if stopped:
             if worker.rank == 0:
                 logger.info("stopping at step %d: %s", steps_done,

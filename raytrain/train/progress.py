@@ -3,7 +3,9 @@
 `ray.train.report()` blocks for a controller poll (about 2 s), so per-step progress goes
 through a cheaper channel: a fire-and-forget call on the job manager actor, at most every
 `interval_s` (1 s by default) and always for the first and last step. The meter measures
-throughput over the steps since the previous publication, which is what a progress bar wants.
+throughput over the steps since the previous publication, which is what a progress bar wants,
+and the seconds per step in the same window without its checkpoint saves, which is what the
+planner's predicted step time is compared with.
 
     meter = ProgressMeter(total_steps=100, tokens_per_step=2048, start_step=0, clock=time.monotonic)
     if meter.record(step, loss): sink.progress(meter.snapshot())
@@ -76,6 +78,13 @@ class ProgressMeter:
         self._window_start = (self.started_at, start_step)
         self._last_publish_at = float("-inf")
         self.tokens_per_s: float | None = None
+        self.step_s: float | None = None
+        self._saving_s = 0.0  # checkpoint saves in the current window
+
+    def saved(self, seconds: float) -> None:
+        """A checkpoint save took `seconds` of the current window: tokens/s counts it (it is
+        what the job gets), the step time does not (it is what the planner predicts)."""
+        self._saving_s += seconds
 
     def record(self, step: int, loss: float) -> bool:
         """Note that `step` steps are done with `loss`; True when a publication is due."""
@@ -88,7 +97,8 @@ class ProgressMeter:
             window_t, window_step = self._window_start
             if step > window_step and now > window_t:
                 self.tokens_per_s = (step - window_step) * self.tokens_per_step / (now - window_t)
-            self._window_start = (now, step)
+                self.step_s = max(0.0, now - window_t - self._saving_s) / (step - window_step)
+            self._window_start, self._saving_s = (now, step), 0.0
             self._last_publish_at = now
         return due
 
@@ -101,6 +111,7 @@ class ProgressMeter:
             "loss": self.loss,
             "first_loss": self.first_loss,
             "tokens_per_s": self.tokens_per_s,
+            "step_s": self.step_s,
             "elapsed_s": self.clock() - self.started_at,
             "eta_s": eta,
         }

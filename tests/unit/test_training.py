@@ -157,6 +157,24 @@ def test_progress_meter_throttles_and_estimates() -> None:
     assert meter.record(10, 1.0)  # the last step is always due
 
 
+def test_the_step_time_leaves_checkpoint_saves_out_and_the_throughput_does_not() -> None:
+    """What the planner predicts is a step; what the job gets counts its saves too."""
+    now = [0.0]
+    meter = ProgressMeter(total_steps=100, tokens_per_step=1000, start_step=0,
+                          clock=lambda: now[0], interval_s=1.0)
+    now[0] = 0.1
+    assert meter.record(1, 5.0)
+    meter.saved(0.5)  # a checkpoint after step 1, in the window that follows
+    now[0] = 2.1
+    assert meter.record(16, 4.0)  # 15 steps in 2 s, of which 0.5 s saving
+    snapshot = meter.snapshot()
+    assert snapshot["tokens_per_s"] == pytest.approx(15 * 1000 / 2.0)
+    assert snapshot["step_s"] == pytest.approx(1.5 / 15)
+    now[0] = 3.1
+    assert meter.record(26, 3.0)  # the next window had no save
+    assert meter.snapshot()["step_s"] == pytest.approx(1.0 / 10)
+
+
 # ------------------------------------------------------------------ DDP over gloo parity
 
 

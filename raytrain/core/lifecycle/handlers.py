@@ -132,7 +132,9 @@ def progress(c: Change, event: ProgressReported) -> dict[str, bool]:
         c.move(JobState.RUNNING, "training")
     job.progress = Progress.model_validate(
         {k: v for k, v in event.payload.items() if k != "sent_at"})
-    if job.plan is not None and job.progress.tokens_per_s:
+    if job.plan is not None and job.progress.step_s:
+        job.plan.measured_step_s = job.progress.step_s
+    elif job.plan is not None and job.progress.tokens_per_s:  # a worker of an older version
         job.plan.measured_step_s = job.plan.tokens_per_step / job.progress.tokens_per_s
     # sent_at stays in the event: followers can see how fresh each report is. Dollars go
     # with it, so a follower (the dashboard's charts, serve.history) needs nothing else.
