@@ -39,6 +39,7 @@ from raytrain.catalog.files import (
     load_offers,
     load_policies,
     save_offers,
+    snapshot,
     unknown_policy,
 )
 from raytrain.catalog.traces import load_trace
@@ -164,7 +165,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         raise spec_error_from_validation(exc, source="plan request") from None
     try:
-        response = rank_plans(request)
+        response = rank_plans(request, snapshot().offers)
     except NothingFits as exc:
         err.print(f"[red]error:[/red] {exc}")
         return 1

@@ -14,8 +14,8 @@ POST /v1/plans.
 from __future__ import annotations
 
 from dataclasses import asdict, replace
+from typing import Sequence
 
-from raytrain.catalog.files import snapshot
 from raytrain.catalog.hardware import (
     CATALOG_VERSION,
     GPUS,
@@ -33,6 +33,7 @@ from raytrain.errors import FieldError, SpecError
 from raytrain.spec import (
     JobSpec,
     LayoutChoice,
+    Offer,
     PlanRequest,
     PlanResponse,
     PlanRow,
@@ -108,12 +109,13 @@ def plan_summary(spec: JobSpec, layout: Layout | None = None) -> PlanSummary:
     )
 
 
-def rank_plans(request: PlanRequest) -> PlanResponse:
+def rank_plans(request: PlanRequest, offers: Sequence[Offer] = ()) -> PlanResponse:
     """POST /v1/plans: the ranked plans for a request, or the one layout it asks for on the
-    node shape it names; raises NothingFits with the smallest changes that would fit, and
-    SpecError naming the field when the shape or the layout cannot work."""
+    node shape it names (a catalog shape, or one of `offers` by id or instance type); raises
+    NothingFits with the smallest changes that would fit, and SpecError naming the field
+    when the shape or the layout cannot work."""
     spec = request.spec
-    shape = request_shape(request)
+    shape = request_shape(request, offers)
     kind = shape.gpu.name
     choice = request.layout
     gpus = request.gpus or (_degrees(choice) if choice is not None else None)
@@ -156,8 +158,9 @@ def default_precision(spec: JobSpec, kind: str) -> str:
     return "fp32" if kind in NO_BF16 else "bf16"
 
 
-def request_shape(request: PlanRequest) -> NodeShape:
-    """The node shape a plan request names, describes, or implies by its device kind."""
+def request_shape(request: PlanRequest, offers: Sequence[Offer] = ()) -> NodeShape:
+    """The node shape a plan request names (in the catalog or among `offers`), describes,
+    or implies by its device kind."""
     custom, name = request.node_shape, request.shape
     if custom is not None:
         intra = LINKS[custom.intra_link] if custom.intra_link else Link(
@@ -166,7 +169,7 @@ def request_shape(request: PlanRequest) -> NodeShape:
                           network_link(custom.inter_gbits_per_gpu * custom.gpus_per_node,
                                        custom.gpus_per_node, custom.rdma))
     elif name is not None:
-        shape = NODE_SHAPES.get(name) or _offer_shape(name)
+        shape = NODE_SHAPES.get(name) or _offer_shape(name, offers)
     else:
         return node_shape(request.accelerator or request.spec.resources.device_kind or "cpu")
     if request.accelerator not in (None, shape.gpu.name):
@@ -176,8 +179,7 @@ def request_shape(request: PlanRequest) -> NodeShape:
     return shape
 
 
-def _offer_shape(name: str) -> NodeShape:
-    offers = snapshot().offers
+def _offer_shape(name: str, offers: Sequence[Offer]) -> NodeShape:
     found = next((o for o in offers if name in (o.id, o.instance_type)), None)
     if found is None:
         known = sorted({*NODE_SHAPES, *(o.instance_type for o in offers)})

@@ -35,6 +35,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from raytrain import __version__
+from raytrain.catalog.files import snapshot
 from raytrain.core.planner import NothingFits
 from raytrain.core.resolve import rank_plans
 from raytrain.errors import SpecError
@@ -72,6 +73,7 @@ from raytrain.spec import (
 )
 
 APP_NAME = "raytrain"
+SHIPPED_OFFERS = snapshot().offers  # the shapes POST /v1/plans may name by offer
 EVENT_POLL_S = 10.0
 EXCERPT_CHARS = 200
 MANAGER_RETRY_AFTER_S = 5
@@ -314,7 +316,7 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True) -> Fa
         """Rank every feasible layout of the job on the hardware asked about, or evaluate the
         one layout the request gives, on its node shape."""
         try:
-            return rank_plans(request)
+            return rank_plans(request, SHIPPED_OFFERS)
         except NothingFits as exc:
             raise HTTPException(status_code=422, detail=[{
                 "loc": ["body", "spec", "parallel"], "msg": str(exc),

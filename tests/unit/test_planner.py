@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from benchmarks.planner_torchtitan import ONE_T, RUNS, predict, time_one_trillion
+from raytrain.catalog.files import snapshot
 from raytrain.catalog.hardware import GPUS, NODE_SHAPES, GiB, GPUKind, node_shape
 from raytrain.core.planner import (
     Layout,
@@ -266,7 +267,7 @@ def test_node_shapes_are_the_machines_as_sold() -> None:
     assert slower.breakdown["total"] > slow.breakdown["total"]
     # A GPU cloud's shape is its offer's: 4090s without peer-to-peer.
     pod = rank_plans(PlanRequest(spec=spec, layout=LayoutChoice(tp=8),
-                                 shape="runpod/secure/8x-rtx4090"))
+                                 shape="runpod/secure/8x-rtx4090"), snapshot().offers)
     assert pod.shape == "runpod/secure/8x-rtx4090" and pod.accelerator == "rtx4090"
 
 
@@ -283,7 +284,7 @@ def test_a_layout_or_shape_that_cannot_work_names_the_field_and_the_fix(
         request_fields: dict, field: tuple, words: str) -> None:
     with pytest.raises(SpecError) as caught:
         try:
-            rank_plans(PlanRequest(spec=gpt_job(), **request_fields))
+            rank_plans(PlanRequest(spec=gpt_job(), **request_fields), snapshot().offers)
         except ValidationError as exc:  # refused by the request's own validation
             raise spec_error_from_validation(exc, source="plan request") from None
     error = caught.value.errors[0]  # tp=3 also cannot split the sequence: a second error
