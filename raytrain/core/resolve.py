@@ -118,7 +118,7 @@ def rank_plans(request: PlanRequest, offers: Sequence[Offer] = ()) -> PlanRespon
     shape = request_shape(request, offers)
     kind = shape.gpu.name
     choice = request.layout
-    gpus = request.gpus or (_degrees(choice) if choice is not None else None)
+    gpus = request.gpus or (choice.devices if choice is not None else None)
     dims, work, _, gpus = planner_inputs(spec, gpus, kind)
     work = replace(work, precision=request.precision or default_precision(spec, kind))
     if choice is not None:
@@ -189,10 +189,6 @@ def _offer_shape(name: str, offers: Sequence[Offer]) -> NodeShape:
     return replace(node_shape_of(found), name=found.id)
 
 
-def _degrees(choice: LayoutChoice) -> int:
-    return choice.dp_replicate * choice.dp_shard * choice.tp * choice.pp
-
-
 def chosen_layout(choice: LayoutChoice, spec: JobSpec, dims: ModelDims, work: Workload,
                   gpus: int) -> Layout:
     """The Layout a plan request asks for, checked as a job's stated layout is; SpecError
@@ -200,9 +196,9 @@ def chosen_layout(choice: LayoutChoice, spec: JobSpec, dims: ModelDims, work: Wo
     micro = choice.micro_batch_size or spec.training.micro_batch_size
     dp, batch = choice.dp_replicate * choice.dp_shard, work.global_batch
     errors = []
-    if _degrees(choice) != gpus:
+    if choice.devices != gpus:
         errors.append(FieldError(("layout",), (
-            f"dp_replicate x dp_shard x tp x pp = {_degrees(choice)} devices, but {gpus} are "
+            f"dp_replicate x dp_shard x tp x pp = {choice.devices} devices, but {gpus} are "
             "planned for. To fix: make the degrees' product the device count, or leave out "
             "the device count")))
     if batch % (dp * micro):

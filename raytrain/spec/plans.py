@@ -33,6 +33,11 @@ class LayoutChoice(Strict):
         None, description="Activation recomputation; default the spec's "
         "parallel.activation_checkpointing.")
 
+    @property
+    def devices(self) -> int:
+        """The device count the layout spans: the product of its degrees."""
+        return self.dp_replicate * self.dp_shard * self.tp * self.pp
+
 
 class ShapeSpec(Strict):
     """A node of a cluster of one's own (`raytrain plan --shape-file`): its GPUs, the link
@@ -102,9 +107,8 @@ class PlanRequest(Strict):
             raise_if_any("PlanRequest", [field_error(
                 ("shape",), "name a shape or describe one, not both. To fix: drop shape or "
                 "node_shape", self.shape)])
-        layout = self.layout
-        if layout is not None:
-            devices = layout.dp_replicate * layout.dp_shard * layout.tp * layout.pp
+        if self.layout is not None:
+            devices = self.layout.devices
             if devices > MAX_DEVICES:
                 raise_if_any("PlanRequest", [field_error(
                     ("layout",), f"the degrees' product is {devices:,} devices, more than "
