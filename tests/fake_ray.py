@@ -176,7 +176,7 @@ class TrainingRay(FakeRay):
     takes the node); False, at once (the rank dies there, its node gone). At `hold_at` the
     run sets `held` and waits for `go` before it reports that step.
 
-        cluster = TrainingRay(cpus=1, faults={30: True, 55: False})
+        cluster = TrainingRay(cpus=1, faults={30: True, 55: False}, hold_at=80)
         manager = JobManager(config, cluster=cluster, schedule=False)
         cluster.manager = manager
         while not done: manager.scheduler.pass_once(); cluster.autoscale()
@@ -184,13 +184,13 @@ class TrainingRay(FakeRay):
 
     manager: Any = None
     faults: dict[int, bool] = field(default_factory=dict)
+    hold_at: int | None = None  # a step where the run waits for `go`, after setting `held`
     errors: list[BaseException] = field(default_factory=list)  # anything else a run raised
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.lock = threading.Lock()
         self.launched = self.bought = 0
-        self.hold_at: int | None = None  # a step where the run waits for `go`, after `held`
         self.held, self.go = threading.Event(), threading.Event()
 
     def now(self) -> float:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import fields
 from typing import Any, Sequence
 
 from rich import box
 from rich.table import Table
 
-from raytrain.spec import JobStatus, OfferCatalog, OffersResponse, PlanResponse
+from raytrain.spec import JobStatus, Layout, OfferCatalog, OffersResponse, PlanResponse, PlanRow
 
 
 def duration_text(seconds: float | None) -> str:
@@ -158,8 +159,7 @@ def plans_table(response: PlanResponse) -> Table:
 
 def plans_json(response: PlanResponse) -> dict[str, Any]:
     """`raytrain plan --json`: each plan's layout as an object, then its figures."""
-    degrees = ("dp_replicate", "dp_shard", "tp", "pp", "virtual_stages", "micro_batch_size",
-               "microbatches", "recompute")
+    degrees = [f.name for f in fields(Layout) if f.name in PlanRow.model_fields]
     head = response.model_dump(mode="json", exclude={"plans"})
     plans = []
     for row in response.plans:

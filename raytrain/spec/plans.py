@@ -21,8 +21,8 @@ MAX_DEVICES = 100_000  # the most devices one plan is made for
 class LayoutChoice(Strict):
     """One layout to evaluate as it is, rather than the ranking (`raytrain plan --layout`)."""
 
-    dp_replicate: int = Field(1, ge=1, le=100_000, description=FIELD_DOCS["dp_replicate"])
-    dp_shard: int = Field(1, ge=1, le=100_000, description=FIELD_DOCS["dp_shard"])
+    dp_replicate: int = Field(1, ge=1, le=MAX_DEVICES, description=FIELD_DOCS["dp_replicate"])
+    dp_shard: int = Field(1, ge=1, le=MAX_DEVICES, description=FIELD_DOCS["dp_shard"])
     tp: int = Field(1, ge=1, le=1024, description=FIELD_DOCS["tp"])
     pp: int = Field(1, ge=1, le=1024, description=FIELD_DOCS["pp"])
     virtual_stages: int = Field(1, ge=1, le=64, description=FIELD_DOCS["virtual_stages"])

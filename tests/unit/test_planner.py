@@ -30,6 +30,7 @@ from raytrain.core.planner import (
 from raytrain.core.resolve import planner_inputs, rank_plans
 from raytrain.errors import SpecError
 from raytrain.spec import JobSpec, LayoutChoice, PlanRequest, spec_error_from_validation
+from tests.unit.support import gpt_1b_job
 
 
 @pytest.mark.parametrize("run", RUNS, ids=[r[0] for r in RUNS])
@@ -221,14 +222,14 @@ def test_a_pipeline_runs_at_the_pace_of_its_slowest_rank() -> None:
 # ------------------------------------------------------- what-if: one layout, one cluster
 
 
-def gpt_job(precision: str | None = None, **gpt: int) -> JobSpec:
-    training = {"global_batch_size": 64, "micro_batch_size": 2,
-                **({"precision": precision} if precision else {})}
-    return JobSpec.model_validate({
-        "model": {"gpt": {"vocab_size": 32000, "dim": 2048, "num_layers": 24, "num_heads": 16,
-                          "max_seq_len": 2048, **gpt}},
-        "data": {"seq_len": 2048}, "training": training,
-        "resources": {"num_workers": 8, "gpus_per_worker": 1, "accelerator": "h100-sxm"}})
+def gpt_job(precision: str | None = None) -> JobSpec:
+    """The shared 1B-class job on H100s, stating a precision only when given: what a plan
+    assumes without one is under test here."""
+    document = gpt_1b_job("h100-sxm")
+    del document["training"]["precision"]
+    if precision:
+        document["training"]["precision"] = precision
+    return JobSpec.model_validate(document)
 
 
 def test_a_layout_asked_for_is_evaluated_exactly_on_the_shape_named() -> None:
@@ -239,7 +240,7 @@ def test_a_layout_asked_for_is_evaluated_exactly_on_the_shape_named() -> None:
     assert (answer.gpus, answer.accelerator, answer.shape) == (16, "a100-80gb-sxm", "p4de")
     assert answer.precision == "bf16"  # a GPU with bf16, and a spec that states none
     dims, work, _, _ = planner_inputs(spec, 16, "a100-80gb-sxm")
-    layout = Layout(1, 8, 2, 1, 1, 2, 4, "none")  # 64 sequences: 8 ranks x 2 x 4
+    layout = Layout(1, 8, 2, 1, 1, 4, 2, "none")  # 64 sequences: 8 ranks x 4 x 2
     expected = evaluate(dims, replace(work, precision="bf16"), layout, NODE_SHAPES["p4de"])
     assert row.layout == layout.describe() and row.step_s == expected.step_s
     assert row.memory_gib == pytest.approx(expected.memory_bytes / GiB) and row.fits
@@ -261,7 +262,7 @@ def test_node_shapes_are_the_machines_as_sold() -> None:
     assert NODE_SHAPES["p4d"].gpu.memory_bytes == 40e9
     assert node_shape("a100-80gb-sxm").inter.bandwidth == NODE_SHAPES["p4de"].inter.bandwidth
     # Data parallel across 4 nodes waits on the network: p4d's 400 Gbit/s, not p5's 3,200.
-    spec, choice = gpt_job(), LayoutChoice(dp_replicate=32)
+    spec, choice = gpt_job(), LayoutChoice(dp_replicate=32, micro_batch_size=2)
     slow = rank_plans(PlanRequest(spec=spec, layout=choice, shape="dgx-a100")).plans[0]
     slower = rank_plans(PlanRequest(spec=spec, layout=choice, shape="p4de")).plans[0]
     assert slower.breakdown["total"] > slow.breakdown["total"]

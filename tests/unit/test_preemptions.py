@@ -58,8 +58,7 @@ def test_five_preemptions_of_both_kinds_then_a_move_end_as_an_uninterrupted_run(
                     "cpu-on-demand": {"offer": "local/here/cpu-1", "market": "on-demand",
                                       "max_nodes": 1}})
     faults = {15: True, 33: False, 52: True, 77: False, 95: True}
-    cluster = TrainingRay(cpus=1, faults=dict(faults))
-    cluster.hold_at = 120
+    cluster = TrainingRay(cpus=1, faults=dict(faults), hold_at=120)
     manager = JobManager(config.model_dump(mode="json"), cluster=cluster, schedule=False)
     cluster.manager = manager
     submitted = manager.submit(job())
