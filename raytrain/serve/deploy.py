@@ -288,18 +288,23 @@ def stop_detached(state_dir: Path) -> str:
             "with")
     head = _head_process(record)
     stopped = []
+    # Ray's daemons and actors take 10-30 s to leave on SIGTERM. Once the job manager has
+    # saved every job, nothing of ours is left in them, so they get a short grace; when it
+    # could not be reached, the full one, in case it is still saving.
+    grace_s = 30.0
     if head is not None or record.head_pid is None:
         try:  # let the job manager save every running job's state before the cluster goes
             connect_ray(record.address, quiet=True)
             undeploy(stop_jobs=record.head_pid is not None)
             stopped.append(f"the service at {record.url}")
+            grace_s = 5.0
         except Exception as exc:  # a dead or half-dead cluster: stop its processes anyway
             logger.warning("could not stop the service cleanly: %s", exc)
         finally:
             if ray.is_initialized():
                 ray.shutdown()
     if head is not None:
-        terminate_family(head)
+        terminate_family(head, timeout_s=grace_s)
         stopped.append(f"the Ray cluster it started at {record.address}")
     if record.temp_dir:
         leftovers = [p for p in psutil.process_iter(["cmdline"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 import ray
+import yaml
 
 from raytrain import Client, JobState
 from raytrain.cli import main as cli_main
@@ -102,34 +104,58 @@ def test_bad_specs_answer_422_with_field_paths_and_start_nothing(service: Servic
     assert "/v1/jobs" in service.http.get(f"{service.url}/openapi.json").json()["paths"]
 
 
-def test_job_trains_to_success_and_streams_progress(service: Service) -> None:
-    client = Client(service.url)
+def readme_snippets() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+
+
+@pytest.mark.timeout(400)  # two demo jobs
+def test_the_readme_trains_the_demo_to_success_streaming_progress_then_cancels_one(
+        service: Service, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every Python snippet in the README runs, in order, against the deployed service; the
+    first one's job (the demo) is then checked through the API, the second one's cancelled."""
+    first, second, *rest = readme_snippets()
+    assert not rest, "a new README snippet: run it here too"
+    printed_at: list[tuple[float, tuple[Any, ...]]] = []
+
+    def recording_print(*args: Any, **kwargs: Any) -> None:
+        printed_at.append((time.time(), args))
+        print(*args, **kwargs)
+
+    namespace: dict[str, Any] = {"print": recording_print}
     submitted_at = time.time()
-    job = client.submit(job_spec(steps=60, checkpoint_every=30), idempotency_key="first-60")
-    # A retried POST (a timeout, a cut connection) returns that job, not a second one.
-    again = client.submit(job_spec(steps=60, checkpoint_every=30), idempotency_key="first-60")
-    assert again.id == job.id and job.status().submitted_by == "operator"
-    states, progress, lags = [], [], []
-    for event in job.events():
-        if event.type == "state":
-            states.append(event.data["state"])
-        elif event.type == "progress":
-            progress.append(event.data)
-            lags.append(time.time() - event.data["sent_at"])
+    for snippet in (first, second):
+        code = snippet.replace("http://127.0.0.1:8000", service.url).replace(
+            '"examples/', f'"{ROOT}/examples/')
+        exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own README
+        if snippet is first:
+            check_the_demo_succeeded(service, namespace["job"], printed_at, submitted_at)
+    out = capsys.readouterr().out
+    assert "SUCCEEDED" in out and "rank 0:" in out
+    assert namespace["job"].wait().state == JobState.CANCELLED
+
+
+def check_the_demo_succeeded(service: Service, job: Any,
+                             printed_at: list[tuple[float, tuple[Any, ...]]],
+                             submitted_at: float) -> None:
+    demo = yaml.safe_load((ROOT / "examples" / "demo.yaml").read_text())["training"]
     status = job.wait()  # already ended: replays the stream and returns
     assert status.state == JobState.SUCCEEDED, status.error
+    assert status.submitted_by == "operator"
+    states = [args[1]["state"] for _, args in printed_at if args[0] == "state"]
     # A queued job may say PENDING more than once (its place and reason in the queue).
     distinct = [s for i, s in enumerate(states) if i == 0 or s != states[i - 1]]
     assert distinct[:3] == ["PENDING", "PROVISIONING", "RUNNING"] and states[-1] == "SUCCEEDED"
-    steps = [p["step"] for p in progress]
-    assert steps == sorted(steps) and steps[-1] == 60
-    assert progress[-1]["loss"] < progress[0]["loss"]
+    progress = [(at, args[1]) for at, args in printed_at if args[0] == "progress"]
+    steps = [p["step"] for _, p in progress]
+    assert steps == sorted(steps) and steps[-1] == demo["steps"]
+    assert progress[-1][1]["loss"] < progress[0][1]["loss"]
     # What the service shows is at most (gap between reports) + (delivery lag) old.
-    sent = [p["sent_at"] for p in progress]
+    sent = [p["sent_at"] for _, p in progress]
     gaps = [b - a for a, b in zip(sent, sent[1:])]
+    lags = [at - p["sent_at"] for at, p in progress]
     assert max(gaps) + max(lags) < 2.0, f"reports {max(gaps):.2f} s apart, {max(lags):.2f} s late"
     assert status.result is not None and status.result.final_loss < status.result.first_loss
-    assert status.checkpoint is not None and status.checkpoint.step == 60
+    assert status.checkpoint is not None and status.checkpoint.step == demo["steps"]
     assert Path(status.checkpoint.path, "COMMITTED").is_file()
     assert status.plan is not None and status.plan.layout.dp_replicate == 2
     assert status.plan.description == status.plan.layout.describe()
@@ -145,6 +171,7 @@ def test_job_trains_to_success_and_streams_progress(service: Service) -> None:
         answer = service.http.get(f"{service.url}/v1/jobs/{job.id}/events", **kwargs)
         assert answer.status_code == 422 and "To fix" in answer.text
     # Each rank's output is kept with the job; deleting the ended job removes it all.
+    client = Client(service.url)
     logs = client.logs(job.id)
     assert [r.rank for r in logs.ranks] == [0, 1] and "rank 0" in logs.ranks[0].text
     job_root = Path(status.checkpoint.path).parents[1]
