@@ -9,7 +9,8 @@ policy's choice. Pure arithmetic on the catalog and the planner: no cloud is cal
 from __future__ import annotations
 
 from raytrain.catalog.files import load_policies, snapshot
-from raytrain.core.autoscale import choose, job_goal, job_throughput, options
+from raytrain.core.autoscale import choose, options
+from raytrain.core.throughput import job_goal, job_throughput
 from raytrain.spec import JobSpec
 
 JOBS = {

@@ -1,12 +1,17 @@
-"""Replay the shipped spot-fleet traces against one job under the four ways of buying capacity
-(on-demand only, spot with restart from checkpoint, failover to on-demand, the policy), with
-and without a preemption notice the job can checkpoint on; print the table and save a plot.
+"""Replay the shipped spot-fleet traces against one job under every way of buying capacity
+(on-demand only, spot with restart from checkpoint, failover to on-demand, Can't Be Late's
+Uniform Progress, the policy, and the hindsight-optimal schedule), with and without a
+preemption notice the job can checkpoint on; print the tables, the policy's gaps, and save a
+plot.
 
     python -m benchmarks.spot_simulation [--plot benchmarks/figures/spot_simulation.png]
 
 The job: 8 nodes, 6 hours of training, a 12-hour deadline, checkpoints cost 60 s, a restart
 on new capacity 300 s; `spot` and `failover` checkpoint every 30 minutes; 11 start times
-spread over each trace. Prices are the catalog's for the trace's instance type.
+spread over each trace. Prices are the catalog's for the trace's instance type; the GCP
+traces are priced as p3.2xlarge (the catalog has no GCP offers) and their notice is GCP's 30 s,
+the AWS traces' is AWS's up to 120 s. Parcae's p3 fleet is Bamboo's p3 trace again (its 163
+timestamps all match), so it is not replayed as a second result.
 """
 
 from __future__ import annotations
@@ -20,24 +25,63 @@ from raytrain.catalog.traces import load_trace
 from raytrain.core.simulate import STRATEGIES, SimJob, Summary, compare
 
 TRACES = TRACES_DIR
-RUNS = [  # trace file, the offer its fleet is priced as
-    ("bamboo/p3-trace.csv", "p3.2xlarge"),
-    ("bamboo/g4dn-trace.csv", "g4dn.xlarge"),
-    ("bamboo/a100x1-east1b.txt", "p3.2xlarge"),
-    ("bamboo/v100x1-east1c.txt", "p3.2xlarge"),
-    ("parcae/p3-fleet-size.csv", "p3.2xlarge"),
+RUNS = [  # trace file, the offer its fleet is priced as, the notice its cloud gives
+    ("bamboo/p3-trace.csv", "p3.2xlarge", 120.0),
+    ("bamboo/g4dn-trace.csv", "g4dn.xlarge", 120.0),
+    ("bamboo/a100x1-east1b.txt", "p3.2xlarge", 30.0),
+    ("bamboo/v100x1-east1c.txt", "p3.2xlarge", 30.0),
 ]
 
 
-def run(notice_s: float, policy_name: str, starts: int) -> list[Summary]:
+def run(with_notice: bool, policy_name: str, starts: int) -> list[Summary]:
     catalog, policy = snapshot(), load_policies()[policy_name]
     rows = []
-    for trace_file, instance in RUNS:
+    for trace_file, instance, notice in RUNS:
         offer = next(o for o in catalog.offers if o.instance_type == instance)
         job = SimJob(offer=offer, nodes=8, work_s=6 * 3600, deadline_s=12 * 3600,
-                     fixed_interval_s=1800, notice_s=notice_s)
+                     fixed_interval_s=1800, notice_s=notice if with_notice else 0.0)
         rows += compare(load_trace(TRACES / trace_file), job, policy, starts)
     return rows
+
+
+def gaps(rows: list[Summary]) -> list[str]:
+    """The policy against Uniform Progress and the oracle, and its saving, per trace."""
+    lines = []
+    for trace in dict.fromkeys(r.trace for r in rows):
+        by = {r.strategy: r for r in rows if r.trace == trace}
+        policy, oracle = by["policy"], by["oracle"]
+        lines.append(
+            f"- {trace}: policy ${policy.mean_cost_usd:.2f} ({policy.deadline_misses} late), "
+            f"{1 - policy.mean_cost_usd / by['on-demand'].mean_cost_usd:.0%} off on-demand; "
+            f"{policy.mean_cost_usd / by['uniform-progress'].mean_cost_usd - 1:+.1%} against "
+            f"Uniform Progress (${by['uniform-progress'].mean_cost_usd:.2f}, "
+            f"{by['uniform-progress'].deadline_misses} late); "
+            f"{policy.mean_cost_usd / oracle.mean_cost_usd - 1:+.1%} against the oracle "
+            f"(${oracle.mean_cost_usd:.2f})")
+    return lines
+
+
+PRIOR_WEIGHTS = (1.0, 5.0, 20.0, 80.0, 320.0)  # node-hours
+
+
+def sweep_prior(policy_name: str, starts: int) -> list[tuple[float, float, int]]:
+    """The policy's mean cost summed over every trace and notice setting, and its deadline
+    misses, for each weight of the catalog's prior rate (`prior_node_hours`)."""
+    catalog, base = snapshot(), load_policies()[policy_name]
+    found = []
+    for weight in PRIOR_WEIGHTS:
+        policy = base.model_copy(update={"prior_node_hours": weight})
+        cost, misses = 0.0, 0
+        for with_notice in (False, True):
+            for trace_file, instance, notice in RUNS:
+                offer = next(o for o in catalog.offers if o.instance_type == instance)
+                job = SimJob(offer=offer, nodes=8, work_s=6 * 3600, deadline_s=12 * 3600,
+                             fixed_interval_s=1800, notice_s=notice if with_notice else 0.0)
+                row, = compare(load_trace(TRACES / trace_file), job, policy, starts,
+                               strategies=("policy",))
+                cost, misses = cost + row.mean_cost_usd, misses + row.deadline_misses
+        found.append((weight, cost, misses))
+    return found
 
 
 def plot(tables: dict[str, list[Summary]], path: Path) -> None:
@@ -84,10 +128,11 @@ def main() -> None:
     parser.add_argument("--starts", type=int, default=11)
     args = parser.parse_args()
     tables = {}
-    for notice in (0.0, 120.0):
+    for with_notice in (False, True):
         began = time.perf_counter()
-        rows = run(notice, args.policy, args.starts)
-        title = f"notice {notice:.0f} s"
+        rows = run(with_notice, args.policy, args.starts)
+        title = "with the cloud's notice (AWS 120 s, GCP 30 s)" if with_notice else \
+            "no notice"
         tables[title] = rows
         print(f"\n## {title} (policy {args.policy}; {time.perf_counter() - began:.1f} s)")
         print("| trace | strategy | mean $ | mean h | deadline misses | preemptions | "
@@ -97,6 +142,17 @@ def main() -> None:
             print(f"| {r.trace} | {r.strategy} | {r.mean_cost_usd:.2f} | {r.mean_hours:.2f} | "
                   f"{r.deadline_misses}/{r.runs} | {r.mean_preemptions:.1f} | "
                   f"{r.mean_lost_work_hours:.2f} | {r.mean_on_demand_hours:.2f} |")
+        print()
+        print("\n".join(gaps(rows)))
+    began = time.perf_counter()
+    swept = sweep_prior(args.policy, args.starts)
+    print(f"\n## the prior's weight ({time.perf_counter() - began:.1f} s)")
+    print("| prior_node_hours | policy's mean $, summed over the 8 runs | deadline misses |")
+    print("|---:|---:|---:|")
+    for weight, cost, misses in swept:
+        print(f"| {weight:g} | {cost:.2f} | {misses} |")
+    best = min((w for w in swept if w[2] == 0), key=lambda w: w[1], default=None)
+    print(f"\ncheapest without a miss: {best[0]:g} node-hours" if best else "\nall miss")
     plot(tables, args.plot)
     print(f"\nplot: {args.plot}")
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from raytrain.train.progress import ServiceAnswer
+
 
 @dataclass
 class FakeRun:
@@ -128,12 +130,12 @@ class DirectSink:
     def __init__(self, cluster: TrainingRay, run: FakeRun, node: str | None) -> None:
         self.cluster, self.run, self.node = cluster, run, node
         self.notices = StepNotices()
-        self.attempt, self._stop, self._move = 0, False, False
+        self.attempt, self.answer = 0, ServiceAnswer()
 
     def started(self, resumed_step: int) -> None:
         self.attempt = self.cluster.manager.worker_group_started(
             self.run.job_id, resumed_step, {"placement_group": None, "nodes": 1})
-        self._stop = self.attempt < 0
+        self.answer.stop = self.attempt < 0
 
     def progress(self, payload: dict[str, Any]) -> None:
         cluster = self.cluster
@@ -147,16 +149,17 @@ class DirectSink:
                 cluster.take(self.node)
                 raise NodeLost(f"the node {self.node} was lost")
             self.notices.hear()  # checkpoint and stop at the next step
-        reply = cluster.manager.report_progress(
-            self.run.job_id, self.attempt, {**payload, "sent_at": time.time()})
-        self._stop = self._stop or bool(reply.get("stop"))
-        self._move = self._move or bool(reply.get("move"))
+        self.answer.take(cluster.manager.report_progress(
+            self.run.job_id, self.attempt, {**payload, "sent_at": time.time()}))
 
     def should_stop(self) -> bool:
-        return self._stop
+        return self.answer.stop
 
     def should_move(self) -> bool:
-        return self._move
+        return self.answer.move
+
+    def checkpoint_every_s(self) -> float | None:
+        return self.answer.checkpoint_every_s
 
     def checkpoint(self, step: int, path: str, save_s: float) -> None:
         self.cluster.manager.report_checkpoint(self.run.job_id, self.attempt, step, path,

@@ -16,7 +16,7 @@ import random
 from datetime import datetime
 from pathlib import Path
 
-from raytrain.core.simulate import Trace, TraceEvent
+from raytrain.core.fleet import Trace, TraceEvent
 from raytrain.errors import FieldError, SpecError
 
 SEED = 0

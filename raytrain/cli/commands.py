@@ -10,7 +10,7 @@
     raytrain plan job.yaml --gpus 16 --gpu rtx4090   rank parallel layouts (offline)
     raytrain plan job.yaml --shape p5 --layout dp_shard=8,tp=8   that one layout, there
     raytrain offers [job.yaml] [--refresh]           offers, prices, the policy's ranking
-    raytrain simulate [--trace FILE]                 replay spot traces under four strategies
+    raytrain simulate [--trace FILE]                 replay spot traces under six strategies
 
 The server URL comes from --server (before or after the command), else RAYTRAIN_SERVER, else
 http://127.0.0.1:8000.
@@ -24,7 +24,6 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +57,7 @@ from raytrain.client import DEFAULT_URL, Client
 from raytrain.core.offers import offers_response
 from raytrain.core.planner import NothingFits
 from raytrain.core.resolve import rank_plans
-from raytrain.core.simulate import SimJob, compare
+from raytrain.core.simulate import SimJob, as_runs, compare
 from raytrain.errors import FieldError, SpecError
 from raytrain.spec import (
     JobState,
@@ -254,23 +253,24 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                                     .join(o.instance_type for o in catalog.offers
                                           if o.spot_usd_per_hour and o.on_demand_usd_per_hour))],
                         "simulation")
-    job = SimJob(offer=offer, nodes=args.nodes, work_s=args.work_hours * 3600,
-                 deadline_s=args.deadline_hours * 3600 if args.deadline_hours else None,
-                 checkpoint_cost_s=args.checkpoint_s, restart_s=args.restart_s,
-                 fixed_interval_s=args.interval_s, notice_s=args.notice_s)
     policy = _policy(args.policy)
+    notices = sorted(set(args.notice_s or [0.0]))
     rows = []
     for path in args.trace or [DEFAULT_TRACE]:
         trace = load_trace(Path(path))
-        with err.status(f"replaying {trace.name}"):
-            rows.extend(compare(trace, job, policy, starts=args.starts))
+        for notice in notices:
+            job = SimJob(offer=offer, nodes=args.nodes, work_s=args.work_hours * 3600,
+                         deadline_s=args.deadline_hours * 3600 if args.deadline_hours else None,
+                         checkpoint_cost_s=args.checkpoint_s, restart_s=args.restart_s,
+                         fixed_interval_s=args.interval_s, notice_s=notice)
+            with err.status(f"replaying {trace.name}, notice {notice:g} s"):
+                rows.extend(compare(trace, job, policy, starts=args.starts))
     if args.json:
-        _print_json([asdict(row) for row in rows])
+        _print_json(as_runs(rows))
         return 0
     out.print(simulation_table(
         rows, f"{args.nodes} x {offer.instance_type}, {args.work_hours:g} h of work, deadline "
-        f"{args.deadline_hours:g} h, notice {args.notice_s:g} s, {args.starts} start times per "
-        "trace", policy.name))
+        f"{args.deadline_hours:g} h, {args.starts} start times per trace", policy.name))
     return 0
 
 

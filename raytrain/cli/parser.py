@@ -152,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     offering.set_defaults(func=cmd_offers)
 
     simulating = command("simulate", "replay spot preemption traces: on-demand, spot, "
-                         "failover, policy", json_flag=True)
+                         "failover, Uniform Progress, the policy and the hindsight-optimal",
+                         json_flag=True)
     simulating.add_argument("--trace", action="append", type=existing_file,
                             help="trace file (repeatable; default "
                             "the shipped bamboo/p3-trace.csv)")
@@ -163,8 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     simulating.add_argument("--deadline-hours", type=number(above=0, at_most=24 * 365),
                             default=12.0)
     simulating.add_argument("--policy", default=None, help="policy name (default cost-first)")
-    simulating.add_argument("--notice-s", type=number(at_least=0, at_most=3600), default=0.0,
-                            help="preemption notice the job can checkpoint in (AWS: 120)")
+    simulating.add_argument("--notice-s", type=number(at_least=0, at_most=3600),
+                            action="append", help="preemption notice the job can checkpoint "
+                            "in (AWS: up to 120, GCP: 30); repeatable (default 0)")
     simulating.add_argument("--interval-s", type=number(above=0), default=1800.0,
                             help="checkpoint interval of the spot and failover strategies")
     simulating.add_argument("--checkpoint-s", type=number(at_least=0), default=60.0)

@@ -209,13 +209,17 @@ def ranking_table(response: OffersResponse, title: str) -> Table:
 
 
 def simulation_table(rows: Sequence[object], title: str, policy_name: str) -> Table:
-    table = _compact(title)
-    for column in ("trace", "strategy", "mean $", "hours", "misses", "preempt", "lost h",
-                   "on-dem h"):
+    notices = sorted({row.notice_s for row in rows})
+    several = len(notices) > 1  # else the one notice goes in the title
+    table = _compact(title + ("" if several else f", notice {notices[0]:g} s" if notices
+                              else ""))
+    for column in ("trace", *(("notice",) if several else ()), "strategy", "mean $", "hours",
+                   "misses", "preempt", "lost h", "on-dem h"):
         table.add_column(column, no_wrap=True,
                          justify="left" if column in ("trace", "strategy") else "right")
     for row in rows:
-        table.add_row(row.trace, row.strategy if row.strategy != "policy" else
+        table.add_row(row.trace, *((f"{row.notice_s:g} s",) if several else ()),
+                      row.strategy if row.strategy != "policy" else
                       f"policy ({policy_name})", usd_text(row.mean_cost_usd),
                       f"{row.mean_hours:.2f}", f"{row.deadline_misses}/{row.runs}",
                       f"{row.mean_preemptions:.1f}", f"{row.mean_lost_work_hours:.2f}",

@@ -28,14 +28,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from typing import Callable, Iterable, Mapping
 
-from raytrain.catalog.hardware import GPUS
-from raytrain.catalog.shapes import shape_from_key, shape_key, usd_for
-from raytrain.core.planner import ModelDims, Workload, evaluate, fastest
-from raytrain.core.resolve import planner_inputs
-from raytrain.spec import JobSpec, Offer, PolicySpec
+from raytrain.catalog.shapes import usd_for
+from raytrain.spec import DecisionRecord, JobStatus, Offer, PolicySpec
 
 # tokens/s and a description of the layout for an offer and a node count; None: nothing fits.
 Throughput = Callable[[Offer, int], "tuple[float, str] | None"]
@@ -205,19 +201,28 @@ def choose(goal: Goal, offers: Iterable[Offer], throughput: Throughput, policy: 
         else:
             notes.append(f"no option fits the ${goal.budget_usd:,.0f} budget left; the cheapest")
             usable = [min(usable, key=lambda o: o.expected_cost_usd)]
+    late: Option | None = None  # the fastest option, when others are tried past the deadline
     if goal.deadline_s is not None:
-        in_time = [o for o in usable if o.expected_s * (1 + policy.deadline_margin)
-                   <= goal.deadline_s]
-        if in_time:
+        margin = 1 + policy.deadline_margin
+        in_time = [o for o in usable if o.expected_s * margin <= goal.deadline_s]
+        quickest = min(usable, key=lambda o: o.expected_s)
+        if goal.deadline_s - quickest.expected_s * margin > policy.fallback_slack_s:
+            late = quickest  # time in hand: a cheaper option may be tried, and left later
+        elif in_time:
             usable = in_time
         else:
             notes.append(f"nothing finishes {policy.deadline_margin:.0%} before the deadline "
                          f"({goal.deadline_s / 3600:.1f} h left); the fastest")
-            usable = [min(usable, key=lambda o: o.expected_s)]
+            usable = [quickest]
     if policy.objective == "time":
         best = min(usable, key=lambda o: (o.expected_s, o.expected_cost_usd))
     else:
         best = min(usable, key=lambda o: (o.expected_cost_usd, o.expected_s))
+    if late is not None and goal.deadline_s is not None and \
+            best.expected_s * (1 + policy.deadline_margin) > goal.deadline_s:
+        notes.append(f"expected past the deadline, with time in hand to fall back to "
+                     f"{late.describe()} ({late.expected_hours:.2f} h) while "
+                     f"{policy.fallback_slack_s / 3600:.2f} h of slack remain")
     return Decision("start", best, _account(best, policy, notes))
 
 
@@ -254,7 +259,9 @@ def redecide(current: Option, event: str, goal: Goal, offers: list[Offer],
         return Decision("switch", best.option, f"{event}: {best.reason}")
     if goal.deadline_s is not None and \
             now.expected_s * (1 + policy.deadline_margin) > goal.deadline_s and \
-            best.option.expected_s < now.expected_s:
+            best.option.expected_s < now.expected_s and \
+            goal.deadline_s - best.option.expected_s * (1 + policy.deadline_margin) \
+            <= policy.fallback_slack_s + (now.checkpoint_interval_s or 0.0):
         return Decision("switch", best.option, f"behind the deadline on {now.describe()} "
                         f"(expected {now.expected_hours:.2f} h of {goal.deadline_s / 3600:.2f} "
                         f"h left): {best.reason}", at_checkpoint=True)
@@ -275,30 +282,6 @@ def _markets_now(policy: PolicySpec, observed: Observed) -> tuple[str, ...]:
     return tuple(policy.markets)
 
 
-def planner_throughput(dims: ModelDims, work: Workload) -> Throughput:
-    """The planner's best throughput for the job on `nodes` of an offer, memoised per node
-    shape and count (offers that differ only in price share one search)."""
-
-    @lru_cache(maxsize=None)
-    def best(key: tuple[str, int, str, float, bool], nodes: int) -> tuple[float, str] | None:
-        top = fastest(dims, work, nodes * key[1], shape_from_key(key))
-        return None if top is None else (top.tokens_per_s, top.candidate.describe())
-
-    return lambda offer, nodes: best(shape_key(offer), nodes)
-
-
-def flops_throughput(tokens_per_s_per_pflops: float) -> Throughput:
-    """For a model whose dimensions are unknown: throughput proportional to the offer's
-    achievable dense FLOP/s, at a rate per PFLOP/s the caller states."""
-
-    def throughput(offer: Offer, nodes: int) -> tuple[float, str] | None:
-        gpu = GPUS[offer.gpu_kind]
-        pflops = gpu.bf16_flops * gpu.achievable * nodes * offer.gpus_per_node / 1e15
-        return tokens_per_s_per_pflops * pflops, f"dp{nodes * offer.gpus_per_node} (assumed)"
-
-    return throughput
-
-
 def with_history(observed: Observed, offer_id: str, preempted: int, node_hours: float
                  ) -> Observed:
     """`observed` plus `node_hours` of spot on an offer, `preempted` times."""
@@ -308,76 +291,36 @@ def with_history(observed: Observed, offer_id: str, preempted: int, node_hours: 
     return replace(observed, spot_history=history, preemptions=observed.preemptions + preempted)
 
 
-def fixed_devices(throughput: Throughput, devices: int) -> Throughput:
-    """Only node counts that give exactly `devices` devices (a job whose layout is fixed)."""
-    return lambda offer, nodes: (throughput(offer, nodes)
-                                 if nodes * offer.gpus_per_node == devices else None)
+def with_measurements(policy: PolicySpec, job: JobStatus) -> PolicySpec:
+    """The policy told what the job has measured, in place of its assumed figures: the latest
+    checkpoint's save time, and the mean time from new capacity to the first step over its
+    resumes after preemptions."""
+    update: dict[str, float] = {}
+    if job.checkpoint is not None and job.checkpoint.save_s:
+        update["checkpoint_cost_s"] = job.checkpoint.save_s
+    restarts = [p.capacity_to_first_step_s for p in job.preemption_log
+                if p.capacity_to_first_step_s is not None]
+    if restarts:
+        update["restart_s"] = sum(restarts) / len(restarts)
+    return policy.model_copy(update=update) if update else policy
 
 
-def offer_matches(spec: JobSpec, offer: Offer) -> bool:
-    """Whether an offer's nodes have the devices the job asks for: CPU nodes for a CPU job
-    (gpus_per_worker 0), GPU nodes of the job's accelerator (any GPU kind if it names none)
-    for a GPU job. Predictions are then for the devices the job would run on."""
-    if not spec.resources.use_gpu:
-        return offer.gpu_kind == "cpu"
-    wanted = spec.resources.accelerator
-    return offer.gpu_kind != "cpu" and (wanted is None or offer.gpu_kind == wanted)
+def interval_moved(before: float | None, after: float | None, by: float = 0.25) -> bool:
+    """Whether a checkpoint interval changed enough (a fraction `by`) to tell the job."""
+    if before is None or after is None:
+        return before != after
+    return abs(after - before) > by * before
 
 
-def device_mismatch(spec: JobSpec, offers: Iterable[Offer]) -> str | None:
-    """Why no offer can hold the job's devices, with the fix; None if some offer can."""
-    offers = list(offers)
-    if any(offer_matches(spec, o) for o in offers):
-        return None
-    kinds = sorted({o.gpu_kind for o in offers}) or ["none"]
-    if not spec.resources.use_gpu:
-        return ("no offer has CPU-only nodes, and the job asks for CPU workers "
-                "(resources.gpus_per_worker 0). To fix: set resources.gpus_per_worker and "
-                f"resources.accelerator (offers have: {', '.join(kinds)})")
-    gpus = [k for k in kinds if k not in ("cpu", "none")]
-    if not gpus:
-        return ("no offer has GPU nodes, and the job asks for GPUs (resources.gpus_per_worker "
-                f"{spec.resources.gpus_per_worker:g}). To fix: set resources.gpus_per_worker 0 "
-                "to train on CPU nodes, or use a service that buys GPU nodes")
-    wanted = spec.resources.accelerator or "GPU"
-    return (f"no offer has {wanted} nodes. To fix: set resources.accelerator to one of "
-            f"{', '.join(gpus)}")
-
-
-def job_throughput(spec: JobSpec) -> Throughput:
-    """The planner's throughput for a job on an offer whose devices match it
-    (`offer_matches`): its best layout for any device count under strategy 'auto', else the
-    job's own layout on exactly its number of workers. A model of unknown size is assumed to
-    run at 1e3 tokens/s per achievable PFLOP/s (each option's layout says 'assumed')."""
-    inner = _planned_throughput(spec)
-    return lambda offer, nodes: inner(offer, nodes) if offer_matches(spec, offer) else None
-
-
-def _planned_throughput(spec: JobSpec) -> Throughput:
-    if spec.model.kind != "gpt":
-        return fixed_devices(flops_throughput(1e3), spec.resources.num_workers)
-    dims, work, _, _ = planner_inputs(spec)
-    own = spec.stated_layout()
-    if own is None:  # strategy 'auto': the best layout for each option's devices
-        return planner_throughput(dims, replace(work, micro_batch_options=(1, 2, 4, 8, 16)))
-
-    @lru_cache(maxsize=None)
-    def on_shape(key: tuple[str, int, str, float, bool]) -> tuple[float, str] | None:
-        predicted = evaluate(dims, work, own, shape_from_key(key))
-        return (predicted.tokens_per_s, own.describe()) if predicted.fits else None
-
-    return fixed_devices(lambda offer, nodes: on_shape(shape_key(offer)),
-                         spec.resources.num_workers)
-
-
-def job_goal(spec: JobSpec, steps_done: int = 0, elapsed_s: float = 0.0,
-             spent_usd: float = 0.0) -> Goal:
-    """What is left of a job after `steps_done` steps, `elapsed_s` since submission and
-    `spent_usd` spent."""
-    capacity = spec.capacity
-    deadline = None if capacity.deadline_hours is None else \
-        max(1.0, capacity.deadline_hours * 3600 - elapsed_s)
-    budget = None if capacity.budget_usd is None else max(0.0, capacity.budget_usd - spent_usd)
-    markets = ("spot", "on-demand") if capacity.market == "auto" else (capacity.market,)
-    tokens = max(1, spec.training.steps - steps_done) * spec.tokens_per_step
-    return Goal(tokens, deadline, budget, capacity.max_usd_per_hour, markets)
+def decision_record(now: float, event: str, decision: Decision) -> DecisionRecord:
+    """A decision as the job's status keeps it."""
+    option = decision.option
+    return DecisionRecord(
+        time=now, event=event, action=decision.action,
+        offer=option.offer.id if option else None, market=option.market if option else None,
+        nodes=option.nodes if option else 0,
+        usd_per_hour=option.usd_per_hour if option else 0.0,
+        expected_hours=option.expected_hours if option else None,
+        expected_cost_usd=option.expected_cost_usd if option else None,
+        checkpoint_interval_s=option.checkpoint_interval_s if option else None,
+        reason=decision.reason)

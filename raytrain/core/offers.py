@@ -6,14 +6,8 @@ for a job, the policy's ranking of offer x market x node count and its choice.
 
 from __future__ import annotations
 
-from raytrain.core.autoscale import (
-    Observed,
-    choose,
-    device_mismatch,
-    job_goal,
-    job_throughput,
-    options,
-)
+from raytrain.core.autoscale import Observed, choose, options
+from raytrain.core.throughput import device_mismatch, job_goal, job_throughput
 from raytrain.spec import (
     JobSpec,
     ObservedRate,

@@ -1,5 +1,5 @@
 """Trace-driven simulation of one job on a spot fleet: cost, completion time, deadline and work
-lost under four ways of buying capacity, on the same recorded preemptions.
+lost under the ways of buying capacity below, on the same recorded preemptions.
 
 A trace is the life of a real spot fleet: when each node came and when it was taken away. The
 job needs `nodes` of them at once (a fixed-size worker group). Spot nodes it holds are billed
@@ -14,6 +14,13 @@ Strategies:
 - `policy`: raytrain.core.autoscale deciding at the start, on every preemption, when spot
   capacity stays missing, and every `recheck_s` (deadline); its checkpoint interval is Young's
   for the preemption rate it has seen.
+- `uniform-progress`: Can't Be Late's rule (Wu et al., NSDI'24), the published one to beat.
+  The expected progress at t is work x t / deadline. Idle (no capacity) and behind it: on
+  demand. Spot whenever it is there, kept until preempted. On demand is left (at a
+  checkpoint) only once progress is ahead of the expectation at t + 2 restarts. Safety net:
+  idle with less time left than the work plus 2 restarts: on demand to the end. It
+  checkpoints at the policy's interval for the rate it has seen, so only the buying differs.
+- `oracle`: the hindsight-optimal schedule (raytrain.core.hindsight), a lower bound.
 
 Pure: the trace is a list of values and time is simulated; the files are read by
 raytrain.catalog.traces.
@@ -24,57 +31,23 @@ raytrain.catalog.traces.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from raytrain.catalog.shapes import usd_for
-from raytrain.core.autoscale import Goal, Observed, Option, choose, redecide, with_history
+from raytrain.core.autoscale import (
+    Goal,
+    Observed,
+    Option,
+    choose,
+    optimal_interval_s,
+    redecide,
+    with_history,
+)
+from raytrain.core.fleet import SimJob, SimResult, Trace, replay
+from raytrain.core.hindsight import hindsight
 from raytrain.spec import Offer, PolicySpec
 
-STRATEGIES = ("on-demand", "spot", "failover", "policy")
-
-
-@dataclass(frozen=True)
-class TraceEvent:
-    time_s: float
-    kind: str  # add | remove
-    node: str
-
-
-@dataclass(frozen=True)
-class Trace:
-    name: str
-    events: tuple[TraceEvent, ...]
-    duration_s: float
-
-
-@dataclass(frozen=True)
-class SimJob:
-    """A job of `work_s` seconds of training on `nodes` nodes of `offer`."""
-
-    offer: Offer
-    nodes: int
-    work_s: float
-    deadline_s: float | None
-    checkpoint_cost_s: float = 60.0
-    restart_s: float = 300.0  # capacity in hand to the first step again
-    fixed_interval_s: float = 3600.0  # the `spot` and `failover` checkpoint interval
-    notice_s: float = 0.0  # warning before a preemption (AWS: 120); 0 = none
-    step_s: float = 10.0  # simulation resolution
-    recheck_s: float = 900.0
-
-
-@dataclass
-class SimResult:
-    strategy: str
-    trace: str
-    start_s: float
-    finished_s: float
-    cost_usd: float
-    preemptions: int
-    lost_work_s: float
-    on_demand_s: float
-    met_deadline: bool
-    decisions: list[str] = field(default_factory=list)
+STRATEGIES = ("on-demand", "spot", "failover", "uniform-progress", "policy", "oracle")
 
 
 @dataclass
@@ -88,48 +61,18 @@ class _State:
     restart_left_s: float = 0.0
     waiting_since: float | None = None
     pending_switch: Option | None = None
+    pending_market: str | None = None  # uniform-progress: leave on-demand at the checkpoint
+    on_demand_to_the_end: bool = False  # uniform-progress's safety net
     interval_s: float = 3600.0
-
-
-def _replay(trace: Trace, start_s: float, horizon_s: float) -> list[TraceEvent]:
-    """The trace from `start_s`, repeated end to end, as events in time from the start (what
-    happened before the start arrives at time 0). Across a lap's seam the fleet carries on:
-    the new lap's first adds are the nodes still alive, and only the surplus leaves."""
-    out: list[TraceEvent] = []
-    alive: set[str] = set()
-    carry: list[str] = []
-    lap, base = 0, -start_s
-    while base <= horizon_s:
-        names: dict[str, str] = {}
-        for event in trace.events:
-            t = max(0.0, event.time_s + base)
-            if t > horizon_s:
-                break
-            if carry and event.time_s > 0:  # the lap's opening adds are done
-                out.extend(TraceEvent(t, "remove", node) for node in carry)
-                alive.difference_update(carry)
-                carry = []
-            if event.kind == "add":
-                node = carry.pop(0) if carry else f"{event.node}#{lap}"
-                names[event.node] = node
-                if node not in alive:
-                    alive.add(node)
-                    out.append(TraceEvent(t, "add", node))
-            elif event.node in names:
-                node = names.pop(event.node)
-                alive.discard(node)
-                out.append(TraceEvent(t, "remove", node))
-        carry = sorted(alive)
-        lap += 1
-        base += trace.duration_s
-    return out
 
 
 def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
              start_s: float = 0.0) -> SimResult:
     """Run the job from `start_s` into the trace until it finishes (or 20x its work)."""
+    if strategy == "oracle":
+        return hindsight(trace, job, start_s)
     horizon = job.work_s * 20 + (job.deadline_s or 0)
-    events = _replay(trace, start_s, horizon)
+    events = replay(trace, start_s, horizon)
     offer, n = job.offer, job.nodes
     spot_usd, od_usd = offer.usd_per_hour("spot") or math.inf, offer.usd_per_hour("on-demand")
     assert od_usd is not None, "the simulated offer needs an on-demand price"
@@ -161,18 +104,40 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
     state.restart_left_s = job.restart_s if state.market == "on-demand" else 0.0
     state.waiting_since = 0.0 if state.market == "spot" else None
 
-    def adopt(option: Option, why: str) -> None:
-        nonlocal current
-        current = option
-        if option.market != state.market:
-            state.market = option.market
+    def move(market: str) -> None:
+        if market != state.market:
+            state.market = market
             state.held.clear()
             state.since_checkpoint_s = 0.0
             state.done_s = state.saved_s
-            state.restart_left_s = job.restart_s if option.market == "on-demand" else 0.0
-            state.waiting_since = now if option.market == "spot" else None
+            state.restart_left_s = job.restart_s if market == "on-demand" else 0.0
+            state.waiting_since = now if market == "spot" else None
+
+    def adopt(option: Option, why: str) -> None:
+        nonlocal current
+        current = option
+        move(option.market)
         state.interval_s = option.checkpoint_interval_s or job.fixed_interval_s
         result.decisions.append(f"{now / 3600:.2f} h: {why}")
+
+    def checkpoint_for_a_move() -> bool:
+        """Start the checkpoint a move waits for, now, as the live service does; False when
+        nothing is unsaved (waiting, restarting), so the move can happen at once."""
+        if state.done_s == state.saved_s:
+            return False
+        if state.checkpointing_left_s <= 0:
+            state.since_checkpoint_s, state.checkpointing_left_s = 0.0, job.checkpoint_cost_s
+        return True
+
+    def young_interval() -> float:
+        """uniform-progress's interval: the policy's, for the rate seen so far."""
+        rate = n * observed.rate(offer, policy.prior_node_hours) / 3600
+        interval = optimal_interval_s(policy.checkpoint_cost_s, rate, policy.restart_s,
+                                      policy.notice_coverage)
+        return min(interval or job.fixed_interval_s, policy.max_checkpoint_interval_s)
+
+    if strategy == "uniform-progress":
+        state.interval_s = young_interval()
 
     while now < horizon and state.done_s < job.work_s:
         # Trace events up to now.
@@ -200,6 +165,9 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
             if strategy == "failover":
                 state.market, state.held = "on-demand", set()
                 state.restart_left_s, state.waiting_since = job.restart_s, None
+            elif strategy == "uniform-progress":
+                observed = with_history(observed, offer.id, 1, 0.0)
+                state.interval_s = young_interval()
             elif strategy == "policy" and current is not None:
                 observed = with_history(observed, offer.id, 1, 0.0)
                 decision = redecide(current, "preemption", goal(now, state), [offer],
@@ -223,6 +191,17 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
                 if decision.option is not None:
                     adopt(decision.option, f"spot missing {policy.capacity_wait_s:.0f} s: "
                                            f"{decision.option.describe()}")
+        if strategy == "uniform-progress":
+            market = uniform_progress(state, job, now)
+            if market is not None:
+                result.decisions.append(f"{now / 3600:.2f} h: {market}")
+                if market == "on-demand" or not checkpoint_for_a_move():
+                    move(market)
+                    state.on_demand_to_the_end = state.on_demand_to_the_end or \
+                        job.deadline_s is not None and \
+                        job.deadline_s - now < job.work_s - state.done_s + 2 * job.restart_s
+                else:
+                    state.pending_market = market  # leave at the checkpoint taken now
         # Re-decide on progress (deadline, and spot coming back after a capacity gap).
         if strategy == "policy" and current is not None and now >= next_recheck:
             next_recheck = now + job.recheck_s
@@ -232,8 +211,11 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
             decision = redecide(current, "progress", goal(now, state), [offer], throughput,
                                 policy, observed)
             if decision.action == "switch" and decision.option is not None:
-                state.pending_switch = decision.option
                 result.decisions.append(f"{now / 3600:.2f} h: {decision.reason}")
+                if checkpoint_for_a_move():
+                    state.pending_switch = decision.option
+                else:
+                    adopt(decision.option, "switched (nothing unsaved)")
         # Advance one step.
         dt = job.step_s
         holding = n if state.market == "on-demand" else len(state.held)
@@ -241,7 +223,7 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
         result.cost_usd += usd_for(price, dt, holding)
         if state.market == "spot":
             observed = with_history(observed, offer.id, 0, holding * dt / 3600) \
-                if strategy == "policy" else observed
+                if strategy in ("policy", "uniform-progress") else observed
         else:
             result.on_demand_s += dt
         if state.waiting_since is None:
@@ -254,6 +236,9 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
                     if state.pending_switch is not None:
                         switch, state.pending_switch = state.pending_switch, None
                         adopt(switch, f"switched at the checkpoint to {switch.describe()}")
+                    elif state.pending_market is not None:
+                        move(state.pending_market)
+                        state.pending_market = None
             else:
                 state.done_s += dt
                 state.since_checkpoint_s += dt
@@ -264,6 +249,27 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
     result.finished_s = now if state.done_s >= job.work_s else math.inf
     result.met_deadline = job.deadline_s is None or result.finished_s <= job.deadline_s
     return result
+
+
+def uniform_progress(state: _State, job: SimJob, now: float) -> str | None:
+    """The market Can't Be Late's Uniform Progress moves to now, or None to stay (module
+    doc). Progress counts what a checkpoint holds, plus the unsaved work while running."""
+    if job.deadline_s is None or state.pending_market is not None:
+        return None
+
+    def expected(t: float) -> float:
+        return job.work_s * min(t, job.deadline_s) / job.deadline_s
+
+    two_restarts = 2 * job.restart_s
+    if state.market == "on-demand":
+        ahead = state.done_s >= expected(now + two_restarts)
+        return "spot" if ahead and not state.on_demand_to_the_end else None
+    if state.waiting_since is None:
+        return None  # on spot: kept until preempted
+    left = job.work_s - state.saved_s
+    if job.deadline_s - now < left + two_restarts or state.saved_s < expected(now):
+        return "on-demand"
+    return None
 
 
 def replace_policy(policy: PolicySpec, job: SimJob) -> PolicySpec:
@@ -279,6 +285,7 @@ class Summary:
     """One strategy on one trace, over several start times."""
 
     trace: str
+    notice_s: float
     strategy: str
     runs: int
     mean_cost_usd: float
@@ -301,7 +308,7 @@ def compare(trace: Trace, job: SimJob, policy: PolicySpec, starts: int,
         results = [simulate(trace, job, strategy, policy, t) for t in times]
         horizon = job.work_s * 20 + (job.deadline_s or 0)
         rows.append(Summary(
-            trace.name, strategy, len(results),
+            trace.name, job.notice_s, strategy, len(results),
             sum(r.cost_usd for r in results) / len(results),
             sum(min(r.finished_s, horizon) for r in results) / len(results) / 3600,
             sum(not r.met_deadline for r in results),
@@ -310,3 +317,23 @@ def compare(trace: Trace, job: SimJob, policy: PolicySpec, starts: int,
             sum(r.on_demand_s for r in results) / len(results) / 3600,
         ))
     return rows
+
+
+def as_runs(rows: list[Summary]) -> dict[str, list[dict[str, object]]]:
+    """Summaries grouped by trace and notice, each strategy's figures by name, with its saving
+    against on-demand (a fraction of on-demand's mean cost): `raytrain simulate --json`.
+
+        {"runs": [{"trace": "p3-trace", "notice_s": 0.0, "strategies": {"policy": {...}}}]}
+    """
+    runs: dict[tuple[str, float], dict[str, dict[str, object]]] = {}
+    for row in rows:
+        figures = {k: v for k, v in asdict(row).items()
+                   if k not in ("trace", "notice_s", "strategy")}
+        runs.setdefault((row.trace, row.notice_s), {})[row.strategy] = figures
+    for strategies in runs.values():
+        on_demand = strategies.get("on-demand", {}).get("mean_cost_usd")
+        for figures in strategies.values():
+            figures["saving_vs_on_demand"] = None if not on_demand else \
+                round(1.0 - float(figures["mean_cost_usd"]) / float(on_demand), 4)
+    return {"runs": [{"trace": trace, "notice_s": notice, "strategies": strategies}
+                     for (trace, notice), strategies in runs.items()]}

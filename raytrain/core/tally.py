@@ -4,6 +4,11 @@ keeps the tally in its store), and how long jobs wait, take to their first step 
 checkpoint (histograms). Each job's own series (step, loss, cost) come from its status and
 outlive it for a retention window, so a job's final figures can still be scraped.
 
+It also counts the spot exposure the policy's preemption rates are estimated from: per offer,
+the node-hours jobs held its spot capacity (from the dollars billed for it) and the
+preemptions they met there. Counted as jobs are billed, kept in the store with the rest, it
+survives a restart of the service.
+
 Everything here is a function of two statuses, the job before and after one lifecycle step;
 serve.metrics turns a snapshot into prometheus_client's metric families.
 
@@ -57,6 +62,8 @@ class Tally:
         s.value: 0 for s in JobState if s.is_terminal})
     histograms: dict[str, Histogram] = field(default_factory=lambda: {
         name: Histogram([0] * (len(bounds) + 1)) for name, (_, bounds) in HISTOGRAMS.items()})
+    # Per offer id: (preemptions, node-hours) on its spot capacity; the policy's Observed.
+    spot: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     def observe(self, before: JobStatus | None, after: JobStatus, now: float) -> None:
         """Count what changed between a job's status before a lifecycle step (None: it was
@@ -69,6 +76,13 @@ class Tally:
         self.counters["preemptions"] += max(0, after.preemptions - before.preemptions)
         self.counters["restarts"] += max(0, after.restarts - before.restarts)
         self.counters["spent_usd"] += max(0.0, after.cost_usd - before.cost_usd)
+        held = before.resources
+        if held.market == "spot" and held.offer and held.usd_per_hour > 0:
+            count, hours = self.spot.get(held.offer, (0, 0.0))
+            self.spot[held.offer] = (
+                count + max(0, after.preemptions - before.preemptions),
+                hours + max(0.0, after.cost_usd - before.cost_usd) / held.usd_per_hour
+                * held.nodes)
         if before.state == JobState.PENDING and after.state == JobState.PROVISIONING \
                 and after.started_at is None and after.restarts == 0:
             self._observe("queue_wait_seconds", now - after.created_at)
@@ -85,7 +99,8 @@ class Tally:
     def to_json(self) -> dict[str, Any]:
         return {"counters": self.counters, "ended": self.ended,
                 "histograms": {k: {"counts": h.counts, "total": h.total}
-                               for k, h in self.histograms.items()}}
+                               for k, h in self.histograms.items()},
+                "spot": {offer: list(seen) for offer, seen in self.spot.items()}}
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> Tally:
@@ -105,6 +120,8 @@ class Tally:
             mine = tally.histograms.get(name)
             if mine is not None and len(saved["counts"]) == len(mine.counts):
                 tally.histograms[name] = Histogram(list(saved["counts"]), float(saved["total"]))
+        for offer, (count, hours) in data.get("spot", {}).items():
+            tally.spot[offer] = (int(count), float(hours))
         return tally
 
 

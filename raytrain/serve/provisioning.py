@@ -23,8 +23,8 @@ expire unless refreshed, so a lost job manager cannot hold nodes forever.
     # (a lifecycle CapacityDecided event for the job), or None if it was made before
     provisioner.release(job.id)
 
-The provisioner keeps only its own books (placements, the offers' spot history); it reads a
-job's status and never changes it.
+The provisioner keeps only its own books (placements; the offers' spot history is the job
+manager's tally's); it reads a job's status and never changes it.
 """
 
 from __future__ import annotations
@@ -48,20 +48,20 @@ from raytrain.core.autoscale import (
     Observed,
     Option,
     choose,
-    device_mismatch,
-    job_goal,
-    job_throughput,
+    decision_record,
+    interval_moved,
     options,
     redecide,
+    with_measurements,
 )
 from raytrain.core.lifecycle import CapacityDecided
 from raytrain.core.offers import offers_response
 from raytrain.core.resolve import plan_summary
 from raytrain.core.spending import within_service_limits
+from raytrain.core.throughput import device_mismatch, job_goal, job_throughput
 from raytrain.errors import FieldError, SpecError
 from raytrain.serve.admission import check_fits_the_cluster
 from raytrain.spec import (
-    DecisionRecord,
     JobSpec,
     JobStatus,
     Offer,
@@ -133,7 +133,8 @@ class Provisioner:
     catalog: OfferCatalog = field(init=False)
     policies: dict[str, PolicySpec] = field(init=False)
     placements: dict[str, Placement] = field(default_factory=dict)
-    # Spot preemptions this service has seen per offer: (count, node-hours held on spot).
+    # Spot preemptions this service has seen per offer: (count, node-hours held on spot), as
+    # the job manager's tally counts them (core.tally), across restarts.
     history: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -225,15 +226,11 @@ class Provisioner:
         return self._decide(job, now, "capacity-missing", unavailable, old.option)
 
     def preempted(self, job: JobStatus, now: float) -> Decided:
-        """The job's nodes were taken: count it against the offer's spot rate and decide
-        where it resumes (the same kind of nodes, or the next best)."""
+        """The job's nodes were taken (the tally has counted it against the offer's spot
+        rate): decide where it resumes (the same kind of nodes, or the next best)."""
         old = self.placements.get(job.id)
         if old is None:
             return self.place(job, now)
-        if old.option.market == "spot":
-            count, hours = self.history.get(old.option.offer.id, (0, 0.0))
-            held_h = (now - old.requested_at) / 3600 * old.nodes  # node-hours, not dollars
-            self.history[old.option.offer.id] = (count + 1, hours + held_h)
         return self._decide(job, now, "preemption", old.unavailable, old.option)
 
     def handed_over(self, job_id: str) -> None:
@@ -268,12 +265,18 @@ class Provisioner:
         return offers, node_type
 
     def review(self, job: JobStatus, now: float, event: str) -> Decided:
-        """Decide again for a running job ('progress': the deadline; 'prices': the catalog
-        changed); a new placement when the policy moves it, else (None, None)."""
+        """Decide again for a running job ('progress': the deadline and the preemption rate;
+        'prices': the catalog changed); a new placement when the policy moves it, (None, the
+        decision) when it stays with a checkpoint interval that moved, else (None, None)."""
         old = self.placements.get(job.id)
         if old is None:
             return None, None
         decision = self._decision(job, now, event, old.unavailable, old.option)
+        if decision.action == "stay" and decision.option is not None and \
+                interval_moved(old.option.checkpoint_interval_s,
+                               decision.option.checkpoint_interval_s):
+            old.option = decision.option  # the same capacity: checkpoint at its new interval
+            return None, CapacityDecided(decision_record(now, event, decision), None, "")
         if decision.action != "switch":
             return None, None
         return self._adopt(job, now, event, old.unavailable, decision)
@@ -290,7 +293,7 @@ class Provisioner:
 
     def _decision(self, job: JobStatus, now: float, event: str,
                   unavailable: frozenset[tuple[str, str]], current: Option | None) -> Decision:
-        spec, policy = job.spec, self.policy_for(job.spec)
+        spec, policy = job.spec, with_measurements(self.policy_for(job.spec), job)
         offers, node_type = self._bound
         throughput = _limit_nodes(job_throughput(spec), self.config, node_type)
         observed = Observed(spot_history=dict(self.history), unavailable=unavailable,
@@ -321,16 +324,7 @@ class Provisioner:
         spec = job.spec
         _, node_type = self._bound
         option = decision.option
-        record = DecisionRecord(
-            time=now, event=event, action=decision.action,
-            offer=option.offer.id if option else None, market=option.market if option else None,
-            nodes=option.nodes if option else 0,
-            usd_per_hour=option.usd_per_hour if option else 0.0,
-            expected_hours=option.expected_hours if option else None,
-            expected_cost_usd=option.expected_cost_usd if option else None,
-            checkpoint_interval_s=option.checkpoint_interval_s if option else None,
-            reason=decision.reason,
-        )
+        record = decision_record(now, event, decision)
         logger.info("job %s %s: %s %s", job.id, event, decision.action, decision.reason)
         self.placements.pop(job.id, None)
         if option is None:

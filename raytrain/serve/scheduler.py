@@ -163,8 +163,8 @@ class Scheduler:
                     continue
                 placement, decided = self.provisioner.review(
                     record.status, now, "prices" if prices_changed else "progress")
-                if placement is None or decided is None:
-                    manager.apply(job_id, lc.Reviewed())
+                if placement is None or decided is None:  # stays: maybe a new interval
+                    manager.apply(job_id, lc.Reviewed(decided.decision if decided else None))
                     continue
                 manager.apply(job_id, lc.Reviewed(
                     decided.decision, decided.resources,

@@ -96,6 +96,11 @@ class PolicySpec(Strict):
     deadline_margin: float = Field(
         0.15, ge=0, le=2, description="Plans must finish this fraction before the deadline."
     )
+    fallback_slack_s: float = Field(
+        1800.0, ge=0, description="A cheaper option that may not finish in time is tried "
+        "while the fastest one would still finish this long before the deadline (after the "
+        "margin), so the job can fall back to it; 0: only options expected in time."
+    )
     failover_after_preemptions: int | None = Field(
         None, ge=1, description="Move to on-demand after this many preemptions; null: never."
     )

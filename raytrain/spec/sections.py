@@ -198,7 +198,8 @@ class TrainingSpec(Strict):
     )
     seed: int = Field(0, ge=0, description="Seed of the model's initial weights.")
     checkpoint_every_steps: int = Field(
-        50, ge=1, description="Save a checkpoint every this many steps (and at the end)."
+        50, ge=1, description="Save a checkpoint at least every this many steps (and at the "
+        "end); on spot capacity the service also checkpoints at its policy's interval."
     )
     resume_from: str | None = Field(
         None, max_length=4096, description="A checkpoint directory to start from while the "

@@ -33,7 +33,7 @@ from ray.train.torch import TorchTrainer
 from raytrain.cloud.interruption import Ec2Metadata, Watcher
 from raytrain.spec import JobSpec, Layout
 from raytrain.train.loop import WorkerInfo, train
-from raytrain.train.progress import NullSink, ProgressSink
+from raytrain.train.progress import NullSink, ProgressSink, ServiceAnswer
 from raytrain.train.worker_logs import captured_output
 
 logger = logging.getLogger(__name__)
@@ -54,13 +54,13 @@ class ManagerSink:
         self.placement = placement
         self.attempt = 0
         self._last_reply: ray.ObjectRef | None = None
-        self._stop = self._move = False
+        self.answer = ServiceAnswer()
 
     def started(self, resumed_step: int) -> None:
         self.attempt = ray.get(
             self.manager.worker_group_started.remote(self.job_id, resumed_step, self.placement)
         )
-        self._stop = self.attempt < 0  # the job was cancelled while the group started
+        self.answer.stop = self.attempt < 0  # the job was cancelled while the group started
 
     def progress(self, payload: dict[str, Any]) -> None:
         sent = {**payload, "sent_at": time.time()}
@@ -69,11 +69,15 @@ class ManagerSink:
 
     def should_stop(self) -> bool:
         self._poll_reply()
-        return self._stop
+        return self.answer.stop
 
     def should_move(self) -> bool:
         self._poll_reply()
-        return self._move
+        return self.answer.move
+
+    def checkpoint_every_s(self) -> float | None:
+        self._poll_reply()
+        return self.answer.checkpoint_every_s
 
     def _poll_reply(self) -> None:
         """Read the manager's answer to the last report if it has come; never waits."""
@@ -81,9 +85,7 @@ class ManagerSink:
             return
         ready, _ = ray.wait([self._last_reply], timeout=0)
         if ready:
-            reply = ray.get(ready[0])
-            self._stop = self._stop or bool(reply.get("stop"))
-            self._move = self._move or bool(reply.get("move"))
+            self.answer.take(ray.get(ready[0]))
             self._last_reply = None
 
     def checkpoint(self, step: int, path: str, save_s: float) -> None:

@@ -11,7 +11,10 @@ Order of work: build this rank's share of the model under the job's parallel lay
 model part (decay on matrices only), resume from the latest checkpoint if there is one, then
 for each optimizer step push the step's micro-batches through (gradient accumulation, or the
 pipeline's microbatches), clip the gradient norm across every shard and stage, step, publish
-progress from rank 0, and checkpoint every `checkpoint_every_steps` and at the end.
+progress from rank 0, and checkpoint every `checkpoint_every_steps`, whenever the service's
+interval for the job's capacity has passed (the policy's, for its preemption risk: rank 0's
+sink says it, and the request rides in the loss all-reduce so every rank saves at the same
+step), and at the end.
 """
 
 from __future__ import annotations
@@ -220,6 +223,7 @@ def train(
     stopped = preempted = False
     steps_done = start_step
     sync = LossSync(worker.world_size, worker.rank, progress_interval_s / 2, dp=layout.dp)
+    saved_at = time.monotonic()  # rank 0's clock: the service's interval counts from here
     for step in range(start_step, last_step):
         loss_sum = _train_step(step, model, optimizers, source, plan, spec)
         steps_done = step + 1
@@ -227,8 +231,10 @@ def train(
             steps_done % training.checkpoint_every_steps == 0 or steps_done == training.steps
         )
         if sync.due(forced=checkpoint_due or steps_done == last_step):
+            interval_s = sink.checkpoint_every_s() if worker.rank == 0 else None
+            on_time = interval_s is not None and time.monotonic() - saved_at >= interval_s
             synced = sync.reduce(loss_sum, worker.rank == 0 and sink.should_stop(),
-                                 notices.take_checkpoint_request(),
+                                 notices.take_checkpoint_request() or on_time,
                                  notices.stop_requested or (worker.rank == 0
                                                             and sink.should_move()))
             loss_value, preempted = synced.loss, synced.preempt
@@ -251,6 +257,7 @@ def train(
                 },
             )
             save_s = time.perf_counter() - save_started
+            saved_at = time.monotonic()
             meter.saved(save_s)
             if worker.rank == 0:
                 sink.checkpoint(steps_done, str(path), save_s)

@@ -13,6 +13,7 @@ planner's predicted step time is compared with.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 
@@ -33,6 +34,27 @@ class ProgressSink(Protocol):
         """True once the service asked the job to checkpoint and stop, to resume on other
         capacity; must not block."""
         ...
+
+    def checkpoint_every_s(self) -> float | None:
+        """The service's checkpoint interval for the capacity the job holds (the policy's,
+        for its preemption risk); None: only every checkpoint_every_steps. Must not block."""
+        ...
+
+
+@dataclass
+class ServiceAnswer:
+    """What the service has answered rank 0's reports so far (the lifecycle's progress
+    reply): stop, move, and how often to checkpoint."""
+
+    stop: bool = False
+    move: bool = False
+    checkpoint_every_s: float | None = None
+
+    def take(self, reply: dict[str, Any]) -> None:
+        self.stop = self.stop or bool(reply.get("stop"))
+        self.move = self.move or bool(reply.get("move"))
+        if "checkpoint_every_s" in reply:
+            self.checkpoint_every_s = reply["checkpoint_every_s"]
 
 
 class NullSink:
@@ -55,6 +77,9 @@ class NullSink:
 
     def should_move(self) -> bool:
         return False
+
+    def checkpoint_every_s(self) -> float | None:
+        return None
 
 
 class ProgressMeter:

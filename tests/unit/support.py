@@ -45,6 +45,9 @@ class RecordingSink:
     def finished(self, result: dict[str, Any]) -> None:
         self.result = result
 
+    def checkpoint_every_s(self) -> float | None:
+        return None  # no service: only every checkpoint_every_steps
+
     def should_stop(self) -> bool:
         return self.stop_at_step is not None and any(
             r["step"] >= self.stop_at_step for r in self.reports

@@ -82,7 +82,7 @@ class Service:
         for step in range(1, steps + 1):
             self.cluster.advance(1.0)
             reply = self.manager.report_progress(job_id, attempt, progress(step))
-            assert reply == {"stop": False, "move": False}
+            assert reply["stop"] is False and reply["move"] is False
         self.manager.report_checkpoint(job_id, attempt, steps, f"/ckpt/{steps}", 0.5)
         return attempt
 

@@ -19,12 +19,12 @@ from raytrain.core.autoscale import (
     expected_time_s,
     optimal_interval_s,
     options,
-    planner_throughput,
     redecide,
     with_history,
 )
 from raytrain.core.planner import ModelDims, Workload, fastest
 from raytrain.core.simulate import STRATEGIES, SimJob, compare, simulate
+from raytrain.core.throughput import planner_throughput
 from raytrain.errors import SpecError
 from raytrain.spec import Offer, PolicySpec
 

@@ -82,8 +82,10 @@ def run(**changes: Any) -> lc.Run:
                      **changes})
 
 
-def decision(action: str = "start") -> DecisionRecord:
-    return DecisionRecord(time=NOW, event="submit", action=action, reason="cheapest")
+def decision(action: str = "start", interval_s: float | None = None) -> DecisionRecord:
+    return DecisionRecord(time=NOW, event="submit", action=action, reason="cheapest",
+                          offer=None if interval_s is None else "aws/r/g", market="spot",
+                          checkpoint_interval_s=interval_s)
 
 
 def drive(record: lc.Record, *events: lc.Event, at: float = NOW) -> tuple[lc.Record, list]:
@@ -100,13 +102,15 @@ def kinds(effects: list) -> list[str]:
 
 def test_a_job_on_bought_nodes_is_billed_for_as_long_as_it_holds_them() -> None:
     record, effects = drive(record_in(), lc.Submitted(),
-                            lc.CapacityDecided(decision(), BOUGHT, "requested 1 x gpu-spot"),
+                            lc.CapacityDecided(decision(interval_s=600.0), BOUGHT,
+                                               "requested 1 x gpu-spot"),
                             lc.Launched(run()), lc.GroupStarted(0, "pg-1"))
     assert record.status.state == JobState.RUNNING
     assert record.status.resources == BOUGHT and len(record.status.decisions) == 1
     assert kinds(effects).count("state") == 4 and kinds(effects)[-1] == "Save"
     half_hour = lc.step(record, lc.ProgressReported(1, {"step": 5}), NOW + 1800)
-    assert half_hour.reply == {"stop": False, "move": False}
+    # Rank 0 is told the policy's checkpoint interval for the capacity it holds.
+    assert half_hour.reply == {"stop": False, "move": False, "checkpoint_every_s": 600.0}
     assert half_hour.record.status.cost_usd == pytest.approx(18.0)
     assert half_hour.record.status.progress.step == 5
     ended = lc.step(half_hour.record, lc.CancelRequested(), NOW + 3600)
@@ -149,7 +153,7 @@ def test_a_job_that_reaches_its_budget_checkpoints_stops_and_fails_saying_so() -
                       lc.CapacityDecided(decision(), BOUGHT, "requested 1 x gpu-spot"),
                       lc.Launched(run(budget_usd=20.0)), lc.GroupStarted(0, "pg-1"))
     under = lc.step(record, lc.ProgressReported(1, {"step": 5}), NOW + 1800)  # $18
-    assert under.reply == {"stop": False, "move": False}
+    assert under.reply == {"stop": False, "move": False, "checkpoint_every_s": None}
     over = lc.step(under.record, lc.ProgressReported(1, {"step": 6}), NOW + 2100)  # $21
     assert over.reply == {"stop": False, "move": True}  # checkpoint at the next step, stop
     record, _ = drive(over.record, lc.CheckpointCommitted(1, 7, "/c/7"),
@@ -241,3 +245,22 @@ def test_random_event_sequences_keep_the_lifecycles_promises(
             assert new.state == old.state
         record = out.record
     assert ends == (1 if record.status.state in ENDS else 0)
+
+
+def test_a_review_that_stays_with_a_new_interval_records_it_and_tells_rank_0() -> None:
+    record, _ = drive(record_in(), lc.Submitted(),
+                      lc.CapacityDecided(decision(interval_s=600.0), BOUGHT, "requested"),
+                      lc.Launched(run()), lc.GroupStarted(0, "pg-1"))
+    stayed = lc.step(record, lc.Reviewed(decision("stay", interval_s=240.0)), NOW + 900)
+    assert [d.action for d in stayed.record.status.decisions] == ["start", "stay"]
+    assert stayed.record.run.moving_to is None and any(isinstance(e, lc.Save)
+                                                       for e in stayed.effects)
+    reply = lc.step(stayed.record, lc.ProgressReported(1, {"step": 9}), NOW + 901).reply
+    assert reply == {"stop": False, "move": False, "checkpoint_every_s": 240.0}
+    # On capacity without preemption risk there is no interval: the job's own steps.
+    on_demand = decision("switch").model_copy(update={"offer": "aws/r/g",
+                                                      "market": "on-demand"})
+    moved = lc.step(stayed.record, lc.Reviewed(on_demand, BOUGHT, "1 x gpu-on-demand"),
+                    NOW + 1800)
+    assert lc.step(moved.record, lc.ProgressReported(1, {"step": 12}),
+                   NOW + 1801).reply["checkpoint_every_s"] is None

@@ -98,7 +98,9 @@ changes = st.lists(st.tuples(st.sampled_from(list(JobState)), st.integers(0, 2),
 def test_the_tally_counts_every_change_once_and_survives_the_store(
         walk: list[tuple[JobState, int, int, float]]) -> None:
     job = JobStatus.model_validate({"id": "j", "state": "PENDING", "spec": small_job(),
-                                    "created_at": 0.0})
+                                    "created_at": 0.0, "resources": {
+                                        "offer": "aws/r/p3", "market": "spot", "nodes": 3,
+                                        "usd_per_hour": 6.0}})
     tally = Tally()
     tally.observe(None, job, 0.0)
     ended = preempted = 0
@@ -114,4 +116,7 @@ def test_the_tally_counts_every_change_once_and_survives_the_store(
     assert sum(tally.ended.values()) == ended
     assert tally.counters["preemptions"] == preempted == job.preemptions
     assert tally.counters["spent_usd"] == pytest.approx(job.cost_usd)
-    assert Tally.from_json(tally.to_json()) == tally
+    # The spot exposure the policy's rate comes from: 3 nodes at $2 each per hour.
+    count, node_hours = tally.spot.get("aws/r/p3", (0, 0.0))
+    assert count == job.preemptions and node_hours == pytest.approx(job.cost_usd / 2.0)
+    assert Tally.from_json(json.loads(json.dumps(tally.to_json()))) == tally

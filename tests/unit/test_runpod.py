@@ -26,7 +26,8 @@ from raytrain.cloud.runpod import (
     api_key,
 )
 from raytrain.cloud.runpod_provider import RunPodNodeProvider
-from raytrain.core.autoscale import job_goal, job_throughput, options
+from raytrain.core.autoscale import options
+from raytrain.core.throughput import job_goal, job_throughput
 from raytrain.spec import JobSpec
 from tests.runpod_api import FakeRunPod
 from tests.unit.support import gpt_1b_job

@@ -6,6 +6,7 @@ error, billing and preemption accounting are decided here.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from raytrain.catalog.shapes import usd_for
 from raytrain.core.lifecycle.values import (
@@ -32,6 +33,7 @@ from raytrain.core.lifecycle.values import (
     StopOverdue,
     StopRunner,
     Submitted,
+    checkpoint_every_s,
     enter,
 )
 from raytrain.spec import (
@@ -109,13 +111,16 @@ def group_started(c: Change, event: GroupStarted) -> int:
     return c.run.attempt
 
 
-def progress(c: Change, event: ProgressReported) -> dict[str, bool]:
+def progress(c: Change, event: ProgressReported) -> dict[str, Any]:
+    """The reply tells rank 0 whether to stop, to checkpoint and stop (a move), and how often
+    to checkpoint: the policy's interval for the capacity held (None: the job's own steps)."""
     run, job = c.run, c.job
     if run is None or event.attempt != run.attempt:
         return {"stop": True}  # a report from a run no longer tracked
     if run.stop_by is not None or job.state.is_terminal:
         return {"stop": True}
-    reply = {"stop": False, "move": run.moving_to is not None or run.over_budget}
+    reply = {"stop": False, "move": run.moving_to is not None or run.over_budget,
+             "checkpoint_every_s": checkpoint_every_s(job)}
     step_reached = int(event.payload["step"])
     if step_reached < run.progress_step:  # overtaken by a later report
         return reply
@@ -293,11 +298,13 @@ def reviewed(c: Change, event: Reviewed) -> None:
     if event.decision is None:
         return
     c.job.decisions.append(event.decision)
+    c.save = True
+    if event.moving_to is None:  # it stays, checkpointing at a new interval
+        return
     if event.resources is not None:
         c.job.resources = event.resources
     c.set_run(moving_to=event.moving_to)
     c.job.message = f"moving to {event.moving_to} at a checkpoint: {event.decision.reason}"
-    c.save = True
 
 
 def service_restarted(c: Change, event: ServiceRestarted) -> None:

@@ -104,6 +104,15 @@ class Record:
     saved_at: float = 0.0
 
 
+def checkpoint_every_s(job: JobStatus) -> float | None:
+    """The policy's checkpoint interval for the capacity the job holds: its latest decision
+    for capacity (None: no preemption risk there, the job's own checkpoint_every_steps)."""
+    for decision in reversed(job.decisions):
+        if decision.offer is not None and decision.action in ("start", "stay", "switch"):
+            return decision.checkpoint_interval_s
+    return None
+
+
 def waiting(record: Record) -> bool:
     """Queued, or (autoscaled) provisioning with no worker group yet."""
     state = record.status.state
@@ -201,7 +210,8 @@ class CancelRequested:
 
 @dataclass(frozen=True)
 class Reviewed:
-    """The policy looked at the running job again; `decision` when it moves it."""
+    """The policy looked at the running job again: `decision` (and `moving_to`) when it moves
+    it; `decision` alone when it stays with a new checkpoint interval."""
 
     decision: DecisionRecord | None = None
     resources: Resources | None = None

@@ -1,0 +1,119 @@
+"""What a job makes of an offer: its throughput on a number of nodes (the planner's
+prediction, the `Throughput` the policy in raytrain.core.autoscale ranks options by), whether
+an offer has the job's devices, and what is left of the job (its `Goal`).
+
+    throughput = job_throughput(spec)           # (tokens/s, layout) for (offer, nodes)
+    decision = choose(job_goal(spec), offers, throughput, policy)
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import lru_cache
+from typing import Iterable
+
+from raytrain.catalog.hardware import GPUS
+from raytrain.catalog.shapes import shape_from_key, shape_key
+from raytrain.core.autoscale import Goal, Throughput
+from raytrain.core.planner import ModelDims, Workload, evaluate, fastest
+from raytrain.core.resolve import planner_inputs
+from raytrain.spec import JobSpec, Offer
+
+
+def planner_throughput(dims: ModelDims, work: Workload) -> Throughput:
+    """The planner's best throughput for the job on `nodes` of an offer, memoised per node
+    shape and count (offers that differ only in price share one search)."""
+
+    @lru_cache(maxsize=None)
+    def best(key: tuple[str, int, str, float, bool], nodes: int) -> tuple[float, str] | None:
+        top = fastest(dims, work, nodes * key[1], shape_from_key(key))
+        return None if top is None else (top.tokens_per_s, top.candidate.describe())
+
+    return lambda offer, nodes: best(shape_key(offer), nodes)
+
+
+def flops_throughput(tokens_per_s_per_pflops: float) -> Throughput:
+    """For a model whose dimensions are unknown: throughput proportional to the offer's
+    achievable dense FLOP/s, at a rate per PFLOP/s the caller states."""
+
+    def throughput(offer: Offer, nodes: int) -> tuple[float, str] | None:
+        gpu = GPUS[offer.gpu_kind]
+        pflops = gpu.bf16_flops * gpu.achievable * nodes * offer.gpus_per_node / 1e15
+        return tokens_per_s_per_pflops * pflops, f"dp{nodes * offer.gpus_per_node} (assumed)"
+
+    return throughput
+
+
+def fixed_devices(throughput: Throughput, devices: int) -> Throughput:
+    """Only node counts that give exactly `devices` devices (a job whose layout is fixed)."""
+    return lambda offer, nodes: (throughput(offer, nodes)
+                                 if nodes * offer.gpus_per_node == devices else None)
+
+
+def offer_matches(spec: JobSpec, offer: Offer) -> bool:
+    """Whether an offer's nodes have the devices the job asks for: CPU nodes for a CPU job
+    (gpus_per_worker 0), GPU nodes of the job's accelerator (any GPU kind if it names none)
+    for a GPU job. Predictions are then for the devices the job would run on."""
+    if not spec.resources.use_gpu:
+        return offer.gpu_kind == "cpu"
+    wanted = spec.resources.accelerator
+    return offer.gpu_kind != "cpu" and (wanted is None or offer.gpu_kind == wanted)
+
+
+def device_mismatch(spec: JobSpec, offers: Iterable[Offer]) -> str | None:
+    """Why no offer can hold the job's devices, with the fix; None if some offer can."""
+    offers = list(offers)
+    if any(offer_matches(spec, o) for o in offers):
+        return None
+    kinds = sorted({o.gpu_kind for o in offers}) or ["none"]
+    if not spec.resources.use_gpu:
+        return ("no offer has CPU-only nodes, and the job asks for CPU workers "
+                "(resources.gpus_per_worker 0). To fix: set resources.gpus_per_worker and "
+                f"resources.accelerator (offers have: {', '.join(kinds)})")
+    gpus = [k for k in kinds if k not in ("cpu", "none")]
+    if not gpus:
+        return ("no offer has GPU nodes, and the job asks for GPUs (resources.gpus_per_worker "
+                f"{spec.resources.gpus_per_worker:g}). To fix: set resources.gpus_per_worker 0 "
+                "to train on CPU nodes, or use a service that buys GPU nodes")
+    wanted = spec.resources.accelerator or "GPU"
+    return (f"no offer has {wanted} nodes. To fix: set resources.accelerator to one of "
+            f"{', '.join(gpus)}")
+
+
+def job_throughput(spec: JobSpec) -> Throughput:
+    """The planner's throughput for a job on an offer whose devices match it
+    (`offer_matches`): its best layout for any device count under strategy 'auto', else the
+    job's own layout on exactly its number of workers. A model of unknown size is assumed to
+    run at 1e3 tokens/s per achievable PFLOP/s (each option's layout says 'assumed')."""
+    inner = _planned_throughput(spec)
+    return lambda offer, nodes: inner(offer, nodes) if offer_matches(spec, offer) else None
+
+
+def _planned_throughput(spec: JobSpec) -> Throughput:
+    if spec.model.kind != "gpt":
+        return fixed_devices(flops_throughput(1e3), spec.resources.num_workers)
+    dims, work, _, _ = planner_inputs(spec)
+    own = spec.stated_layout()
+    if own is None:  # strategy 'auto': the best layout for each option's devices
+        return planner_throughput(dims, replace(work, micro_batch_options=(1, 2, 4, 8, 16)))
+
+    @lru_cache(maxsize=None)
+    def on_shape(key: tuple[str, int, str, float, bool]) -> tuple[float, str] | None:
+        predicted = evaluate(dims, work, own, shape_from_key(key))
+        return (predicted.tokens_per_s, own.describe()) if predicted.fits else None
+
+    return fixed_devices(lambda offer, nodes: on_shape(shape_key(offer)),
+                         spec.resources.num_workers)
+
+
+def job_goal(spec: JobSpec, steps_done: int = 0, elapsed_s: float = 0.0,
+             spent_usd: float = 0.0) -> Goal:
+    """What is left of a job after `steps_done` steps, `elapsed_s` since submission and
+    `spent_usd` spent."""
+    capacity = spec.capacity
+    deadline = None if capacity.deadline_hours is None else \
+        max(1.0, capacity.deadline_hours * 3600 - elapsed_s)
+    budget = None if capacity.budget_usd is None else max(0.0, capacity.budget_usd - spent_usd)
+    markets = ("spot", "on-demand") if capacity.market == "auto" else (capacity.market,)
+    tokens = max(1, spec.training.steps - steps_done) * spec.tokens_per_step
+    return Goal(tokens, deadline, budget, capacity.max_usd_per_hour, markets)

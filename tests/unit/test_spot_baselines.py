@@ -1,0 +1,126 @@
+"""The simulator's yardsticks (the hindsight-optimal schedule, Can't Be Late's Uniform
+Progress) and the policy's deadline fallback, with plain values and the shipped traces."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from raytrain.catalog.files import TRACES_DIR, load_policies, snapshot
+from raytrain.catalog.traces import load_trace
+from raytrain.cli import main as cli_main
+from raytrain.core.autoscale import Goal, Observed, choose, redecide
+from raytrain.core.fleet import SimJob, Trace, TraceEvent
+from raytrain.core.hindsight import hindsight
+from raytrain.core.simulate import STRATEGIES, _State, compare, uniform_progress
+from tests.unit.test_autoscale import offer
+
+COST_FIRST = load_policies()["cost-first"]
+HOUR = 3600.0
+
+
+def one_node_job(work_h: float, deadline_h: float | None) -> SimJob:
+    priced = offer("n1", gpus=1, on_demand=3.6, spot=1.2)
+    return SimJob(offer=priced, nodes=1, work_s=work_h * HOUR,
+                  deadline_s=None if deadline_h is None else deadline_h * HOUR)
+
+
+def test_the_oracle_finds_the_schedule_worked_out_by_hand() -> None:
+    """Spot node a lives 0-2 h, nothing until b comes at 5 h; 3 h of work by 6 h.
+    Spot a gives 2 h - 300 s restart - 60 s checkpoint = 6,840 s of work; spot b from 5 h
+    to the deadline 3,600 - 300 = 3,300 s. That is 660 s short, so the cheapest schedule
+    buys 660 s of on-demand work in the gap (300 s restart + 660 s + 60 s checkpoint)."""
+    trace = Trace("gap", (TraceEvent(0, "add", "a"), TraceEvent(2 * HOUR, "remove", "a"),
+                          TraceEvent(5 * HOUR, "add", "b")), 5 * HOUR + 60)
+    best = hindsight(trace, one_node_job(3, 6))
+    spot_s, on_demand_s = 2 * HOUR + 1 * HOUR, 300 + 660 + 60
+    assert best.cost_usd == pytest.approx((spot_s * 1.2 + on_demand_s * 3.6) / HOUR)
+    assert best.on_demand_s == on_demand_s
+    assert best.finished_s == 6 * HOUR and best.met_deadline and best.lost_work_s == 0
+    assert best.preemptions == 1  # a's run ended by the trace; b's run finished the job
+    # With time to spare it waits for b rather than pay for on-demand at all.
+    relaxed = hindsight(trace, one_node_job(3, 10))
+    assert relaxed.on_demand_s == 0
+    assert relaxed.cost_usd == pytest.approx((2 * HOUR + 300 + 3960) * 1.2 / HOUR)
+    # Too little time even with hindsight: no finish, said so.
+    hopeless = hindsight(trace, one_node_job(3, 3))
+    assert not hopeless.met_deadline and math.isinf(hopeless.finished_s)
+    assert "nothing finishes" in hopeless.decisions[0]
+
+
+@pytest.mark.parametrize("trace_file", ["bamboo/p3-trace.csv", "bamboo/g4dn-trace.csv"])
+def test_no_strategy_beats_the_oracle_on_a_shipped_trace(trace_file: str) -> None:
+    trace = load_trace(TRACES_DIR / trace_file)
+    p3 = snapshot().find("aws/us-east-1/p3.2xlarge")
+    for notice in (0.0, 120.0):
+        job = SimJob(offer=p3, nodes=8, work_s=6 * HOUR, deadline_s=12 * HOUR,
+                     fixed_interval_s=1800, notice_s=notice)
+        rows = {row.strategy: row for row in compare(trace, job, COST_FIRST, starts=3)}
+        assert set(rows) == set(STRATEGIES)
+        oracle = rows["oracle"]
+        assert oracle.deadline_misses == 0 and oracle.mean_lost_work_hours == 0
+        for row in rows.values():
+            if row.deadline_misses == 0:
+                assert oracle.mean_cost_usd <= row.mean_cost_usd + 1e-6, row.strategy
+        assert rows["uniform-progress"].mean_cost_usd < rows["on-demand"].mean_cost_usd
+
+
+def test_uniform_progress_follows_the_papers_rules() -> None:
+    job = one_node_job(6, 12)  # expected progress: half an hour of work per hour
+    on_demand = _State(market="on-demand", done_s=3 * HOUR, saved_s=3 * HOUR)
+    assert uniform_progress(on_demand, job, now=5 * HOUR) == "spot"  # ahead of 5 h + 2 restarts
+    assert uniform_progress(on_demand, job, now=5.9 * HOUR) is None  # not past t + 2d yet
+    waiting = _State(market="spot", done_s=2 * HOUR, saved_s=2 * HOUR, waiting_since=0.0)
+    assert uniform_progress(waiting, job, now=3 * HOUR) is None  # idle but ahead: wait
+    assert uniform_progress(waiting, job, now=5 * HOUR) == "on-demand"  # idle and behind
+    running = _State(market="spot", done_s=1 * HOUR, saved_s=1 * HOUR)
+    assert uniform_progress(running, job, now=5 * HOUR) is None  # on spot: kept
+    late = _State(market="spot", done_s=4 * HOUR, saved_s=4 * HOUR, waiting_since=0.0)
+    assert uniform_progress(late, job, now=10 * HOUR - 100) == "on-demand"  # the safety net
+
+
+def test_a_cheap_slow_option_is_tried_only_while_there_is_time_to_fall_back() -> None:
+    """Spot here is expected to miss the deadline; on-demand is not. With hours of slack the
+    policy tries spot (it can still fall back); once the slack is gone, on-demand."""
+    churny = offer("p", gpus=1, on_demand=10.0, spot=2.0, rate=0.5)
+
+    def throughput(_offer: object, nodes: int) -> tuple[float, str] | None:
+        return (1.0, "dp1") if nodes == 1 else None
+
+    work = 6 * HOUR  # tokens at 1 token/s: 6 h on demand
+    # On demand: 6 h, 6.6 h with the 10% margin, so 0.9 h of slack at 7.5 h, 0.4 h at 7 h.
+    plenty = choose(Goal(tokens_left=work, deadline_s=7.5 * HOUR), [churny], throughput,
+                    COST_FIRST)
+    assert plenty.option is not None and plenty.option.market == "spot"
+    assert plenty.option.expected_s * 1.1 > 7.5 * HOUR, "the test needs spot to look late"
+    assert "fall back" in plenty.reason
+    tight = choose(Goal(tokens_left=work, deadline_s=7 * HOUR), [churny], throughput,
+                   COST_FIRST)
+    assert tight.option is not None and tight.option.market == "on-demand"
+    # Running on spot when the slack runs out: move (at a checkpoint) to on-demand.
+    moved = redecide(plenty.option, "progress", Goal(tokens_left=work, deadline_s=7 * HOUR),
+                     [churny], throughput, COST_FIRST, Observed())
+    assert moved.action == "switch" and moved.option is not None
+    assert moved.option.market == "on-demand" and moved.at_checkpoint
+    strict = COST_FIRST.model_copy(update={"fallback_slack_s": 1e9})
+    assert choose(Goal(tokens_left=work, deadline_s=7.5 * HOUR), [churny], throughput,
+                  strict).option.market == "on-demand"
+
+
+def test_simulate_json_has_every_strategy_per_trace_and_notice(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["simulate", "--json", "--starts", "2", "--notice-s", "0",
+                     "--notice-s", "120", "--work-hours", "2", "--deadline-hours", "6"]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert [(r["trace"], r["notice_s"]) for r in runs] == [("p3-trace", 0.0),
+                                                           ("p3-trace", 120.0)]
+    for run in runs:
+        assert set(run["strategies"]) == set(STRATEGIES)
+        for figures in run["strategies"].values():
+            assert set(figures) >= {"mean_cost_usd", "mean_hours", "deadline_misses",
+                                    "mean_preemptions", "mean_lost_work_hours",
+                                    "saving_vs_on_demand", "runs"}
+        assert run["strategies"]["on-demand"]["saving_vs_on_demand"] == 0.0
+        assert run["strategies"]["oracle"]["saving_vs_on_demand"] > 0.5
