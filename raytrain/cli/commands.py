@@ -49,11 +49,13 @@ from raytrain.cli.views import (
     plans_json,
     plans_table,
     ranking_table,
+    seen_table,
     simulation_table,
     status_table,
     summary_table,
 )
 from raytrain.client import DEFAULT_URL, Client
+from raytrain.core.autoscale import Observed
 from raytrain.core.offers import offers_response
 from raytrain.core.planner import NothingFits
 from raytrain.core.resolve import rank_plans
@@ -212,14 +214,16 @@ def cmd_offers(args: argparse.Namespace) -> int:
             err.print(f"saved {save_offers(catalog, state_dir)}")
     for warning in catalog.warnings:
         err.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
-    policy = spec = None
-    if args.file:
-        spec = load_job_spec(args.file)
-        policy = _policy(args.policy or spec.capacity.policy)
-    response = offers_response(catalog, policy, spec, keep=args.top)
+    spec = load_job_spec(args.file) if args.file else None
+    policy = _policy(args.policy or (spec.capacity.policy if spec else None))
+    response = offers_response(catalog, policy, spec, keep=args.top,
+                               observed=_seen_by_the_service(state_dir))
     if args.json:
         _print_json(response.model_dump(mode="json"))
         return 0
+    seen = seen_table(response)
+    if seen is not None:
+        out.print(seen)
     if spec is None:
         out.print(offers_table(response, catalog))
         return 0
@@ -232,6 +236,15 @@ def cmd_offers(args: argparse.Namespace) -> int:
                                       f"{response.policy}, catalog {catalog.version})"))
     out.print(f"decision: {escape(response.decision or '')}", highlight=False)
     return 0
+
+
+def _seen_by_the_service(state_dir: Path) -> Observed:
+    """The spot preemptions and node-hours a service with this state directory has counted
+    (its store, read-only; nothing when no service ran here)."""
+    from raytrain.core.tally import Tally
+    from raytrain.serve.store import STORE_FILE, read_tally
+
+    return Observed(spot_history=Tally.from_json(read_tally(state_dir / STORE_FILE)).spot)
 
 
 def _policy(name: str | None) -> PolicySpec:

@@ -191,6 +191,23 @@ def offers_table(response: OffersResponse, catalog: OfferCatalog) -> Table:
     return table
 
 
+def seen_table(response: OffersResponse) -> Table | None:
+    """Where this service has held spot capacity: the preemptions it saw there, beside the
+    catalog's prior and the rate the policy uses now (the prior updated by them); None
+    where it has held none."""
+    seen = [r for r in response.observed if r.spot_node_hours > 0]
+    if not seen:
+        return None
+    table = _compact("spot preemptions this service has seen; how often one node is lost")
+    for column in ("offer", "preemptions", "node-hours", "prior", "now"):
+        table.add_column(column, no_wrap=True, justify="left" if column == "offer" else "right")
+    for r in seen:
+        table.add_row(r.offer, f"{r.preemptions}", f"{r.spot_node_hours:,.1f}",
+                      rate_text(r.prior_per_node_hour).removeprefix("every "),
+                      rate_text(r.estimate_per_node_hour).removeprefix("every "))
+    return table
+
+
 def ranking_table(response: OffersResponse, title: str) -> Table:
     table = _compact(title)
     for column in ("#", "nodes x offer", "market", "$/h", "tok/s", "layout", "time",

@@ -56,7 +56,7 @@ from raytrain.serve.ray_cluster import (
     RunHandle,
 )
 from raytrain.serve.scheduler import Scheduler
-from raytrain.serve.store import JobStore
+from raytrain.serve.store import STORE_FILE, JobStore
 from raytrain.spec import (
     JobSpec,
     JobStatus,
@@ -76,7 +76,7 @@ class JobManager:
         self.cluster = cluster if cluster is not None else RayCluster()
         self.lock = threading.RLock()
         self._changed = threading.Condition(self.lock)
-        self._store = JobStore(self.config.state_path / "jobs.db")
+        self._store = JobStore(self.config.state_path / STORE_FILE)
         loaded = self._store.load_all()
         self.records: dict[str, lc.Record] = {job.id: lc.Record(job) for job, _ in loaded}
         self.tally = Tally.from_json(self._store.get_tally())

@@ -11,6 +11,7 @@ progress points (serve.history) for the dashboard's charts.
     store = JobStore(Path("~/.raytrain/jobs.db").expanduser())
     store.put(status, next_event_seq=12, tally={...}); store.load_all(); store.delete(job_id)
     store.save_points(job_id, {0: '{"n": 0, "step": 1, ...}'}); store.points(job_id)
+    read_tally(Path("~/.raytrain/jobs.db").expanduser())   # read-only, beside a running service
 """
 
 from __future__ import annotations
@@ -22,6 +23,23 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from raytrain.spec import JobStatus
+
+STORE_FILE = "jobs.db"  # in the service's state directory
+
+
+def read_tally(path: Path) -> dict[str, Any] | None:
+    """The tally a service's store holds, read-only (the service may be running), or None
+    when there is no store or no tally in it."""
+    if not path.is_file():
+        return None
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        row = db.execute("SELECT value FROM meta WHERE key = 'tally'").fetchone()
+    except sqlite3.Error:
+        return None
+    finally:
+        db.close()
+    return json.loads(row[0]) if row else None
 
 
 class JobStore:

@@ -97,5 +97,11 @@ def test_five_preemptions_of_both_kinds_then_a_move_end_as_an_uninterrupted_run(
     assert final.resources.node_type == "cpu-on-demand"
     assert cluster.launched == 7  # the first run, one per preemption, one after the move
     assert cluster.requests[job_id] == []  # the nodes are let go
+    # The spot exposure the policy's rate is estimated from outlives the service.
+    count, node_hours = manager.provisioner.history["local/here/cpu-1"]
+    assert count == 5 and node_hours > 0
+    again = JobManager(config.model_dump(mode="json"), cluster=TrainingRay(cpus=1),
+                       schedule=False)
+    assert again.provisioner.history["local/here/cpu-1"] == (count, node_hours)
     reference = run_single(JobSpec.model_validate(job()), tmp_path / "reference")
     assert final.result.final_loss == pytest.approx(reference.result["final_loss"], abs=1e-5)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,10 @@ from raytrain.core.autoscale import Goal, Observed, choose, redecide
 from raytrain.core.fleet import SimJob, Trace, TraceEvent
 from raytrain.core.hindsight import hindsight
 from raytrain.core.simulate import STRATEGIES, _State, compare, uniform_progress
+from raytrain.core.tally import Tally
+from raytrain.serve.store import JobStore
+from raytrain.spec import JobStatus
+from tests.unit.test_api import small_job
 from tests.unit.test_autoscale import offer
 
 COST_FIRST = load_policies()["cost-first"]
@@ -124,3 +129,25 @@ def test_simulate_json_has_every_strategy_per_trace_and_notice(
                                     "saving_vs_on_demand", "runs"}
         assert run["strategies"]["on-demand"]["saving_vs_on_demand"] == 0.0
         assert run["strategies"]["oracle"]["saving_vs_on_demand"] > 0.5
+
+
+def test_offers_show_what_the_service_has_seen_beside_the_prior(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The exposure a service counted (its store's tally) outlives it, and `raytrain offers`
+    on that machine shows it next to the catalog's prior, with the rate the policy uses."""
+    p3 = "aws/us-east-1/p3.2xlarge"
+    tally = Tally()
+    tally.spot[p3] = (12, 20.0)
+    job = JobStatus.model_validate({"id": "j", "state": "PENDING", "spec": small_job(),
+                                    "created_at": 0.0})
+    JobStore(tmp_path / "jobs.db").put(job, 0, tally.to_json())
+    assert cli_main(["offers", "--state-dir", str(tmp_path), "--json"]) == 0
+    seen = {r["offer"]: r for r in json.loads(capsys.readouterr().out)["observed"]}
+    prior = snapshot().find(p3).spot_interruptions_per_hour
+    assert seen[p3]["preemptions"] == 12 and seen[p3]["spot_node_hours"] == 20.0
+    assert seen[p3]["estimate_per_node_hour"] == pytest.approx((prior * 20 + 12) / 40)
+    assert cli_main(["offers", "--state-dir", str(tmp_path)]) == 0
+    shown = capsys.readouterr().out
+    assert "spot preemptions this service has seen" in shown and "20.0" in shown
+    assert cli_main(["offers", "--state-dir", str(tmp_path / "nothing-here"), "--json"]) == 0
+    assert all(r["preemptions"] == 0 for r in json.loads(capsys.readouterr().out)["observed"])
