@@ -234,6 +234,29 @@ class TrainingRay(FakeRay):
         with self.lock:
             self.nodes.pop(node, None)
 
+    def train_to_the_end(self, config: Any, document: dict[str, Any],
+                         between: Any = None, timeout_s: float = 240.0) -> Any:
+        """A job manager on this cluster (`manager`) with `config` (a ServiceConfig), the job
+        `document` submitted to it, and scheduling and autoscaling passes until the job ends
+        (`between(job_id)` before each); the job's id."""
+        from raytrain.serve.manager import JobManager
+        from raytrain.spec import JobState
+
+        self.manager = JobManager(config.model_dump(mode="json"), cluster=self, schedule=False)
+        submitted = self.manager.submit(document)
+        assert "ok" in submitted, submitted
+        job_id = submitted["ok"]["id"]
+        deadline = time.monotonic() + timeout_s
+        while not JobState(self.manager.records[job_id].status.state).is_terminal:
+            assert time.monotonic() < deadline, self.manager.records[job_id].status
+            assert not self.errors, self.errors
+            if between is not None:
+                between(job_id)
+            self.manager.scheduler.pass_once()
+            self.autoscale()
+            time.sleep(0.02)
+        return job_id
+
     def autoscale(self) -> None:
         with self.lock:
             for bundles in self.requests.values():

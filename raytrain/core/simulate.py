@@ -162,6 +162,7 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
             state.held.discard(event.node)
             state.waiting_since = now
             state.restart_left_s = 0.0
+            state.pending_switch = None  # the checkpoint it waited for is lost; decide again
             if strategy == "failover":
                 state.market, state.held = "on-demand", set()
                 state.restart_left_s, state.waiting_since = job.restart_s, None

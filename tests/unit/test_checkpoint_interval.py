@@ -6,13 +6,11 @@ preempted, a long one, and checkpoints only at the end."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from raytrain.serve.manager import JobManager
 from raytrain.spec import JobState, ServiceConfig
 from tests.fake_ray import TrainingRay
 from tests.unit.test_preemptions import OFFER, job
@@ -37,21 +35,11 @@ def run_spot_job(tmp_path: Path, interruptions_per_hour: float, steps: int
         default_policy="spot-test", scheduler_interval_s=0.05,
         node_types={"cpu-spot": {"offer": "local/here/cpu-1", "market": "spot",
                                  "max_nodes": 1}})
-    cluster = TrainingRay(cpus=1)
-    manager = JobManager(config.model_dump(mode="json"), cluster=cluster, schedule=False)
-    cluster.manager = manager
     document = job(steps)
     document["training"]["checkpoint_every_steps"] = steps  # only the policy's, and the end
-    submitted = manager.submit(document)
-    assert "ok" in submitted, submitted
-    job_id = submitted["ok"]["id"]
-    deadline = time.monotonic() + 240
-    while not JobState(manager.records[job_id].status.state).is_terminal:
-        assert time.monotonic() < deadline, manager.records[job_id].status
-        assert not cluster.errors, cluster.errors
-        manager.scheduler.pass_once()
-        cluster.autoscale()
-        time.sleep(0.02)
+    cluster = TrainingRay(cpus=1)
+    job_id = cluster.train_to_the_end(config, document)
+    manager = cluster.manager
     events = manager.wait_events(job_id, 0, 0.0) or []
     saved = [e["time"] for e in events if e["type"] == "checkpoint" and e["data"]["step"] < steps]
     return manager.records[job_id].status, saved

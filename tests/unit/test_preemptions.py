@@ -7,7 +7,6 @@ kind: every Ray Train start costs tens of seconds there."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -59,24 +58,16 @@ def test_five_preemptions_of_both_kinds_then_a_move_end_as_an_uninterrupted_run(
                                       "max_nodes": 1}})
     faults = {15: True, 33: False, 52: True, 77: False, 95: True}
     cluster = TrainingRay(cpus=1, faults=dict(faults), hold_at=120)
-    manager = JobManager(config.model_dump(mode="json"), cluster=cluster, schedule=False)
-    cluster.manager = manager
-    submitted = manager.submit(job())
-    assert "ok" in submitted, submitted
-    job_id = submitted["ok"]["id"]
 
-    deadline = time.monotonic() + 240
-    while not JobState(manager.records[job_id].status.state).is_terminal:
-        assert time.monotonic() < deadline, manager.records[job_id].status
-        assert not cluster.errors, cluster.errors
+    def move_when_held(job_id: str) -> None:
         if cluster.held.is_set() and not cluster.go.is_set():
-            assert manager.records[job_id].status.preemptions == 5 and not cluster.faults
+            assert cluster.manager.records[job_id].status.preemptions == 5 and not cluster.faults
             write_offers(offers, 0.0001)  # on-demand is now far cheaper than spot
-            manager.scheduler.pass_once()  # the policy looks again and decides the move
+            cluster.manager.scheduler.pass_once()  # the policy looks again and decides the move
             cluster.go.set()
-        manager.scheduler.pass_once()
-        cluster.autoscale()
-        time.sleep(0.02)
+
+    job_id = cluster.train_to_the_end(config, job(), between=move_when_held)
+    manager = cluster.manager
 
     final = manager.records[job_id].status
     assert final.state == JobState.SUCCEEDED, final.error
