@@ -22,6 +22,7 @@ from pathlib import Path
 
 from raytrain.catalog.files import TRACES_DIR, load_policies, snapshot
 from raytrain.catalog.traces import load_trace
+from raytrain.core.fleet import Fleet
 from raytrain.core.simulate import STRATEGIES, SimJob, Summary, compare
 
 TRACES = TRACES_DIR
@@ -59,6 +60,27 @@ def gaps(rows: list[Summary]) -> list[str]:
             f"{policy.mean_cost_usd / oracle.mean_cost_usd - 1:+.1%} against the oracle "
             f"(${oracle.mean_cost_usd:.2f})")
     return lines
+
+
+def two_fleets(policy_name: str, starts: int) -> list[tuple[str, float, Summary]]:
+    """The policy choosing between fleets with different traces: p3.2xlarge in us-east-1 on
+    Bamboo's churning p3 fleet, or the same type and price in a second region whose fleet is
+    the calmer GCP V100 trace, with 8 nodes there, or 4 at half the speed. The catalog's one
+    prior for both; the other strategies know only the first fleet."""
+    catalog, policy = snapshot(), load_policies()[policy_name]
+    p3 = next(o for o in catalog.offers if o.instance_type == "p3.2xlarge")
+    west = p3.model_copy(update={"region": "us-west-2"})
+    churny = load_trace(TRACES / "bamboo/p3-trace.csv")
+    calm = load_trace(TRACES / "bamboo/v100x1-east1c.txt")
+    rows = []
+    for label, alternative in (("or 8 on a calm fleet", Fleet(west, 8, calm)),
+                               ("or 4 at half speed on a calm fleet",
+                                Fleet(west, 4, calm, speed=0.5))):
+        for notice in (0.0, 120.0):
+            job = SimJob(offer=p3, nodes=8, work_s=6 * 3600, deadline_s=12 * 3600,
+                         fixed_interval_s=1800, notice_s=notice, alternatives=(alternative,))
+            rows += [(label, notice, row) for row in compare(churny, job, policy, starts)]
+    return rows
 
 
 PRIOR_WEIGHTS = (1.0, 5.0, 20.0, 80.0, 320.0)  # node-hours
@@ -144,6 +166,17 @@ def main() -> None:
                   f"{r.mean_lost_work_hours:.2f} | {r.mean_on_demand_hours:.2f} |")
         print()
         print("\n".join(gaps(rows)))
+    began = time.perf_counter()
+    chosen = two_fleets(args.policy, args.starts)
+    print(f"\n## 8 x p3.2xlarge on the p3 fleet, or another fleet "
+          f"({time.perf_counter() - began:.1f} s)")
+    print("| alternative | notice s | strategy | mean $ | mean h | deadline misses | "
+          "preemptions | work lost h | on-demand h |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    for label, notice, r in chosen:
+        print(f"| {label} | {notice:.0f} | {r.strategy} | {r.mean_cost_usd:.2f} | "
+              f"{r.mean_hours:.2f} | {r.deadline_misses}/{r.runs} | {r.mean_preemptions:.1f} | "
+              f"{r.mean_lost_work_hours:.2f} | {r.mean_on_demand_hours:.2f} |")
     began = time.perf_counter()
     swept = sweep_prior(args.policy, args.starts)
     print(f"\n## the prior's weight ({time.perf_counter() - began:.1f} s)")

@@ -208,8 +208,8 @@ def choose(goal: Goal, offers: Iterable[Offer], throughput: Throughput, policy: 
         quickest = min(usable, key=lambda o: o.expected_s)
         if goal.deadline_s - quickest.expected_s * margin > policy.fallback_slack_s:
             late = quickest  # time in hand: a cheaper option may be tried, and left later
-        elif in_time:
-            usable = in_time
+        elif in_time:  # no time in hand: no gamble on preemptions if anything is safe
+            usable = [o for o in in_time if o.preemptions_per_hour == 0] or in_time
         else:
             notes.append(f"nothing finishes {policy.deadline_margin:.0%} before the deadline "
                          f"({goal.deadline_s / 3600:.1f} h left); the fastest")
@@ -217,13 +217,28 @@ def choose(goal: Goal, offers: Iterable[Offer], throughput: Throughput, policy: 
     if policy.objective == "time":
         best = min(usable, key=lambda o: (o.expected_s, o.expected_cost_usd))
     else:
-        best = min(usable, key=lambda o: (o.expected_cost_usd, o.expected_s))
+        best = min(usable, key=lambda o: (_tried_cost(o, late, goal, policy), o.expected_s))
     if late is not None and goal.deadline_s is not None and \
             best.expected_s * (1 + policy.deadline_margin) > goal.deadline_s:
         notes.append(f"expected past the deadline, with time in hand to fall back to "
                      f"{late.describe()} ({late.expected_hours:.2f} h) while "
                      f"{policy.fallback_slack_s / 3600:.2f} h of slack remain")
     return Decision("start", best, _account(best, policy, notes))
+
+
+def _tried_cost(option: Option, fallback: Option | None, goal: Goal,
+               policy: PolicySpec) -> float:
+    """An option's expected cost to finish; for one expected to finish late, tried while
+    `fallback` (the fastest) still has time in hand, the cost of the share of the work it
+    does before the slack is gone plus the rest on the fallback."""
+    margin = 1 + policy.deadline_margin
+    if fallback is None or goal.deadline_s is None or \
+            option.expected_s * margin <= goal.deadline_s:
+        return option.expected_cost_usd
+    room = goal.deadline_s - policy.fallback_slack_s - fallback.expected_s * margin
+    share = min(1.0, max(0.0, room / max(option.expected_s - fallback.expected_s * margin,
+                                         1e-9)))
+    return share * option.expected_cost_usd + (1 - share) * fallback.expected_cost_usd
 
 
 def _account(best: Option, policy: PolicySpec, notes: list[str]) -> str:

@@ -27,8 +27,20 @@ class Trace:
 
 
 @dataclass(frozen=True)
+class Fleet:
+    """One way to run a job: `nodes` of `offer`, whose spot capacity comes and goes as in
+    `trace`, training at `speed` times the job's own rate (the work takes work_s / speed)."""
+
+    offer: Offer
+    nodes: int
+    trace: Trace
+    speed: float = 1.0
+
+
+@dataclass(frozen=True)
 class SimJob:
-    """A job of `work_s` seconds of training on `nodes` nodes of `offer`."""
+    """A job of `work_s` seconds of training on `nodes` nodes of `offer`; `alternatives`
+    are other fleets the policy (and the oracle) may choose instead, or move to."""
 
     offer: Offer
     nodes: int
@@ -40,6 +52,7 @@ class SimJob:
     notice_s: float = 0.0  # warning before a preemption (AWS: 120); 0 = none
     step_s: float = 10.0  # simulation resolution
     recheck_s: float = 900.0
+    alternatives: tuple[Fleet, ...] = ()
 
 
 @dataclass

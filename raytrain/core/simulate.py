@@ -43,7 +43,7 @@ from raytrain.core.autoscale import (
     redecide,
     with_history,
 )
-from raytrain.core.fleet import SimJob, SimResult, Trace, replay
+from raytrain.core.fleet import Fleet, SimJob, SimResult, Trace, TraceEvent, replay
 from raytrain.core.hindsight import hindsight
 from raytrain.spec import Offer, PolicySpec
 
@@ -68,17 +68,30 @@ class _State:
 
 def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
              start_s: float = 0.0) -> SimResult:
-    """Run the job from `start_s` into the trace until it finishes (or 20x its work)."""
-    if strategy == "oracle":
-        return hindsight(trace, job, start_s)
+    """Run the job from `start_s` into the trace until it finishes (or 20x its work). The
+    policy and the oracle may also choose the job's alternative fleets; the other strategies
+    run on its own."""
+    fleets = [Fleet(job.offer, job.nodes, trace)]
+    if strategy in ("policy", "oracle"):
+        fleets += job.alternatives
+    if strategy == "oracle":  # with alternatives: the best schedule that keeps to one fleet
+        return min((hindsight(f.trace, replace(job, offer=f.offer, nodes=f.nodes,
+                                               work_s=job.work_s / f.speed), start_s)
+                    for f in fleets), key=lambda r: (not r.met_deadline, r.cost_usd))
     horizon = job.work_s * 20 + (job.deadline_s or 0)
-    events = replay(trace, start_s, horizon)
-    offer, n = job.offer, job.nodes
+    events = sorted((TraceEvent(e.time_s, e.kind, f"{i}/{e.node}") for i, f in enumerate(fleets)
+                     for e in replay(f.trace, start_s, horizon)), key=lambda e: e.time_s)
+    offers = list({f.offer.id: f.offer for f in fleets}.values())
+    fleet, offer, n, speed = 0, job.offer, job.nodes, 1.0
     spot_usd, od_usd = offer.usd_per_hour("spot") or math.inf, offer.usd_per_hour("on-demand")
-    assert od_usd is not None, "the simulated offer needs an on-demand price"
+    assert all(f.offer.usd_per_hour("on-demand") for f in fleets), \
+        "the simulated offers need an on-demand price"
 
-    def throughput(_offer: Offer, nodes: int) -> tuple[float, str] | None:
-        return (1.0, f"{nodes} nodes") if nodes == n else None
+    def throughput(option_offer: Offer, nodes: int) -> tuple[float, str] | None:
+        for f in fleets:
+            if f.offer.id == option_offer.id and f.nodes == nodes:
+                return f.speed, f"{nodes} nodes"
+        return None
 
     policy = replace_policy(policy, job)
     observed = Observed()
@@ -93,19 +106,24 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
     state = _State(market=first, interval_s=job.fixed_interval_s)
     current: Option | None = None
     if strategy == "policy":
-        decision = choose(goal(0.0, state), [offer], throughput, policy, observed)
+        decision = choose(goal(0.0, state), offers, throughput, policy, observed)
         assert decision.option is not None, decision.reason
         current = decision.option
         state.market = current.market
         state.interval_s = current.checkpoint_interval_s or job.fixed_interval_s
         result.decisions.append(f"0 h: {decision.reason}")
-    alive: set[str] = set()
+    alive: list[set[str]] = [set() for _ in fleets]
     index, now, next_recheck = 0, 0.0, job.recheck_s
     state.restart_left_s = job.restart_s if state.market == "on-demand" else 0.0
     state.waiting_since = 0.0 if state.market == "spot" else None
 
-    def move(market: str) -> None:
-        if market != state.market:
+    def move(market: str, to: int | None = None) -> None:
+        nonlocal fleet, offer, n, speed, spot_usd, od_usd
+        to = fleet if to is None else to
+        if market != state.market or to != fleet:
+            fleet, offer, n, speed = to, fleets[to].offer, fleets[to].nodes, fleets[to].speed
+            spot_usd = offer.usd_per_hour("spot") or math.inf
+            od_usd = offer.usd_per_hour("on-demand")
             state.market = market
             state.held.clear()
             state.since_checkpoint_s = 0.0
@@ -113,10 +131,14 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
             state.restart_left_s = job.restart_s if market == "on-demand" else 0.0
             state.waiting_since = now if market == "spot" else None
 
+    def fleet_of(option: Option) -> int:
+        return next(i for i, f in enumerate(fleets)
+                    if (f.offer.id, f.nodes) == (option.offer.id, option.nodes))
+
     def adopt(option: Option, why: str) -> None:
         nonlocal current
         current = option
-        move(option.market)
+        move(option.market, fleet_of(option))
         state.interval_s = option.checkpoint_interval_s or job.fixed_interval_s
         result.decisions.append(f"{now / 3600:.2f} h: {why}")
 
@@ -138,16 +160,19 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
 
     if strategy == "uniform-progress":
         state.interval_s = young_interval()
+    if current is not None:  # the policy's first choice may be another fleet
+        move(current.market, fleet_of(current))
 
     while now < horizon and state.done_s < job.work_s:
         # Trace events up to now.
         while index < len(events) and events[index].time_s <= now:
             event = events[index]
             index += 1
+            at = int(event.node.split("/", 1)[0])
             if event.kind == "add":
-                alive.add(event.node)
+                alive[at].add(event.node)
                 continue
-            alive.discard(event.node)
+            alive[at].discard(event.node)
             if state.market != "spot" or event.node not in state.held:
                 continue
             # A preemption of a node the job holds.
@@ -171,14 +196,14 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
                 state.interval_s = young_interval()
             elif strategy == "policy" and current is not None:
                 observed = with_history(observed, offer.id, 1, 0.0)
-                decision = redecide(current, "preemption", goal(now, state), [offer],
+                decision = redecide(current, "preemption", goal(now, state), offers,
                                     throughput, policy, observed)
                 if decision.option is not None:
                     adopt(decision.option, f"preemption: {decision.action} "
                                            f"{decision.option.describe()}")
         # Acquire spot capacity.
         if state.market == "spot" and state.waiting_since is not None:
-            free = sorted(alive - state.held)
+            free = sorted(alive[fleet] - state.held)
             state.held.update(free[: n - len(state.held)])
             if len(state.held) == n:
                 state.waiting_since = None
@@ -187,7 +212,7 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
                     now - state.waiting_since >= policy.capacity_wait_s:
                 observed = replace(observed, unavailable=observed.unavailable
                                    | {(offer.id, "spot")})
-                decision = redecide(current, "capacity-missing", goal(now, state), [offer],
+                decision = redecide(current, "capacity-missing", goal(now, state), offers,
                                     throughput, policy, observed)
                 if decision.option is not None:
                     adopt(decision.option, f"spot missing {policy.capacity_wait_s:.0f} s: "
@@ -206,10 +231,11 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
         # Re-decide on progress (deadline, and spot coming back after a capacity gap).
         if strategy == "policy" and current is not None and now >= next_recheck:
             next_recheck = now + job.recheck_s
-            if state.market == "on-demand" and (offer.id, "spot") in observed.unavailable \
-                    and len(alive) >= n:
-                observed = replace(observed, unavailable=frozenset())
-            decision = redecide(current, "progress", goal(now, state), [offer], throughput,
+            back = {(f.offer.id, "spot") for i, f in enumerate(fleets)
+                    if len(alive[i]) >= f.nodes and (i != fleet or state.market != "spot")}
+            if observed.unavailable & back:  # spot capacity is there again
+                observed = replace(observed, unavailable=observed.unavailable - back)
+            decision = redecide(current, "progress", goal(now, state), offers, throughput,
                                 policy, observed)
             if decision.action == "switch" and decision.option is not None:
                 result.decisions.append(f"{now / 3600:.2f} h: {decision.reason}")
@@ -241,7 +267,7 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
                         move(state.pending_market)
                         state.pending_market = None
             else:
-                state.done_s += dt
+                state.done_s += dt * speed
                 state.since_checkpoint_s += dt
                 if state.since_checkpoint_s >= state.interval_s and state.done_s < job.work_s:
                     state.since_checkpoint_s = 0.0

@@ -12,8 +12,8 @@ import pytest
 from raytrain.catalog.files import TRACES_DIR, load_policies, snapshot
 from raytrain.catalog.traces import load_trace
 from raytrain.cli import main as cli_main
-from raytrain.core.autoscale import Goal, Observed, choose, redecide
-from raytrain.core.fleet import SimJob, Trace, TraceEvent
+from raytrain.core.autoscale import Goal, Observed, choose, options, redecide
+from raytrain.core.fleet import Fleet, SimJob, Trace, TraceEvent
 from raytrain.core.hindsight import hindsight
 from raytrain.core.simulate import STRATEGIES, _State, compare, uniform_progress
 from raytrain.core.tally import Tally
@@ -114,6 +114,27 @@ def test_a_cheap_slow_option_is_tried_only_while_there_is_time_to_fall_back() ->
                   strict).option.market == "on-demand"
 
 
+def test_with_no_time_in_hand_the_policy_takes_no_preemption_risk() -> None:
+    """A calm spot offer, expected in time either way: with hours in hand it is bought; with
+    the fallback's slack gone (the fastest option's margin leaves 12 minutes) on-demand is,
+    though spot is cheaper, since one preemption there would make the job late."""
+    calm = offer("c", gpus=1, on_demand=10.0, spot=2.0, rate=0.001)
+
+    def throughput(_offer: object, nodes: int) -> tuple[float, str] | None:
+        return (1.0, "dp1") if nodes == 1 else None
+
+    work = 6 * HOUR
+    roomy = choose(Goal(tokens_left=work, deadline_s=12 * HOUR), [calm], throughput,
+                   COST_FIRST).option
+    tight = choose(Goal(tokens_left=work, deadline_s=6.8 * HOUR), [calm], throughput,
+                   COST_FIRST).option
+    assert roomy is not None and roomy.market == "spot"
+    assert tight is not None and tight.market == "on-demand"
+    spot_then = next(o for o in options(Goal(tokens_left=work, deadline_s=6.8 * HOUR), [calm],
+                                        throughput, COST_FIRST) if o.market == "spot")
+    assert spot_then.expected_s * 1.1 <= 6.8 * HOUR  # spot was expected in time too
+
+
 def test_simulate_json_has_every_strategy_per_trace_and_notice(
         capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["simulate", "--json", "--starts", "2", "--notice-s", "0",
@@ -151,3 +172,24 @@ def test_offers_show_what_the_service_has_seen_beside_the_prior(
     assert "spot preemptions this service has seen" in shown and "20.0" in shown
     assert cli_main(["offers", "--state-dir", str(tmp_path / "nothing-here"), "--json"]) == 0
     assert all(r["preemptions"] == 0 for r in json.loads(capsys.readouterr().out)["observed"])
+
+
+def test_the_policy_chooses_between_fleets_with_different_traces() -> None:
+    """The same instance type in two regions at one price: one fleet churns (Bamboo's p3),
+    the other is calm (the GCP V100 trace). With the catalog's one prior for both, the policy
+    learns from the preemptions it meets and moves to the calm fleet; Uniform Progress, which
+    knows of one fleet, stays on the first. A half-speed choice (4 nodes) is tried only
+    where its share of the work before the fallback pays."""
+    p3 = snapshot().find("aws/us-east-1/p3.2xlarge")
+    west = p3.model_copy(update={"region": "us-west-2"})
+    churny = load_trace(TRACES_DIR / "bamboo/p3-trace.csv")
+    calm = load_trace(TRACES_DIR / "bamboo/v100x1-east1c.txt")
+    for alternative in (Fleet(west, 8, calm), Fleet(west, 4, calm, speed=0.5)):
+        job = SimJob(offer=p3, nodes=8, work_s=6 * HOUR, deadline_s=12 * HOUR,
+                     fixed_interval_s=1800, alternatives=(alternative,))
+        rows = {r.strategy: r for r in compare(churny, job, COST_FIRST, starts=3,
+                                               strategies=("uniform-progress", "policy"))}
+        assert rows["policy"].deadline_misses == 0
+        if alternative.nodes == 8:  # it left the churning fleet: half the preemptions or less
+            assert rows["policy"].mean_cost_usd < 0.85 * rows["uniform-progress"].mean_cost_usd
+            assert rows["policy"].mean_preemptions < rows["uniform-progress"].mean_preemptions / 2
