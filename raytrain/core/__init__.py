@@ -6,8 +6,9 @@ arguments, so it is tested with plain values.
 - resolve.py: a job's layout and plan, decided once and stored with it;
 - planner.py and cost_model.py: every feasible layout with its predicted time, memory, cost;
 - capacity.py: admission and backfill of queued jobs on a fixed cluster;
-- autoscale.py, throughput.py, offers.py: the spot/on-demand policy, what a job makes of an
-  offer, the policy's rankings;
+- autoscale.py, engine.py, throughput.py, offers.py: the spot/on-demand policy, one job's
+  capacity engine over it (fed events by the live service and the simulator alike), what a
+  job makes of an offer, the policy's rankings;
 - fleet.py, simulate.py, hindsight.py: spot-fleet traces, their replays under each strategy,
   and the hindsight-optimal schedule (numpy: array arithmetic only);
 - batching.py, schedule.py: which samples each rank reads, and the learning-rate schedule.

@@ -11,9 +11,9 @@ Strategies:
 - `on-demand`: on-demand from the start.
 - `spot`: spot only, restarting from a checkpoint taken every `fixed_interval_s`.
 - `failover`: as `spot` until the first preemption, then on-demand.
-- `policy`: raytrain.core.autoscale deciding at the start, on every preemption, when spot
-  capacity stays missing, and every `recheck_s` (deadline); its checkpoint interval is Young's
-  for the preemption rate it has seen.
+- `policy`: the live service's capacity engine (raytrain.core.engine) fed the trace's events:
+  at the start, on every preemption, when spot capacity stays missing, and every `recheck_s`
+  (deadline); its checkpoint interval is Young's for the preemption rate it has seen.
 - `uniform-progress`: Can't Be Late's rule (Wu et al., NSDI'24), the published one to beat.
   The expected progress at t is work x t / deadline. Idle (no capacity) and behind it: on
   demand. Spot whenever it is there, kept until preempted. On demand is left (at a
@@ -34,15 +34,8 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 from raytrain.catalog.shapes import usd_for
-from raytrain.core.autoscale import (
-    Goal,
-    Observed,
-    Option,
-    choose,
-    optimal_interval_s,
-    redecide,
-    with_history,
-)
+from raytrain.core.autoscale import Goal, Option, optimal_interval_s
+from raytrain.core.engine import CapacityEngine
 from raytrain.core.fleet import Fleet, SimJob, SimResult, Trace, TraceEvent, replay
 from raytrain.core.hindsight import hindsight
 from raytrain.spec import Offer, PolicySpec
@@ -94,7 +87,7 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
         return None
 
     policy = replace_policy(policy, job)
-    observed = Observed()
+    engine = CapacityEngine(policy, offers, throughput)  # the live service's, fed the trace
 
     def goal(now: float, state: _State) -> Goal:
         left = job.work_s - state.done_s
@@ -106,7 +99,7 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
     state = _State(market=first, interval_s=job.fixed_interval_s)
     current: Option | None = None
     if strategy == "policy":
-        decision = choose(goal(0.0, state), offers, throughput, policy, observed)
+        decision = engine.on("submit", goal(0.0, state))
         assert decision.option is not None, decision.reason
         current = decision.option
         state.market = current.market
@@ -153,7 +146,7 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
 
     def young_interval() -> float:
         """uniform-progress's interval: the policy's, for the rate seen so far."""
-        rate = n * observed.rate(offer, policy.prior_node_hours) / 3600
+        rate = n * engine.observed.rate(offer, policy.prior_node_hours) / 3600
         interval = optimal_interval_s(policy.checkpoint_cost_s, rate, policy.restart_s,
                                       policy.notice_coverage)
         return min(interval or job.fixed_interval_s, policy.max_checkpoint_interval_s)
@@ -192,12 +185,11 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
                 state.market, state.held = "on-demand", set()
                 state.restart_left_s, state.waiting_since = job.restart_s, None
             elif strategy == "uniform-progress":
-                observed = with_history(observed, offer.id, 1, 0.0)
+                engine.exposed(offer.id, preempted=1)
                 state.interval_s = young_interval()
             elif strategy == "policy" and current is not None:
-                observed = with_history(observed, offer.id, 1, 0.0)
-                decision = redecide(current, "preemption", goal(now, state), offers,
-                                    throughput, policy, observed)
+                engine.exposed(offer.id, preempted=1)
+                decision = engine.on("preemption", goal(now, state))
                 if decision.option is not None:
                     adopt(decision.option, f"preemption: {decision.action} "
                                            f"{decision.option.describe()}")
@@ -210,10 +202,7 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
                 state.restart_left_s = job.restart_s
             elif strategy == "policy" and current is not None and \
                     now - state.waiting_since >= policy.capacity_wait_s:
-                observed = replace(observed, unavailable=observed.unavailable
-                                   | {(offer.id, "spot")})
-                decision = redecide(current, "capacity-missing", goal(now, state), offers,
-                                    throughput, policy, observed)
+                decision = engine.on("capacity-missing", goal(now, state))
                 if decision.option is not None:
                     adopt(decision.option, f"spot missing {policy.capacity_wait_s:.0f} s: "
                                            f"{decision.option.describe()}")
@@ -233,10 +222,8 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
             next_recheck = now + job.recheck_s
             back = {(f.offer.id, "spot") for i, f in enumerate(fleets)
                     if len(alive[i]) >= f.nodes and (i != fleet or state.market != "spot")}
-            if observed.unavailable & back:  # spot capacity is there again
-                observed = replace(observed, unavailable=observed.unavailable - back)
-            decision = redecide(current, "progress", goal(now, state), offers, throughput,
-                                policy, observed)
+            engine.capacity_back(back)  # spot capacity is there again
+            decision = engine.on("progress", goal(now, state))
             if decision.action == "switch" and decision.option is not None:
                 result.decisions.append(f"{now / 3600:.2f} h: {decision.reason}")
                 if checkpoint_for_a_move():
@@ -249,8 +236,7 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
         price = od_usd if state.market == "on-demand" else spot_usd
         result.cost_usd += usd_for(price, dt, holding)
         if state.market == "spot":
-            observed = with_history(observed, offer.id, 0, holding * dt / 3600) \
-                if strategy in ("policy", "uniform-progress") else observed
+            engine.exposed(offer.id, node_hours=holding * dt / 3600)
         else:
             result.on_demand_s += dt
         if state.waiting_since is None:

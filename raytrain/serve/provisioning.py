@@ -47,13 +47,12 @@ from raytrain.core.autoscale import (
     Decision,
     Observed,
     Option,
-    choose,
     decision_record,
     interval_moved,
     options,
-    redecide,
     with_measurements,
 )
+from raytrain.core.engine import CapacityEngine
 from raytrain.core.lifecycle import CapacityDecided
 from raytrain.core.offers import offers_response
 from raytrain.core.resolve import plan_summary
@@ -296,18 +295,15 @@ class Provisioner:
         spec, policy = job.spec, with_measurements(self.policy_for(job.spec), job)
         offers, node_type = self._bound
         throughput = _limit_nodes(job_throughput(spec), self.config, node_type)
-        observed = Observed(spot_history=dict(self.history), unavailable=unavailable,
-                            preemptions=job.preemptions)
+        engine = CapacityEngine(policy, offers, throughput, self.history, current, unavailable,
+                                job.preemptions)  # the simulator's too
         goal = job_goal(spec, job.checkpoint.step if job.checkpoint else 0,
                         now - job.created_at, job.cost_usd)
         others = sum(p.option.usd_per_hour for other, p in self.placements.items()
                      if other != job.id)
         goal, ceiling = within_service_limits(goal, self.config.max_usd_per_hour, others,
                                               self.config.max_usd_per_job, job.cost_usd)
-        if current is None:
-            decision = choose(goal, offers, throughput, policy, observed)
-        else:
-            decision = redecide(current, event, goal, offers, throughput, policy, observed)
+        decision = engine.on(event if current is not None else "submit", goal)
         if decision.option is None and ceiling:
             decision = replace(decision, reason=f"{decision.reason}; {ceiling}")
         return decision
