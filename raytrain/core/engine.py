@@ -20,7 +20,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from raytrain.core.autoscale import Decision, Goal, Observed, Option, Throughput, choose, redecide
+from raytrain.core.autoscale import (
+    Decision,
+    Goal,
+    Observed,
+    Option,
+    Throughput,
+    choose,
+    options,
+    redecide,
+)
 from raytrain.spec import Offer, PolicySpec
 
 EVENTS = ("submit", "preemption", "capacity-missing", "progress", "prices")
@@ -58,6 +67,8 @@ class CapacityEngine:
         """Decide on `event` (one of EVENTS) for what is left of the job (`goal`)."""
         assert event in EVENTS, event
         if event == "capacity-missing" and self.current is not None:
+            if self._time_in_hand(goal):
+                return Decision("stay", self.current, "capacity missing, time in hand: waiting")
             self.unavailable = self.unavailable | {(self.current.offer.id,
                                                     self.current.market)}
         if self.current is None or event == "submit":
@@ -68,3 +79,15 @@ class CapacityEngine:
         if decision.option is not None and decision.action in ("start", "switch", "stay"):
             self.current = decision.option
         return decision
+
+    def _time_in_hand(self, goal: Goal) -> bool:
+        """Whether the job can keep waiting for the capacity it chose: it has a deadline, and
+        the fastest option would still finish the fallback's slack before it."""
+        if goal.deadline_s is None or self.current is None:
+            return False
+        every = options(goal, self.offers, self.throughput, self.policy, self.observed)
+        if not every:
+            return False
+        quickest = min(o.expected_s for o in every)
+        return goal.deadline_s - quickest * (1 + self.policy.deadline_margin) > \
+            self.policy.fallback_slack_s + self.policy.capacity_wait_s

@@ -218,11 +218,10 @@ class Provisioner:
         return self._decide(job, now, "submit", frozenset())
 
     def capacity_missing(self, job: JobStatus, now: float) -> Decided:
-        """The nodes did not come in time: mark that offer and market unavailable for the job
-        and decide again."""
+        """The nodes did not come in time: decide again (the engine keeps waiting while a
+        deadline leaves time in hand, else drops that offer and market for the job)."""
         old = self.placements[job.id]
-        unavailable = old.unavailable | {(old.option.offer.id, old.option.market)}
-        return self._decide(job, now, "capacity-missing", unavailable, old.option)
+        return self._decide(job, now, "capacity-missing", old.unavailable, old.option)
 
     def preempted(self, job: JobStatus, now: float) -> Decided:
         """The job's nodes were taken (the tally has counted it against the offer's spot
@@ -270,7 +269,7 @@ class Provisioner:
         old = self.placements.get(job.id)
         if old is None:
             return None, None
-        decision = self._decision(job, now, event, old.unavailable, old.option)
+        decision, _ = self._decision(job, now, event, old.unavailable, old.option)
         if decision.action == "stay" and decision.option is not None and \
                 interval_moved(old.option.checkpoint_interval_s,
                                decision.option.checkpoint_interval_s):
@@ -291,7 +290,9 @@ class Provisioner:
         return True
 
     def _decision(self, job: JobStatus, now: float, event: str,
-                  unavailable: frozenset[tuple[str, str]], current: Option | None) -> Decision:
+                  unavailable: frozenset[tuple[str, str]], current: Option | None
+                  ) -> tuple[Decision, frozenset[tuple[str, str]]]:
+        """The engine's decision, and the offers and markets it now counts missing."""
         spec, policy = job.spec, with_measurements(self.policy_for(job.spec), job)
         offers, node_type = self._bound
         throughput = _limit_nodes(job_throughput(spec), self.config, node_type)
@@ -306,12 +307,12 @@ class Provisioner:
         decision = engine.on(event if current is not None else "submit", goal)
         if decision.option is None and ceiling:
             decision = replace(decision, reason=f"{decision.reason}; {ceiling}")
-        return decision
+        return decision, engine.unavailable
 
     def _decide(self, job: JobStatus, now: float, event: str,
                 unavailable: frozenset[tuple[str, str]], current: Option | None = None
                 ) -> Decided:
-        decision = self._decision(job, now, event, unavailable, current)
+        decision, unavailable = self._decision(job, now, event, unavailable, current)
         return self._adopt(job, now, event, unavailable, decision)
 
     def _adopt(self, job: JobStatus, now: float, event: str,

@@ -105,7 +105,8 @@ class PolicySpec(Strict):
         None, ge=1, description="Move to on-demand after this many preemptions; null: never."
     )
     capacity_wait_s: float = Field(
-        600.0, gt=0, description="Spot capacity missing this long: take the next best offer."
+        600.0, gt=0, description="Spot capacity missing this long: take the next best offer "
+        "(unless a deadline leaves time in hand beyond fallback_slack_s: then keep waiting)."
     )
     switch_min_saving: float = Field(
         0.2, ge=0, le=1,

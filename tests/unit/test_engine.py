@@ -7,6 +7,7 @@ from pathlib import Path
 
 import yaml
 
+from raytrain.core.autoscale import options
 from raytrain.core.engine import CapacityEngine
 from raytrain.core.throughput import job_goal, job_throughput
 from raytrain.serve.provisioning import Provisioner, catalog_for
@@ -30,9 +31,7 @@ def service(tmp_path: Path) -> tuple[Provisioner, ServiceConfig]:
 
 def test_the_live_provisioner_decides_as_the_simulators_engine(tmp_path: Path) -> None:
     provisioner, config = service(tmp_path)
-    document = job(steps=100_000)
-    document["capacity"] = {"deadline_hours": 30}
-    spec = JobSpec.model_validate(document)
+    spec = JobSpec.model_validate(job(steps=100_000))  # no deadline: nothing to wait for
     status = JobStatus.model_validate({"id": "j1", "state": "PENDING",
                                        "spec": spec.model_dump(mode="json"),
                                        "created_at": 0.0})
@@ -73,3 +72,32 @@ def test_the_live_provisioner_decides_as_the_simulators_engine(tmp_path: Path) -
     intervals = [d[2] for d in simulated[:3]]
     assert intervals == sorted(intervals, reverse=True)  # preemptions seen: checkpoint sooner
     assert simulated[3][1] == (SPOT_ID, "on-demand", 1)  # spot missing: on demand
+
+
+def test_missing_capacity_is_waited_for_while_a_deadline_leaves_time_in_hand(
+        tmp_path: Path) -> None:
+    """With a deadline far enough that even the fastest option could start much later, the
+    engine (and so the live service) keeps waiting for the spot capacity it chose; once the
+    time in hand is gone, it drops that capacity for the job and moves."""
+    provisioner, config = service(tmp_path)
+    base = JobSpec.model_validate(job(steps=100_000))
+    policy, offers = provisioner.policy_for(base), catalog_for(config).offers
+    fastest_s = min(o.expected_s for o in options(job_goal(base), offers, job_throughput(base),
+                                                  policy))
+    in_hand_s = fastest_s * (1 + policy.deadline_margin) + policy.fallback_slack_s + \
+        policy.capacity_wait_s  # the deadline (from the check) past which the job waits
+    for deadline_s, action, market in ((in_hand_s + 1800 + 700, "stay", "spot"),
+                                       (in_hand_s - 600 + 700, "switch", "on-demand")):
+        spec = JobSpec.model_validate({**base.model_dump(mode="json"),
+                                       "capacity": {"deadline_hours": deadline_s / 3600}})
+        status = JobStatus.model_validate({"id": f"j{action}", "state": "PENDING",
+                                           "spec": spec.model_dump(mode="json"),
+                                           "created_at": 0.0})
+        engine = CapacityEngine(policy, offers, job_throughput(spec))
+        assert engine.on("submit", job_goal(spec)).option.market == "spot"
+        decision = engine.on("capacity-missing", job_goal(spec, 0, 700.0))
+        assert (decision.action, decision.option.market) == (action, market), decision.reason
+        provisioner.place(status, 0.0)
+        placement, decided = provisioner.capacity_missing(status, 700.0)
+        assert decided.decision.action == action and placement.option.market == market
+        assert ((SPOT_ID, "spot") in placement.unavailable) == (action == "switch")
