@@ -128,6 +128,26 @@ def expected_time_s(work_s: float, preemptions_per_s: float, interval_s: float |
     return work_s * overhead / useful if useful > 0 else math.inf
 
 
+def checkpoint_interval_s(policy: PolicySpec, preemptions_per_s: float) -> float | None:
+    """The policy's checkpoint interval at a preemption rate (all nodes): its own fixed one,
+    else the optimum (`optimal_interval_s`), at most max_checkpoint_interval_s; with no risk,
+    its fixed one or None (the job's own checkpoint_every_steps)."""
+    if preemptions_per_s == 0:
+        return policy.checkpoint_interval_s
+    interval = policy.checkpoint_interval_s or optimal_interval_s(
+        policy.checkpoint_cost_s, preemptions_per_s, policy.restart_s, policy.notice_coverage)
+    return None if interval is None else min(interval, policy.max_checkpoint_interval_s)
+
+
+def time_in_hand_s(goal: Goal, fastest_s: float, policy: PolicySpec) -> float:
+    """How long the job could still wait before it must move to an option taking fastest_s
+    to finish: the deadline less that option's time with the margin and the fallback's
+    slack (inf without a deadline)."""
+    if goal.deadline_s is None:
+        return math.inf
+    return goal.deadline_s - fastest_s * (1 + policy.deadline_margin) - policy.fallback_slack_s
+
+
 def evaluate_option(offer: Offer, market: str, nodes: int, tokens_per_s: float, layout: str,
                     goal: Goal, policy: PolicySpec, observed: Observed) -> Option:
     price = offer.usd_per_hour(market)
@@ -136,12 +156,7 @@ def evaluate_option(offer: Offer, market: str, nodes: int, tokens_per_s: float, 
         else 0.0
     rate_per_s = rate_per_hour / 3600
     restart_s = policy.restart_s if rate_per_s else 0.0
-    interval = policy.checkpoint_interval_s or optimal_interval_s(
-        policy.checkpoint_cost_s, rate_per_s, restart_s, policy.notice_coverage)
-    if rate_per_s == 0:
-        interval = policy.checkpoint_interval_s  # no risk: the job's own schedule
-    elif interval is not None:
-        interval = min(interval, policy.max_checkpoint_interval_s)
+    interval = checkpoint_interval_s(policy, rate_per_s)
     work_s = goal.tokens_left / tokens_per_s
     expected = expected_time_s(work_s, rate_per_s, interval, policy.checkpoint_cost_s,
                                restart_s, policy.notice_coverage)
@@ -206,7 +221,7 @@ def choose(goal: Goal, offers: Iterable[Offer], throughput: Throughput, policy: 
         margin = 1 + policy.deadline_margin
         in_time = [o for o in usable if o.expected_s * margin <= goal.deadline_s]
         quickest = min(usable, key=lambda o: o.expected_s)
-        if goal.deadline_s - quickest.expected_s * margin > policy.fallback_slack_s:
+        if time_in_hand_s(goal, quickest.expected_s, policy) > 0:
             late = quickest  # time in hand: a cheaper option may be tried, and left later
         elif in_time:  # no time in hand: no gamble on preemptions if anything is safe
             usable = [o for o in in_time if o.preemptions_per_hour == 0] or in_time
@@ -235,7 +250,7 @@ def _tried_cost(option: Option, fallback: Option | None, goal: Goal,
     if fallback is None or goal.deadline_s is None or \
             option.expected_s * margin <= goal.deadline_s:
         return option.expected_cost_usd
-    room = goal.deadline_s - policy.fallback_slack_s - fallback.expected_s * margin
+    room = time_in_hand_s(goal, fallback.expected_s, policy)
     share = min(1.0, max(0.0, room / max(option.expected_s - fallback.expected_s * margin,
                                          1e-9)))
     return share * option.expected_cost_usd + (1 - share) * fallback.expected_cost_usd
@@ -275,8 +290,8 @@ def redecide(current: Option, event: str, goal: Goal, offers: list[Offer],
     if goal.deadline_s is not None and \
             now.expected_s * (1 + policy.deadline_margin) > goal.deadline_s and \
             best.option.expected_s < now.expected_s and \
-            goal.deadline_s - best.option.expected_s * (1 + policy.deadline_margin) \
-            <= policy.fallback_slack_s + (now.checkpoint_interval_s or 0.0):
+            time_in_hand_s(goal, best.option.expected_s, policy) \
+            <= (now.checkpoint_interval_s or 0.0):
         return Decision("switch", best.option, f"behind the deadline on {now.describe()} "
                         f"(expected {now.expected_hours:.2f} h of {goal.deadline_s / 3600:.2f} "
                         f"h left): {best.reason}", at_checkpoint=True)

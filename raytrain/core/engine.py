@@ -29,6 +29,7 @@ from raytrain.core.autoscale import (
     choose,
     options,
     redecide,
+    time_in_hand_s,
 )
 from raytrain.spec import Offer, PolicySpec
 
@@ -89,5 +90,4 @@ class CapacityEngine:
         if not every:
             return False
         quickest = min(o.expected_s for o in every)
-        return goal.deadline_s - quickest * (1 + self.policy.deadline_margin) > \
-            self.policy.fallback_slack_s + self.policy.capacity_wait_s
+        return time_in_hand_s(goal, quickest, self.policy) > self.policy.capacity_wait_s

@@ -54,6 +54,11 @@ class SimJob:
     recheck_s: float = 900.0
     alternatives: tuple[Fleet, ...] = ()
 
+    @property
+    def horizon_s(self) -> float:
+        """How long a simulation runs the job before calling it unfinished."""
+        return self.work_s * 20 + (self.deadline_s or 0)
+
 
 @dataclass
 class SimResult:

@@ -64,8 +64,7 @@ def spot_run_ends(trace: Trace, job: SimJob, start_s: float, steps: int, dt: flo
 
 def hindsight(trace: Trace, job: SimJob, start_s: float = 0.0) -> SimResult:
     """The cheapest schedule that finishes by the deadline, knowing the trace (module doc)."""
-    limit_s = job.deadline_s if job.deadline_s is not None else \
-        job.work_s * 20  # the simulator's horizon
+    limit_s = job.deadline_s if job.deadline_s is not None else job.horizon_s
     dt = job.step_s
     while math.floor(limit_s / dt) * (math.ceil(job.work_s / dt) + 1) > MAX_CELLS:
         dt *= 2

@@ -34,7 +34,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 from raytrain.catalog.shapes import usd_for
-from raytrain.core.autoscale import Goal, Option, optimal_interval_s
+from raytrain.core.autoscale import Goal, Option, checkpoint_interval_s
 from raytrain.core.engine import CapacityEngine
 from raytrain.core.fleet import Fleet, SimJob, SimResult, Trace, TraceEvent, replay
 from raytrain.core.hindsight import hindsight
@@ -71,7 +71,7 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
         return min((hindsight(f.trace, replace(job, offer=f.offer, nodes=f.nodes,
                                                work_s=job.work_s / f.speed), start_s)
                     for f in fleets), key=lambda r: (not r.met_deadline, r.cost_usd))
-    horizon = job.work_s * 20 + (job.deadline_s or 0)
+    horizon = job.horizon_s
     events = sorted((TraceEvent(e.time_s, e.kind, f"{i}/{e.node}") for i, f in enumerate(fleets)
                      for e in replay(f.trace, start_s, horizon)), key=lambda e: e.time_s)
     offers = list({f.offer.id: f.offer for f in fleets}.values())
@@ -147,9 +147,7 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
     def young_interval() -> float:
         """uniform-progress's interval: the policy's, for the rate seen so far."""
         rate = n * engine.observed.rate(offer, policy.prior_node_hours) / 3600
-        interval = optimal_interval_s(policy.checkpoint_cost_s, rate, policy.restart_s,
-                                      policy.notice_coverage)
-        return min(interval or job.fixed_interval_s, policy.max_checkpoint_interval_s)
+        return checkpoint_interval_s(policy, rate) or job.fixed_interval_s
 
     if strategy == "uniform-progress":
         state.interval_s = young_interval()
@@ -213,8 +211,7 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
                 if market == "on-demand" or not checkpoint_for_a_move():
                     move(market)
                     state.on_demand_to_the_end = state.on_demand_to_the_end or \
-                        job.deadline_s is not None and \
-                        job.deadline_s - now < job.work_s - state.done_s + 2 * job.restart_s
+                        _out_of_slack(job, now, state.saved_s)
                 else:
                     state.pending_market = market  # leave at the checkpoint taken now
         # Re-decide on progress (deadline, and spot coming back after a capacity gap).
@@ -273,16 +270,20 @@ def uniform_progress(state: _State, job: SimJob, now: float) -> str | None:
     def expected(t: float) -> float:
         return job.work_s * min(t, job.deadline_s) / job.deadline_s
 
-    two_restarts = 2 * job.restart_s
     if state.market == "on-demand":
-        ahead = state.done_s >= expected(now + two_restarts)
+        ahead = state.done_s >= expected(now + 2 * job.restart_s)
         return "spot" if ahead and not state.on_demand_to_the_end else None
     if state.waiting_since is None:
         return None  # on spot: kept until preempted
-    left = job.work_s - state.saved_s
-    if job.deadline_s - now < left + two_restarts or state.saved_s < expected(now):
+    if _out_of_slack(job, now, state.saved_s) or state.saved_s < expected(now):
         return "on-demand"
     return None
+
+
+def _out_of_slack(job: SimJob, now: float, done_s: float) -> bool:
+    """Uniform Progress's safety net: less time left than the work plus two restarts."""
+    return job.deadline_s is not None and \
+        job.deadline_s - now < job.work_s - done_s + 2 * job.restart_s
 
 
 def replace_policy(policy: PolicySpec, job: SimJob) -> PolicySpec:
@@ -319,7 +320,7 @@ def compare(trace: Trace, job: SimJob, policy: PolicySpec, starts: int,
     rows = []
     for strategy in strategies:
         results = [simulate(trace, job, strategy, policy, t) for t in times]
-        horizon = job.work_s * 20 + (job.deadline_s or 0)
+        horizon = job.horizon_s
         rows.append(Summary(
             trace.name, job.notice_s, strategy, len(results),
             sum(r.cost_usd for r in results) / len(results),

@@ -73,16 +73,16 @@ class Tally:
             return
         if after.state.is_terminal and not before.state.is_terminal:
             self.ended[after.state.value] += 1
-        self.counters["preemptions"] += max(0, after.preemptions - before.preemptions)
+        preempted = max(0, after.preemptions - before.preemptions)
+        spent = max(0.0, after.cost_usd - before.cost_usd)
+        self.counters["preemptions"] += preempted
         self.counters["restarts"] += max(0, after.restarts - before.restarts)
-        self.counters["spent_usd"] += max(0.0, after.cost_usd - before.cost_usd)
+        self.counters["spent_usd"] += spent
         held = before.resources
         if held.market == "spot" and held.offer and held.usd_per_hour > 0:
             count, hours = self.spot.get(held.offer, (0, 0.0))
-            self.spot[held.offer] = (
-                count + max(0, after.preemptions - before.preemptions),
-                hours + max(0.0, after.cost_usd - before.cost_usd) / held.usd_per_hour
-                * held.nodes)
+            self.spot[held.offer] = (count + preempted,
+                                     hours + spent / held.usd_per_hour * held.nodes)
         if before.state == JobState.PENDING and after.state == JobState.PROVISIONING \
                 and after.started_at is None and after.restarts == 0:
             self._observe("queue_wait_seconds", now - after.created_at)

@@ -34,11 +34,15 @@ def read_tally(path: Path) -> dict[str, Any] | None:
         return None
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        row = db.execute("SELECT value FROM meta WHERE key = 'tally'").fetchone()
+        return _tally_in(db)
     except sqlite3.Error:
         return None
     finally:
         db.close()
+
+
+def _tally_in(db: sqlite3.Connection) -> dict[str, Any] | None:
+    row = db.execute("SELECT value FROM meta WHERE key = 'tally'").fetchone()
     return json.loads(row[0]) if row else None
 
 
@@ -79,8 +83,7 @@ class JobStore:
 
     def get_tally(self) -> dict[str, Any] | None:
         with self._lock:
-            row = self._db.execute("SELECT value FROM meta WHERE key = 'tally'").fetchone()
-        return json.loads(row[0]) if row else None
+            return _tally_in(self._db)
 
     def load_all(self) -> list[tuple[JobStatus, int]]:
         """Every record, oldest first, with the number its next event takes."""
