@@ -11,8 +11,8 @@ a closed loop of `--connections` keep-alive connections for `--seconds`:
   and the CPU seconds the load client itself spent meanwhile;
 - `--streams` event streams open on the training job: how late their progress events come
   (from the report's sent_at to the stream's arrival);
-- the same app on plain uvicorn without Ray Serve (its job manager in process, on the fake
-  cluster of the tests), to tell the app's own cost from Serve's.
+- the same app in one process with its job manager (on the fake cluster of the tests), to
+  tell the app's own cost from that of the actor calls behind it.
 
 The client is a minimal HTTP/1.1 client on asyncio streams (a request and a response parsed by
 hand), since a general client (httpx) spends more CPU per request than the service it would
@@ -209,8 +209,8 @@ def main() -> None:
         rows.append(("/healthz", closed_loop(url, "/healthz", token, n, secs)))
         with served(state / "no-serve") as (direct, direct_token):
             direct_job = Client(direct, token=direct_token).submit(demo).id
-            rows.append(("GET /v1/jobs/{id}, the same app on uvicorn without Serve (manager "
-                         "in process, fake cluster)",
+            rows.append(("GET /v1/jobs/{id}, the same app in one process with its job "
+                         "manager (fake cluster)",
                          closed_loop(direct, f"/v1/jobs/{direct_job}", direct_token, n, secs)))
         rows.append(("GET /v1/jobs/{id}",
                      closed_loop(url, f"/v1/jobs/{job.id}", token, n, secs)))

@@ -1,1 +1,1 @@
-"""The service: the Ray Serve HTTP app, the job manager actor behind it, and its store."""
+"""The service: the HTTP app on Ray Serve replicas, the job manager actor behind it, its store."""

@@ -1,6 +1,6 @@
 """The HTTP API: `build_app(manager_handle)` is the FastAPI app over any job manager handle
-(the service's Ray actor, or `InProcess(manager)` in tests); `RaytrainAPI` is the Ray Serve
-deployment that builds it over the service's job manager actor at replica start.
+(the service's Ray actor, or `InProcess(manager)` in tests); serve.front's `RaytrainAPI` is the
+Ray Serve deployment whose replicas build it over the service's job manager actor and serve it.
 
 Bodies are validated by the same pydantic JobSpec as files; a bad one answers 422 with the
 path of each bad field and nothing is queued. Every route is a thin call into the manager.
@@ -22,6 +22,7 @@ endpoints answer 503 with Retry-After rather than 500.
 import asyncio
 import json
 import logging
+from contextlib import asynccontextmanager
 from typing import Annotated, Any, AsyncIterator
 from urllib.parse import urlencode
 
@@ -30,7 +31,6 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import StringConstraints
-from ray import serve
 from ray.exceptions import GetTimeoutError, RayActorError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -58,6 +58,7 @@ from raytrain.serve.openapi import (
     event_stream,
     no_unknown_query,
 )
+from raytrain.serve.reads import CachedReads, StatusCache
 from raytrain.spec import (
     JobHistory,
     JobLogs,
@@ -69,7 +70,6 @@ from raytrain.spec import (
     PlanRequest,
     PlanResponse,
     ResumeRequest,
-    ServiceConfig,
 )
 
 APP_NAME = "raytrain"
@@ -166,28 +166,34 @@ def _json(text: str, headers: dict[str, str] | None = None) -> Response:
     return Response(text, media_type="application/json", headers=headers)
 
 
-def build_app(manager: Any, open_metrics: bool = False, auth: bool = True) -> FastAPI:
+def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
+              cached_reads: float | None = None) -> FastAPI:
     """The HTTP API over a job manager handle: a Ray actor handle, or `InProcess(manager)`
     for a manager in this process (tests drive the app through httpx's ASGITransport).
     open_metrics: serve /metrics without a token. auth: whether the service asks for tokens
-    (the manager's config decides; /healthz says so, for the dashboard's sign-in)."""
+    (the manager's config decides; /healthz says so, for the dashboard's sign-in).
+    cached_reads: answer status reads from a copy kept by a long-poll of this many seconds
+    (serve.reads; for a server whose event loop lives as long as the app)."""
+    cache = StatusCache(manager, cached_reads) if cached_reads else None
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        if cache is not None:
+            await cache.close()
+
     api = FastAPI(
+        lifespan=lifespan,
         title="raytrain",
         version=__version__,
         description="Train PyTorch models across many GPUs as cheaply as possible.",
         dependencies=[Depends(no_unknown_query)],
         docs_url=None, redoc_url=None,  # serve.dashboard serves them, with no CDN
     )
-    api.add_middleware(JSONBodies)
-    # Added last, so it runs first: a request without a token is refused before its body
-    # is read.
     open_paths = frozenset({"/healthz", *(["/metrics"] if open_metrics else [])})
-    api.add_middleware(BearerAuth, digests=lambda: manager.token_digests.remote(),
-                       open_paths=open_paths | PAGES, open_prefixes=(ASSETS,))
     document(api, open_paths)
     add_pages(api)
-    latency = request_latency()  # outermost: times every answer, a 401 too
-    api.add_middleware(RequestLatency, histogram=latency)
+    latency = request_latency()
     streams = StreamLimits()
     feeds = Feeds(manager, EVENT_POLL_S, streams)
     api.add_exception_handler(RequestValidationError, _validation_error)
@@ -369,7 +375,21 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True) -> Fa
                                         request.headers.get("accept"))
         return Response(body, media_type=content_type)
 
+    api.add_middleware(JSONBodies)
+    if cache is not None:
+        api.add_middleware(CachedReads, cache=cache, route=get_job_route(api))
+    # Added after the above, so it runs before them: a request without a token is refused
+    # before its body is read, and before any answer from memory.
+    api.add_middleware(BearerAuth, digests=lambda: manager.token_digests.remote(),
+                       open_paths=open_paths | PAGES, open_prefixes=(ASSETS,))
+    api.add_middleware(RequestLatency, histogram=latency)  # outermost: times a 401 too
     return api
+
+
+def get_job_route(api: FastAPI) -> Any:
+    return next(route for route in api.routes
+                if getattr(route, "path", None) == "/v1/jobs/{job_id}"
+                and "GET" in getattr(route, "methods", ()))
 
 
 class InProcess:
@@ -388,29 +408,3 @@ class InProcess:
                 return asyncio.to_thread(method, *args)
 
         return _Method
-
-
-@serve.deployment(
-    name="RaytrainAPI",
-    logging_config={"log_level": "WARNING", "enable_access_log": False},
-    num_replicas=1,
-    ray_actor_options={"num_cpus": 0},
-    max_ongoing_requests=64,
-)
-@serve.ingress()
-class RaytrainAPI:
-    """The Serve deployment: the API over the service's job manager actor."""
-
-    def __init__(self, config: dict[str, Any]) -> None:
-        self.config = ServiceConfig.model_validate(config)
-
-    def __serve_build_asgi_app__(self) -> FastAPI:
-        from raytrain.serve.manager import get_or_create_manager
-
-        return build_app(get_or_create_manager(self.config), self.config.open_metrics,
-                         self.config.auth)
-
-
-def serve_app(config: ServiceConfig) -> serve.Application:
-    return RaytrainAPI.options(num_replicas=config.http_replicas).bind(
-        config.model_dump(mode="json"))

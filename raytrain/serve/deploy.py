@@ -32,8 +32,9 @@ import ray
 from ray import serve
 
 from raytrain.errors import RaytrainError
-from raytrain.serve.app import APP_NAME, serve_app
+from raytrain.serve.app import APP_NAME
 from raytrain.serve.auth import operator_token
+from raytrain.serve.front import serve_app
 from raytrain.serve.manager import find_manager
 from raytrain.spec import ServiceConfig
 
@@ -114,11 +115,12 @@ def deploy(config: ServiceConfig, host: str, port: int, timeout_s: float = 120.0
     # Serve's driver-side notices ("Started Serve", "New http_options will not be applied",
     # which serve.run says of the options serve.start just set) are not an operator's news.
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    # The replicas serve HTTP themselves (serve.front): Serve runs no proxy.
     serve.start(
-        http_options={"host": host, "port": port},
+        proxy_location="Disabled",
         logging_config={"log_level": "WARNING", "enable_access_log": False},
     )
-    serve.run(serve_app(config), name=APP_NAME, route_prefix="/")
+    serve.run(serve_app(config, host, port), name=APP_NAME, route_prefix=None)
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
     token = operator_token(config)  # written on the first start
     headers = {"Authorization": f"Bearer {token}"} if token else {}

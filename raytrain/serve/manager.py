@@ -55,6 +55,7 @@ from raytrain.serve.ray_cluster import (
     RayCluster,
     RunHandle,
 )
+from raytrain.serve.reads import Versions
 from raytrain.serve.scheduler import Scheduler
 from raytrain.serve.store import STORE_FILE, JobStore
 from raytrain.spec import (
@@ -81,6 +82,7 @@ class JobManager:
         self.records: dict[str, lc.Record] = {job.id: lc.Record(job) for job, _ in loaded}
         self.tally = Tally.from_json(self._store.get_tally())
         self._encoded: dict[str, str] = {}  # each job's status as JSON, until it changes
+        self._versions = Versions()  # of each status, for the replicas' copies (changes())
         self._events = {job.id: EventLog.reloaded(seq) for job, seq in loaded}
         self._history = History(self._store)  # each job's progress points, for charts
         self.handles: dict[str, RunHandle] = {}  # each running job's runner
@@ -110,18 +112,23 @@ class JobManager:
             now = self.cluster.now()
             out = lc.step(self.records[job_id], event, now)
             self.records[job_id] = out.record
-            self._encoded.pop(job_id, None)
+            self._touch(job_id)
             self.tally.observe(before, out.record.status, now)
             for effect in out.effects:
                 self._carry_out(job_id, effect, now)
             return out.reply
+
+    def _touch(self, job_id: str) -> None:
+        """The job's status changed (or it is gone): encode it afresh, tell the waiters."""
+        self._encoded.pop(job_id, None)
+        self._versions.touch(job_id)
+        self._changed.notify_all()
 
     def _carry_out(self, job_id: str, effect: lc.Effect, now: float) -> None:
         if isinstance(effect, lc.Emit):  # stamped with the time the lifecycle stepped at
             self._events[job_id].append(job_id, effect.kind, effect.data, now)
             if effect.kind == "progress":
                 self._history.add(job_id, point_of(effect.data, now))
-            self._changed.notify_all()
         elif isinstance(effect, lc.Save):
             status = self.records[job_id].status
             self._store.put(status, self._events[job_id].next_seq, self.tally.to_json())
@@ -220,6 +227,16 @@ class JobManager:
         with self.lock:
             return self._json(job_id) if job_id in self.records else None
 
+    def changes(self, epoch: str | None, since: int, timeout_s: float) -> dict[str, Any]:
+        """serve.reads.Versions.changes over the statuses as JSON text (None: deleted),
+        waiting up to timeout_s for a change after `since`."""
+        deadline = time.monotonic() + timeout_s
+        with self.lock:
+            while not self._versions.changed(epoch, since) and \
+                    self._changed.wait(max(0.0, deadline - time.monotonic())):
+                pass
+            return self._versions.changes(epoch, since, self.records, self._json)
+
     def history(self, job_id: str) -> str | None:
         """The job's progress points as JobHistory's JSON text; None for no such job."""
         with self.lock:
@@ -291,10 +308,9 @@ class JobManager:
                 return refused
             self._store.delete(job_id)
             del self.records[job_id]
-            self._encoded.pop(job_id, None)
+            self._touch(job_id)
             self._events.pop(job_id, None)
             self._history.forget(job_id)
-            self._changed.notify_all()
         root = self.config.checkpoint_root / job_id  # large: removed outside the lock
         shutil.rmtree(root, ignore_errors=True)
         logger.info("job %s deleted with its checkpoints and logs (%s)", job_id, root)

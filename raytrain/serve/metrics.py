@@ -5,7 +5,7 @@ series within the retention window) and hands a snapshot to the HTTP replica at 
 `exposition` turns it into metric families. Request latency is measured here, in the replica,
 by route template (never the raw path, so job ids do not multiply series), method and status.
 With several replicas each keeps its own latency histogram, labelled with `replica`, so a
-scrape through the proxy never shows one replica's counter falling to another's.
+scrape landing on either replica never shows one replica's counter falling to another's.
 
     app.add_middleware(RequestLatency, histogram=latency)
     body, content_type = exposition(snapshot, latency, request.headers.get("accept"))

@@ -75,9 +75,10 @@ class ServiceConfig(Strict):
         "private network).",
     )
     http_replicas: int = Field(
-        1, ge=1, le=16, description="Copies of the HTTP API (Ray Serve replicas). With 2, a "
-        "lost one costs clients a retry rather than a wait for its replacement "
-        "(BENCHMARKS.md, HTTP replica loss); each takes about 150 MiB on the head node.",
+        1, ge=1, le=16, description="Copies of the HTTP API (Ray Serve replicas on the head node, "
+        "sharing the service's port). With 2, a lost one costs clients a retry rather than a "
+        "wait for its replacement (BENCHMARKS.md, HTTP replica loss); each takes about "
+        "150 MiB on the head node.",
     )
     metrics_retention_s: float = Field(
         24 * 3600.0, ge=0, description="Seconds a job's own series stay in /metrics after it "

@@ -1,0 +1,130 @@
+"""Status reads from the HTTP replica's memory (serve.reads) and replicas sharing one port
+(serve.front), over real HTTP on 127.0.0.1 with a real job manager on the recording fake of
+Ray."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from raytrain.serve.app import InProcess, build_app
+from raytrain.serve.auth import operator_token
+from raytrain.serve.front import Front
+from raytrain.serve.manager import JobManager
+from raytrain.serve.reads import StatusCache
+from raytrain.spec import ServiceConfig
+from tests.fake_ray import FakeRay
+from tests.unit.test_api import small_job
+
+CHANGE_SEEN_S = 10.0  # generous: the copy follows within one long-poll answer
+
+
+class CountingManager(JobManager):
+    """The real job manager, counting the status reads that reach it, its changes reaching
+    the replica late (as over a slow link): a copy that ignored the replica's own writes
+    would be read stale."""
+
+    reads = 0
+    LATE_S = 0.2
+
+    def get_job(self, job_id: str) -> str | None:
+        CountingManager.reads += 1
+        return super().get_job(job_id)
+
+    def changes(self, epoch: str | None, since: int, timeout_s: float) -> dict[str, Any]:
+        answer = super().changes(epoch, since, timeout_s)
+        time.sleep(self.LATE_S)
+        return answer
+
+
+def serve(tmp_path: Path, port: int = 0) -> tuple[CountingManager, Front, httpx.Client]:
+    config = ServiceConfig(state_dir=str(tmp_path))
+    manager = CountingManager(config.model_dump(mode="json"), cluster=FakeRay(cpus=64),
+                              schedule=False)
+    front = Front(build_app(InProcess(manager), cached_reads=1.0), "127.0.0.1", port)
+    http = httpx.Client(base_url=f"http://127.0.0.1:{front.sock.getsockname()[1]}",
+                        headers={"Authorization": f"Bearer {operator_token(config)}"})
+    return manager, front, http
+
+
+def state_of(http: httpx.Client, job_id: str) -> str:
+    answer = http.get(f"/v1/jobs/{job_id}")
+    assert answer.status_code == 200, answer.text
+    return answer.json()["state"]
+
+
+def test_reads_come_from_memory_and_always_show_this_replicas_own_writes(
+        tmp_path: Path) -> None:
+    manager, front, http = serve(tmp_path)
+    try:
+        # A new job is read back at once, though the copy has not heard of it yet.
+        ids = []
+        for i in range(10):
+            ids.append(http.post("/v1/jobs", json={**small_job(), "name": f"j{i}"}).json()["id"])
+            assert state_of(http, ids[-1]) == "PENDING"
+
+        # Once the copy has caught up (changes come in order: the last job means all of
+        # them), reads do not reach the job manager.
+        kept = ids[-1]
+        deadline = time.monotonic() + CHANGE_SEEN_S
+        while True:
+            before = CountingManager.reads
+            body = http.get(f"/v1/jobs/{kept}")
+            if CountingManager.reads == before or time.monotonic() > deadline:
+                break
+        for _ in range(200):
+            assert http.get(f"/v1/jobs/{kept}").content == body.content
+        assert CountingManager.reads == before
+
+        # A write through this replica is read back at once, never from the older copy.
+        for job_id in ids[:-1]:
+            cancelled = http.delete(f"/v1/jobs/{job_id}").json()
+            assert state_of(http, job_id) == cancelled["state"] == "CANCELLED"
+        assert http.delete(f"/v1/jobs/{ids[0]}", params={"purge": "true"}).status_code == 200
+        assert http.get(f"/v1/jobs/{ids[0]}").status_code == 404
+        # ... and still need the token, and a query string still goes to the app's checks
+        assert httpx.get(f"{http.base_url}/v1/jobs/{kept}").status_code == 401
+        assert http.get(f"/v1/jobs/{kept}", params={"x": 1}).status_code == 422
+
+        # A change made elsewhere (another replica's write, the scheduler) shows up.
+        manager.cancel(kept)
+        deadline = time.monotonic() + CHANGE_SEEN_S
+        while state_of(http, kept) != "CANCELLED":
+            assert time.monotonic() < deadline, "the copy never saw the change"
+            time.sleep(0.05)
+    finally:
+        http.close()
+        front.stop()
+        manager.shutdown()
+
+
+def test_a_copy_is_replaced_whole_when_the_manager_is_a_new_one() -> None:
+    cache = StatusCache(manager=None)
+    cache.apply({"epoch": "a", "version": 3, "full": True, "jobs": {"x": "{}", "y": "{}"}})
+    cache.apply({"epoch": "a", "version": 4, "full": False, "jobs": {"y": None}})
+    assert set(cache.bodies) == {"x"}
+    cache.apply({"epoch": "b", "version": 1, "full": True, "jobs": {"z": '{"a": 1}'}})
+    assert cache.bodies == {"z": b'{"a": 1}'} and (cache.epoch, cache.version) == ("b", 1)
+
+
+def test_replicas_share_the_port_and_it_stays_open_when_one_stops(tmp_path: Path) -> None:
+    servers: list[tuple[Any, Front, httpx.Client]] = [serve(tmp_path / "a")]
+    port = servers[0][1].sock.getsockname()[1]
+    servers.append(serve(tmp_path / "b", port))
+    try:
+        seen = set()
+        for _ in range(40):  # new connections each: the kernel spreads them over both
+            answer = httpx.post(f"http://127.0.0.1:{port}/v1/jobs", json=small_job(),
+                                headers=servers[0][2].headers)
+            seen.add(answer.status_code)  # 401 from b, whose tokens are its own
+        assert seen == {202, 401}
+        servers[0][1].stop()
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+    finally:
+        for manager, front, http in servers:
+            http.close()
+            front.stop()
+            manager.shutdown()
