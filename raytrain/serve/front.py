@@ -23,7 +23,6 @@ processes from inside a Serve replica.
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import time
@@ -40,10 +39,6 @@ from raytrain.spec import ServiceConfig
 
 START_TIMEOUT_S = 60.0  # generous: a busy head node starts slowly
 GRACE_S = 5
-# A replica's server thread yields to training on the same node, as Ray's daemons do
-# (deploy.py): with it, the demo kept 0.95-0.98x its tokens/s under 16 readers in a closed
-# loop, 0.88-0.93x without (BENCHMARKS.md, load).
-NICENESS = 10
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -65,17 +60,16 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 class Front:
-    """`app` served by uvicorn on its own thread and event loop, on a shared host:port,
-    the thread's nice value raised by `niceness`."""
+    """`app` served by uvicorn on its own thread and event loop, on a shared host:port."""
 
-    def __init__(self, app: Any, host: str, port: int, niceness: int = 0) -> None:
+    def __init__(self, app: Any, host: str, port: int) -> None:
         self.sock = listening_socket(host, port)
-        self.niceness = niceness
         # An open event stream never ends by itself: stopping gives it GRACE_S.
         self.server = uvicorn.Server(uvicorn.Config(
             app, log_level="warning", access_log=False, lifespan="on",
             timeout_graceful_shutdown=GRACE_S))
-        self.thread = threading.Thread(target=self._run, name="http-front", daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       name="http-front", daemon=True)
         self.thread.start()
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self.server.started:
@@ -83,10 +77,6 @@ class Front:
                 self.sock.close()
                 raise RaytrainError(f"the HTTP server did not start on {host}:{port}")
             time.sleep(0.02)
-
-    def _run(self) -> None:
-        os.nice(self.niceness)  # this thread's own: Linux keeps a nice value per thread
-        self.server.run(sockets=[self.sock])
 
     def alive(self) -> bool:
         return self.thread.is_alive() and not self.server.should_exit
@@ -114,7 +104,7 @@ class RaytrainAPI:
         config_ = ServiceConfig.model_validate(config)
         app = build_app(get_or_create_manager(config_), config_.open_metrics, config_.auth,
                         cached_reads=POLL_S)
-        self.front = Front(app, host, port, NICENESS)
+        self.front = Front(app, host, port)
 
     def check_health(self) -> None:
         if not self.front.alive():
