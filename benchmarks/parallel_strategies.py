@@ -81,7 +81,7 @@ def worker(spec_path: str, out: str, device_type: str) -> None:
     if world > 1:
         dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
     rank = dist.get_rank() if world > 1 else 0
-    rss_before = _rss_bytes()
+    rss_before = rss_bytes()
 
     class StepTimes(NullSink):
         def __init__(self) -> None:
@@ -95,17 +95,27 @@ def worker(spec_path: str, out: str, device_type: str) -> None:
         # One step short of the end: the final checkpoint would add its own buffers to the peak.
         train(spec, WorkerInfo(rank, world, device), sink, Path(checkpoints),
               stop_after_steps=spec.training.steps - 1, progress_interval_s=0.0)
-    if device_type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device)
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before
-    record = {"rank": rank, "points": sink.points, "peak_bytes": peak}
-    Path(out, f"rank{rank}.json").write_text(json.dumps(record))
+    write_record(out, rank, sink.points, device, rss_before)
     if world > 1:
         dist.destroy_process_group()
 
 
-def _rss_bytes() -> int:
+def write_record(out: str, rank: int, points: list[tuple[int, float]], device: Any,
+                 rss_before: int) -> None:
+    """What `run` reads back from each rank: its (step, time) points and peak memory."""
+    import torch
+
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device)
+        reserved = torch.cuda.max_memory_reserved(device)
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before
+        reserved = None
+    record = {"rank": rank, "points": points, "peak_bytes": peak, "reserved_bytes": reserved}
+    Path(out, f"rank{rank}.json").write_text(json.dumps(record))
+
+
+def rss_bytes() -> int:
     with open("/proc/self/statm") as handle:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
@@ -117,16 +127,19 @@ LIVE_MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
 
 
 def run(parallel: dict, ranks: int, steps: int, global_batch: int, micro_batch: int,
-        device: str, model: dict | None = None, live: bool = False) -> dict[str, Any]:
+        device: str, model: dict | None = None, live: bool = False,
+        spec: dict | None = None, script: Path = HERE) -> dict[str, Any]:
     """One torchrun of the loop; step time (median over steady steps) and peak memory (with
-    `live`, of live memory only: see the module docstring)."""
+    `live`, of live memory only: see the module docstring). `spec`: the job document to run
+    instead of `document(...)`'s; `script`: another worker with this one's `--worker` and
+    record (benchmarks/gpu_truth.py's reference loop)."""
     with tempfile.TemporaryDirectory() as tmp:
         spec_path = Path(tmp, "spec.json")
-        spec_path.write_text(json.dumps(
-            document(parallel, ranks, steps, global_batch, micro_batch, device, model)))
+        spec_path.write_text(json.dumps(spec or document(
+            parallel, ranks, steps, global_batch, micro_batch, device, model)))
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
-                   str(ranks), "--master_port", "29541", str(HERE), "--worker", str(spec_path),
-                   tmp, device]
+                   str(ranks), "--master_port", "29541", str(script), "--worker",
+                   str(spec_path), tmp, device]
         env = {**os.environ, "OMP_NUM_THREADS": "1", **(LIVE_MEMORY_ENV if live else {})}
         subprocess.run(command, check=True, env=env,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -137,7 +150,8 @@ def run(parallel: dict, ranks: int, steps: int, global_batch: int, micro_batch: 
     step_s = statistics.median(gaps)
     return {"step_s": step_s,
             "tokens_per_s": global_batch * (model or MODEL)["max_seq_len"] / step_s,
-            "peak_bytes": [r["peak_bytes"] for r in records]}
+            "peak_bytes": [r["peak_bytes"] for r in records],
+            "reserved_bytes": [r["reserved_bytes"] for r in records]}
 
 
 def held_parameters(parallel: dict, ranks: int) -> int:
