@@ -3,16 +3,47 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+import typing
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 
 
 class Strict(BaseModel):
+    """A document section: unknown fields refused, and a true/false never read as a number
+    (pydantic's lax mode takes `steps: true` as 1; a user who wrote it meant something else)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if field is None or admits_bool(field.annotation):
+            return value
+        items = value if isinstance(value, (list, tuple)) else (value,)
+        if any(isinstance(item, bool) for item in items):
+            raise ValueError(f"true/false ({value!r}) where this field takes a number or "
+                             "text. To fix: write the value its description names")
+        return value
+
+
+def admits_bool(annotation: Any) -> bool:
+    """Whether a field of this type may hold true/false (bool, Any, or a union with one)."""
+    if annotation is bool or annotation is Any:
+        return True
+    if typing.get_origin(annotation) is Literal:
+        return any(isinstance(option, bool) for option in typing.get_args(annotation))
+    if typing.get_origin(annotation) in (dict, typing.Union) or \
+            type(annotation).__name__ == "UnionType":
+        return typing.get_origin(annotation) is dict or \
+            any(admits_bool(arg) for arg in typing.get_args(annotation))
+    if typing.get_origin(annotation) is typing.Annotated:
+        return admits_bool(typing.get_args(annotation)[0])
+    return False
 
 
 def field_error(loc: tuple[str, ...], message: str, value: Any) -> InitErrorDetails:

@@ -60,6 +60,9 @@ def test_shipped_examples_parse() -> None:
         ({"data": {"kind": "token_file"}}, "data.path", "needs a path"),
         ({"training": {"warmup_steps": 50, "steps": 10}}, "training.warmup_steps", "exceeds"),
         ({"name": "bad name!"}, "name", "pattern"),
+        # true/false is never read as a number (pydantic's lax mode would take it as 1 or 0)
+        ({"training": {"warmup_steps": False}}, "training.warmup_steps", "true/false"),
+        ({"training": {"betas": [True, 0.95]}}, "training.betas", "To fix"),
         # Impossible layouts, each rejected at the field to change, with what would fit.
         ({"parallel": {"strategy": "hybrid", "tp": 2}, "resources": {"num_workers": 4}},
          "parallel.tp", "multiply to 2 but resources.num_workers=4"),
