@@ -134,7 +134,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
 LAYOUT_KEYS = {"dp_replicate": "dp_replicate", "dp_shard": "dp_shard", "tp": "tp", "pp": "pp",
                "vp": "virtual_stages", "virtual_stages": "virtual_stages",
                "mb": "micro_batch_size", "micro_batch_size": "micro_batch_size",
-               "recompute": "recompute"}
+               "recompute": "recompute", "rs_once": "reduce_scatter_once",
+               "reduce_scatter_once": "reduce_scatter_once"}
 
 
 def parse_layout(text: str) -> dict[str, Any]:

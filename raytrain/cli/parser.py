@@ -127,8 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     planning.add_argument("--top", type=whole(at_least=1), default=10,
                           help="plans to show (default 10)")
     planning.add_argument("--layout", help="evaluate this layout only: "
-                          "dp_replicate=D,dp_shard=S,tp=T,pp=P[,vp=V][,mb=B][,recompute=full] "
-                          "(degrees left out are 1; their product is the device count)")
+                          "dp_replicate=D,dp_shard=S,tp=T,pp=P[,vp=V][,mb=B][,recompute=full]"
+                          "[,rs_once=1] (degrees left out are 1; their product is the device "
+                          "count)")
     planning.add_argument("--shape", help="node shape: p4d, p4de, p5, p5e, dgx-a100, "
                           "dgx-h100, ... or an offer, e.g. runpod/secure/8x-rtx4090")
     planning.add_argument("--shape-file", help="YAML describing your own node: gpu, "

@@ -168,10 +168,11 @@ def _rank_memory(dims: ModelDims, work: Workload, c: Layout, rank: int) -> float
             # The root unit (embeddings, final norm, head) stays gathered from forward to
             # backward (FSDP2 does not reshard the root), two blocks are gathered at a time
             # (current and prefetched), and the unit being reduced has its whole fp32
-            # gradient as the reduce-scatter's input.
+            # gradient as the reduce-scatter's input; with the reduce-scatter held to the
+            # last micro-batch, every unit's whole fp32 gradient stays until then.
             root_held = root_params(dims, c)
             state += (root_held + 2 * block_held) * param_bytes
-            state += max(root_held, block_held) * 4
+            state += held * 4 if c.reduce_scatter_once else max(root_held, block_held) * 4
     elif c.data_parallel_wrapper == "ddp":
         state += held * 4  # gradient buckets
     tokens = c.micro_batch_size * dims.seq_len
@@ -268,11 +269,16 @@ def step_time(dims: ModelDims, work: Workload, c: Layout,
             # Blocks are gathered for forward and again for backward; the root is not
             # resharded after forward (FSDP2 keeps it for the backward that follows).
             regathered = 1 - root_params(dims, c) / held
-            per_mb = (1 + regathered) * gather + scatter
+            # reduce_scatter_once: one reduce-scatter (and its copies) per step, on the last
+            # micro-batch, and each micro-batch's gradients added into the unsharded ones.
+            once = c.reduce_scatter_once
+            per_mb = (1 + regathered) * gather + (0.0 if once else scatter)
             hidden = compute_mb if overlap else 0.0
             fsdp_mb = max(0.0, per_mb - hidden) + (per_mb / groups if overlap else 0.0)
-            fsdp_mb += held * ((1 + regathered) * gather_copies + scatter_copies) \
+            fsdp_mb += held * ((1 + regathered) * gather_copies + (4 if once else scatter_copies)) \
                 / gpu.copy_bandwidth + units
+            if once:
+                dp_step += scatter + held * scatter_copies / gpu.copy_bandwidth
     if c.dp_replicate > 1:
         replicate_link = _link_for_span(c.world_size // c.pp, shape)
         grads = held / c.dp_shard * 4

@@ -174,9 +174,12 @@ class ParallelModel:
             last = index == count - 1
             # Gradients cross replicas once per optimizer step, on the last micro-batch: DDP
             # through no_sync, FSDP2 (HSDP, and data parallel beside tensor parallel) by
-            # holding its all-reduce back; its reduce-scatter within a replica still runs
-            # every micro-batch, so no rank holds unsharded gradients between them.
-            if isinstance(runner, FSDPModule) and self.layout.dp_replicate > 1:
+            # holding its all-reduce back. Its reduce-scatter within a replica runs every
+            # micro-batch, so no rank holds unsharded gradients between them, unless the
+            # layout holds it back too (reduce_scatter_once: a planner decision by memory).
+            if isinstance(runner, FSDPModule) and self.layout.reduce_scatter_once:
+                runner.set_requires_gradient_sync(last, recurse=True)
+            elif isinstance(runner, FSDPModule) and self.layout.dp_replicate > 1:
                 runner.set_requires_all_reduce(last, recurse=True)
             sync = runner.no_sync() if (not last and isinstance(runner, DistributedDataParallel)) \
                 else nullcontext()

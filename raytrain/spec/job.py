@@ -110,6 +110,7 @@ class JobSpec(Strict):
             sequence_parallel=parallel.sequence_parallel,
             micro_batch_size=training.micro_batch_size,
             recompute=recompute,
+            reduce_scatter_once=parallel.reduce_scatter_once,
         )
         return self._with_batch(layout), problems
 

@@ -55,6 +55,11 @@ FIELD_DOCS = {
     "schedule": "Pipeline schedule: 1f1b, interleaved_1f1b or gpipe.",
     "sequence_parallel": "Norms and dropout sharded along the sequence with tensor "
                          "parallelism.",
+    "reduce_scatter_once": "FSDP2 without a pipeline: gradients are reduce-scattered once per "
+                           "optimizer step, on the last micro-batch, each rank holding its "
+                           "unsharded fp32 gradients between micro-batches (fewer collectives, "
+                           "more memory). Strategy 'auto' chooses it when it is faster and "
+                           "fits.",
 }
 
 
@@ -71,6 +76,8 @@ class Layout:
     schedule: Annotated[str, Field(description=FIELD_DOCS["schedule"])] = "1f1b"
     sequence_parallel: Annotated[bool, Field(
         description=FIELD_DOCS["sequence_parallel"])] = True
+    reduce_scatter_once: Annotated[bool, Field(
+        description=FIELD_DOCS["reduce_scatter_once"])] = False
 
     def __post_init__(self) -> None:
         for name in (*DEGREES, "virtual_stages", "micro_batch_size", "microbatches"):
@@ -128,6 +135,8 @@ class Layout:
             parts.append(f"recompute {self.recompute}")
         if self.tp > 1 and self.sequence_parallel:
             parts.append("sequence parallel")
+        if self.reduce_scatter_once:
+            parts.append("reduce-scatter once")
         return " ".join(parts)
 
 
@@ -180,6 +189,7 @@ def resolve_layout(
     sequence_parallel: bool = True,
     micro_batch_size: int = 1,
     recompute: str = "none",
+    reduce_scatter_once: bool = False,
 ) -> tuple[Layout, list[Problem]]:
     """Fill the strategy's free degree from the given ones; report a product that is not
     `world_size` at the field a user would change."""
@@ -209,6 +219,7 @@ def resolve_layout(
         sequence_parallel=sequence_parallel,
         micro_batch_size=micro_batch_size,
         recompute=recompute,
+        reduce_scatter_once=reduce_scatter_once,
     )
     if not problems and layout.world_size != world_size:
         stated = " x ".join(f"{n}={degrees[n]}" for n in DEGREES if degrees[n] > 1) or "1"
@@ -233,6 +244,14 @@ def check_layout(
 ) -> list[Problem]:
     """Everything that makes a layout impossible for this model, each with what would fit."""
     problems: list[Problem] = []
+    if layout.reduce_scatter_once and (layout.data_parallel_wrapper != "fsdp" or layout.pp > 1):
+        problems.append(Problem(
+            ("parallel", "reduce_scatter_once"),
+            f"reduce_scatter_once holds back FSDP2's gradient reduce-scatter, and this layout "
+            f"({layout.describe()}) has none to hold back (a pipeline reduces once per step "
+            "already). To fix: set it to false, or use strategy 'fsdp' (or 'hybrid' with "
+            "dp_shard > 1) without pp",
+        ))
     if layout.tp > 1:
         if not built_in_model:
             problems.append(_needs_built_in("tp", "tensor parallelism", "its plan cuts "

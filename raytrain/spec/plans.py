@@ -32,6 +32,9 @@ class LayoutChoice(Strict):
     recompute: Literal["none", "full"] | None = Field(
         None, description="Activation recomputation; default the spec's "
         "parallel.activation_checkpointing.")
+    reduce_scatter_once: bool | None = Field(
+        None, description=FIELD_DOCS["reduce_scatter_once"] + " Default the spec's "
+        "parallel.reduce_scatter_once.")
 
     @property
     def devices(self) -> int:

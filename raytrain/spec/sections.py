@@ -292,6 +292,12 @@ class ParallelSpec(Strict):
     activation_checkpointing: bool = Field(
         False, description="Recompute each block's activations in the backward pass."
     )
+    reduce_scatter_once: bool = Field(
+        False, description="FSDP2 without a pipeline, with several micro-batches per step: "
+        "reduce-scatter gradients once per step instead of after each micro-batch, holding "
+        "unsharded fp32 gradients in between (fewer collectives, more memory). Strategy "
+        "'auto' decides it by speed and memory.",
+    )
     compression: Literal["none", "fp16", "bf16", "powersgd", "topk"] = Field(
         "none",
         description="Compress data-parallel gradient traffic (DDP only): fp16/bf16 casts, "

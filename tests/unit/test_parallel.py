@@ -61,6 +61,8 @@ TWO_RANKS = {
     "pp2_interleaved_1f1b_v2": {"strategy": "pipeline", "pipeline_schedule": "interleaved_1f1b",
                                 "virtual_stages": 2},
     "fsdp2_recompute": {"strategy": "fsdp", "activation_checkpointing": True},
+    # 2 micro-batches per step (as fsdp2), reduce-scattered once, on the last
+    "fsdp2_reduce_scatter_once": {"strategy": "fsdp", "reduce_scatter_once": True},
 }
 FOUR_RANKS = {
     "dp2_tp2": {"strategy": "hybrid", "dp_replicate": 2, "tp": 2},
@@ -98,6 +100,14 @@ def _run_cases(rank: int, world_size: int, port: int, cases: list[tuple[str, dic
         return all_reduce(tensor, *args, **kwargs)
 
     dist.all_reduce = counted  # bytes all-reduced (across data-parallel replicas, mostly)
+    reduce_scatter, scattered = dist.reduce_scatter_single, [0]
+
+    def counted_scatter(*args: Any, **kwargs: Any) -> Any:
+        tensor = kwargs["input"] if "input" in kwargs else args[1]
+        scattered[0] += tensor.numel() * tensor.element_size()
+        return reduce_scatter(*args, **kwargs)
+
+    dist.reduce_scatter_single = counted_scatter  # FSDP2's gradient reduce-scatters
     try:
         for name, document, kwargs in cases:
             root = Path(out_dir) / name
@@ -107,16 +117,18 @@ def _run_cases(rank: int, world_size: int, port: int, cases: list[tuple[str, dic
                 shutil.copytree(resume_from, root / Path(resume_from).name)
             dist.barrier()
             sink = RecordingSink()
-            reduced[0] = 0
+            reduced[0] = scattered[0] = 0
             train(JobSpec.model_validate(document),
                   WorkerInfo.from_process_group(_device(rank)), sink, root,
                   progress_interval_s=0.0, **kwargs)
             if rank == 0:
                 (root / "losses.json").write_text(json.dumps(sink.losses()))
                 (root / "all_reduced_bytes").write_text(str(reduced[0]))
+                (root / "reduce_scattered_bytes").write_text(str(scattered[0]))
             dist.barrier()
     finally:
         dist.all_reduce = all_reduce
+        dist.reduce_scatter_single = reduce_scatter
         dist.destroy_process_group()
 
 
@@ -145,6 +157,9 @@ def two_rank_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("two")
     cases = [(name, job(2, parallel), {}) for name, parallel in TWO_RANKS.items()]
     cases += [(f"user_{strategy}", user_job(2, strategy), {}) for strategy in ("data", "fsdp")]
+    # FSDP with one micro-batch per step, for the reduce-scatter traffic of one
+    cases.append(("fsdp2_one_micro_batch", job(2, {"strategy": "fsdp"}, micro_batch_size=4),
+                  {}))
     # A layout change: 6 steps under tp2, then resume under dp2 (and, below, one process).
     cases.append(("cut_tp2", job(2, TWO_RANKS["tp2_sequence_parallel"],
                                  checkpoint_every_steps=6), {"stop_after_steps": 6}))
@@ -199,6 +214,19 @@ def test_replicas_sync_gradients_once_per_step_however_many_micro_batches(
     one = int((four_rank_runs / "hsdp_dp2_fsdp2" / "all_reduced_bytes").read_text())
     two = int((four_rank_runs / "hsdp_accum2" / "all_reduced_bytes").read_text())
     assert one > 0 and two / one < 1.1, (one, two)  # not 2x: once per step either way
+
+
+def test_fsdp_can_reduce_scatter_once_per_step(two_rank_runs: Path) -> None:
+    """FSDP with 2 micro-batches reduce-scatters after each (2x the traffic of one micro-batch
+    per step) unless the layout holds it to the last (reduce_scatter_once): then it is once
+    per step, and the losses still match one process (the parametrized test above)."""
+    def scattered(name: str) -> int:
+        return int((two_rank_runs / name / "reduce_scattered_bytes").read_text())
+
+    one = scattered("fsdp2_one_micro_batch")
+    assert one > 0
+    assert 1.9 < scattered("fsdp2") / one < 2.1
+    assert 0.9 < scattered("fsdp2_reduce_scatter_once") / one < 1.1
 
 
 @pytest.mark.parametrize("strategy", ["data", "fsdp"])

@@ -320,3 +320,24 @@ def test_plan_evaluates_a_layout_on_a_cluster_of_ones_own(
     box.write_text("gpu: rtx4090\ngpus_per_node: 8\ninter_gbits_per_gpu: 3\n")
     assert main([*argv]) == 2
     assert "intra_link" in capsys.readouterr().err
+
+
+def test_holding_fsdps_reduce_scatter_to_the_last_micro_batch_is_decided_by_memory() -> None:
+    """With 8 micro-batches per step, FSDP2 reduce-scattering once per step is faster (one
+    collective instead of eight) and holds every unsharded fp32 gradient: Llama-3 8B's 8
+    GPUs choose it with 80 GB each, not with 40."""
+    llama_8b = ModelDims(32, 4096, 32, 14336, 128256, 8192, num_kv_heads=8, gated_mlp=True)
+    work = Workload(global_batch=64, micro_batch_options=(1,), recompute_options=("full",))
+    every = Layout(1, 8, 1, 1, 1, 1, 8, "full")
+    once = replace(every, reduce_scatter_once=True)
+    shape = node_shape("h100-sxm")
+    a, b = evaluate(llama_8b, work, every, shape), evaluate(llama_8b, work, once, shape)
+    assert b.step_s < a.step_s
+    # every unit's unsharded fp32 gradient, less the one unit's buffer held either way (the
+    # root's: embeddings and head, 13% of the model)
+    held = llama_8b.params * 4
+    assert 0.8 * held < b.memory_bytes - a.memory_bytes < held
+    assert plan(llama_8b, work, "h100-sxm", 8, keep=1)[0].candidate.reduce_scatter_once
+    on_40gb = plan(llama_8b, work, "a100-40gb-sxm", 8, keep=1)[0]
+    assert on_40gb.fits and not on_40gb.candidate.reduce_scatter_once
+    assert "reduce-scatter once" in once.describe()
