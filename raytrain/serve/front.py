@@ -13,9 +13,10 @@ answered /healthz at 0.03x the plain app's rate, and Serve's own HAProxy ingress
 ingress (RAY_SERVE_ENABLE_HA_PROXY) at about 950 req/s, about 0.1x: every request still pays for
 Serve's routing and bookkeeping in the replica. A training service's API is small and its
 replicas are few, so each replica serves HTTP itself. The kernel spreads new connections
-over the replicas' sockets; when one dies its port stays open through the others, and a
-request caught on the dead one's connection fails at once (clients retry; see the Client),
-rather than waiting for Serve to notice.
+over the replicas' sockets (Linux lets only processes of the same user share a port); when
+one dies its port stays open through the others, and a request caught on the dead one's
+connection fails at once (clients retry; see the Client), rather than waiting for Serve to
+notice.
 
 Written here because neither uvicorn nor Serve starts a server on a socket shared by several
 processes from inside a Serve replica.

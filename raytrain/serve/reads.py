@@ -26,6 +26,7 @@ import asyncio
 import logging
 import uuid
 from contextlib import contextmanager
+from itertools import takewhile
 from typing import Any, Callable, Iterator, Mapping
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -44,10 +45,13 @@ class Versions:
     def __init__(self) -> None:
         self.epoch = uuid.uuid4().hex  # this manager instance: a restarted one starts again
         self.version = 0
-        self._changed_at: dict[str, int] = {}  # each job's latest change (deletion too)
+        # each job's latest change (deletion too), oldest first: a poll reads back from the
+        # newest only as far as the version it holds
+        self._changed_at: dict[str, int] = {}
 
     def touch(self, job_id: str) -> None:
         self.version += 1
+        self._changed_at.pop(job_id, None)
         self._changed_at[job_id] = self.version
 
     def changed(self, epoch: str | None, since: int) -> bool:
@@ -59,8 +63,8 @@ class Versions:
         a job no longer in `jobs`}); all of `jobs` (`full`) when `epoch` is not this
         instance's: a copy's first call, or its first after the manager restarted."""
         full = epoch != self.epoch
-        changed = jobs if full else [job_id for job_id, at in self._changed_at.items()
-                                     if at > since]
+        changed = jobs if full else list(takewhile(
+            lambda job_id: self._changed_at[job_id] > since, reversed(self._changed_at)))
         return {"epoch": self.epoch, "version": self.version, "full": full,
                 "jobs": {job_id: encoded(job_id) if job_id in jobs else None
                          for job_id in changed}}

@@ -14,7 +14,7 @@ from raytrain.serve.app import InProcess, build_app
 from raytrain.serve.auth import operator_token
 from raytrain.serve.front import Front
 from raytrain.serve.manager import JobManager
-from raytrain.serve.reads import StatusCache
+from raytrain.serve.reads import StatusCache, Versions
 from raytrain.spec import ServiceConfig
 from tests.fake_ray import FakeRay
 from tests.unit.test_api import small_job
@@ -128,3 +128,20 @@ def test_replicas_share_the_port_and_it_stays_open_when_one_stops(tmp_path: Path
             http.close()
             front.stop()
             manager.shutdown()
+
+
+def test_the_manager_answers_a_copy_with_just_what_changed_since_it_asked() -> None:
+    versions = Versions()
+    statuses = {"a": "A1", "b": "B1", "c": "C1"}
+    for job_id in statuses:
+        versions.touch(job_id)
+    first = versions.changes(None, -1, statuses, statuses.get)
+    assert first["full"] and first["jobs"] == statuses and first["version"] == 3
+    versions.touch("a")  # a changes again: now the newest
+    del statuses["b"]
+    versions.touch("b")
+    statuses["a"] = "A2"
+    later = versions.changes(first["epoch"], 3, statuses, statuses.get)
+    assert not later["full"] and later["jobs"] == {"a": "A2", "b": None}
+    assert versions.changes(first["epoch"], 5, statuses, statuses.get)["jobs"] == {}
+    assert not versions.changed(first["epoch"], 5) and versions.changed("another", 5)
