@@ -126,6 +126,7 @@ def measure(size: str, ranks: int, steps: int, device: str) -> dict[str, Any]:
     """Every row, with the planner's figures where it has the GPU kind."""
     import torch
 
+    from benchmarks.parallel_strategies import HERE as RAYTRAIN_WORKER
     from benchmarks.parallel_strategies import run
     from raytrain.core.resolve import plan_summary
     from raytrain.spec import parse_job_spec
@@ -133,18 +134,19 @@ def measure(size: str, ranks: int, steps: int, device: str) -> dict[str, Any]:
     name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
     kind = catalog_kind(name) if device == "cuda" else "cpu"
     rows = []
-    for label, precision, script in (("raytrain loop, bf16", "bf16", None),
-                                     ("raytrain loop, fp32", "fp32", None),
-                                     ("torchtitan-style loop, bf16, FSDP2", "bf16", HERE)):
+    for label, precision, script in (
+            ("raytrain loop, bf16", "bf16", RAYTRAIN_WORKER),
+            ("raytrain loop, fp32", "fp32", RAYTRAIN_WORKER),
+            ("torchtitan-style loop, bf16, FSDP2", "bf16", HERE)):
         doc = job_document(size, ranks, steps, device, kind, precision)
         spec = parse_job_spec(doc)
-        summary = plan_summary(spec) if (kind and script is None) else None
+        ours = script == RAYTRAIN_WORKER
+        summary = plan_summary(spec) if (kind and ours) else None
         measured = run({}, ranks, steps, doc["training"]["global_batch_size"],
-                       MICRO_BATCH[size], device, SIZES[size], spec=doc,
-                       **({"script": script} if script else {}))
+                       MICRO_BATCH[size], device, SIZES[size], spec=doc, script=script)
         rows.append({
             "setting": label,
-            "layout": spec.stated_layout().describe() if script is None else f"FSDP2 over {ranks}",
+            "layout": spec.stated_layout().describe() if ours else f"FSDP2 over {ranks}",
             "step_s": measured["step_s"], "tokens_per_s": measured["tokens_per_s"],
             "peak_gib": max(measured["peak_bytes"]) / 2**30,
             "reserved_gib": (max(measured["reserved_bytes"]) / 2**30

@@ -191,11 +191,12 @@ def candidates(dims: ModelDims, work: Workload, world: int,
                             layout = Layout(
                                 dp // shard, shard, tp, pp, v, mb, local // mb, recompute,
                                 schedule="interleaved_1f1b" if v > 1 else "1f1b")
-                            if trains(layout):
-                                found.append(layout)
+                            if not trains(layout):
+                                continue
+                            found.append(layout)
                             # FSDP2's reduce-scatter held to the last micro-batch: fewer
                             # collectives for unsharded gradients; the ranking decides.
-                            if shard > 1 and pp == 1 and local // mb > 1 and trains(layout):
+                            if shard > 1 and pp == 1 and local // mb > 1:
                                 found.append(replace(layout, reduce_scatter_once=True))
     return found
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import types
 import typing
 from typing import Any, Literal
 
@@ -32,17 +33,15 @@ class Strict(BaseModel):
 
 
 def admits_bool(annotation: Any) -> bool:
-    """Whether a field of this type may hold true/false (bool, Any, or a union with one)."""
-    if annotation is bool or annotation is Any:
+    """Whether a field of this type may hold true/false: bool, Any, a mapping (its own values
+    are its own), a Literal with one, or a union, Annotated or sequence of such a type."""
+    origin = typing.get_origin(annotation)
+    if annotation is bool or annotation is Any or origin is dict:
         return True
-    if typing.get_origin(annotation) is Literal:
+    if origin is Literal:
         return any(isinstance(option, bool) for option in typing.get_args(annotation))
-    if typing.get_origin(annotation) in (dict, typing.Union) or \
-            type(annotation).__name__ == "UnionType":
-        return typing.get_origin(annotation) is dict or \
-            any(admits_bool(arg) for arg in typing.get_args(annotation))
-    if typing.get_origin(annotation) is typing.Annotated:
-        return admits_bool(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType, typing.Annotated, list, tuple, set):
+        return any(admits_bool(arg) for arg in typing.get_args(annotation))
     return False
 
 
