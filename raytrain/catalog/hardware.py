@@ -43,6 +43,12 @@ class GPUKind:
     # compute-bound step); calibrated where a measurement exists, see `calibration`.
     achievable: float = 0.40
     calibration: str = "default for GPUs without a calibration run: 0.40 of peak"
+    # The best dense matmul rate a benchmark reaches, over peak (stas00/ml-engineering's
+    # maximum achievable matmul FLOPS table); raytrain.core.kernels times each matmul from
+    # it and its shape. None: the step's FLOPs run at `achievable` (the CPU, measured end to
+    # end). 0.80 where no figure is published.
+    gemm_efficiency: float | None = 0.80
+    sms: int = 0  # streaming multiprocessors (a matmul's tiles run in waves of this many)
     # GPUs run collectives on their own streams beside compute; a CPU rank with one thread
     # runs both on the same core, one after the other.
     overlaps_communication: bool = True
@@ -92,27 +98,30 @@ class NodeShape:
 
 
 GPUS: dict[str, GPUKind] = {
-    "rtx4090": GPUKind("rtx4090", 165 * TB, 82.6 * TB, 24 * GB, 1.008 * TB),
-    "l40s": GPUKind("l40s", 362 * TB, 91.6 * TB, 48 * GB, 0.864 * TB),
-    "a100-80gb-sxm": GPUKind("a100-80gb-sxm", 312 * TB, 19.5 * TB, 80 * GB, 2.039 * TB),
-    "a100-40gb-sxm": GPUKind("a100-40gb-sxm", 312 * TB, 19.5 * TB, 40 * GB, 1.555 * TB),
-    # H100 achievable fraction: the one figure fitted to a measurement, torchtitan's Llama 3.1
-    # 8B FSDP run on 8 H100s (5,762 tokens/s per GPU, eager, bf16, selective recomputation);
-    # its other published runs validate it (BENCHMARKS.md, tests/unit/test_planner.py).
+    "rtx4090": GPUKind("rtx4090", 165 * TB, 82.6 * TB, 24 * GB, 1.008 * TB, sms=128),
+    "l40s": GPUKind("l40s", 362 * TB, 91.6 * TB, 48 * GB, 0.864 * TB, sms=142),
+    "a100-80gb-sxm": GPUKind("a100-80gb-sxm", 312 * TB, 19.5 * TB, 80 * GB, 2.039 * TB,
+                               gemm_efficiency=0.859, sms=108),
+    "a100-40gb-sxm": GPUKind("a100-40gb-sxm", 312 * TB, 19.5 * TB, 40 * GB, 1.555 * TB,
+                               gemm_efficiency=0.859, sms=108),
+    # `achievable` on GPUs: only for models whose dimensions are unknown (a whole step's
+    # share of peak, H100's from torchtitan's Llama 3.1 8B run on 8 H100s, eager, bf16).
     "h100-sxm": GPUKind("h100-sxm", 989 * TB, 67 * TB, 80 * GB, 3.35 * TB, achievable=0.364,
-                        calibration="torchtitan Llama 3.1 8B, 8x H100, FSDP, eager"),
+                        calibration="torchtitan Llama 3.1 8B, 8x H100, FSDP, eager",
+                        gemm_efficiency=0.801, sms=132),
     "h100-pcie": GPUKind("h100-pcie", 756 * TB, 51 * TB, 80 * GB, 2.0 * TB, achievable=0.364,
-                         calibration="as h100-sxm"),
+                         calibration="as h100-sxm", gemm_efficiency=0.801, sms=114),
     "h200": GPUKind("h200", 989 * TB, 67 * TB, 141 * GB, 4.8 * TB, achievable=0.364,
-                    calibration="as h100-sxm"),
+                    calibration="as h100-sxm", gemm_efficiency=0.801, sms=132),
     # The GPUs of the spot fleets whose preemption traces the simulator replays (p3, g4dn).
-    "v100-16gb": GPUKind("v100-16gb", 125 * TB, 15.7 * TB, 16 * GB, 0.9 * TB),
-    "t4": GPUKind("t4", 65 * TB, 8.1 * TB, 16 * GB, 0.32 * TB),
+    "v100-16gb": GPUKind("v100-16gb", 125 * TB, 15.7 * TB, 16 * GB, 0.9 * TB, sms=80),
+    "t4": GPUKind("t4", 65 * TB, 8.1 * TB, 16 * GB, 0.32 * TB, sms=40),
     # This machine: one thread per rank; FLOP/s and fixed costs of fp32 training steps of the
     # benchmark GPT and a tiny one (so `achievable` is 1), memory bandwidth (fused AdamW) and
     # the rate of copies into fresh buffers with every core busy, by benchmarks/calibrate_cpu.py
     # (the run recorded in BENCHMARKS.md).
     "cpu": GPUKind("cpu", 64.1e9, 64.1e9, 8 * GiB, 24.7 * GB, achievable=1.0,
+                   gemm_efficiency=None,
                    calibration="benchmarks/calibrate_cpu.py on the CI machine, 2026-12-01",
                    overlaps_communication=False, block_overhead_s=1.52e-3,
                    tp_block_overhead_s=10.8e-3, fsdp_unit_overhead_s=0.69e-3,

@@ -13,7 +13,13 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from raytrain.catalog.hardware import Link, NodeShape
+from raytrain.catalog.hardware import GPUKind, Link, NodeShape
+from raytrain.core.kernels import (
+    KERNELS,
+    KernelModel,
+    MicrobatchShape,
+    microbatch_compute_s,
+)
 from raytrain.spec.layout import Layout, ModelShape, stage_layers, stages_of_rank
 
 USABLE_MEMORY = 0.92
@@ -87,7 +93,11 @@ class Workload:
     micro_batch_options: tuple[int, ...] = (1, 2, 4, 8, 16)
     loss_parallel: bool = False  # logits sharded over tp for the loss (torchtitan: yes)
     max_tp: int = 16
-    compute_speedup: float = 1.0  # e.g. torch.compile or float8 gains, stated by the caller
+    compute_speedup: float = 1.0  # matmul and attention speed-up (e.g. float8), stated
+    attention: str = "flash"  # flash (scaled_dot_product_attention) | unfused
+    fused_elementwise: bool = False  # norms, activations fused (torch.compile, Megatron)
+    grad_reduce_bytes: int = 4  # bytes per gradient value data parallelism all-reduces
+    kernels: KernelModel = KERNELS  # how fast kernels run (raytrain.core.kernels, fitted)
 
     @property
     def act_bytes(self) -> int:
@@ -128,17 +138,29 @@ def stage_params(dims: ModelDims, pp: int, v: int) -> int:
     return max(rank_params(dims, pp, v, rank)[0] for rank in range(pp))
 
 
+def rank_flops_per_token(dims: ModelDims, pp: int, v: int, rank: int) -> float:
+    """FLOPs per token of pipeline rank `rank`: its blocks, plus the head on the rank holding
+    the last stage (the embedding lookup has none)."""
+    _, layers, last = rank_params(dims, pp, v, rank)
+    per_block = 6.0 * dims.block_params + 12.0 * dims.dim * dims.seq_len
+    return layers * per_block + (6.0 * dims.head_params if last else 0.0)
+
+
 @lru_cache(maxsize=4096)
 def stage_flops_per_token(dims: ModelDims, pp: int, v: int) -> float:
-    """FLOPs per token of the slowest pipeline rank, which sets the pace of every microbatch:
-    its blocks, plus the head on the rank holding the last stage (the embedding lookup has
-    none). Without a pipeline, dims.flops_per_token."""
-    per_block = 6.0 * dims.block_params + 12.0 * dims.dim * dims.seq_len
-    slowest = 0.0
-    for rank in range(pp):
-        _, layers, last = rank_params(dims, pp, v, rank)
-        slowest = max(slowest, layers * per_block + (6.0 * dims.head_params if last else 0.0))
-    return slowest
+    """FLOPs per token of the slowest pipeline rank, which sets the pace of every microbatch.
+    Without a pipeline, dims.flops_per_token."""
+    return max(rank_flops_per_token(dims, pp, v, rank) for rank in range(pp))
+
+
+def slowest_rank_compute_s(dims: ModelDims, work: Workload, c: Layout, gpu: GPUKind) -> float:
+    """One micro-batch's compute on the slowest pipeline rank (raytrain.core.kernels), which
+    sets the pace of every slot; without a pipeline, the one rank's."""
+    shape = MicrobatchShape(c.micro_batch_size, c.tp, c.recompute, c.sequence_parallel)
+    ranks = {(*rank_params(dims, c.pp, c.virtual_stages, rank)[1:],
+              rank_flops_per_token(dims, c.pp, c.virtual_stages, rank)) for rank in range(c.pp)}
+    return max(microbatch_compute_s(dims, work, gpu, shape, layers, last, flops)
+               for layers, last, flops in ranks)
 
 
 def root_params(dims: ModelDims, c: Layout) -> float:
@@ -177,8 +199,12 @@ def _rank_memory(dims: ModelDims, work: Workload, c: Layout, rank: int) -> float
         state += held * 4  # gradient buckets
     tokens = c.micro_batch_size * dims.seq_len
     per_layer = dims.activation_values_per_token_layer
-    if c.tp > 1:
-        per_layer = per_layer / c.tp  # sequence parallel, raytrain's default with tp
+    if c.tp > 1 and c.sequence_parallel:
+        # PyTorch's sequence parallelism all-gathers the attention's and the MLP's input to
+        # the whole sequence, and the column-wise linears save it whole for their backward.
+        per_layer = per_layer / c.tp + 2 * dims.dim * (1 - 1 / c.tp)
+    elif c.tp > 1:  # the norms' inputs and outputs are whole on every rank
+        per_layer = (per_layer - 4 * dims.dim) / c.tp + 4 * dims.dim
     full_layer_bytes = tokens * per_layer * work.act_bytes
     if c.recompute == "full":
         layer_bytes = tokens * dims.dim * work.act_bytes / c.tp
@@ -214,15 +240,9 @@ def step_time(dims: ModelDims, work: Workload, c: Layout,
               shape: NodeShape) -> dict[str, float]:
     """Seconds per optimizer step, by part (compute, tp, pp, bubble, dp, optimizer, total)."""
     gpu = shape.gpu
-    peak = gpu.flops(work.precision) * gpu.achievable * work.compute_speedup
     tokens = c.micro_batch_size * dims.seq_len
-    matmul_flops = tokens * stage_flops_per_token(dims, c.pp, c.virtual_stages)
-    if c.recompute == "full":
-        matmul_flops *= 4 / 3
-    elif c.recompute == "selective":
-        matmul_flops *= 1.05
     layers_here = math.ceil(dims.num_layers / c.pp)
-    compute_mb = matmul_flops / c.tp / peak + layers_here * gpu.block_overhead_s
+    compute_mb = slowest_rank_compute_s(dims, work, c, gpu)
     tp_passes = 12 if c.recompute == "full" else 8
     act_bytes_mb = tokens * dims.dim * work.act_bytes
     tp_link = _link_for_span(c.tp, shape)
@@ -281,7 +301,7 @@ def step_time(dims: ModelDims, work: Workload, c: Layout,
                 dp_step += scatter + held * scatter_copies / gpu.copy_bandwidth
     if c.dp_replicate > 1:
         replicate_link = _link_for_span(c.world_size // c.pp, shape)
-        grads = held / c.dp_shard * 4
+        grads = held / c.dp_shard * work.grad_reduce_bytes
         allreduce = 2 * _collective_s(grads, c.dp_replicate, replicate_link)
         if c.data_parallel_wrapper == "ddp" and overlap:
             backward = compute_mb * 2 / 3

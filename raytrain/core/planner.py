@@ -18,10 +18,12 @@ two unsharded blocks (current and prefetched) in compute precision, plus the lar
 unsharded fp32 gradient (the reduce-scatter's input); DDP adds its gradient buckets (4 bytes
 per parameter). Activations per token per layer, in compute precision:
 8*d + 2*d_kv + (3 or 2)*f values (norm inputs and outputs, q/k/v, attention output, the MLP's
-hidden activations); sequence parallel divides all of it by `tp`, tensor parallel without it
-all but the 4*d around the norms; full recomputation keeps only each block's input (d) plus
-one block's activations; selective recomputation is counted as half. raytrain's AdamW is
-the fused kernel, which updates in place: it adds nothing to the peak.
+hidden activations); sequence parallel divides all of it by `tp` but adds the 2*d inputs of
+the attention and the MLP, gathered whole and saved by the column-wise linears; tensor
+parallel without it divides all but the 4*d around the norms; full recomputation keeps only
+each block's input (d) plus one block's activations; selective recomputation is counted as
+half. raytrain's AdamW is the fused kernel, which updates in place: it adds nothing to the
+peak.
 Microbatches in flight on pipeline rank r: one without a pipeline, m for GPipe, min(m, pp-r)
 for 1F1B, and min(m, pp) x (1 + (pp-1)/(pp*v)) for interleaved 1F1B (Narayanan et al.,
 2021). The head's logits (and their fp32 log-softmax) sit on the last stage for each
@@ -31,10 +33,14 @@ evaluated; the larger counts. A plan fits when all of it plus the device kind's 
 reserve (CUDA context, NCCL buffers and allocator slack on a GPU; measured on CPU) stays
 under 92% of device memory.
 
-Time per step. Compute runs at the device's calibrated `achievable` fraction of peak (bf16 on
-tensor cores, fp32 otherwise), x4/3 on matmuls with full recomputation; under a pipeline,
-each microbatch slot takes the slowest rank's compute (its blocks, plus the head on the rank
-with the last stage; the embedding lookup costs none). Collectives cost
+Time per step. Compute is timed from the work's shapes (raytrain.core.kernels): each matmul
+of a block and the head from its M, N and K against the GPU's best matmul rate (bf16 on
+tensor cores, fp32 otherwise), the attention and the memory-bound work between the matmuls,
+x4/3 with full recomputation; its constants are fitted to some published runs and validated
+on others (benchmarks/published_runs.yaml, BENCHMARKS.md). On CPU the step's FLOPs run at
+the measured rate of the whole step. Under a pipeline, each microbatch slot takes the
+slowest rank's compute (its blocks, plus the head on the rank with the last stage; the
+embedding lookup costs none). Collectives cost
 bytes x (n-1)/n / (link bandwidth x efficiency) + latency x (n-1) on the slowest link their
 group spans, with ranks laid out tp innermost, then dp_shard, dp_replicate, pp outermost (the
 mesh order of raytrain.parallel): a group stays on the intra-node link while its span fits

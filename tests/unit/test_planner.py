@@ -4,6 +4,7 @@ checked with hypothesis."""
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,9 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from benchmarks.planner_torchtitan import ONE_T, RUNS, predict, time_one_trillion
+from benchmarks.planner_published import (
+    ONE_T,
+    errors,
+    predicted_per_gpu,
+    time_one_trillion,
+)
+from benchmarks.published_runs import published_runs
 from raytrain.catalog.files import snapshot
 from raytrain.catalog.hardware import GPUS, NODE_SHAPES, GiB, GPUKind, node_shape
+from raytrain.core.kernels import KERNELS
 from raytrain.core.planner import (
     Layout,
     ModelDims,
@@ -33,13 +41,21 @@ from raytrain.spec import JobSpec, LayoutChoice, PlanRequest, spec_error_from_va
 from tests.unit.support import gpt_1b_job
 
 
-@pytest.mark.parametrize("run", RUNS, ids=[r[0] for r in RUNS])
-def test_predictions_match_torchtitans_published_runs(run: tuple) -> None:
-    _, dims, work, candidate, published, _ = run
-    per_gpu = predict(dims, work, candidate).tokens_per_s / candidate.world_size
-    # The first run is the one figure fitted (the H100's achievable fraction of peak).
-    tolerance = 0.02 if run is RUNS[0] else 0.25
-    assert per_gpu == pytest.approx(published, rel=tolerance)
+def test_predictions_hold_on_published_runs_they_were_not_fitted_to() -> None:
+    # Fitted: a few runs (benchmarks/planner_published.py --fit); held out: every other run
+    # in benchmarks/published_runs.yaml, at its own layout and on its own machines.
+    fitted = [abs(e) for e in errors(KERNELS, "fit")]
+    held_out = [abs(e) for e in errors(KERNELS, "validate")]
+    assert len(held_out) >= 10 and max(fitted) < 0.05
+    assert statistics.median(held_out) <= 0.15 and max(held_out) <= 0.30
+
+
+@pytest.mark.parametrize("run", [r for r in published_runs() if r.memory_gib is not None
+                                 and r.layout.tp == 1], ids=lambda r: r.name)
+def test_predicted_memory_matches_published_peaks(run) -> None:
+    # The 70B run (tensor parallel, compile and Float8) is 28% under: BENCHMARKS.md says what
+    # is counted and what is not.
+    assert predicted_per_gpu(run)[1] == pytest.approx(run.memory_gib, rel=0.15)
 
 
 def test_a_trillion_parameters_on_3072_gpus_plans_in_under_two_seconds() -> None:
@@ -214,7 +230,7 @@ def test_a_pipeline_runs_at_the_pace_of_its_slowest_rank() -> None:
     work = Workload(global_batch=64, precision="fp32")
     shape = node_shape("h100-sxm")
     c = Layout(1, 1, 1, 2, 1, 2, 8, "none")
-    peak = shape.gpu.fp32_flops * shape.gpu.achievable
+    peak = shape.gpu.fp32_flops * shape.gpu.gemm_efficiency * KERNELS.sustained
     head_alone = c.microbatches * 2 * 512 * 6 * dims.head_params / peak
     assert step_time(dims, work, c, shape)["compute"] >= head_alone
 
