@@ -14,14 +14,22 @@ from typing import Any
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
-def start(prefix: str, **config: Any) -> tuple[str, str, Path]:
-    """Start Ray and the service; (its URL, the operator token, its state folder)."""
+def start(prefix: str, profile_from: Path | None = None, **config: Any
+          ) -> tuple[str, str, Path]:
+    """Start Ray and the service; (its URL, the operator token, its state folder).
+    `profile_from`: a state folder whose measured CPU profile (`raytrain calibrate`) the
+    service plans with."""
+    import shutil
+
+    from raytrain.catalog.files import PROFILE_FILE
     from raytrain.serve.auth import operator_token
     from raytrain.serve.deploy import connect_ray, deploy
     from raytrain.spec import ServiceConfig
     from tests.http_service import free_port
 
     state = Path(tempfile.mkdtemp(prefix=prefix))
+    if profile_from is not None:
+        shutil.copy(profile_from.expanduser() / PROFILE_FILE, state / PROFILE_FILE)
     connect_ray(None, num_cpus=2, quiet=True)
     service_config = ServiceConfig(state_dir=str(state), **config)
     url = deploy(service_config, "127.0.0.1", free_port())

@@ -7,7 +7,10 @@ Measured is the median over the job's progress reports after the first of their 
 what the status shows as plan.measured_step_s); beside it, the same reports' tokens/s turned
 into seconds per step (saves included: what the job's throughput pays).
 
-    python -m benchmarks.predicted_vs_measured [--steps N]
+    python -m benchmarks.predicted_vs_measured [--steps N] [--calibrated STATE_DIR]
+
+With --calibrated, the service plans with the CPU profile `raytrain calibrate` stored in
+STATE_DIR (e.g. ~/.raytrain) instead of the catalog's.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=None,
                         help="train each example this many steps (default: its own)")
+    parser.add_argument("--calibrated", type=Path, metavar="STATE_DIR",
+                        help="plan with the CPU profile `raytrain calibrate` stored there")
     args = parser.parse_args()
-    url, token, _ = start(prefix="raytrain-pvm-")
+    url, token, _ = start(prefix="raytrain-pvm-", profile_from=args.calibrated)
     client = Client(url, token=token)
     rows = []
     try:

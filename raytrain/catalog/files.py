@@ -1,5 +1,6 @@
 """Reading the data files: the shipped offer snapshot, the refreshed offer cache, the named
-policies and the spot traces. All of them ship inside the package (catalog/offers.yaml,
+policies, the spot traces and this machine's measured CPU profile (`raytrain calibrate`).
+All but the last ship inside the package (catalog/offers.yaml,
 catalog/policies/, catalog/spot-traces/, examples/), so any install finds them from any
 directory; `policies/`, `examples/` and `data/spot-traces/` at the top of a checkout point
 here. Files only; the decisions over them are in raytrain.core.
@@ -19,7 +20,12 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from raytrain.catalog.hardware import CATALOG_VERSION
+from raytrain.catalog.hardware import (
+    CATALOG_VERSION,
+    CPU_PROFILE_FIELDS,
+    GPUKind,
+    install_cpu_profile,
+)
 from raytrain.catalog.shapes import band_rate
 from raytrain.errors import FieldError, SpecError
 from raytrain.spec import OfferCatalog, PolicySpec, spec_error_from_validation
@@ -27,6 +33,7 @@ from raytrain.spec import OfferCatalog, PolicySpec, spec_error_from_validation
 logger = logging.getLogger(__name__)
 
 CACHE_FILE = "offers.json"
+PROFILE_FILE = "cpu-profile.json"
 PACKAGE_DIR = Path(__file__).resolve().parent
 DEFAULT_POLICY_DIR = PACKAGE_DIR / "policies"
 TRACES_DIR = PACKAGE_DIR / "spot-traces"
@@ -82,6 +89,45 @@ def save_offers(catalog: OfferCatalog, state_dir: Path) -> Path:
     partial.write_text(catalog.model_dump_json(indent=1))
     partial.replace(path)
     return path
+
+
+def save_cpu_profile(state_dir: Path, figures: dict[str, float], details: dict[str, Any]
+                     ) -> Path:
+    """Store a measured CPU profile where load_cpu_profile finds it (atomically), and plan
+    with it in this process from now on."""
+    folder = state_dir.expanduser()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / PROFILE_FILE
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps({"figures": figures, **details}, indent=1))
+    partial.replace(path)
+    load_cpu_profile(folder)
+    return path
+
+
+def load_cpu_profile(state_dir: Path) -> GPUKind | None:
+    """Plan CPU jobs with the profile `raytrain calibrate` stored in `state_dir`, if there is
+    one (the catalog's figures otherwise; None). SpecError names a bad field and the fix."""
+    path = state_dir.expanduser() / PROFILE_FILE
+    if not path.exists():
+        return None
+    fix = f"To fix: run `raytrain calibrate` again, or delete {path}"
+    try:
+        figures = json.loads(path.read_text())["figures"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise SpecError([FieldError(("figures",), f"{path} is unreadable ({exc}). {fix}")]
+                        ) from None
+    problems = [FieldError(("figures", name), f"not a field of a CPU profile (it has "
+                           f"{', '.join(CPU_PROFILE_FIELDS)}). {fix}")
+                for name in figures if name not in CPU_PROFILE_FIELDS]
+    problems += [FieldError(("figures", name), f"{value!r} in {path} is not a number at "
+                            f"least 0 (FLOP/s above 0). {fix}")
+                 for name, value in figures.items() if name in CPU_PROFILE_FIELDS and (
+                     not isinstance(value, (int, float)) or isinstance(value, bool)
+                     or value < 0 or (name == "fp32_flops" and value <= 0))]
+    if problems:
+        raise SpecError(problems)
+    return install_cpu_profile(figures, f"raytrain calibrate on this machine ({path})")
 
 
 def unknown_policy(name: str, policies: dict[str, PolicySpec],

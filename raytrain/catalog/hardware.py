@@ -59,6 +59,10 @@ class GPUKind:
     block_overhead_s: float = 0.0
     tp_block_overhead_s: float = 0.0
     fsdp_unit_overhead_s: float = 0.0
+    # Fixed cost per optimizer step (the optimizer's and clipping's dispatch, the loss's
+    # all-reduce, the loop's checks), measured by `raytrain calibrate` as the service runs
+    # jobs; 0 until then.
+    step_overhead_s: float = 0.0
     # Memory a training process takes beyond its tensors: on a GPU the CUDA context, NCCL's
     # buffers and the caching allocator's slack; on CPU the code and buffers the process
     # pulls in once it trains (gloo, lazily loaded kernels, the allocator's cache), measured.
@@ -227,6 +231,7 @@ def with_cpu_share(shape: NodeShape, cpus_per_device: float) -> NodeShape:
                   block_overhead_s=shape.gpu.block_overhead_s / cpus_per_device,
                   tp_block_overhead_s=shape.gpu.tp_block_overhead_s / cpus_per_device,
                   fsdp_unit_overhead_s=shape.gpu.fsdp_unit_overhead_s / cpus_per_device,
+                  step_overhead_s=shape.gpu.step_overhead_s / cpus_per_device,
                   memory_bandwidth=shape.gpu.memory_bandwidth * cpus_per_device,
                   staging_bandwidth=shape.gpu.copy_bandwidth * cpus_per_device)
     shared = LINKS["gloo-local-shared"]
@@ -234,3 +239,21 @@ def with_cpu_share(shape: NodeShape, cpus_per_device: float) -> NodeShape:
     link = replace(shared, bandwidth=shared.bandwidth * factor,
                    latency_s=shared.latency_s / factor)
     return replace(shape, gpu=gpu, intra=link, inter=link)
+
+
+# What a measured CPU profile (`raytrain calibrate`) may set.
+CPU_PROFILE_FIELDS = ("fp32_flops", "block_overhead_s", "step_overhead_s")
+
+
+def install_cpu_profile(figures: dict[str, float], calibration: str) -> GPUKind:
+    """Plan CPU jobs with this machine's measured figures (CPU_PROFILE_FIELDS) in place of the
+    catalog's, from now on in this process; returns the new `cpu` kind. KeyError names a field
+    a profile may not set."""
+    unknown = set(figures) - set(CPU_PROFILE_FIELDS)
+    if unknown:
+        raise KeyError(f"a CPU profile sets only {', '.join(CPU_PROFILE_FIELDS)}; "
+                       f"not {', '.join(sorted(unknown))}")
+    rate = figures.get("fp32_flops", GPUS["cpu"].fp32_flops)
+    GPUS["cpu"] = replace(GPUS["cpu"], **figures, bf16_flops=rate, calibration=calibration)
+    NODE_SHAPES["cpu-local"] = replace(NODE_SHAPES["cpu-local"], gpu=GPUS["cpu"])
+    return GPUS["cpu"]

@@ -35,6 +35,7 @@ from raytrain.catalog.files import (
     DEFAULT_POLICY,
     EXAMPLES_DIR,
     TRACES_DIR,
+    load_cpu_profile,
     load_offers,
     load_policies,
     save_offers,
@@ -155,6 +156,7 @@ def parse_layout(text: str) -> dict[str, Any]:
 def cmd_plan(args: argparse.Namespace) -> int:
     """Rank layouts locally (no server needed): the planner is pure arithmetic. With
     --layout, evaluate that one layout; --shape / --shape-file set the node it runs on."""
+    load_cpu_profile(Path(args.state_dir))  # this machine's, if `raytrain calibrate` ran
     node_shape = None
     if args.shape_file:
         node_shape = read_document(Path(args.shape_file), "--shape-file")

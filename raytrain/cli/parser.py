@@ -27,7 +27,13 @@ from raytrain.cli.commands import (
     err,
 )
 from raytrain.cli.flags import existing_file, number, port, whole
-from raytrain.cli.service_commands import cmd_demo, cmd_serve, cmd_stop, cmd_token
+from raytrain.cli.service_commands import (
+    cmd_calibrate,
+    cmd_demo,
+    cmd_serve,
+    cmd_stop,
+    cmd_token,
+)
 from raytrain.client import DEFAULT_URL
 from raytrain.errors import RaytrainError, SpecError
 from raytrain.spec import (
@@ -71,6 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=port, default=8000)
     with_service(demo)
     demo.set_defaults(func=cmd_demo)
+
+    calibrate = command("calibrate", "measure this machine's CPU profile as the service runs "
+                        "jobs, and store it for the planner (about 3 minutes)")
+    calibrate.add_argument("--steps", type=whole(at_least=20, at_most=100_000), default=300,
+                           help="steps of each tiny reference job (default 300)")
+    calibrate.add_argument("--port", type=port, default=8000)
+    with_service(calibrate)
+    calibrate.set_defaults(func=cmd_calibrate)
 
     serve = command("serve", "deploy the service on a Ray cluster")
     serve.add_argument("--address", help="Ray cluster address (default: start a local one)")
@@ -137,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "inter_gbits_per_gpu, rdma")
     planning.add_argument("--precision", choices=("fp32", "bf16"),
                           help="default: the spec's, else bf16 on GPUs that have it")
+    planning.add_argument("--state-dir", default="~/.raytrain", help="where `raytrain "
+                          "calibrate` stored this machine's CPU profile, if it has")
     planning.set_defaults(func=cmd_plan)
 
     offering = command("offers", "instance offers and prices; with a job file, the policy's "

@@ -5,11 +5,15 @@ a service (a Ray cluster with the API deployed on it) rather than talk to one.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
+import statistics
 import threading
 import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 from pydantic import ValidationError
@@ -30,6 +34,7 @@ from raytrain.spec import (
     JobState,
     ServiceConfig,
     load_job_spec,
+    parse_job_spec,
     spec_error_from_validation,
 )
 
@@ -206,22 +211,33 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
+@contextmanager
+def _embedded_service(args: argparse.Namespace, purpose: str) -> Iterator[tuple[Client, Any]]:
+    """A local Ray cluster and the service on it, for the length of the block: (client,
+    config). Everything it started is stopped after, jobs included."""
     from raytrain.serve.deploy import connect_ray, deploy, undeploy
 
-    spec = load_job_spec(args.spec)
     _require_free_port("127.0.0.1", args.port)
     import ray
 
-    wall_started = time.monotonic()
+    started = time.monotonic()
     err.print("starting a local Ray cluster and the raytrain service ...")
     connect_ray(None, quiet=True)
     try:
         config = _service_config(args)
         url = deploy(config, "127.0.0.1", args.port)
-        err.print(f"service up at {url} after {time.monotonic() - wall_started:.1f} s; "
-                  f"submitting {args.spec}", soft_wrap=True, highlight=False)
-        client = Client(url, token=operator_token(config))
+        err.print(f"service up at {url} after {time.monotonic() - started:.1f} s; {purpose}",
+                  soft_wrap=True, highlight=False)
+        yield Client(url, token=operator_token(config)), config
+    finally:
+        undeploy(stop_jobs=True)
+        ray.shutdown()
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    spec = load_job_spec(args.spec)
+    wall_started = time.monotonic()
+    with _embedded_service(args, f"submitting {args.spec}") as (client, _):
         job = client.submit(spec)
         try:
             status = _follow(client, job.id)
@@ -234,11 +250,58 @@ def cmd_demo(args: argparse.Namespace) -> int:
                       f"{escape(str(status.error))}")
             return 1
         return 0
-    finally:
-        undeploy(stop_jobs=True)
-        ray.shutdown()
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """Run the reference jobs on the embedded service, solve this machine's CPU profile
+    from their measured steps (raytrain.core.calibration), store it in the state directory:
+    the service and `raytrain plan` plan CPU jobs with it from then on."""
+    from raytrain.catalog.files import save_cpu_profile
+    from raytrain.core.calibration import reference_jobs, solve_profile
+
+    jobs = [parse_job_spec(document) for document in reference_jobs(args.steps)]
+    measured = []
+    with _embedded_service(args, f"running {len(jobs)} reference jobs") as (client, config):
+        for number, spec in enumerate(jobs, 1):
+            err.print(f"job {number} of {len(jobs)}: {spec.name}, {spec.training.steps} steps",
+                      highlight=False)
+            job = client.submit(spec)
+            try:
+                status = _follow(client, job.id)
+            except BaseException:
+                job.cancel()
+                raise
+            reports = [e.data["step_s"] for e in client.events(job.id)
+                       if e.type == "progress" and e.data.get("step_s")]
+            client.delete(job.id)  # the reference jobs are not the user's
+            if status.state != JobState.SUCCEEDED or len(reports) < 2:
+                raise RaytrainError(f"the reference job {spec.name} ended {status.state.value}"
+                                    f" with {len(reports)} progress reports ({status.error}). "
+                                    "To fix: run again on an idle machine, or with more "
+                                    "--steps")
+            measured.append((spec, statistics.median(reports[1:])))  # the first: warm-up
+    try:
+        profile = solve_profile(measured)
+    except ValueError as exc:
+        raise RaytrainError(f"{exc}. To fix: run `raytrain calibrate` again on an idle "
+                            "machine") from None
+    rows = [{"job": spec.name, "measured_s": seconds, "predicted_s": after,
+             "catalog_predicted_s": before}
+            for (spec, seconds), after, before in zip(measured, profile.predicted_s,
+                                                         profile.before_s)]
+    path = save_cpu_profile(config.state_path, profile.figures, {
+        "measured": rows, "saved_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "cpus": os.cpu_count()})
+    for row in rows:
+        out.print(f"{row['job']}: measured {row['measured_s'] * 1e3:.1f} ms per step; "
+                  f"predicted {row['predicted_s'] * 1e3:.1f} ms with this profile, "
+                  f"{row['catalog_predicted_s'] * 1e3:.1f} ms with the catalog's", highlight=False)
+    figures = profile.figures
+    out.print(f"this machine: {figures['fp32_flops'] / 1e9:.1f} GFLOP/s per rank, "
+              f"{figures['block_overhead_s'] * 1e3:.2f} ms per block per micro-batch, "
+              f"{figures['step_overhead_s'] * 1e3:.2f} ms per step; stored in {path}. The "
+              "service uses it from its next start", highlight=False)
+    return 0
 
 
 def cmd_token(args: argparse.Namespace) -> int:

@@ -312,7 +312,7 @@ def step_time(dims: ModelDims, work: Workload, c: Layout,
             dp_step += allreduce
     per_mb = compute_mb + tp_mb + pp_mb + fsdp_mb
     slots = c.microbatches + ((c.pp - 1) / c.virtual_stages if c.pp > 1 else 0.0)
-    optimizer = held / c.dp_shard * 28 / gpu.memory_bandwidth
+    optimizer = held / c.dp_shard * 28 / gpu.memory_bandwidth + gpu.step_overhead_s
     total = per_mb * slots + dp_step + optimizer
     return {
         "compute": compute_mb * c.microbatches,

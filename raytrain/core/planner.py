@@ -69,7 +69,9 @@ rank waiting on gloo leaves its core to another, so it is not simply the share);
 per block per microbatch (framework dispatch, more of it under DTensor tensor parallelism and
 per FSDP unit), measured on a tiny model where they are nearly the whole step, count; and
 FSDP's copies go into fresh buffers, new pages from the kernel every time, at a measured rate
-several times below a copy into warm memory.
+several times below a copy into warm memory. `raytrain calibrate` measures this machine's
+rate, its fixed cost per block and its fixed cost per optimizer step as the service runs
+jobs (raytrain.core.calibration), and the service and `raytrain plan` use them from then on.
 
     plans = plan(ModelDims.from_gpt(...), Workload(global_batch=512), "h100-sxm", gpus=64)
     plans[0].tokens_per_s, plans[0].reason

@@ -32,6 +32,7 @@ from typing import Any
 import uvicorn
 from ray import serve
 
+from raytrain.catalog.files import load_cpu_profile
 from raytrain.errors import RaytrainError
 from raytrain.serve.app import build_app
 from raytrain.serve.ray_cluster import HEAD_NODE_RESOURCE
@@ -103,6 +104,7 @@ class RaytrainAPI:
         from raytrain.serve.manager import get_or_create_manager
 
         config_ = ServiceConfig.model_validate(config)
+        load_cpu_profile(config_.state_path)  # POST /v1/plans plans CPU jobs with it too
         app = build_app(get_or_create_manager(config_), config_.open_metrics, config_.auth,
                         cached_reads=POLL_S)
         self.front = Front(app, host, port)

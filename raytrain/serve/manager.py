@@ -33,6 +33,7 @@ from typing import Any
 import ray
 from ray.actor import ActorHandle
 
+from raytrain.catalog.files import load_cpu_profile
 from raytrain.core import lifecycle as lc
 from raytrain.core.resolve import plan_summary
 from raytrain.core.tally import Tally, snapshot
@@ -74,6 +75,7 @@ class JobManager:
     def __init__(self, config: dict[str, Any], cluster: RayCluster | None = None,
                  schedule: bool = True) -> None:
         self.config = ServiceConfig.model_validate(config)
+        load_cpu_profile(self.config.state_path)  # this machine's, if `raytrain calibrate` ran
         self.cluster = cluster if cluster is not None else RayCluster()
         self.lock = threading.RLock()
         self._changed = threading.Condition(self.lock)

@@ -46,7 +46,7 @@ def run_spot_job(tmp_path: Path, interruptions_per_hour: float, steps: int
 
 
 def test_the_policys_interval_decides_when_a_live_spot_job_checkpoints(tmp_path: Path) -> None:
-    often, often_saved = run_spot_job(tmp_path / "often", 200.0, steps=800)
+    often, often_saved = run_spot_job(tmp_path / "often", 600.0, steps=800)
     rarely, rarely_saved = run_spot_job(tmp_path / "rarely", 0.002, steps=200)
     for status in (often, rarely):
         assert status.state == JobState.SUCCEEDED, status.error

@@ -1,0 +1,93 @@
+"""`raytrain calibrate`'s solve (raytrain.core.calibration) and the profile's file: figures
+that produced step times are recovered from them, a stored profile is what the planner
+then uses, and a bad file is refused with the fix."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from raytrain.catalog import hardware
+from raytrain.catalog.files import PROFILE_FILE, load_cpu_profile, save_cpu_profile
+from raytrain.core.calibration import _predict, _with, reference_jobs, solve_profile
+from raytrain.errors import SpecError
+from raytrain.spec import parse_job_spec
+
+SPECS = [parse_job_spec(job) for job in reference_jobs(steps=20)]
+
+
+@pytest.fixture
+def catalog_cpu():
+    saved = hardware.GPUS["cpu"], hardware.NODE_SHAPES["cpu-local"]
+    yield
+    hardware.GPUS["cpu"], hardware.NODE_SHAPES["cpu-local"] = saved
+
+
+@pytest.mark.parametrize("rate,block,step", [(30e9, 2e-3, 8e-3), (90e9, 0.5e-3, 0.0),
+                                             (10e9, 0.0, 20e-3)])
+def test_the_figures_behind_measured_steps_are_recovered(rate, block, step) -> None:
+    truth = _with(hardware.GPUS["cpu"], rate, block, step)
+    measured = [(spec, _predict(spec, truth)) for spec in SPECS]
+    profile = solve_profile(measured)
+    assert profile.figures["fp32_flops"] == pytest.approx(rate, rel=1e-6)
+    assert profile.figures["block_overhead_s"] == pytest.approx(block, abs=1e-9)
+    assert profile.figures["step_overhead_s"] == pytest.approx(step, abs=1e-9)
+    assert profile.predicted_s == pytest.approx([s for _, s in measured], rel=1e-6)
+
+
+def test_a_cost_the_steps_do_not_show_is_zero_not_negative() -> None:
+    truth = _with(hardware.GPUS["cpu"], 50e9, 1e-3, 0.0)
+    # The one-micro-batch job ran faster than any step cost allows.
+    measured = [(spec, _predict(spec, truth) * (0.9 if i == 2 else 1.0))
+                for i, spec in enumerate(SPECS)]
+    figures = solve_profile(measured).figures
+    assert min(figures.values()) >= 0
+
+
+def test_steps_faster_than_the_communication_alone_are_refused() -> None:
+    with pytest.raises(ValueError, match="no FLOP/s explains them"):
+        solve_profile([(spec, 1e-9) for spec in SPECS])
+
+
+def test_a_stored_profile_is_what_the_planner_uses(tmp_path, catalog_cpu) -> None:
+    spec = SPECS[1]
+    before = _predict(spec, hardware.GPUS["cpu"])
+    figures = {"fp32_flops": 20e9, "block_overhead_s": 3e-3, "step_overhead_s": 5e-3}
+    save_cpu_profile(tmp_path, figures, {"jobs": []})
+    assert load_cpu_profile(tmp_path) is not None
+    after = _predict(spec, hardware.GPUS["cpu"])
+    assert hardware.GPUS["cpu"].step_overhead_s == 5e-3
+    assert after == pytest.approx(_predict(spec, _with(hardware.GPUS["cpu"], 20e9, 3e-3, 5e-3)))
+    assert after > before
+    assert "raytrain calibrate" in hardware.GPUS["cpu"].calibration
+
+
+def test_no_profile_leaves_the_catalog_and_a_bad_one_names_the_fix(tmp_path, catalog_cpu):
+    catalog = hardware.GPUS["cpu"]
+    assert load_cpu_profile(tmp_path) is None and hardware.GPUS["cpu"] == catalog
+    (tmp_path / PROFILE_FILE).write_text(json.dumps({"figures": {"fp32_flops": -1}}))
+    with pytest.raises(SpecError, match="raytrain calibrate"):
+        load_cpu_profile(tmp_path)
+    (tmp_path / PROFILE_FILE).write_text(json.dumps({"figures": {"warp_speed": 9}}))
+    with pytest.raises(SpecError, match="warp_speed"):
+        load_cpu_profile(tmp_path)
+    assert hardware.GPUS["cpu"] == replace(catalog)
+
+
+def test_raytrain_plan_predicts_cpu_jobs_with_the_stored_profile(
+        tmp_path, catalog_cpu, capsys) -> None:
+    from raytrain.cli import main
+
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps(reference_jobs(steps=20)[1]))
+    argv = ["plan", str(job), "--layout", "dp_replicate=2", "--json", "--state-dir",
+            str(tmp_path)]
+    assert main(argv) == 0
+    [catalog_row] = json.loads(capsys.readouterr().out)["plans"]
+    (tmp_path / PROFILE_FILE).write_text(json.dumps({"figures": {
+        "fp32_flops": 1e9, "block_overhead_s": 0.01, "step_overhead_s": 0.1}}))
+    assert main(argv) == 0
+    [calibrated_row] = json.loads(capsys.readouterr().out)["plans"]
+    assert calibrated_row["step_s"] > catalog_row["step_s"] + 0.1
