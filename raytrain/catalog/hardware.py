@@ -39,8 +39,10 @@ class GPUKind:
     fp32_flops: float  # non-tensor FP32 FLOP/s
     memory_bytes: float
     memory_bandwidth: float  # bytes/s
-    # Fraction of dense peak that large training matmuls reach (model FLOP utilisation of a
-    # compute-bound step); calibrated where a measurement exists, see `calibration`.
+    # Fraction of dense peak a whole training step reaches: the CPU's compute rate (its
+    # profile is measured end to end), and on GPUs only the rate assumed for a model whose
+    # dimensions are unknown (raytrain.core.throughput); calibrated where a measurement
+    # exists, see `calibration`.
     achievable: float = 0.40
     calibration: str = "default for GPUs without a calibration run: 0.40 of peak"
     # The best dense matmul rate a benchmark reaches, over peak (stas00/ml-engineering's

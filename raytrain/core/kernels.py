@@ -19,7 +19,8 @@ own, each part stated:
 - **Attention.** FlashAttention-style kernels (PyTorch's scaled_dot_product_attention on a
   GPU, raytrain's and torchtitan's path) skip the masked half of a causal square and run at
   `KERNELS.flash_vs_gemm` of the matmul rate. The unfused path (Megatron-LM before 2022)
-  runs both batched matmuls over the whole square and moves the scores through memory
+  runs both batched matmuls (every head's tiles in one kernel's waves) over the whole square
+  and moves the scores through memory
   `KERNELS.softmax_passes` times (scale, mask, softmax, dropout, forward and backward).
 - **Everything else** (norms, activations, residual adds, dropout, rotary embeddings) is
   memory-bound: each block's activation values cross memory `KERNELS.elementwise_passes`
@@ -69,21 +70,20 @@ class KernelModel:
 # benchmarks/published_runs.yaml (Megatron-LM's 1.7B, 18B and 1T on A100s, torchtitan's
 # Llama 3.1 8B eager and compiled on H100s); flash_vs_gemm is FlashAttention-2's paper figure
 # (A100, head dim 128, causal, forward and backward: about 60% of peak, 0.70 of the best
-# matmul's 85.9%), not fitted. fused_elementwise_passes came out 0: with fused kernels the
-# memory-bound work is too small beside the matmuls for these runs to tell it apart.
-KERNELS = KernelModel(sustained=0.82, flash_vs_gemm=0.70, softmax_passes=10.0,
-                      elementwise_passes=12.0, fused_elementwise_passes=0.0)
+# matmul's 85.9%), not fitted.
+KERNELS = KernelModel(sustained=0.84, flash_vs_gemm=0.70, softmax_passes=22.0,
+                      elementwise_passes=20.0, fused_elementwise_passes=4.0)
 
 
 def matmul_s(m: float, n: float, k: float, gpu: GPUKind, flops: float, value_bytes: int,
-             rate: float) -> float:
-    """Seconds for one M x K by K x N matmul at `rate` of `flops` peak (tiles and memory as
-    the module says)."""
-    tiles = math.ceil(m / TILE) * math.ceil(n / TILE)
+             rate: float, batch: float = 1) -> float:
+    """Seconds for `batch` M x K by K x N matmuls in one kernel at `rate` of `flops` peak
+    (tiles and memory as the module says; a batch's tiles share the waves)."""
+    tiles = batch * math.ceil(m / TILE) * math.ceil(n / TILE)
     waves = math.ceil(tiles / gpu.sms) if gpu.sms else 0
     wave_use = tiles / (waves * gpu.sms) if waves else 1.0
-    compute = 2.0 * m * n * k / (flops * rate * wave_use)
-    memory = (m * k + k * n + m * n) * value_bytes / gpu.memory_bandwidth
+    compute = batch * 2.0 * m * n * k / (flops * rate * wave_use)
+    memory = batch * (m * k + k * n + m * n) * value_bytes / gpu.memory_bandwidth
     return max(compute, memory)
 
 
@@ -123,9 +123,9 @@ def microbatch_compute_s(dims, work, gpu: GPUKind, c: MicrobatchShape, layers: i
         block += attention_flops / 2 / (flops * rate * work.kernels.flash_vs_gemm)
     else:
         head_dim = d / dims.num_heads
-        one = (matmul_s(dims.seq_len, dims.seq_len, head_dim, gpu, flops, b, rate)
-               + matmul_s(dims.seq_len, head_dim, dims.seq_len, gpu, flops, b, rate))
-        block += 3 * sequences * one
+        seq = dims.seq_len
+        block += 3 * (matmul_s(seq, seq, head_dim, gpu, flops, b, rate, sequences)
+                      + matmul_s(seq, head_dim, seq, gpu, flops, b, rate, sequences))
         block += sequences * dims.seq_len ** 2 * b * work.kernels.softmax_passes \
             / gpu.memory_bandwidth
     values = dims.activation_values_per_token_layer
