@@ -13,13 +13,12 @@ gap between calibration and use is the length of one round.
 from __future__ import annotations
 
 import argparse
-import statistics
 from pathlib import Path
 
 from benchmarks.local_service import start, stop
 from raytrain import Client, load_job_spec
 from raytrain.catalog.hardware import install_cpu_profile
-from raytrain.core.calibration import reference_jobs, solve_profile
+from raytrain.core.calibration import reference_jobs, solve_profile, steady_step_s
 from raytrain.core.resolve import job_layout, predicted
 from raytrain.spec import JobSpec, parse_job_spec
 
@@ -28,14 +27,13 @@ EXAMPLES = ("examples/demo.yaml", "examples/job.json", "examples/hybrid.yaml")
 
 
 def median_step(client: Client, spec: JobSpec) -> float:
-    """The median step time of a job's progress reports after the first (saves left out),
-    as `raytrain calibrate` and a job's status read it."""
+    """A job's step time as `raytrain calibrate` reads it (steady_step_s)."""
     status = client.submit(spec).wait()
     assert status.state.value == "SUCCEEDED", status.error
-    steps = [e.data["step_s"] for e in client.events(status.id)
-             if e.type == "progress" and e.data.get("step_s")]
+    step_s = steady_step_s([e.data for e in client.events(status.id) if e.type == "progress"])
     client.delete(status.id)
-    return statistics.median(steps[1:] or steps)
+    assert step_s is not None, f"{spec.name} sent fewer than two progress reports"
+    return step_s
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from benchmarks.local_service import start, stop
 from raytrain import Client, load_job_spec
+from raytrain.core.calibration import steady_step_s
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ("examples/demo.yaml", "examples/job.json", "examples/hybrid.yaml")
@@ -44,12 +45,12 @@ def main() -> None:
                     update={"steps": args.steps})})
             status = client.submit(spec).wait()
             assert status.state.value == "SUCCEEDED", status.error
-            reports = [e.data for e in client.events(status.id) if e.type == "progress"][1:]
-            steps = [r["step_s"] for r in reports if r.get("step_s")]
-            rates = [r["tokens_per_s"] for r in reports if r.get("tokens_per_s")]
+            reports = [e.data for e in client.events(status.id) if e.type == "progress"]
+            rates = [r["tokens_per_s"] for r in reports[1:] if r.get("tokens_per_s")]
             rows.append((example, status.plan.description, status.plan.predicted_step_s,
-                         statistics.median(steps),
-                         status.plan.tokens_per_step / statistics.median(rates), len(steps)))
+                         steady_step_s(reports),
+                         status.plan.tokens_per_step / statistics.median(rates),
+                         len(reports) - 1))
     finally:
         stop()
     print("| example | layout | predicted s/step | measured s/step (median) | "

@@ -70,8 +70,8 @@ def _run(group: dict, run: dict) -> PublishedRun:
                        sequence_parallel=layout.get("sequence_parallel", True))
     if "recompute_options" not in work:
         work["recompute_options"] = (recompute,)
-    workload = Workload(global_batch=batch, **{k: tuple(v) if isinstance(v, list) else v
-                                               for k, v in work.items()})
+    workload = Workload(global_batch=batch, **{key: tuple(value) if isinstance(value, list)
+                                               else value for key, value in work.items()})
     shape = run.get("shape", group["shape"])
     return PublishedRun(run["name"], run["role"], group["source"], dims, workload, candidate,
                         _shape(shape), _throughput(run, dims, gpus), run.get("memory_gib"),

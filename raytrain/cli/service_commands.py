@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import statistics
 import threading
 import time
 from contextlib import contextmanager
@@ -257,7 +256,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from their measured steps (raytrain.core.calibration), store it in the state directory:
     the service and `raytrain plan` plan CPU jobs with it from then on."""
     from raytrain.catalog.files import save_cpu_profile
-    from raytrain.core.calibration import reference_jobs, solve_profile
+    from raytrain.core.calibration import reference_jobs, solve_profile, steady_step_s
 
     jobs = [parse_job_spec(document) for document in reference_jobs(args.steps)]
     measured = []
@@ -271,15 +270,15 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             except BaseException:
                 job.cancel()
                 raise
-            reports = [e.data["step_s"] for e in client.events(job.id)
-                       if e.type == "progress" and e.data.get("step_s")]
+            step_s = steady_step_s([e.data for e in client.events(job.id)
+                                    if e.type == "progress"])
             client.delete(job.id)  # the reference jobs are not the user's
-            if status.state != JobState.SUCCEEDED or len(reports) < 2:
+            if status.state != JobState.SUCCEEDED or step_s is None:
                 raise RaytrainError(f"the reference job {spec.name} ended {status.state.value}"
-                                    f" with {len(reports)} progress reports ({status.error}). "
-                                    "To fix: run again on an idle machine, or with more "
+                                    f" without two progress reports to time ({status.error})."
+                                    " To fix: run again on an idle machine, or with more "
                                     "--steps")
-            measured.append((spec, statistics.median(reports[1:])))  # the first: warm-up
+            measured.append((spec, step_s))
     try:
         profile = solve_profile(measured)
     except ValueError as exc:

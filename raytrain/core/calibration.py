@@ -17,6 +17,7 @@ model it does not know.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
@@ -51,6 +52,14 @@ def reference_jobs(steps: int = 300) -> list[dict[str, Any]]:
     are slower)."""
     return [_job("wide", WIDE, 2, max(10, steps // 15)), _job("tiny-4mb", TINY, 2, steps),
             _job("tiny-1mb", TINY, 8, steps)]
+
+
+def steady_step_s(progress: Sequence[dict[str, Any]]) -> float | None:
+    """A job's step time as its status and calibration read it: the median of its progress
+    reports' `step_s` (checkpoint saves left out) after the first, which carries the warm-up;
+    None with fewer than two."""
+    steps = [report["step_s"] for report in progress if report.get("step_s")]
+    return statistics.median(steps[1:]) if len(steps) > 1 else None
 
 
 @dataclass(frozen=True)

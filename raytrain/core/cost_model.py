@@ -146,13 +146,6 @@ def rank_flops_per_token(dims: ModelDims, pp: int, v: int, rank: int) -> float:
     return layers * per_block + (6.0 * dims.head_params if last else 0.0)
 
 
-@lru_cache(maxsize=4096)
-def stage_flops_per_token(dims: ModelDims, pp: int, v: int) -> float:
-    """FLOPs per token of the slowest pipeline rank, which sets the pace of every microbatch.
-    Without a pipeline, dims.flops_per_token."""
-    return max(rank_flops_per_token(dims, pp, v, rank) for rank in range(pp))
-
-
 def slowest_rank_compute_s(dims: ModelDims, work: Workload, c: Layout, gpu: GPUKind) -> float:
     """One micro-batch's compute on the slowest pipeline rank (raytrain.core.kernels), which
     sets the pace of every slot; without a pipeline, the one rank's."""

@@ -90,7 +90,6 @@ from raytrain.core.cost_model import (
     memory_per_device,
     rank_params,
     root_params,
-    stage_flops_per_token,
     stage_params,
     step_time,
 )
@@ -99,7 +98,7 @@ from raytrain.spec.layout import Layout, check_layout, divisors
 __all__ = [  # the planner's names, and the cost model's for its callers
     "Plan", "NothingFits", "evaluate", "candidates", "plan", "fastest", "suggest",
     "USABLE_MEMORY", "ModelDims", "Workload", "Layout", "rank_params", "stage_params",
-    "stage_flops_per_token", "root_params", "memory_per_device", "step_time",
+    "root_params", "memory_per_device", "step_time",
 ]
 
 

@@ -5,13 +5,18 @@ then uses, and a bad file is refused with the fix."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
 
 from raytrain.catalog import hardware
 from raytrain.catalog.files import PROFILE_FILE, load_cpu_profile, save_cpu_profile
-from raytrain.core.calibration import _predict, _with, reference_jobs, solve_profile
+from raytrain.core.calibration import (
+    _predict,
+    _with,
+    reference_jobs,
+    solve_profile,
+    steady_step_s,
+)
 from raytrain.errors import SpecError
 from raytrain.spec import parse_job_spec
 
@@ -73,7 +78,7 @@ def test_no_profile_leaves_the_catalog_and_a_bad_one_names_the_fix(tmp_path, cat
     (tmp_path / PROFILE_FILE).write_text(json.dumps({"figures": {"warp_speed": 9}}))
     with pytest.raises(SpecError, match="warp_speed"):
         load_cpu_profile(tmp_path)
-    assert hardware.GPUS["cpu"] == replace(catalog)
+    assert hardware.GPUS["cpu"] == catalog
 
 
 def test_raytrain_plan_predicts_cpu_jobs_with_the_stored_profile(
@@ -91,3 +96,10 @@ def test_raytrain_plan_predicts_cpu_jobs_with_the_stored_profile(
     assert main(argv) == 0
     [calibrated_row] = json.loads(capsys.readouterr().out)["plans"]
     assert calibrated_row["step_s"] > catalog_row["step_s"] + 0.1
+
+
+def test_a_jobs_step_time_leaves_out_its_first_report_and_reports_without_one() -> None:
+    reports = [{"step_s": 9.0}, {"tokens_per_s": 5.0}, {"step_s": 1.0}, {"step_s": 3.0},
+               {"step_s": 2.0}]
+    assert steady_step_s(reports) == 2.0  # not 2.5 with the warm-up's 9.0
+    assert steady_step_s(reports[:2]) is None
