@@ -4,6 +4,7 @@ side. tests/unit/test_planner.py asserts the validation targets on the same runs
 
     python -m benchmarks.planner_published           # the table with the catalog's constants
     python -m benchmarks.planner_published --fit     # refit, then the table with the fit
+    python -m benchmarks.planner_published --defaults  # each run under raytrain's defaults
 
 It also times planning a 1.2T-parameter model on 3,072 H100s (asserted under 2 s).
 
@@ -82,22 +83,35 @@ def fit(runs: list[PublishedRun]) -> tuple[KernelModel, float]:
     return best[1], best[2]
 
 
+def under_defaults(run: PublishedRun) -> PublishedRun:
+    """A run as raytrain would plan it knowing nothing of its framework: flash attention,
+    eager kernels, fp32 gradient reduction, sequence parallelism, no compile or Float8 gain."""
+    work = Workload(global_batch=run.work.global_batch,
+                    recompute_options=run.work.recompute_options,
+                    loss_parallel=run.work.loss_parallel)
+    return replace(run, work=work, layout=replace(run.layout, sequence_parallel=True))
+
+
 def time_one_trillion() -> tuple[float, Plan]:
     started = time.perf_counter()
     plans = plan(ONE_T, Workload(global_batch=1536), "h100-sxm", 3072, usd_per_device_hour=2.0)
     return time.perf_counter() - started, plans[0]
 
 
-def errors(kernels: KernelModel, role: str, rate: float | None = None) -> list[float]:
+def errors(kernels: KernelModel, role: str, rate: float | None = None,
+           runs: list[PublishedRun] | None = None) -> list[float]:
+    """Predicted over published tokens/s per GPU, less 1, for the runs of `role`."""
     return [math.exp(log_error(r, kernels, rate)) - 1
-            for r in published_runs() if r.role == role]
+            for r in (published_runs() if runs is None else runs) if r.role == role]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true", help="refit the kernel constants first")
+    parser.add_argument("--defaults", action="store_true",
+                        help="plan each run with raytrain's defaults, not its framework's")
     args = parser.parse_args()
-    runs = list(published_runs())
+    runs = [under_defaults(r) if args.defaults else r for r in published_runs()]
     kernels, rate = fit([r for r in runs if r.role == "fit"]) if args.fit else (KERNELS, None)
     print(f"kernel constants ({'fitted now' if args.fit else 'the catalog'}): {kernels}")
     if rate is not None:
@@ -114,7 +128,7 @@ def main() -> None:
               f"{per_gpu / run.tokens_per_s_per_gpu - 1:+.1%} | {published_memory} | "
               f"{memory:.1f} |")
     for role in ("fit", "validate"):
-        found = [abs(e) for e in errors(kernels, role, rate)]
+        found = [abs(e) for e in errors(kernels, role, rate, runs)]
         print(f"\n{role}: {len(found)} runs, median |error| {statistics.median(found):.1%}, "
               f"worst {max(found):.1%}")
     times = []
