@@ -32,6 +32,7 @@ from typing import Any, Iterator
 import psutil
 import yaml
 
+from raytrain.catalog.files import DEFAULT_POLICY_DIR
 from raytrain.cloud.runpod import pod_env
 from raytrain.cloud.runpod_provider import NODE_ID_ENV
 from raytrain.serve.auth import OPERATOR, read_tokens
@@ -39,6 +40,7 @@ from raytrain.serve.deploy import kill_all, terminate_family
 from tests.imds_server import MetadataServer
 from tests.integration.conftest import free_port, wait_for
 from tests.runpod_api import FakeRunPod
+from tests.unit.support import SPOT_TEST_POLICY
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -161,6 +163,12 @@ def started_fake_cluster(max_spot_nodes: int = 1) -> Iterator[FakeCluster]:
     offers = root / "offers.yaml"  # a copy: tests change prices
     offers.write_text((REPO / "cluster" / service["offers_file"]).read_text())
     service["offers_file"] = str(offers)
+    policies = root / "policies"  # the shipped ones, and one with this tiny job's costs
+    policies.mkdir()
+    for shipped in DEFAULT_POLICY_DIR.glob("*.yaml"):
+        (policies / shipped.name).write_text(shipped.read_text())
+    (policies / f"{SPOT_TEST_POLICY['name']}.yaml").write_text(yaml.safe_dump(SPOT_TEST_POLICY))
+    service["policy_dir"] = str(policies)
     service["interruption_endpoint"] = metadata.url
     service["node_types"]["cpu-spot"]["max_nodes"] = max_spot_nodes
     (root / "service.yaml").write_text(yaml.safe_dump(service))

@@ -60,10 +60,11 @@ class _State:
 
 
 def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
-             start_s: float = 0.0) -> SimResult:
+             start_s: float = 0.0, on_demand_from_s: float | None = None) -> SimResult:
     """Run the job from `start_s` into the trace until it finishes (or 20x its work). The
     policy and the oracle may also choose the job's alternative fleets; the other strategies
-    run on its own."""
+    run on its own. `on_demand_from_s` (uniform-progress only) moves the job to on-demand to
+    the end at that time if it is still on spot: a late run repaired with hindsight."""
     fleets = [Fleet(job.offer, job.nodes, trace)]
     if strategy in ("policy", "oracle"):
         fleets += job.alternatives
@@ -205,7 +206,10 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
                     adopt(decision.option, f"spot missing {policy.capacity_wait_s:.0f} s: "
                                            f"{decision.option.describe()}")
         if strategy == "uniform-progress":
-            market = uniform_progress(state, job, now)
+            forced = on_demand_from_s is not None and now >= on_demand_from_s and \
+                state.market == "spot"
+            state.on_demand_to_the_end = state.on_demand_to_the_end or forced
+            market = "on-demand" if forced else uniform_progress(state, job, now)
             if market is not None:
                 result.decisions.append(f"{now / 3600:.2f} h: {market}")
                 if market == "on-demand" or not checkpoint_for_a_move():

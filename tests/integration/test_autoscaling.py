@@ -150,3 +150,48 @@ def test_the_chosen_pod_is_bought_a_notice_and_a_loss_survived_then_a_move_and_a
           f"{running.started_at - first.time:.1f} s; capacity to first step after each "
           f"preemption {[round(r.capacity_to_first_step_s, 1) for r in log]} s; down "
           f"{[round(r.down_s, 1) for r in log]} s")
+
+
+def test_a_spot_job_checkpoints_at_the_interval_the_engine_returned(
+    fake_cluster: FakeCluster,
+) -> None:
+    """One spot job on a pod bought through RunPod's API, believed first rarely preempted,
+    then often: the service's offers are changed while it trains to a rate a thousand times
+    higher. Believed rare, the engine's interval is longer than the whole run, and the job
+    does not checkpoint; believed often, the engine returns an interval of a second or so, the
+    job's decisions record it, and the job checkpoints at it."""
+    client = Client(fake_cluster.url, token=fake_cluster.token)
+    steps = 1000  # about 17 ms each here: some 15 s after the change
+    document = job_spec(steps=steps, checkpoint_every=steps, name="interval")
+    document["capacity"] = {"policy": "spot-test"}  # spot only, with this tiny job's costs
+    original = fake_cluster.offers.read_text()
+    try:
+        job = client.submit(document)
+        _wait_step(client, job.id, 100)
+        rarely = client.get(job.id)
+        assert rarely.state == JobState.RUNNING, rarely.error
+        believed_rare = rarely.decisions[-1].checkpoint_interval_s
+        assert believed_rare is not None and believed_rare > 30, rarely.decisions
+        often = yaml.safe_load(original)
+        often["offers"][0]["spot_interruptions_per_hour"] *= 1000  # 0.05 -> 50 per node-hour
+        fake_cluster.offers.write_text(yaml.safe_dump(often))
+        final = job.wait()
+    finally:
+        fake_cluster.offers.write_text(original)
+    assert final.state == JobState.SUCCEEDED, final.error
+    [changed, *_] = [d for d in final.decisions if d.event == "prices"]
+    assert changed.action == "stay" and changed.market == "spot"
+    assert changed.checkpoint_interval_s is not None and changed.checkpoint_interval_s < 5
+    intervals = [d.checkpoint_interval_s for d in final.decisions if d.time >= changed.time]
+    saved = [e.time for e in client.events(job.id)
+             if e.type == "checkpoint" and e.data["step"] < steps]
+    assert saved and min(saved) >= changed.time  # none while it was believed rare
+    assert final.finished_at - changed.time > 3 * max(intervals), "too short to see it"
+    assert len(saved) >= 3, (saved, intervals)
+    # Never sooner than the interval after the previous checkpoint, nor much later (a loss
+    # sync, a report's way to the service, a busy machine).
+    gaps = [b - a for a, b in zip(saved, saved[1:])]
+    assert all(0.9 * min(intervals) <= gap <= max(intervals) + 5 for gap in gaps), \
+        (intervals, gaps)
+    print(f"\nspot interval: believed rare {believed_rare:.0f} s, no checkpoint; believed often "
+          f"{intervals} s, {len(saved)} checkpoints, gaps {[round(g, 2) for g in gaps]} s")

@@ -7,6 +7,11 @@ from typing import Any
 
 import torch
 
+# Spot only, with checkpoints and restarts as cheap as a tiny test job's (milliseconds, about a
+# second), so that the policy's checkpoint intervals are seconds, as minutes are for a real job.
+SPOT_TEST_POLICY = {"name": "spot-test", "description": "spot only, with a tiny job's costs",
+                    "markets": ["spot"], "checkpoint_cost_s": 0.05, "restart_s": 1.0}
+
 
 def gpt_1b_job(accelerator: str, **sections: Any) -> dict[str, Any]:
     """A 1B-class GPT (16 x 2048, bf16, 20,000 steps of 64 x 2048 tokens) on 8 devices of

@@ -13,12 +13,8 @@ import yaml
 
 from raytrain.spec import JobState, ServiceConfig
 from tests.fake_ray import TrainingRay
+from tests.unit.support import SPOT_TEST_POLICY
 from tests.unit.test_preemptions import OFFER, job
-
-# Checkpoints of this tiny model take milliseconds, restarts a second or so: assumed here so
-# that the policy's intervals are seconds, as minutes are for a real job (60 s, 300 s).
-POLICY = {"name": "spot-test", "description": "spot, with a test's costs", "markets": ["spot"],
-          "checkpoint_cost_s": 0.05, "restart_s": 1.0}
 
 
 def run_spot_job(tmp_path: Path, interruptions_per_hour: float, steps: int
@@ -29,7 +25,7 @@ def run_spot_job(tmp_path: Path, interruptions_per_hour: float, steps: int
     offers.write_text(yaml.safe_dump({"version": "test", "offers": [
         {**OFFER, "spot_interruptions_per_hour": interruptions_per_hour}]}))
     policies.mkdir()
-    (policies / "spot-test.yaml").write_text(yaml.safe_dump(POLICY))
+    (policies / "spot-test.yaml").write_text(yaml.safe_dump(SPOT_TEST_POLICY))
     config = ServiceConfig(
         state_dir=str(tmp_path / "state"), offers_file=str(offers), policy_dir=str(policies),
         default_policy="spot-test", scheduler_interval_s=0.05,

@@ -15,7 +15,7 @@ from raytrain.cli import main as cli_main
 from raytrain.core.autoscale import Goal, Observed, choose, options, redecide
 from raytrain.core.fleet import Fleet, SimJob, Trace, TraceEvent
 from raytrain.core.hindsight import hindsight
-from raytrain.core.simulate import STRATEGIES, _State, compare, uniform_progress
+from raytrain.core.simulate import STRATEGIES, _State, compare, simulate, uniform_progress
 from raytrain.core.tally import Tally
 from raytrain.serve.store import JobStore
 from raytrain.spec import JobStatus
@@ -84,6 +84,19 @@ def test_uniform_progress_follows_the_papers_rules() -> None:
     assert uniform_progress(running, job, now=5 * HOUR) is None  # on spot: kept
     late = _State(market="spot", done_s=4 * HOUR, saved_s=4 * HOUR, waiting_since=0.0)
     assert uniform_progress(late, job, now=10 * HOUR - 100) == "on-demand"  # the safety net
+
+
+def test_a_late_run_is_made_punctual_by_a_move_to_on_demand_at_a_chosen_time() -> None:
+    """benchmarks.spot_simulation's hindsight repair of Uniform Progress's late runs: from
+    the time given to the end, the job is on demand, and it never goes back to spot."""
+    trace = Trace("calm", (TraceEvent(0, "add", "a"),), 24 * HOUR)
+    job = one_node_job(3, 6)
+    plain = simulate(trace, job, "uniform-progress", COST_FIRST)
+    assert plain.on_demand_s == 0 and plain.met_deadline
+    moved = simulate(trace, job, "uniform-progress", COST_FIRST, on_demand_from_s=2 * HOUR)
+    assert moved.met_deadline and moved.cost_usd > plain.cost_usd
+    assert moved.on_demand_s == pytest.approx(moved.finished_s - 2 * HOUR)
+    assert moved.decisions == ["2.00 h: on-demand"]
 
 
 def test_a_cheap_slow_option_is_tried_only_while_there_is_time_to_fall_back() -> None:
