@@ -217,16 +217,25 @@ def _rank_memory(dims: ModelDims, work: Workload, c: Layout, rank: int) -> float
         if c.virtual_stages > 1:
             in_flight = min(c.microbatches, c.pp) * (1 + (c.pp - 1) / (c.pp * c.virtual_stages))
     activations = in_flight * layers_here * layer_bytes + extra_once
-    # The last stage's logits (compute precision) and fp32 log-softmax stay until their
-    # microbatch's backward (all m of them under GPipe), plus one fp32 gradient of them.
     logits = 0.0
     if last:
         logits_in_flight = c.microbatches if (c.gpipe and c.pp > 1) else 1
-        logits = tokens * dims.vocab_size * ((work.act_bytes + 4) * logits_in_flight + 4)
+        logits = tokens * dims.vocab_size * loss_bytes_per_logit(work, c, logits_in_flight)
         if work.loss_parallel:
             logits /= c.tp
     # raytrain's fused AdamW updates in place: no temporaries after the backward pass.
     return state + activations + logits
+
+
+def loss_bytes_per_logit(work: Workload, c: Layout, in_flight: int = 1) -> float:
+    """Bytes per logit the last stage holds at the loss's peak, the start of a micro-batch's
+    backward: the fp32 log-softmax of each micro-batch in flight (kept for its backward) and,
+    for the one going backward, two more fp32 tensors of its size at once (the gradient of
+    the log-softmax's output and of its input). The logits themselves (compute precision) and
+    their fp32 copy are freed after the loss's forward, except that a pipeline stage keeps its
+    outputs until their backward. tests/unit/test_planner.py measures the real loss on CPU."""
+    kept = 4 + (work.act_bytes if c.pp > 1 else 0)
+    return kept * in_flight + 8
 
 
 def step_time(dims: ModelDims, work: Workload, c: Layout,

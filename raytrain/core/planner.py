@@ -26,9 +26,10 @@ half. raytrain's AdamW is the fused kernel, which updates in place: it adds noth
 peak.
 Microbatches in flight on pipeline rank r: one without a pipeline, m for GPipe, min(m, pp-r)
 for 1F1B, and min(m, pp) x (1 + (pp-1)/(pp*v)) for interleaved 1F1B (Narayanan et al.,
-2021). The head's logits (and their fp32 log-softmax) sit on the last stage for each
-microbatch in flight there (m under GPipe, one under 1F1B), plus one fp32 gradient, whole
-unless the loss is computed tensor-parallel. The first and the last pipeline rank are
+2021). The loss's fp32 log-softmax sits on the last stage for each microbatch in flight
+there (m under GPipe, one under 1F1B; a pipeline stage also keeps its logits), and the
+backward of one adds two fp32 gradients of its size (measured: cost_model.loss_bytes_per_logit),
+whole unless the loss is computed tensor-parallel. The first and the last pipeline rank are
 evaluated; the larger counts. A plan fits when all of it plus the device kind's runtime
 reserve (CUDA context, NCCL buffers and allocator slack on a GPU; measured on CPU) stays
 under 92% of device memory.
