@@ -223,6 +223,11 @@ def _rank_memory(dims: ModelDims, work: Workload, c: Layout, rank: int) -> float
         logits = tokens * dims.vocab_size * loss_bytes_per_logit(work, c, logits_in_flight)
         if work.loss_parallel:
             logits /= c.tp
+        # Outside every block (no recomputation there): the final norm keeps its input, the
+        # head its own (the norm's output), all-gathered whole when the norm is sequence
+        # parallel, as a column-wise linear's input is.
+        norm_share = 1 / c.tp if (c.tp > 1 and c.sequence_parallel) else 1.0
+        logits += logits_in_flight * tokens * dims.dim * work.act_bytes * (norm_share + 1)
     # raytrain's fused AdamW updates in place: no temporaries after the backward pass.
     return state + activations + logits
 

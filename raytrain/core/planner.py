@@ -29,7 +29,8 @@ for 1F1B, and min(m, pp) x (1 + (pp-1)/(pp*v)) for interleaved 1F1B (Narayanan e
 2021). The loss's fp32 log-softmax sits on the last stage for each microbatch in flight
 there (m under GPipe, one under 1F1B; a pipeline stage also keeps its logits), and the
 backward of one adds two fp32 gradients of its size (measured: cost_model.loss_bytes_per_logit),
-whole unless the loss is computed tensor-parallel. The first and the last pipeline rank are
+whole unless the loss is computed tensor-parallel; beside them the final norm's input and the
+head's (whole: gathered under sequence parallelism). The first and the last pipeline rank are
 evaluated; the larger counts. A plan fits when all of it plus the device kind's runtime
 reserve (CUDA context, NCCL buffers and allocator slack on a GPU; measured on CPU) stays
 under 92% of device memory.

@@ -55,11 +55,12 @@ def test_predictions_hold_on_published_runs_they_were_not_fitted_to() -> None:
     assert statistics.median(held_out) <= 0.15 and max(held_out) <= 0.30
 
 
-@pytest.mark.parametrize("run", [r for r in published_runs() if r.memory_gib is not None
-                                 and r.layout.tp == 1], ids=lambda r: r.name)
+@pytest.mark.parametrize("run", [r for r in published_runs() if r.memory_gib is not None],
+                         ids=lambda r: r.name)
 def test_predicted_memory_matches_published_peaks(run) -> None:
-    # The 70B run (tensor parallel, compile and Float8) is 18% under: BENCHMARKS.md says what
-    # is counted and what is not.
+    # Published peaks are the allocator's reserved memory; the planner counts live tensors.
+    # The 70B run (tensor parallel, compile and Float8) is the nearest the edge, 14.6% under:
+    # BENCHMARKS.md says what is counted and what is not.
     assert predicted_per_gpu(run)[1] == pytest.approx(run.memory_gib, rel=0.15)
 
 
