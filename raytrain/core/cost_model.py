@@ -217,19 +217,19 @@ def _rank_memory(dims: ModelDims, work: Workload, c: Layout, rank: int) -> float
         if c.virtual_stages > 1:
             in_flight = min(c.microbatches, c.pp) * (1 + (c.pp - 1) / (c.pp * c.virtual_stages))
     activations = in_flight * layers_here * layer_bytes + extra_once
-    logits = 0.0
+    loss_and_head = 0.0  # what only the last stage holds
     if last:
         logits_in_flight = c.microbatches if (c.gpipe and c.pp > 1) else 1
-        logits = tokens * dims.vocab_size * loss_bytes_per_logit(work, c, logits_in_flight)
+        loss_and_head = tokens * dims.vocab_size * loss_bytes_per_logit(work, c, logits_in_flight)
         if work.loss_parallel:
-            logits /= c.tp
+            loss_and_head /= c.tp
         # Outside every block (no recomputation there): the final norm keeps its input, the
         # head its own (the norm's output), all-gathered whole when the norm is sequence
         # parallel, as a column-wise linear's input is.
         norm_share = 1 / c.tp if (c.tp > 1 and c.sequence_parallel) else 1.0
-        logits += logits_in_flight * tokens * dims.dim * work.act_bytes * (norm_share + 1)
+        loss_and_head += logits_in_flight * tokens * dims.dim * work.act_bytes * (norm_share + 1)
     # raytrain's fused AdamW updates in place: no temporaries after the backward pass.
-    return state + activations + logits
+    return state + activations + loss_and_head
 
 
 def loss_bytes_per_logit(work: Workload, c: Layout, in_flight: int = 1) -> float:
