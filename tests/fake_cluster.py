@@ -108,7 +108,7 @@ class FakeCluster:
         """What RunPod's machine does with a new pod: run its command with its environment."""
         env = {**os.environ, **pod_env(pod), "RAY_AUTH_MODE": "disabled"}
         self.started[pod["id"]] = subprocess.Popen(
-            ["bash", "-c", pod["dockerArgs"]], env=env, stdout=subprocess.DEVNULL,
+            pod["dockerStartCmd"], env=env, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, start_new_session=True)
 
     def stop_pod(self, pod: dict[str, Any], hard: bool = False) -> None:
@@ -180,7 +180,8 @@ def started_fake_cluster(max_spot_nodes: int = 1) -> Iterator[FakeCluster]:
         "idle_timeout_minutes": 0.1,  # idle nodes go after about 6 s
         "provider": {"type": "external",
                      "module": "raytrain.cloud.runpod_provider.RunPodNodeProvider",
-                     "api_url": runpod.url, "head_ip": "127.0.0.1",
+                     "api_url": runpod.url, "rest_url": runpod.rest_url,
+                     "head_ip": "127.0.0.1",
                      "tags_file": str(root / "runpod-tags.json"), "use_node_id_as_ip": True,
                      "head_node_id": head_node_id,
                      "disable_node_updaters": True, "disable_launch_config_check": True},

@@ -1,10 +1,12 @@
-"""A local fake of RunPod's GraphQL API on 127.0.0.1: the operations raytrain.cloud.runpod
-sends, executed by graphql-core against the part of RunPod's published schema they use (so a
-misspelt field or input is refused as RunPod would refuse it), with bearer-key checks, stock,
-bids, and faults to inject.
+"""A local fake of RunPod's APIs on 127.0.0.1, speaking what raytrain.cloud.runpod sends:
+- the REST API's pod create (`POST /v1/pods`), its input checked against the fields and types
+  of RunPod's API reference (PodCreateInput), so a misspelt or mistyped field is refused;
+- the GraphQL operations, executed by graphql-core against the part of RunPod's published
+  schema they use;
+with bearer-key checks, stock, interruptible prices, and faults to inject.
 
     with FakeRunPod(stock={"NVIDIA GeForce RTX 4090": 8}) as fake:
-        api = RunPodAPI(fake.key, url=fake.url)
+        api = RunPodAPI(fake.key, url=fake.url, rest_url=fake.rest_url)
         fake.fail_next(status=503); fake.reclaim(pod_id)
         fake.delay_s, fake.delayed = 5, 1     # the next answer comes 5 s late
 
@@ -25,11 +27,7 @@ from graphql import build_schema, graphql_sync
 
 SCHEMA = build_schema("""
 type Query { gpuTypes(input: GpuTypeFilter): [GpuType]  myself: User  pod(input: PodFilter): Pod }
-type Mutation {
-  podFindAndDeployOnDemand(input: PodFindAndDeployOnDemandInput): Pod
-  podRentInterruptable(input: PodRentInterruptableInput!): Pod
-  podTerminate(input: PodTerminateInput!): Boolean
-}
+type Mutation { podTerminate(input: PodTerminateInput!): Boolean }
 input GpuTypeFilter { id: String }
 input PodFilter { podId: String! }
 input LowestPriceInput { gpuCount: Int }
@@ -48,27 +46,30 @@ type PodRuntime { ports: [PodRuntimePorts] }
 type PodRuntimePorts {
   ip: String isIpPublic: Boolean privatePort: Int publicPort: Int type: String
 }
-enum CloudTypeEnum { ALL SECURE COMMUNITY }
-input EnvironmentVariableInput { key: String! value: String! }
-input PodFindAndDeployOnDemandInput {
-  name: String imageName: String gpuTypeId: String gpuCount: Int cloudType: CloudTypeEnum
-  containerDiskInGb: Int volumeInGb: Int dockerArgs: String ports: String
-  supportPublicIp: Boolean env: [EnvironmentVariableInput]
-}
-input PodRentInterruptableInput {
-  name: String imageName: String gpuTypeId: String gpuCount: Int cloudType: CloudTypeEnum
-  containerDiskInGb: Int volumeInGb: Int dockerArgs: String ports: String
-  supportPublicIp: Boolean env: [EnvironmentVariableInput] bidPerGpu: Float!
-}
 input PodTerminateInput { podId: String! }
 """)
 
-# Per GPU-hour: (on-demand, lowest interruptible bid).
+# RunPod's REST PodCreateInput (docs.runpod.io/api-reference/pods/POST/pods): each field and
+# the JSON type it takes ("list" of strings, "env" an object of strings).
+CREATE_FIELDS = {
+    "allowedCudaVersions": "list", "cloudType": str, "computeType": str,
+    "containerDiskInGb": int, "containerRegistryAuthId": str, "countryCodes": "list",
+    "cpuFlavorIds": "list", "cpuFlavorPriority": str, "dataCenterIds": "list",
+    "dataCenterPriority": str, "dockerEntrypoint": "list", "dockerStartCmd": "list",
+    "env": "env", "globalNetworking": bool, "gpuCount": int, "gpuTypeIds": "list",
+    "gpuTypePriority": str, "imageName": str, "interruptible": bool, "locked": bool,
+    "minDiskBandwidthMBps": float, "minDownloadMbps": float, "minRAMPerGPU": int,
+    "minUploadMbps": float, "minVCPUPerGPU": int, "name": str, "networkVolumeId": str,
+    "ports": "list", "supportPublicIp": bool, "templateId": str, "vcpuCount": int,
+    "volumeInGb": int, "volumeMountPath": str,
+}
+
+# Per GPU-hour: (on-demand, interruptible now).
 PRICES = {"NVIDIA GeForce RTX 4090": (0.59, 0.34), "NVIDIA H100 80GB HBM3": (2.99, 2.09)}
 MEMORY_GB = {"NVIDIA GeForce RTX 4090": 24, "NVIDIA H100 80GB HBM3": 80}
 
 
-class GraphQLError(Exception):
+class Refused(Exception):
     pass
 
 
@@ -93,7 +94,11 @@ class FakeRunPod:
 
             def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                status, answer = fake.answer(self.headers.get("Authorization", ""), body)
+                authorization = self.headers.get("Authorization", "")
+                if self.path.rstrip("/") == "/v1/pods":
+                    status, answer = fake.create(authorization, body)
+                else:
+                    status, answer = fake.answer(authorization, body)
                 if fake.delayed > 0:
                     fake.delayed -= 1
                     time.sleep(fake.delay_s)
@@ -109,6 +114,7 @@ class FakeRunPod:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/graphql"
+        self.rest_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
 
     def __enter__(self) -> FakeRunPod:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -122,9 +128,17 @@ class FakeRunPod:
 
     def fail_next(self, status: int = 503, message: str = "internal error",
                   operation: str = "") -> None:
-        """The next request (naming `operation`, e.g. podTerminate, if given) answers
-        `status` (a GraphQL error with `message` for 200)."""
+        """The next request (naming `operation` if given: a GraphQL operation such as
+        podTerminate, or "POST /v1/pods") answers `status` (for GraphQL, a 200 with an error
+        `message`)."""
         self._fail.append((status, message, operation))
+
+    def _failure(self, request: str) -> tuple[int, str] | None:
+        failing = next((f for f in self._fail if f[2] in request), None)
+        if failing is None:
+            return None
+        self._fail.remove(failing)
+        return failing[0], failing[1]
 
     def reclaim(self, pod_id: str) -> None:
         """RunPod takes an interruptible pod back (outbid, or its host reclaimed): no
@@ -147,10 +161,9 @@ class FakeRunPod:
             return 401, {"errors": [{"message": "Unauthorized",
                                      "extensions": {"code": "UNAUTHENTICATED"}}]}
         request = json.loads(body)
-        failing = next((f for f in self._fail if f[2] in request["query"]), None)
+        failing = self._failure(request["query"])
         if failing is not None:
-            self._fail.remove(failing)
-            status, message, _ = failing
+            status, message = failing
             if status != 200:
                 return status, {"error": message}
             return 200, {"errors": [{"message": message}], "data": None}
@@ -189,11 +202,23 @@ class FakeRunPod:
         pod = self.pods.get(input["podId"])
         return self._public(pod) if pod else None
 
-    def podFindAndDeployOnDemand(self, info: Any, input: dict[str, Any]) -> dict[str, Any]:  # noqa: A002,N802
-        return self._deploy(input, None)
-
-    def podRentInterruptable(self, info: Any, input: dict[str, Any]) -> dict[str, Any]:  # noqa: A002,N802
-        return self._deploy(input, input["bidPerGpu"])
+    def create(self, authorization: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        """POST /v1/pods. RunPod's reference does not document its error answers: here a bad
+        input, an unknown GPU type and no capacity are each a 400 with an `error` text."""
+        if authorization != f"Bearer {self.key}":
+            return 401, {"error": "Unauthorized", "status": 401}
+        failing = self._failure("POST /v1/pods")
+        if failing is not None:
+            return failing[0], {"error": failing[1], "status": failing[0]}
+        request = json.loads(body)
+        self.requests.append({"rest": "POST /v1/pods", "body": request})
+        refused = _refused_input(request)
+        if refused:
+            return 400, {"error": refused, "status": 400}
+        try:
+            return 200, self._deploy(request)
+        except Refused as exc:
+            return 400, {"error": f"create pod: {exc}", "status": 400}
 
     def podTerminate(self, info: Any, input: dict[str, Any]) -> None:  # noqa: A002,N802
         """As RunPod does: the pod is gone from the account at once, and its machine stops it
@@ -205,34 +230,59 @@ class FakeRunPod:
         if pod is not None:
             threading.Thread(target=self.on_terminate, args=(pod,), daemon=True).start()
 
-    def _deploy(self, spec: dict[str, Any], bid: float | None) -> dict[str, Any]:
-        gpu_id, count = spec["gpuTypeId"], spec.get("gpuCount") or 1
+    def _deploy(self, spec: dict[str, Any]) -> dict[str, Any]:
+        gpu_id, count = (spec.get("gpuTypeIds") or [""])[0], spec.get("gpuCount") or 1
         if gpu_id not in PRICES:
-            raise GraphQLError(f"Invalid gpu type {gpu_id}")
-        on_demand, lowest_bid = PRICES[gpu_id]
-        if bid is not None and bid < lowest_bid:
-            raise GraphQLError(f"Your bid price of {bid} is below the minimum bid of "
-                               f"{lowest_bid}")
+            raise Refused(f"Invalid gpu type {gpu_id}")
+        interruptible = bool(spec.get("interruptible"))
+        price = PRICES[gpu_id][1 if interruptible else 0]
         with self.lock:
             if self.stock.get(gpu_id, 0) < count:
-                raise GraphQLError("There are no longer any instances available with the "
+                raise Refused("There are no longer any instances available with the "
                                    "requested specifications. Please refresh and try again.")
             self.stock[gpu_id] -= count
             pod = {"id": uuid.uuid4().hex[:14], "name": spec.get("name"),
                    "desiredStatus": "RUNNING", "gpuTypeId": gpu_id, "gpuCount": count,
-                   "env": [f"{e['key']}={e['value']}" for e in spec.get("env") or []],
-                   "costPerHr": round((bid if bid is not None else on_demand) * count, 4),
-                   "machineId": uuid.uuid4().hex[:8], "interruptible": bid is not None,
+                   "env": [f"{k}={v}" for k, v in (spec.get("env") or {}).items()],
+                   "costPerHr": round(price * count, 4),
+                   "machineId": uuid.uuid4().hex[:8], "interruptible": interruptible,
+                   "globalNetworking": bool(spec.get("globalNetworking")),
                    # The pod's private address on RunPod's global network: this host here.
                    "runtime": {"ports": [{"ip": "127.0.0.1", "isIpPublic": False,
                                           "privatePort": 22, "publicPort": 22,
                                           "type": "tcp"}]},
-                   "dockerArgs": spec.get("dockerArgs", "")}
+                   "dockerStartCmd": list(spec.get("dockerStartCmd") or [])}
             self.pods[pod["id"]] = pod
         self.on_create(pod)
-        return self._public(pod)
+        return {"id": pod["id"], "name": pod["name"], "desiredStatus": "RUNNING",
+                "env": dict(spec.get("env") or {}), "costPerHr": pod["costPerHr"],
+                "gpuCount": count, "interruptible": interruptible,
+                "machineId": pod["machineId"]}
 
     @staticmethod
     def _public(pod: dict[str, Any]) -> dict[str, Any]:
         return {k: pod[k] for k in ("id", "name", "desiredStatus", "env", "costPerHr",
                                     "gpuCount", "machineId", "runtime")}
+
+
+def _refused_input(body: Any) -> str:
+    """Why RunPod would refuse a create input: an unknown field or a wrong type; else ""."""
+    if not isinstance(body, dict):
+        return "the body must be a JSON object"
+    for name, value in body.items():
+        kind = CREATE_FIELDS.get(name)
+        if kind is None:
+            return f"unknown field {name!r}"
+        if kind == "list":
+            ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        elif kind == "env":
+            ok = isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+        elif kind is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        elif kind is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, kind)
+        if not ok:
+            return f"field {name!r} has the wrong type"
+    return ""

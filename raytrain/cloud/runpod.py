@@ -1,22 +1,28 @@
-"""The only code that talks to RunPod: its GraphQL API (https://api.runpod.io/graphql, the
-schema at graphql-spec.runpod.io), over httpx, with the key in an `Authorization: Bearer`
-header (never in the URL, so no log line carries it).
+"""The only code that talks to RunPod: its REST API to create pods and its GraphQL API for the
+rest, over httpx, with the key in an `Authorization: Bearer` header (never in the URL, so no
+log line carries it).
 
-The operations, as RunPod's own Python SDK (runpod-python, runpod/api/) and other projects
-that rent pods through it send them:
+Pods are created through the REST API, `POST https://rest.runpod.io/v1/pods` (RunPod's API
+reference, docs.runpod.io/api-reference/pods/POST/pods), because only its input has both
+`interruptible` and `globalNetworking`: a pod joins the head over RunPod's global network,
+whichever the market. The REST API takes no bid; an interruptible pod is rented at the going
+price, and a node type's `bid_per_gpu`, if set, is a ceiling checked against that price
+first (no pod is created above it).
+
+The GraphQL operations (https://api.runpod.io/graphql, the schema at graphql-spec.runpod.io),
+as RunPod's own Python SDK (runpod-python, runpod/api/) sends them:
 - `gpuTypes { ... lowestPrice(input: {gpuCount}) { minimumBidPrice uninterruptablePrice
-  stockStatus } }`: GPU types, their on-demand price, the lowest interruptible bid and stock;
-- `podFindAndDeployOnDemand(input: PodFindAndDeployOnDemandInput!)`: an on-demand pod;
-- `podRentInterruptable(input: PodRentInterruptableInput!)`: an interruptible pod at
-  `bidPerGpu` dollars per GPU-hour;
+  stockStatus } }`: GPU types, their on-demand price, the lowest interruptible price and
+  stock;
 - `myself { pods { id name desiredStatus env costPerHr gpuCount ... } }`: the account's pods;
 - `podTerminate(input: {podId})`.
 Variables carry every value, so no input is ever spliced into a query.
 
 Errors say what failed and how to fix it, and never include the key:
 - `RunPodAuthError`: the key was refused;
-- `NoCapacity`: no machine has the GPU type in stock, or the bid is below the lowest one
-  (the autoscaler's request is not met; the service's policy moves to its next offer);
+- `NoCapacity`: no machine has the GPU type in stock, or its interruptible price is above the
+  node type's ceiling (the autoscaler's request is not met; the service's policy moves to its
+  next offer);
 - `RunPodUnavailable`: a timeout, no connection, or a 5xx (worth retrying later).
 
     api = RunPodAPI(api_key())                       # RUNPOD_API_KEY, or a key file
@@ -42,6 +48,7 @@ from raytrain.spec import Offer, OfferCatalog
 logger = logging.getLogger(__name__)
 
 API_URL = "https://api.runpod.io/graphql"
+REST_URL = "https://rest.runpod.io/v1"
 KEY_ENV = "RUNPOD_API_KEY"
 KEY_FILE_ENV = "RUNPOD_API_KEY_FILE"
 # runpodctl and the runpod SDK keep the key here (`apikey = "..."`).
@@ -107,14 +114,6 @@ query GpuTypes($count: Int!) {
 }"""
 POD_FIELDS = ("id name desiredStatus env costPerHr gpuCount machineId "
               "runtime { ports { ip isIpPublic privatePort publicPort type } }")
-DEPLOY_ON_DEMAND = f"""
-mutation Deploy($input: PodFindAndDeployOnDemandInput!) {{
-  podFindAndDeployOnDemand(input: $input) {{ {POD_FIELDS} }}
-}}"""
-DEPLOY_INTERRUPTIBLE = f"""
-mutation Rent($input: PodRentInterruptableInput!) {{
-  podRentInterruptable(input: $input) {{ {POD_FIELDS} }}
-}}"""
 PODS = f"query Pods {{ myself {{ pods {{ {POD_FIELDS} }} }} }}"
 TERMINATE = "mutation Terminate($input: PodTerminateInput!) { podTerminate(input: $input) }"
 
@@ -129,54 +128,62 @@ class PodRequest:
     gpu_count: int
     interruptible: bool
     env: dict[str, str] = field(default_factory=dict)
-    bid_per_gpu: float | None = None  # interruptible only; None: the lowest bid now
+    bid_per_gpu: float | None = None  # interruptible only: the most to pay per GPU-hour
     cloud_type: str = "SECURE"
     container_disk_gb: int = 50
-    docker_args: str = ""
-    ports: str = "22/tcp"
-    extra: dict[str, Any] = field(default_factory=dict)  # more deploy input fields, as named
+    docker_args: str = ""  # a shell command the container runs
+    ports: tuple[str, ...] = ("22/tcp",)
+    extra: dict[str, Any] = field(default_factory=dict)  # more create fields, as named
 
-    def input(self, bid_per_gpu: float | None) -> dict[str, Any]:
+    def body(self) -> dict[str, Any]:
+        """The REST API's create input (PodCreateInput)."""
         body: dict[str, Any] = {
-            "name": self.name, "imageName": self.image, "gpuTypeId": self.gpu_type_id,
-            "gpuCount": self.gpu_count, "cloudType": self.cloud_type,
-            "containerDiskInGb": self.container_disk_gb, "volumeInGb": 0,
-            "dockerArgs": self.docker_args, "ports": self.ports, "supportPublicIp": False,
-            "env": [{"key": k, "value": v} for k, v in sorted(self.env.items())],
+            "name": self.name, "imageName": self.image, "computeType": "GPU",
+            "gpuTypeIds": [self.gpu_type_id], "gpuCount": self.gpu_count,
+            "cloudType": self.cloud_type, "interruptible": self.interruptible,
+            "globalNetworking": True, "containerDiskInGb": self.container_disk_gb,
+            "volumeInGb": 0, "ports": list(self.ports), "supportPublicIp": False,
+            "env": dict(sorted(self.env.items())),
         }
-        if self.interruptible:
-            body["bidPerGpu"] = bid_per_gpu
+        if self.docker_args:
+            body["dockerStartCmd"] = ["bash", "-c", self.docker_args]
         return {**body, **self.extra}
 
 
 class RunPodAPI:
-    def __init__(self, key: str, url: str = API_URL, timeout_s: float = TIMEOUT_S) -> None:
+    def __init__(self, key: str, url: str = API_URL, rest_url: str = REST_URL,
+                 timeout_s: float = TIMEOUT_S) -> None:
         self._http = httpx.Client(timeout=timeout_s,
                                   headers={"Authorization": f"Bearer {key}",
                                            "Content-Type": "application/json"})
-        self.url, self.timeout_s = url, timeout_s
+        self.url, self.rest_url, self.timeout_s = url, rest_url.rstrip("/"), timeout_s
 
     def __repr__(self) -> str:  # never the key
-        return f"RunPodAPI({self.url!r})"
+        return f"RunPodAPI({self.url!r}, {self.rest_url!r})"
 
     def close(self) -> None:
         self._http.close()
 
-    def call(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The `data` of one GraphQL request; the errors above for anything else."""
-        what = query.split("(")[0].split("{")[0].strip()
+    def _post(self, url: str, body: dict[str, Any], what: str,
+              changes: str = "nothing was changed if it was a query") -> httpx.Response:
+        """One request; RunPodUnavailable when it gets no answer, RunPodAuthError for a
+        refused key."""
         try:
-            answer = self._http.post(self.url, json={"query": query,
-                                                     "variables": variables or {}})
+            answer = self._http.post(url, json=body)
         except httpx.TimeoutException:
             raise RunPodUnavailable(f"RunPod did not answer {what} within {self.timeout_s:.0f} "
-                                    "s. To fix: retry later; nothing was changed if it was a "
-                                    "query") from None
+                                    f"s. To fix: retry later; {changes}") from None
         except httpx.HTTPError as exc:
             raise RunPodUnavailable(f"cannot reach RunPod for {what}: {type(exc).__name__}. To "
                                     "fix: check this machine's network") from None
         if answer.status_code in (401, 403):
             raise _auth_error()
+        return answer
+
+    def call(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The `data` of one GraphQL request; the errors above for anything else."""
+        what = query.split("(")[0].split("{")[0].strip()
+        answer = self._post(self.url, {"query": query, "variables": variables or {}}, what)
         if answer.status_code >= 500:
             raise RunPodUnavailable(f"RunPod answered {answer.status_code} to {what}. To fix: "
                                     "retry later (RunPod's side)")
@@ -191,13 +198,7 @@ class RunPodAPI:
             codes = {str((e.get("extensions") or {}).get("code", "")) for e in errors}
             if "UNAUTHENTICATED" in codes or _AUTH.search(message):
                 raise _auth_error()
-            if _NO_STOCK.search(message):
-                raise NoCapacity(f"RunPod has no machine for {what} now: {message}. To fix: "
-                                 "nothing; the policy tries the next offer")
-            if _LOW_BID.search(message):
-                raise NoCapacity(f"RunPod refused the bid for {what}: {message}. To fix: "
-                                 "nothing; the policy tries on-demand or another offer")
-            raise RunPodError(f"RunPod refused {what}: {message}")
+            _raise_refusal(what, message)
         if answer.status_code >= 400 or not isinstance(document.get("data"), dict):
             raise RunPodError(f"RunPod answered {what} with {answer.status_code} and no data")
         return document["data"]
@@ -206,27 +207,51 @@ class RunPodAPI:
         return list(self.call(GPU_TYPES, {"count": gpu_count})["gpuTypes"] or [])
 
     def deploy(self, request: PodRequest) -> dict[str, Any]:
-        """Create a pod; NoCapacity when none can be had at that price now."""
-        if not request.interruptible:
-            pod = self.call(DEPLOY_ON_DEMAND, {"input": request.input(None)})
-            pod = pod["podFindAndDeployOnDemand"]
-        else:
-            bid = request.bid_per_gpu
-            if bid is None:
-                bid = lowest_bid(self.gpu_types(request.gpu_count), request.gpu_type_id)
-            pod = self.call(DEPLOY_INTERRUPTIBLE, {"input": request.input(bid)})
-            pod = pod["podRentInterruptable"]
-        if not pod:
+        """Create a pod (REST); NoCapacity when none can be had, or not under the ceiling."""
+        if request.interruptible and request.bid_per_gpu is not None:
+            going = lowest_bid(self.gpu_types(request.gpu_count), request.gpu_type_id)
+            if going > request.bid_per_gpu:
+                raise NoCapacity(f"RunPod's interruptible {request.gpu_type_id} costs "
+                                 f"${going:.3f} per GPU-hour now, above this node type's bid "
+                                 f"ceiling of ${request.bid_per_gpu:.3f}. To fix: nothing; the "
+                                 "policy tries on-demand or another offer (or raise bid_per_gpu)")
+        what = f"create pod ({request.gpu_count} x {request.gpu_type_id})"
+        answer = self._post(f"{self.rest_url}/pods", request.body(), what,
+                            changes="the pod, if made, is found by its name and terminated")
+        try:
+            document = answer.json()
+        except ValueError:
+            document = {"error": answer.text[:300]}
+        if answer.status_code >= 400:
+            message = str(document.get("error") or document.get("message") or document)[:300]
+            if answer.status_code >= 500 and not (_NO_STOCK.search(message)
+                                                  or _LOW_BID.search(message)):
+                raise RunPodUnavailable(f"RunPod answered {answer.status_code} to {what}: "
+                                        f"{message}. To fix: retry later (RunPod's side)")
+            _raise_refusal(what, message)
+        if not isinstance(document, dict) or not document.get("id"):
             raise NoCapacity(f"RunPod created no {request.gpu_count} x {request.gpu_type_id} "
                              "pod (no machine free). To fix: nothing; the policy tries the "
                              "next offer")
-        return pod
+        return document
 
     def pods(self) -> list[dict[str, Any]]:
         return list((self.call(PODS)["myself"] or {}).get("pods") or [])
 
     def terminate(self, pod_id: str) -> None:
         self.call(TERMINATE, {"input": {"podId": pod_id}})
+
+
+def _raise_refusal(what: str, message: str) -> None:
+    """RunPod refused `what` with `message`: no capacity (the policy moves on), or an error
+    that names the refusal."""
+    if _NO_STOCK.search(message):
+        raise NoCapacity(f"RunPod has no machine for {what} now: {message}. To fix: nothing; "
+                         "the policy tries the next offer")
+    if _LOW_BID.search(message):
+        raise NoCapacity(f"RunPod refused the price for {what}: {message}. To fix: nothing; "
+                         "the policy tries on-demand or another offer")
+    raise RunPodError(f"RunPod refused {what}: {message}")
 
 
 def _auth_error() -> RunPodAuthError:

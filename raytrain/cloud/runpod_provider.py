@@ -18,14 +18,16 @@ Ray's NodeProvider interface is the contract; what RunPod lacks is written here:
   if RunPod cannot be reached for that either, the name is kept and the next listing finishes
   the job. A pod RunPod takes back (interruptible, no notice) is simply gone from the
   listing: Ray sees its node die, and the service treats it as a preemption.
-- No stock, or a bid below the lowest: create_node raises NoCapacity, the autoscaler's
-  request stays unmet, and the service's policy moves the job to its next offer.
+- No stock, or an interruptible price above the node type's ceiling: create_node raises
+  NoCapacity, the autoscaler's request stays unmet, and the service's policy moves the job to
+  its next offer.
 
 Node config per node type: gpu_type_id, gpu_count, interruptible (true: spot),
-bid_per_gpu (optional, default the lowest bid now), image, cloud_type, container_disk_gb,
-docker_args (the command that installs raytrain and starts Ray; `{head_ip}` and
-`{resources}` are filled in), deploy_input (more fields of the deploy mutation's input, as
-RunPod's schema names them, e.g. a data center or the global networking switch).
+bid_per_gpu (optional: the most an interruptible GPU-hour may cost; RunPod rents at the going
+price), image, cloud_type, container_disk_gb, docker_args (the shell command that installs
+raytrain and starts Ray; `{head_ip}` and `{resources}` are filled in), create_input (more
+fields of RunPod's REST create input, as its API reference names them, e.g.
+`dataCenterIds`). Every pod is created on the account's global network.
 
 With Ray's `use_node_id_as_ip` set in the provider config (every "pod" on one host, as in
 the tests' fake of RunPod), each pod is given the Ray node id its node will take, and that id
@@ -52,6 +54,7 @@ from ray.autoscaler.tags import (
 
 from raytrain.cloud.runpod import (
     API_URL,
+    REST_URL,
     PodRequest,
     RunPodAPI,
     RunPodError,
@@ -74,7 +77,8 @@ class RunPodNodeProvider(NodeProvider):
     def __init__(self, provider_config: dict[str, Any], cluster_name: str,
                  api: RunPodAPI | None = None) -> None:
         super().__init__(provider_config, cluster_name)
-        self.api = api or RunPodAPI(api_key(), url=provider_config.get("api_url", API_URL))
+        self.api = api or RunPodAPI(api_key(), url=provider_config.get("api_url", API_URL),
+                                    rest_url=provider_config.get("rest_url", REST_URL))
         self.head_ip = provider_config.get("head_ip") or _this_machines_ip()
         default_tags = f"~/.raytrain/runpod-tags-{cluster_name}.json"
         self.tags_file = Path(provider_config.get("tags_file", default_tags)).expanduser()
@@ -151,6 +155,10 @@ class RunPodNodeProvider(NodeProvider):
 
     def _request(self, node_config: dict[str, Any], tags: dict[str, str]) -> PodRequest:
         node_type = tags.get(TAG_RAY_USER_NODE_TYPE, "worker")
+        if "deploy_input" in node_config:
+            raise RunPodError(f"node type {node_type!r} has deploy_input, the GraphQL deploy's "
+                              "fields; pods are created through RunPod's REST API now. To fix: "
+                              "rename it create_input and use the REST API's field names")
         if "gpu_type_id" not in node_config or "gpu_count" not in node_config:
             raise RunPodError(f"node type {node_type!r} names no gpu_type_id and gpu_count, so "
                               "no pod can be bought for it. To fix: add them to its node_config "
@@ -168,7 +176,7 @@ class RunPodNodeProvider(NodeProvider):
             bid_per_gpu=node_config.get("bid_per_gpu"),
             cloud_type=node_config.get("cloud_type", "SECURE"),
             container_disk_gb=int(node_config.get("container_disk_gb", 50)),
-            docker_args=args, extra=dict(node_config.get("deploy_input", {})),
+            docker_args=args, extra=dict(node_config.get("create_input", {})),
             env={**node_config.get("env", {}), CLUSTER_ENV: self.cluster_name,
                  TAGS_ENV: json.dumps(tags, sort_keys=True), "RAY_HEAD_IP": self.head_ip,
                  **self._node_id_env()})

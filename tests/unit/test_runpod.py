@@ -1,6 +1,6 @@
 """RunPod: the API client, the offers it refreshes and the Ray node provider, against a local
-fake of RunPod's GraphQL API over real HTTP (tests/runpod_api.py); the cluster config against
-Ray's schema and ours; and the policy keeping a job on one pod."""
+fake of RunPod's REST create and GraphQL API over real HTTP (tests/runpod_api.py); the
+cluster config against Ray's schema and ours; and the policy keeping a job on one pod."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def fake() -> Iterator[FakeRunPod]:
 
 @pytest.fixture
 def api(fake: FakeRunPod) -> Iterator[RunPodAPI]:
-    client = RunPodAPI(fake.key, url=fake.url, timeout_s=1.0)
+    client = RunPodAPI(fake.key, url=fake.url, rest_url=fake.rest_url, timeout_s=1.0)
     yield client
     client.close()
 
@@ -58,8 +58,13 @@ def pod(interruptible: bool, gpu: str = RTX4090, count: int = 1, **kw: object) -
 def test_pods_are_bought_on_demand_and_interruptible_and_listed_and_terminated(
         fake: FakeRunPod, api: RunPodAPI) -> None:
     on_demand = api.deploy(pod(False, env={"A": "1"}))
-    spot = api.deploy(pod(True, count=2))  # at the lowest bid RunPod lists now
+    spot = api.deploy(pod(True, count=2))  # at RunPod's interruptible price now
     assert on_demand["costPerHr"] == 0.59 and spot["costPerHr"] == 0.68
+    # Created through the REST API, both markets on the account's global network.
+    created = [r["body"] for r in fake.requests if r.get("rest") == "POST /v1/pods"]
+    assert [(b["interruptible"], b["globalNetworking"]) for b in created] == [
+        (False, True), (True, True)]
+    assert created[0]["gpuTypeIds"] == [RTX4090] and created[0]["env"] == {"A": "1"}
     assert runpod.pod_env(on_demand) == {"A": "1"}
     assert {p["id"] for p in api.pods()} == {on_demand["id"], spot["id"]}
     assert fake.stock[RTX4090] == 5
@@ -73,24 +78,31 @@ def test_every_bad_answer_is_a_clear_error_in_time_and_never_shows_the_key(
     fake.stock[H100] = 0
     with pytest.raises(NoCapacity, match="no machine"):
         api.deploy(pod(False, gpu=H100, count=8))
-    with pytest.raises(NoCapacity, match="lists no interruptible"):
+    with pytest.raises(NoCapacity, match="no machine"):
         api.deploy(pod(True, gpu=H100, count=8))
-    with pytest.raises(NoCapacity, match="refused the bid"):
+    with pytest.raises(NoCapacity, match="lists no interruptible"):  # a ceiling, no stock
+        api.deploy(pod(True, gpu=H100, count=8, bid_per_gpu=5.0))
+    with pytest.raises(NoCapacity, match="above this node type's bid ceiling"):
         api.deploy(pod(True, bid_per_gpu=0.05))
-    with pytest.raises(runpod.RunPodError, match="noSuchField"):  # as RunPod's schema would
+    with pytest.raises(runpod.RunPodError, match="noSuchField"):  # as RunPod's API would
         api.deploy(pod(False, extra={"noSuchField": 1}))
     fake.fail_next(status=503)
     with pytest.raises(RunPodUnavailable, match="503"):
         api.pods()
+    fake.fail_next(status=502, message="bad gateway", operation="POST /v1/pods")
+    with pytest.raises(RunPodUnavailable, match="502"):
+        api.deploy(pod(False))
     fake.delay_s, fake.delayed = 2.0, 1
     started = time.monotonic()
     with pytest.raises(RunPodUnavailable, match="within 1 s"):
         api.gpu_types()
     assert time.monotonic() - started < 2.0
-    wrong = RunPodAPI("rp_wrong_secret", url=fake.url)
+    wrong = RunPodAPI("rp_wrong_secret", url=fake.url, rest_url=fake.rest_url)
     with pytest.raises(RunPodAuthError, match="RUNPOD_API_KEY") as refused:
         wrong.pods()
-    for text in (str(refused.value), repr(wrong), caplog.text):
+    with pytest.raises(RunPodAuthError, match="RUNPOD_API_KEY") as refused_create:
+        wrong.deploy(pod(False))
+    for text in (str(refused.value), str(refused_create.value), repr(wrong), caplog.text):
         assert "rp_wrong_secret" not in text and fake.key not in text
     assert not fake.pods  # nothing was bought by any of it
 
@@ -135,13 +147,15 @@ TAGS = {TAG_RAY_NODE_KIND: "worker", TAG_RAY_USER_NODE_TYPE: "rtx4090x2-spot"}
 def test_the_node_provider_keeps_its_nodes_and_tags_on_runpod_across_a_restart(
         fake: FakeRunPod, api: RunPodAPI, tmp_path: Path) -> None:
     nodes = provider(fake, api, tmp_path)
-    [node] = nodes.create_node({**NODE_CONFIG, "deploy_input": {"containerDiskInGb": 80}},
+    [node] = nodes.create_node({**NODE_CONFIG, "create_input": {"containerDiskInGb": 80}},
                                TAGS, 1)
     made = fake.pods[node]
-    assert made["interruptible"] and made["gpuCount"] == 2
-    assert fake.requests[-1]["variables"]["input"]["containerDiskInGb"] == 80
-    assert made["dockerArgs"] == ("ray start --address=10.0.0.1:6379 "
-                                  "--resources='{\"rtx4090x2-spot\": 1}'")
+    assert made["interruptible"] and made["gpuCount"] == 2 and made["globalNetworking"]
+    assert fake.requests[-1]["body"]["containerDiskInGb"] == 80
+    assert made["dockerStartCmd"] == ["bash", "-c", "ray start --address=10.0.0.1:6379 "
+                                      "--resources='{\"rtx4090x2-spot\": 1}'"]
+    with pytest.raises(runpod.RunPodError, match="rename it create_input"):
+        nodes.create_node({**NODE_CONFIG, "deploy_input": {"x": 1}}, TAGS, 1)
     assert nodes.non_terminated_nodes({TAG_RAY_USER_NODE_TYPE: "rtx4090x2-spot"}) == [node]
     assert nodes.non_terminated_nodes({TAG_RAY_USER_NODE_TYPE: "h100x8-spot"}) == []
     assert nodes.node_tags(node)[TAG_RAY_NODE_STATUS] == "up-to-date"
