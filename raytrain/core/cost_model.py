@@ -84,6 +84,17 @@ class ModelDims:
     def activation_values_per_token_layer(self) -> int:
         return 8 * self.dim + 2 * self.kv_dim + (3 if self.gated_mlp else 2) * self.ffn_dim
 
+    def activation_values_on_rank(self, tp: int, sequence_parallel: bool) -> float:
+        """A block's activation values per token on one tensor-parallel rank: all of them
+        split over the ranks under sequence parallelism; without it, the 4*d around the norms
+        whole on every rank."""
+        values = self.activation_values_per_token_layer
+        if tp == 1:
+            return values
+        if sequence_parallel:
+            return values / tp
+        return (values - 4 * self.dim) / tp + 4 * self.dim
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -191,13 +202,11 @@ def _rank_memory(dims: ModelDims, work: Workload, c: Layout, rank: int) -> float
     elif c.data_parallel_wrapper == "ddp":
         state += held * 4  # gradient buckets
     tokens = c.micro_batch_size * dims.seq_len
-    per_layer = dims.activation_values_per_token_layer
+    per_layer = dims.activation_values_on_rank(c.tp, c.sequence_parallel)
     if c.tp > 1 and c.sequence_parallel:
         # PyTorch's sequence parallelism all-gathers the attention's and the MLP's input to
         # the whole sequence, and the column-wise linears save it whole for their backward.
-        per_layer = per_layer / c.tp + 2 * dims.dim * (1 - 1 / c.tp)
-    elif c.tp > 1:  # the norms' inputs and outputs are whole on every rank
-        per_layer = (per_layer - 4 * dims.dim) / c.tp + 4 * dims.dim
+        per_layer += 2 * dims.dim * (1 - 1 / c.tp)
     full_layer_bytes = tokens * per_layer * work.act_bytes
     if c.recompute == "full":
         layer_bytes = tokens * dims.dim * work.act_bytes / c.tp

@@ -128,9 +128,7 @@ def microbatch_compute_s(dims, work, gpu: GPUKind, c: MicrobatchShape, layers: i
                       + matmul_s(seq, head_dim, seq, gpu, flops, b, rate, sequences))
         block += sequences * dims.seq_len ** 2 * b * work.kernels.softmax_passes \
             / gpu.memory_bandwidth
-    values = dims.activation_values_per_token_layer
-    if tp > 1:
-        values = values / tp if c.sequence_parallel else (values - 4 * d) / tp + 4 * d
+    values = dims.activation_values_on_rank(tp, c.sequence_parallel)
     passes = work.kernels.fused_elementwise_passes if work.fused_elementwise \
         else work.kernels.elementwise_passes
     block += tokens * values * b * passes / gpu.memory_bandwidth
