@@ -224,11 +224,7 @@ class RunPodAPI:
             document = {"error": answer.text[:300]}
         if answer.status_code >= 400:
             message = str(document.get("error") or document.get("message") or document)[:300]
-            if answer.status_code >= 500 and not (_NO_STOCK.search(message)
-                                                  or _LOW_BID.search(message)):
-                raise RunPodUnavailable(f"RunPod answered {answer.status_code} to {what}: "
-                                        f"{message}. To fix: retry later (RunPod's side)")
-            _raise_refusal(what, message)
+            _raise_refusal(what, message, answer.status_code)
         if not isinstance(document, dict) or not document.get("id"):
             raise NoCapacity(f"RunPod created no {request.gpu_count} x {request.gpu_type_id} "
                              "pod (no machine free). To fix: nothing; the policy tries the "
@@ -242,15 +238,19 @@ class RunPodAPI:
         self.call(TERMINATE, {"input": {"podId": pod_id}})
 
 
-def _raise_refusal(what: str, message: str) -> None:
-    """RunPod refused `what` with `message`: no capacity (the policy moves on), or an error
-    that names the refusal."""
+def _raise_refusal(what: str, message: str, status: int = 200) -> None:
+    """RunPod refused `what` with `message` (at HTTP `status`): no capacity, whatever the
+    status (the policy moves on); else RunPodUnavailable for a 5xx, or an error that names
+    the refusal."""
     if _NO_STOCK.search(message):
         raise NoCapacity(f"RunPod has no machine for {what} now: {message}. To fix: nothing; "
                          "the policy tries the next offer")
     if _LOW_BID.search(message):
         raise NoCapacity(f"RunPod refused the price for {what}: {message}. To fix: nothing; "
                          "the policy tries on-demand or another offer")
+    if status >= 500:
+        raise RunPodUnavailable(f"RunPod answered {status} to {what}: {message}. To fix: retry "
+                                "later (RunPod's side)")
     raise RunPodError(f"RunPod refused {what}: {message}")
 
 
