@@ -85,6 +85,10 @@ def _runpod_problems(here: tuple[str, ...], node_config: dict[str, Any],
     if not isinstance(node_config.get("interruptible"), bool):
         return [FieldError(here + ("node_config", "interruptible"), "missing. To fix: true "
                            "for interruptible (spot) pods, false for on-demand")]
+    if "deploy_input" in node_config:
+        from raytrain.cloud.runpod import DEPLOY_INPUT_GONE
+
+        return [FieldError(here + ("node_config", "deploy_input"), DEPLOY_INPUT_GONE)]
     return []
 
 

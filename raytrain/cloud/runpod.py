@@ -61,6 +61,11 @@ INTRA_LINKS = {"rtx4090": "pcie4-no-p2p", "h100-sxm": "nvlink4"}
 # control plane, far too slow for gradients. Each offer is one pod (max_nodes 1).
 POD_NETWORK_GBPS = 0.1
 
+# A node_config key of the GraphQL deploy, refused by the cluster checks and the provider.
+DEPLOY_INPUT_GONE = ("deploy_input held the GraphQL deploy's fields; pods are created through "
+                     "RunPod's REST API now. To fix: rename it create_input and use the REST "
+                     "API's field names")
+
 _NO_STOCK = re.compile(r"no longer any instances available|not enough|out of stock|"
                        r"no (gpu|machine)s? available", re.I)
 _LOW_BID = re.compile(r"bid", re.I)

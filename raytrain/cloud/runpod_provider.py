@@ -54,6 +54,7 @@ from ray.autoscaler.tags import (
 
 from raytrain.cloud.runpod import (
     API_URL,
+    DEPLOY_INPUT_GONE,
     REST_URL,
     PodRequest,
     RunPodAPI,
@@ -156,9 +157,7 @@ class RunPodNodeProvider(NodeProvider):
     def _request(self, node_config: dict[str, Any], tags: dict[str, str]) -> PodRequest:
         node_type = tags.get(TAG_RAY_USER_NODE_TYPE, "worker")
         if "deploy_input" in node_config:
-            raise RunPodError(f"node type {node_type!r} has deploy_input, the GraphQL deploy's "
-                              "fields; pods are created through RunPod's REST API now. To fix: "
-                              "rename it create_input and use the REST API's field names")
+            raise RunPodError(f"node type {node_type!r}: {DEPLOY_INPUT_GONE}")
         if "gpu_type_id" not in node_config or "gpu_count" not in node_config:
             raise RunPodError(f"node type {node_type!r} names no gpu_type_id and gpu_count, so "
                               "no pod can be bought for it. To fix: add them to its node_config "

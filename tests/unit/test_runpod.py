@@ -227,6 +227,10 @@ def test_the_runpod_cluster_config_passes_rays_schema_and_ours() -> None:
     broken["available_node_types"]["rtx4090x2-spot"]["node_config"]["gpu_count"] = 3
     [problem] = check_cluster_config(broken, snapshot())
     assert problem.loc[-1] == "gpu_count" and "[1, 2, 4, 8]" in problem.msg
+    renamed = copy.deepcopy(document)
+    renamed["available_node_types"]["h100x8-spot"]["node_config"]["deploy_input"] = {}
+    [problem] = check_cluster_config(renamed, snapshot())
+    assert problem.loc[-1] == "deploy_input" and "create_input" in problem.msg
 
 
 def test_the_policy_keeps_a_job_on_one_runpod_pod() -> None:
