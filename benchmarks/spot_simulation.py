@@ -93,6 +93,22 @@ def late_repairs(policy_name: str, starts: int, every_s: float = 120.0) -> list[
     return lines
 
 
+def cost_split(policy_name: str, starts: int) -> list[str]:
+    """What the policy's bill paid for on each trace (SimResult.cost_by_phase), the mean over
+    the start times: training, restarts, checkpoints, waiting for the rest of a group."""
+    policy = load_policies()[policy_name]
+    lines = []
+    for with_notice in (False, True):
+        for trace, job in each_run(with_notice):
+            results = [simulate(trace, job, "policy", policy, trace.duration_s * i / starts)
+                       for i in range(starts)]
+            phases = {phase: sum(r.cost_by_phase.get(phase, 0.0) for r in results) / starts
+                      for phase in ("training", "restarting", "checkpointing", "waiting")}
+            lines.append(f"- {trace.name}, notice {job.notice_s:.0f} s: "
+                         + ", ".join(f"{phase} ${usd:.2f}" for phase, usd in phases.items()))
+    return lines
+
+
 def gaps(rows: list[Summary]) -> list[str]:
     """The policy against Uniform Progress and the oracle, and its saving, per trace."""
     lines = []
@@ -220,6 +236,10 @@ def main() -> None:
         print(f"| {label} | {notice:.0f} | {r.strategy} | {r.mean_cost_usd:.2f} | "
               f"{r.mean_hours:.2f} | {r.deadline_misses}/{r.runs} | {r.mean_preemptions:.1f} | "
               f"{r.mean_lost_work_hours:.2f} | {r.mean_on_demand_hours:.2f} |")
+    began = time.perf_counter()
+    split = cost_split(args.policy, args.starts)
+    print(f"\n## what the policy's bill paid for ({time.perf_counter() - began:.1f} s)")
+    print("\n".join(split))
     began = time.perf_counter()
     repairs = late_repairs(args.policy, args.starts)
     print(f"\n## Uniform Progress's late runs, made punctual with hindsight "

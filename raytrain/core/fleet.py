@@ -72,6 +72,9 @@ class SimResult:
     on_demand_s: float
     met_deadline: bool
     decisions: list[str] = field(default_factory=list)
+    # What the bill paid for (raytrain.core.simulate): training, restarting, checkpointing,
+    # and waiting for the rest of a group; empty for the hindsight schedule.
+    cost_by_phase: dict[str, float] = field(default_factory=dict)
 
 
 def replay(trace: Trace, start_s: float, horizon_s: float) -> list[TraceEvent]:

@@ -235,7 +235,12 @@ def simulate(trace: Trace, job: SimJob, strategy: str, policy: PolicySpec,
         dt = job.step_s
         holding = n if state.market == "on-demand" else len(state.held)
         price = od_usd if state.market == "on-demand" else spot_usd
-        result.cost_usd += usd_for(price, dt, holding)
+        bill = usd_for(price, dt, holding)
+        result.cost_usd += bill
+        phase = "waiting" if state.waiting_since is not None else "restarting" \
+            if state.restart_left_s > 0 else "checkpointing" if state.checkpointing_left_s > 0 \
+            else "training"
+        result.cost_by_phase[phase] = result.cost_by_phase.get(phase, 0.0) + bill
         if state.market == "spot":
             engine.exposed(offer.id, node_hours=holding * dt / 3600)
         else:

@@ -99,6 +99,19 @@ def test_a_late_run_is_made_punctual_by_a_move_to_on_demand_at_a_chosen_time() -
     assert moved.decisions == ["2.00 h: on-demand"]
 
 
+def test_every_dollar_of_a_run_is_accounted_to_what_it_paid_for() -> None:
+    """SimResult.cost_by_phase, which benchmarks/spot_simulation.py prints: the move to
+    on-demand adds a restart; the rest is training and checkpoints, and it all adds up."""
+    trace = Trace("calm", (TraceEvent(0, "add", "a"),), 24 * HOUR)
+    job = one_node_job(3, 6)
+    plain = simulate(trace, job, "uniform-progress", COST_FIRST)
+    moved = simulate(trace, job, "uniform-progress", COST_FIRST, on_demand_from_s=2 * HOUR)
+    for result in (plain, moved):
+        assert sum(result.cost_by_phase.values()) == pytest.approx(result.cost_usd)
+    assert set(moved.cost_by_phase) == {"training", "restarting", "checkpointing"}
+    assert moved.cost_by_phase["restarting"] > plain.cost_by_phase["restarting"]
+
+
 def test_a_cheap_slow_option_is_tried_only_while_there_is_time_to_fall_back() -> None:
     """Spot here is expected to miss the deadline; on-demand is not. With hours of slack the
     policy tries spot (it can still fall back); once the slack is gone, on-demand."""
