@@ -50,6 +50,9 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 RETRY_FOR_S = 30.0  # how long a repeatable request keeps trying through a restart
 RETRIED_STATUSES = (502, 503, 504)
 MAX_PAUSE_S = 5.0
+# how long a status read may trail the `end` event: a read answered by another replica than
+# the stream's shows a change one long-poll answer (milliseconds) after the stream
+END_READ_S = 10.0
 
 
 class Client:
@@ -267,7 +270,11 @@ class Job:
         for event in self.events():
             if on_event is not None:
                 on_event(event)
-        return self.status()
+        status, read_until = self.status(), time.monotonic() + END_READ_S
+        while not status.state.is_terminal and time.monotonic() < read_until:
+            time.sleep(0.1)
+            status = self.status()
+        return status
 
 
 def _parse_sse(lines: Iterator[str]) -> Iterator[JobEvent]:

@@ -195,7 +195,8 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
     add_pages(api)
     latency = request_latency()
     streams = StreamLimits()
-    feeds = Feeds(manager, EVENT_POLL_S, streams)
+    feeds = Feeds(manager, EVENT_POLL_S, streams,
+                  on_change=cache.heard_of_change if cache is not None else None)
     api.add_exception_handler(RequestValidationError, _validation_error)
     api.add_exception_handler(StarletteHTTPException, allow_every_method)
     api.add_exception_handler(RayActorError, _manager_away)

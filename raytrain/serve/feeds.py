@@ -5,10 +5,12 @@ bounded number of threads: fifty dashboards on one job took fifty of them, and a
 progress report could wait behind them. A `Feed` is one pump per job in the HTTP replica that
 waits on the manager and keeps what it got, each event encoded for the wire once; every
 stream of that job reads from it. Its streams are counted by the replica's StreamLimits
-(serve.http_limits), and the feed stops with the last. Written here because neither
+(serve.http_limits), and the feed stops with the last. A batch that changes more than
+progress is told to `on_change` (the replica's status copy) before any stream sends it.
+Written here because neither
 Starlette nor Ray Serve shares one upstream among many SSE clients.
 
-    feeds = Feeds(manager, poll_s=10.0, limits=StreamLimits())
+    feeds = Feeds(manager, poll_s=10.0, limits=StreamLimits(), on_change=cache.heard_of_change)
     async with feeds.follow(job_id) as feed:
         batch = await feed.after(seq, timeout_s=10.0)  # [] on timeout, None: the job is gone
         for sent in batch: write(sent.text)            # `id: ..., event: ..., data: ...`
@@ -19,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, NamedTuple
+from typing import Any, AsyncIterator, Callable, NamedTuple
 
 from ray.exceptions import GetTimeoutError, RayActorError, TaskCancelledError
 
@@ -45,8 +47,10 @@ class ManagerAway(Exception):
 
 
 class Feed:
-    def __init__(self, manager: Any, job_id: str, poll_s: float) -> None:
+    def __init__(self, manager: Any, job_id: str, poll_s: float,
+                 on_change: Callable[[], None] | None = None) -> None:
         self.manager, self.job_id, self.poll_s = manager, job_id, poll_s
+        self.on_change = on_change
         self.events: list[Sent] = []
         self.gone = False  # the job was deleted
         self.away = False  # the manager stopped answering
@@ -65,6 +69,9 @@ class Feed:
                 if batch is None:
                     self.gone = True
                 elif batch:
+                    if self.on_change is not None and \
+                            any(event["type"] != "progress" for event in batch):
+                        self.on_change()
                     self.events.extend(sse(event) for event in batch)
                     del self.events[:-EVENTS_KEPT_PER_JOB]
                     last = batch[-1]["seq"]
@@ -96,8 +103,9 @@ class Feeds:
     """The replica's feeds, by job: made by the first stream of a job, stopped with its last
     (`limits` counts the streams)."""
 
-    def __init__(self, manager: Any, poll_s: float, limits: StreamLimits | None = None) -> None:
-        self.manager, self.poll_s = manager, poll_s
+    def __init__(self, manager: Any, poll_s: float, limits: StreamLimits | None = None,
+                 on_change: Callable[[], None] | None = None) -> None:
+        self.manager, self.poll_s, self.on_change = manager, poll_s, on_change
         self.limits = limits if limits is not None else StreamLimits()
         self.feeds: dict[str, Feed] = {}
 
@@ -106,7 +114,7 @@ class Feeds:
         """Follow a job's events, as one more of its streams."""
         feed = self.feeds.get(job_id)
         if feed is None or feed.away or feed.gone:
-            feed = self.feeds[job_id] = Feed(self.manager, job_id, self.poll_s)
+            feed = self.feeds[job_id] = Feed(self.manager, job_id, self.poll_s, self.on_change)
             feed.task = asyncio.create_task(feed.pump())
         try:
             with self.limits.held(job_id):

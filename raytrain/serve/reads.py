@@ -10,8 +10,10 @@ changes, with just the statuses that did.
     app.add_middleware(CachedReads, cache=cache, route=the GET /v1/jobs/{job_id} route)
 
 A read is answered from memory only while the copy is known to hold every write this replica
-has carried out: while a write is under way, and until a poll issued after it has come back,
-reads go to the job manager as before. So a client reads its own writes on its connection.
+has carried out, and every change its event streams have sent: while a write is under way,
+and until a poll issued after it (or after the event) has come back, reads go to the job
+manager as before. So a client reads its own writes on its connection, and a status read
+after a stream's `state`, `checkpoint` or `end` event is at least as new as the event.
 Through another replica a read trails a write by the time a change takes to reach it (one
 long-poll answer, milliseconds). Anything the copy cannot answer (an unknown id, a query
 string, the manager away) goes on to the app, which asks the manager.
@@ -102,6 +104,11 @@ class StatusCache:
         finally:
             self._under_way -= 1
             self._writes += 1
+
+    def heard_of_change(self) -> None:
+        """A change this replica learnt of otherwise than by a poll (an event stream's): reads
+        go to the manager until a poll issued after it has answered."""
+        self._writes += 1
 
     async def _pump(self) -> None:
         while True:

@@ -81,6 +81,28 @@ class Service:
                                  if token else {})
 
 
+@pytest.fixture(autouse=True)
+def no_job_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Cancel what a test on the shared service left queued or running (one that failed
+    half-way): otherwise its CPUs starve every test after it."""
+    yield
+    if "service" in request.fixturenames:
+        cancel_what_is_left(request.getfixturevalue("service"))
+
+
+def cancel_what_is_left(service: Service) -> None:
+    from raytrain import Client
+    from raytrain.errors import JobStateError
+
+    with Client(service.url, token=service.token) as client:
+        for job in client.list():
+            if not job.state.is_terminal:
+                try:
+                    client.cancel(job.id)
+                except JobStateError:
+                    pass  # it ended meanwhile
+
+
 @pytest.fixture(scope="session")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     import ray

@@ -20,7 +20,7 @@ import ray
 
 from raytrain import Client, JobSpec, JobState
 from raytrain.cli import main as cli_main
-from tests.integration.conftest import NUM_CPUS, Service, wait_for
+from tests.integration.conftest import NUM_CPUS, Service, cancel_what_is_left, wait_for
 from tests.integration.test_service import cpus_free, job_spec
 from tests.unit.test_training import run_single
 
@@ -30,6 +30,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 @pytest.fixture(autouse=True)
 def nothing_left_behind(service: Service) -> Iterator[None]:
     yield
+    cancel_what_is_left(service)  # before the wait: this fixture's end comes first
     wait_for(lambda: not live_placement_groups(), 150, "every placement group to be released")
     wait_for(lambda: cpus_free() >= NUM_CPUS, 60, "every CPU to be free")
 

@@ -4,12 +4,14 @@ Ray."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from raytrain import Client, JobState
 from raytrain.serve.app import InProcess, build_app
 from raytrain.serve.auth import operator_token
 from raytrain.serve.front import Front
@@ -40,10 +42,16 @@ class CountingManager(JobManager):
         return answer
 
 
-def serve(tmp_path: Path, port: int = 0) -> tuple[CountingManager, Front, httpx.Client]:
+class SlowCopyManager(CountingManager):
+    """Its changes reach the replica's copy a second behind its event streams."""
+
+    LATE_S = 1.0
+
+
+def serve(tmp_path: Path, port: int = 0, kind: type[CountingManager] = CountingManager
+          ) -> tuple[CountingManager, Front, httpx.Client]:
     config = ServiceConfig(state_dir=str(tmp_path))
-    manager = CountingManager(config.model_dump(mode="json"), cluster=FakeRay(cpus=64),
-                              schedule=False)
+    manager = kind(config.model_dump(mode="json"), cluster=FakeRay(cpus=64), schedule=False)
     front = Front(build_app(InProcess(manager), cached_reads=1.0), "127.0.0.1", port)
     http = httpx.Client(base_url=f"http://127.0.0.1:{front.sock.getsockname()[1]}",
                         headers={"Authorization": f"Bearer {operator_token(config)}"})
@@ -96,6 +104,30 @@ def test_reads_come_from_memory_and_always_show_this_replicas_own_writes(
             assert time.monotonic() < deadline, "the copy never saw the change"
             time.sleep(0.05)
     finally:
+        http.close()
+        front.stop()
+        manager.shutdown()
+
+
+def test_a_status_read_after_a_streamed_end_is_never_older_than_the_end(
+        tmp_path: Path) -> None:
+    """A client that follows a job's events and reads its status at the `end` (as
+    `Job.wait()` does) gets the final state, though the copy hears of it a second later."""
+    manager, front, http = serve(tmp_path, kind=SlowCopyManager)
+    client = Client(str(http.base_url), token=http.headers["Authorization"].split()[-1])
+    try:
+        for i in range(3):
+            job = client.submit({**small_job(), "name": f"ends-elsewhere-{i}"})
+            deadline = time.monotonic() + CHANGE_SEEN_S
+            while True:  # the copy has the job: reads no longer reach the manager
+                before = CountingManager.reads
+                job.status()
+                if CountingManager.reads == before or time.monotonic() > deadline:
+                    break
+            threading.Timer(0.5, manager.cancel, (job.id,)).start()  # the scheduler's change
+            assert job.wait().state == JobState.CANCELLED
+    finally:
+        client.close()
         http.close()
         front.stop()
         manager.shutdown()
