@@ -117,19 +117,59 @@ def test_a_status_read_after_a_streamed_end_is_never_older_than_the_end(
     client = Client(str(http.base_url), token=http.headers["Authorization"].split()[-1])
     try:
         for i in range(3):
-            job = client.submit({**small_job(), "name": f"ends-elsewhere-{i}"})
-            deadline = time.monotonic() + CHANGE_SEEN_S
-            while True:  # the copy has the job: reads no longer reach the manager
-                before = CountingManager.reads
-                job.status()
-                if CountingManager.reads == before or time.monotonic() > deadline:
-                    break
-            threading.Timer(0.5, manager.cancel, (job.id,)).start()  # the scheduler's change
-            assert job.wait().state == JobState.CANCELLED
+            ends_elsewhere(client, manager, f"ends-elsewhere-{i}")
     finally:
         client.close()
         http.close()
         front.stop()
+        manager.shutdown()
+
+
+def ends_elsewhere(client: Client, manager: CountingManager, name: str) -> None:
+    """Submit a job, wait until status reads of it come from the copy, then have the
+    manager cancel it as the scheduler would: `wait()` must return CANCELLED."""
+    job = client.submit({**small_job(), "name": name})
+    deadline = time.monotonic() + CHANGE_SEEN_S
+    while True:  # the copy has the job: reads no longer reach the manager
+        before = CountingManager.reads
+        job.status()
+        if CountingManager.reads == before or time.monotonic() > deadline:
+            break
+    threading.Timer(0.5, manager.cancel, (job.id,)).start()
+    assert job.wait().state == JobState.CANCELLED
+
+
+class StreamsToOneReplica(httpx.HTTPTransport):
+    """A load balancer that sends event streams to one replica and all else to another."""
+
+    def __init__(self, stream_port: int, other_port: int) -> None:
+        super().__init__()
+        self.stream_port, self.other_port = stream_port, other_port
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        port = self.stream_port if request.url.path.endswith("/events") else self.other_port
+        request.url = request.url.copy_with(port=port)
+        return super().handle_request(request)
+
+
+def test_wait_reads_the_end_through_a_replica_that_has_not_heard_of_it_yet(
+        tmp_path: Path) -> None:
+    """The stream on one replica, status reads on another, whose copy hears of the end a
+    second after the stream: `Job.wait()` reads again until the status shows the end."""
+    config = ServiceConfig(state_dir=str(tmp_path))
+    manager = SlowCopyManager(config.model_dump(mode="json"), cluster=FakeRay(cpus=64),
+                              schedule=False)
+    fronts = [Front(build_app(InProcess(manager), cached_reads=1.0), "127.0.0.1", 0)
+              for _ in range(2)]
+    ports = [front.sock.getsockname()[1] for front in fronts]
+    client = Client(f"http://127.0.0.1:{ports[1]}", token=operator_token(config),
+                    transport=StreamsToOneReplica(*ports))
+    try:
+        ends_elsewhere(client, manager, "read-elsewhere")
+    finally:
+        client.close()
+        for front in fronts:
+            front.stop()
         manager.shutdown()
 
 
