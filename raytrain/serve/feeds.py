@@ -7,8 +7,8 @@ waits on the manager and keeps what it got, each event encoded for the wire once
 stream of that job reads from it. Its streams are counted by the replica's StreamLimits
 (serve.http_limits), and the feed stops with the last. A batch that changes more than
 progress is told to `on_change` (the replica's status copy) before any stream sends it.
-Written here because neither
-Starlette nor Ray Serve shares one upstream among many SSE clients.
+Written here because neither Starlette nor Ray Serve shares one upstream among many SSE
+clients.
 
     feeds = Feeds(manager, poll_s=10.0, limits=StreamLimits(), on_change=cache.heard_of_change)
     async with feeds.follow(job_id) as feed:
