@@ -81,16 +81,18 @@ class StatusCache:
         self.bodies: dict[str, bytes] = {}
         self.epoch: str | None = None  # the manager instance the copy came from
         self.version = -1
-        self._writes = 0  # writes this replica finished
+        # changes the copy must hold: writes finished here, and what this replica's event
+        # streams sent
+        self._known = 0
         self._under_way = 0
-        self._covered = -1  # the writes the last poll's answer is known to include
+        self._covered = -1  # the changes the last poll's answer is known to include
         self._task: asyncio.Task | None = None
 
     def get(self, job_id: str) -> bytes | None:
         """The job's status, or None when the copy cannot be trusted to have it."""
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._pump())
-        if self.epoch is None or self._under_way or self._covered != self._writes:
+        if self.epoch is None or self._under_way or self._covered != self._known:
             return None
         return self.bodies.get(job_id)
 
@@ -103,16 +105,16 @@ class StatusCache:
             yield
         finally:
             self._under_way -= 1
-            self._writes += 1
+            self.heard_of_change()
 
     def heard_of_change(self) -> None:
         """A change this replica learnt of otherwise than by a poll (an event stream's): reads
         go to the manager until a poll issued after it has answered."""
-        self._writes += 1
+        self._known += 1
 
     async def _pump(self) -> None:
         while True:
-            covers = self._writes
+            covers = self._known
             wait_s = self.poll_s if self._covered == covers else 0.0
             try:
                 self.apply(await self.manager.changes.remote(self.epoch, self.version, wait_s))

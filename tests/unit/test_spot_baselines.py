@@ -13,7 +13,7 @@ from raytrain.catalog.files import TRACES_DIR, load_policies, snapshot
 from raytrain.catalog.traces import load_trace
 from raytrain.cli import main as cli_main
 from raytrain.core.autoscale import Goal, Observed, choose, options, redecide
-from raytrain.core.fleet import Fleet, SimJob, Trace, TraceEvent
+from raytrain.core.fleet import Fleet, SimJob, SimResult, Trace, TraceEvent
 from raytrain.core.hindsight import hindsight
 from raytrain.core.simulate import STRATEGIES, _State, compare, simulate, uniform_progress
 from raytrain.core.tally import Tally
@@ -86,14 +86,20 @@ def test_uniform_progress_follows_the_papers_rules() -> None:
     assert uniform_progress(late, job, now=10 * HOUR - 100) == "on-demand"  # the safety net
 
 
+def calm_run_moved_at_2_hours() -> tuple[SimResult, SimResult]:
+    """Uniform Progress on a spot node that is never taken: as it is, and moved to on-demand
+    from 2 h."""
+    trace = Trace("calm", (TraceEvent(0, "add", "a"),), 24 * HOUR)
+    job = one_node_job(3, 6)
+    return (simulate(trace, job, "uniform-progress", COST_FIRST),
+            simulate(trace, job, "uniform-progress", COST_FIRST, on_demand_from_s=2 * HOUR))
+
+
 def test_a_late_run_is_made_punctual_by_a_move_to_on_demand_at_a_chosen_time() -> None:
     """benchmarks.spot_simulation's hindsight repair of Uniform Progress's late runs: from
     the time given to the end, the job is on demand, and it never goes back to spot."""
-    trace = Trace("calm", (TraceEvent(0, "add", "a"),), 24 * HOUR)
-    job = one_node_job(3, 6)
-    plain = simulate(trace, job, "uniform-progress", COST_FIRST)
+    plain, moved = calm_run_moved_at_2_hours()
     assert plain.on_demand_s == 0 and plain.met_deadline
-    moved = simulate(trace, job, "uniform-progress", COST_FIRST, on_demand_from_s=2 * HOUR)
     assert moved.met_deadline and moved.cost_usd > plain.cost_usd
     assert moved.on_demand_s == pytest.approx(moved.finished_s - 2 * HOUR)
     assert moved.decisions == ["2.00 h: on-demand"]
@@ -102,10 +108,7 @@ def test_a_late_run_is_made_punctual_by_a_move_to_on_demand_at_a_chosen_time() -
 def test_every_dollar_of_a_run_is_accounted_to_what_it_paid_for() -> None:
     """SimResult.cost_by_phase, which benchmarks/spot_simulation.py prints: the move to
     on-demand adds a restart; the rest is training and checkpoints, and it all adds up."""
-    trace = Trace("calm", (TraceEvent(0, "add", "a"),), 24 * HOUR)
-    job = one_node_job(3, 6)
-    plain = simulate(trace, job, "uniform-progress", COST_FIRST)
-    moved = simulate(trace, job, "uniform-progress", COST_FIRST, on_demand_from_s=2 * HOUR)
+    plain, moved = calm_run_moved_at_2_hours()
     for result in (plain, moved):
         assert sum(result.cost_by_phase.values()) == pytest.approx(result.cost_usd)
     assert set(moved.cost_by_phase) == {"training", "restarting", "checkpointing"}
