@@ -244,6 +244,22 @@ def with_cpu_share(shape: NodeShape, cpus_per_device: float) -> NodeShape:
 
 
 # What a measured CPU profile (`raytrain calibrate`) may set.
+# What each cloud says before it takes a spot node back: (seconds of notice, the share of
+# preemptions that come with one, the source). The share is what a job can count on to
+# checkpoint before the node goes; the rest lose the work since the last checkpoint.
+# - AWS: an interruption notice two minutes ahead, "emitted on a best effort basis" (EC2 User
+#   Guide, Spot Instance interruption notices). AWS publishes no share; 0.9 is an assumption.
+# - GCP: Spot and preemptible VMs get a 30 s preemption notice (Compute Engine docs), also
+#   best effort; 0.9 assumed likewise.
+# - RunPod: interruptible pods are stopped with no notice.
+CLOUD_NOTICES: dict[str, tuple[float, float, str]] = {
+    "aws": (120.0, 0.9, "AWS: 2 minutes, best effort (EC2 docs); share assumed"),
+    "gcp": (30.0, 0.9, "GCP: 30 s, best effort (Compute Engine docs); share assumed"),
+    "runpod": (0.0, 0.0, "RunPod: interruptible pods get no notice"),
+}
+NO_NOTICE = (0.0, 0.0, "no notice known for this provider")
+
+
 CPU_PROFILE_FIELDS = ("fp32_flops", "block_overhead_s", "step_overhead_s")
 
 

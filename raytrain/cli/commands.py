@@ -42,7 +42,7 @@ from raytrain.catalog.files import (
     snapshot,
     unknown_policy,
 )
-from raytrain.catalog.traces import load_trace
+from raytrain.catalog.traces import load_trace, trace_names
 from raytrain.cli.progress_view import JobProgressView
 from raytrain.cli.views import (
     jobs_table,
@@ -60,7 +60,7 @@ from raytrain.core.autoscale import Observed
 from raytrain.core.offers import offers_response
 from raytrain.core.planner import NothingFits
 from raytrain.core.resolve import rank_plans
-from raytrain.core.simulate import SimJob, as_runs, compare
+from raytrain.core.simulate import as_runs
 from raytrain.errors import FieldError, SpecError
 from raytrain.spec import (
     JobState,
@@ -260,7 +260,11 @@ def _policy(name: str | None) -> PolicySpec:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    """Replay spot-fleet traces against one job under each way of buying capacity."""
+    """Replay spot-fleet traces against one job under each way of buying capacity; the policy
+    and the baselines that are policies go through the live service (raytrain.serve.replay)."""
+    from raytrain.serve.simulation import TraceJob, simulate_trace
+    from raytrain.serve.trace_cloud import CloudTimes
+
     catalog = load_offers(Path(args.state_dir).expanduser())
     offer = next((o for o in catalog.offers if o.instance_type == args.instance), None)
     if offer is None or offer.spot_usd_per_hour is None or offer.on_demand_usd_per_hour is None:
@@ -270,17 +274,24 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                                           if o.spot_usd_per_hour and o.on_demand_usd_per_hour))],
                         "simulation")
     policy = _policy(args.policy)
-    notices = sorted(set(args.notice_s or [0.0]))
+    notices: list[tuple[float, float] | None] = []
+    for seconds in dict.fromkeys(args.notice_s or [None]):
+        notices.append(None if seconds is None else
+                       (seconds, 1.0 if args.notice_share is None else args.notice_share))
+    times = CloudTimes(ready_s=args.ready_s, restart_s=args.restart_s,
+                       checkpoint_s=args.checkpoint_s)
+    paths = [Path(p) for p in args.trace or [DEFAULT_TRACE]]
     rows = []
-    for path in args.trace or [DEFAULT_TRACE]:
-        trace = load_trace(Path(path))
+    for path, name in zip(paths, trace_names(paths)):
+        trace = load_trace(path, name)
         for notice in notices:
-            job = SimJob(offer=offer, nodes=args.nodes, work_s=args.work_hours * 3600,
-                         deadline_s=args.deadline_hours * 3600 if args.deadline_hours else None,
-                         checkpoint_cost_s=args.checkpoint_s, restart_s=args.restart_s,
-                         fixed_interval_s=args.interval_s, notice_s=notice)
-            with err.status(f"replaying {trace.name}, notice {notice:g} s"):
-                rows.extend(compare(trace, job, policy, starts=args.starts))
+            job = TraceJob(trace, offer, args.nodes, args.work_hours * 3600,
+                           args.deadline_hours * 3600 if args.deadline_hours else None,
+                           notice, times, args.interval_s)
+            with err.status(f"replaying {trace.name} through the service, notice "
+                            f"{job.notice_s:g} s, {args.starts} start times"):
+                rows.extend(simulate_trace(job, policy, args.starts,
+                                           processes=args.processes))
     if args.json:
         _print_json(as_runs(rows))
         return 0

@@ -73,3 +73,10 @@ def existing_file(text: str) -> Path:
 
 
 port = whole(at_least=1, at_most=65535)
+
+
+def notice_seconds(text: str) -> float | None:
+    """Seconds of notice (0 to 3600), or 'cloud' (None): the offer's cloud's own notice."""
+    if text.strip().lower() == "cloud":
+        return None
+    return number(at_least=0, at_most=3600)(text)

@@ -26,7 +26,7 @@ from raytrain.cli.commands import (
     cmd_submit,
     err,
 )
-from raytrain.cli.flags import existing_file, number, port, whole
+from raytrain.cli.flags import existing_file, notice_seconds, number, port, whole
 from raytrain.cli.service_commands import (
     cmd_calibrate,
     cmd_demo,
@@ -181,15 +181,26 @@ def build_parser() -> argparse.ArgumentParser:
     simulating.add_argument("--deadline-hours", type=number(above=0, at_most=24 * 365),
                             default=12.0)
     simulating.add_argument("--policy", default=None, help="policy name (default cost-first)")
-    simulating.add_argument("--notice-s", type=number(at_least=0, at_most=3600),
-                            action="append", help="preemption notice the job can checkpoint "
-                            "in (AWS: up to 120, GCP: 30); repeatable (default 0)")
+    simulating.add_argument("--notice-s", type=notice_seconds, action="append",
+                            help="seconds of notice before a preemption, or 'cloud' for the "
+                            "offer's cloud's (AWS 120 s, GCP 30 s, RunPod none, each to a share "
+                            "of preemptions); repeatable to compare (default: cloud)")
+    simulating.add_argument("--notice-share", type=number(at_least=0, at_most=1),
+                            help="share of preemptions a --notice-s in seconds comes with "
+                            "(default 1)")
     simulating.add_argument("--interval-s", type=number(above=0), default=1800.0,
                             help="checkpoint interval of the spot and failover strategies")
-    simulating.add_argument("--checkpoint-s", type=number(at_least=0), default=60.0)
-    simulating.add_argument("--restart-s", type=number(at_least=0), default=300.0)
-    simulating.add_argument("--starts", type=whole(at_least=1, at_most=1000), default=11,
-                            help="start times per trace")
+    simulating.add_argument("--checkpoint-s", type=number(at_least=0), default=60.0,
+                            help="seconds one checkpoint stalls training (the cloud's truth, "
+                            "which the replayed service measures)")
+    simulating.add_argument("--restart-s", type=number(at_least=0), default=30.0,
+                            help="seconds from nodes up to the first training step")
+    simulating.add_argument("--ready-s", type=number(at_least=0), default=120.0,
+                            help="seconds from asking for a node to its being up")
+    simulating.add_argument("--starts", type=whole(at_least=1, at_most=100_000), default=11,
+                            help="start times per trace, spread over its span")
+    simulating.add_argument("--processes", type=whole(at_least=1, at_most=256), default=1,
+                            help="replay start times in this many processes")
     simulating.add_argument("--state-dir", default="~/.raytrain", help="offer cache")
     simulating.set_defaults(func=cmd_simulate)
 

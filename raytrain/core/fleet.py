@@ -7,23 +7,20 @@ values the simulator's strategies (raytrain.core.simulate) and the hindsight-opt
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 
+from raytrain.catalog.spot_trace import Trace, TraceEvent
 from raytrain.spec import Offer
 
-
-@dataclass(frozen=True)
-class TraceEvent:
-    time_s: float
-    kind: str  # add | remove
-    node: str
+__all__ = ["Trace", "TraceEvent", "Fleet", "SimJob", "SimResult", "replay", "notice_given"]
 
 
-@dataclass(frozen=True)
-class Trace:
-    name: str
-    events: tuple[TraceEvent, ...]
-    duration_s: float
+def notice_given(node: str, removal_s: float, share: float, seed: int = 0) -> bool:
+    """Whether the removal of `node` at `removal_s` (from the replay's start) comes with the
+    cloud's notice: a draw with a fixed seed per node and time, so every simulation of one
+    trace and start gives the same removals their notices."""
+    return share > 0 and random.Random(f"{seed}:{node}@{removal_s:.3f}").random() < share
 
 
 @dataclass(frozen=True)
@@ -39,19 +36,23 @@ class Fleet:
 
 @dataclass(frozen=True)
 class SimJob:
-    """A job of `work_s` seconds of training on `nodes` nodes of `offer`; `alternatives`
-    are other fleets the policy (and the oracle) may choose instead, or move to."""
+    """A job of `work_s` seconds of training on `nodes` nodes of `offer`, for the strategies
+    simulated outside the live service (raytrain.core.simulate, raytrain.core.hindsight);
+    `alternatives` are other fleets the oracle may choose instead. The cloud's figures are the
+    replay's (raytrain.serve.trace_cloud.CloudTimes): nodes are up `ready_s` after they are
+    asked for and billed from then; a group starts `restart_s` after its nodes are up."""
 
     offer: Offer
     nodes: int
     work_s: float
     deadline_s: float | None
     checkpoint_cost_s: float = 60.0
-    restart_s: float = 300.0  # capacity in hand to the first step again
-    fixed_interval_s: float = 3600.0  # the `spot` and `failover` checkpoint interval
+    restart_s: float = 30.0  # capacity in hand to the first step again
+    ready_s: float = 120.0  # asking for a node to its being up (not billed)
+    fixed_interval_s: float = 3600.0  # a fixed checkpoint interval, where one is used
     notice_s: float = 0.0  # warning before a preemption (AWS: 120); 0 = none
+    notice_share: float = 1.0  # the share of preemptions that get it
     step_s: float = 10.0  # simulation resolution
-    recheck_s: float = 900.0
     alternatives: tuple[Fleet, ...] = ()
 
     @property
@@ -73,39 +74,53 @@ class SimResult:
     met_deadline: bool
     decisions: list[str] = field(default_factory=list)
     # What the bill paid for (raytrain.core.simulate): training, restarting, checkpointing,
-    # and waiting for the rest of a group; empty for the hindsight schedule.
+    # and waiting for the rest of a group; empty for the hindsight schedule and replays.
     cost_by_phase: dict[str, float] = field(default_factory=dict)
+    cloud_usd: float | None = None  # a replay: what the cloud billed (cost_usd: the service)
 
 
 def replay(trace: Trace, start_s: float, horizon_s: float) -> list[TraceEvent]:
-    """The trace from `start_s`, repeated end to end, as events in time from the start (what
-    happened before the start arrives at time 0). Across a lap's seam the fleet carries on:
-    the new lap's first adds are the nodes still alive, and only the surplus leaves."""
+    """The trace from `start_s` on, as events in time from the start, repeated end to end
+    until `horizon_s`: the fleet alive at `start_s` arrives at time 0. At each seam (the
+    trace's span) the fleet carries on: nodes alive at the end of a lap stand for the nodes
+    the next lap starts with, and only a surplus leaves (or a shortfall arrives) there, so a
+    constant trace stays constant. Each node that arrives gets a name of its own
+    (`name#n`), also when the trace reuses a name."""
+    span = trace.duration_s
+    start_s = start_s % span if span > 0 else 0.0
     out: list[TraceEvent] = []
-    alive: set[str] = set()
-    carry: list[str] = []
-    lap, base = 0, -start_s
-    while base <= horizon_s:
-        names: dict[str, str] = {}
+    ids: dict[str, str] = {}  # the trace's node name -> the fleet's node id, this lap
+    begin, offset = start_s, -start_s  # offset: the replay time of the lap's trace time 0
+    made = 0
+
+    def fresh(name: str) -> str:
+        nonlocal made
+        made += 1
+        return f"{name}#{made}"
+
+    while begin + offset <= horizon_s:
+        seam = max(0.0, begin + offset)
+        carried = [ids[name] for name in sorted(ids)]
+        ids = {}
+        for name in trace.alive_at(begin):
+            if carried:
+                ids[name] = carried.pop(0)
+            else:
+                ids[name] = fresh(name)
+                out.append(TraceEvent(seam, "add", ids[name]))
+        out.extend(TraceEvent(seam, "remove", node) for node in carried)
         for event in trace.events:
-            t = max(0.0, event.time_s + base)
+            if event.time_s <= begin:
+                continue
+            t = event.time_s + offset
             if t > horizon_s:
-                break
-            if carry and event.time_s > 0:  # the lap's opening adds are done
-                out.extend(TraceEvent(t, "remove", node) for node in carry)
-                alive.difference_update(carry)
-                carry = []
-            if event.kind == "add":
-                node = carry.pop(0) if carry else f"{event.node}#{lap}"
-                names[event.node] = node
-                if node not in alive:
-                    alive.add(node)
-                    out.append(TraceEvent(t, "add", node))
-            elif event.node in names:
-                node = names.pop(event.node)
-                alive.discard(node)
-                out.append(TraceEvent(t, "remove", node))
-        carry = sorted(alive)
-        lap += 1
-        base += trace.duration_s
+                return out
+            if event.kind == "add" and event.node not in ids:
+                ids[event.node] = fresh(event.node)
+                out.append(TraceEvent(t, "add", ids[event.node]))
+            elif event.kind == "remove" and event.node in ids:
+                out.append(TraceEvent(t, "remove", ids.pop(event.node)))
+        begin, offset = 0.0, offset + span
+        if span <= 0:
+            break
     return out

@@ -7,8 +7,9 @@ done, mode), solved backwards in time and vectorised over the work done with num
 - Modes: idle (holding nothing) and on-demand (running). Spot runs are taken whole.
 - Knowing the future, a spot run holds the `nodes` live nodes that live longest, and it ends
   when the first of them is removed. The job checkpoints just before (job.checkpoint_cost_s,
-  billed), so nothing is lost. Every run, spot or on-demand, starts with job.restart_s
-  (billed, no progress).
+  billed), so nothing is lost. Every run, spot or on-demand, starts with job.ready_s (its
+  nodes coming up: not billed, as the cloud bills a node from when it is up) and then
+  job.restart_s (billed, no progress).
 - A spot run lasts as long as it can: leaving spot early never pays, since spot is the cheaper
   capacity at the same speed and the next run starts with another restart.
 - On-demand may stop after any step (a checkpoint, then idle), for example to wait for spot.
@@ -71,6 +72,7 @@ def hindsight(trace: Trace, job: SimJob, start_s: float = 0.0) -> SimResult:
     last, work = math.floor(limit_s / dt), math.ceil(job.work_s / dt - 1e-9)
     restart, save = math.ceil(job.restart_s / dt - 1e-9), math.ceil(job.checkpoint_cost_s / dt
                                                                      - 1e-9)
+    boot = math.ceil(job.ready_s / dt - 1e-9)
     od_step = usd_for(job.offer.usd_per_hour("on-demand") or math.inf, dt, job.nodes)
     spot_price = job.offer.usd_per_hour("spot")
     spot_step = usd_for(spot_price, dt, job.nodes) if spot_price else math.inf
@@ -86,12 +88,12 @@ def hindsight(trace: Trace, job: SimJob, start_s: float = 0.0) -> SimResult:
 
     def spot_option(k: int) -> np.ndarray:
         span = min(int(ends[k]), last) - k  # steps the run can hold its nodes, in time
-        finish = left <= span - restart
+        finish = left <= span - boot - restart
         cost = np.where(finish, spot_step * (restart + left), np.inf)
-        m = span - restart - save  # steps of work in a run that must checkpoint at its end
+        m = span - boot - restart - save  # work in a run that must checkpoint at its end
         if 1 <= m < work:  # (a run of m >= work finishes whatever was done)
             after = np.full(work, np.inf, dtype=np.float64)
-            after[: work - m] = spot_step * span + row(idle, k + span)[m:]
+            after[: work - m] = spot_step * (span - boot) + row(idle, k + span)[m:]
             cost = np.where(finish, cost, after)
         return cost
 
@@ -99,8 +101,8 @@ def hindsight(trace: Trace, job: SimJob, start_s: float = 0.0) -> SimResult:
         od[k, :work] = np.minimum(od_step + np.append(row(od, k + 1)[1:], 0.0),
                                   od_step * save + row(idle, k + save))
         idle[k, :work] = np.minimum.reduce([row(idle, k + 1), od_step * restart
-                                            + row(od, k + restart), spot_option(k)])
-    return _follow(trace, job, start_s, dt, idle, od, ends, (work, restart, save, last),
+                                            + row(od, k + boot + restart), spot_option(k)])
+    return _follow(trace, job, start_s, dt, idle, od, ends, (work, boot, restart, save, last),
                    (od_step, spot_step))
 
 
@@ -108,7 +110,7 @@ def _follow(trace: Trace, job: SimJob, start_s: float, dt: float, idle: np.ndarr
             od: np.ndarray, ends: np.ndarray, grid: tuple[int, int, int, int],
             prices: tuple[float, float]) -> SimResult:
     """Walk the solved tables from the start and bill the schedule they choose."""
-    work, restart, save, last = grid
+    work, boot, restart, save, last = grid
     od_step, spot_step = prices
     result = SimResult("oracle", trace.name, start_s, math.inf, 0.0, 0, 0.0, 0.0, False)
 
@@ -131,14 +133,15 @@ def _follow(trace: Trace, job: SimJob, start_s: float, dt: float, idle: np.ndarr
                 k, mode = k + save, "idle"
             continue
         span = min(int(ends[k]), last) - k
-        m = min(work - p, span - restart - (0 if work - p <= span - restart else save))
+        room = span - boot - restart
+        m = min(work - p, room - (0 if work - p <= room else save))
         spot = math.inf
         if m >= 1:
-            ran = restart + m + (save if p + m < work else 0)
-            spot = spot_step * ran + at(idle, k + ran, p + m)
-        wait, buy = at(idle, k + 1, p), od_step * restart + at(od, k + restart, p)
+            ran = boot + restart + m + (save if p + m < work else 0)
+            spot = spot_step * (ran - boot) + at(idle, k + ran, p + m)
+        wait, buy = at(idle, k + 1, p), od_step * restart + at(od, k + boot + restart, p)
         if spot <= min(wait, buy):
-            result.cost_usd += spot_step * ran
+            result.cost_usd += spot_step * (ran - boot)
             result.decisions.append(f"{k * dt / 3600:.2f} h: spot for {ran * dt / 3600:.2f} h")
             result.preemptions += p + m < work
             k, p = k + ran, p + m
@@ -147,8 +150,8 @@ def _follow(trace: Trace, job: SimJob, start_s: float, dt: float, idle: np.ndarr
         else:
             result.decisions.append(f"{k * dt / 3600:.2f} h: on-demand")
             result.cost_usd += od_step * restart
-            result.on_demand_s += restart * dt
-            k, mode = k + restart, "od"
+            result.on_demand_s += (boot + restart) * dt
+            k, mode = k + boot + restart, "od"
     result.finished_s = k * dt if p >= work else math.inf
     result.met_deadline = job.deadline_s is None or result.finished_s <= job.deadline_s
     return result

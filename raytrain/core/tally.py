@@ -5,9 +5,10 @@ checkpoint (histograms). Each job's own series (step, loss, cost) come from its 
 outlive it for a retention window, so a job's final figures can still be scraped.
 
 It also counts the spot exposure the policy's preemption rates are estimated from: per offer,
-the node-hours jobs held its spot capacity (from the dollars billed for it) and the
-preemptions they met there. Counted as jobs are billed, kept in the store with the rest, it
-survives a restart of the service.
+the node-hours jobs held its spot capacity (from the dollars billed for it: every node from
+when it was granted to when it went) and the preemptions they met there; and the time from
+asking for an offer's nodes to their being up. Kept in the store with the rest, they survive
+a restart of the service.
 
 Everything here is a function of two statuses, the job before and after one lifecycle step;
 serve.metrics turns a snapshot into prometheus_client's metric families.
@@ -64,6 +65,9 @@ class Tally:
         name: Histogram([0] * (len(bounds) + 1)) for name, (_, bounds) in HISTOGRAMS.items()})
     # Per offer id: (preemptions, node-hours) on its spot capacity; the policy's Observed.
     spot: dict[str, tuple[int, float]] = field(default_factory=dict)
+    # Per offer id: (samples, total seconds) from asking for nodes to their being up; the
+    # policy's measured ready_s (raytrain.core.costs). The provisioner adds to it.
+    ready: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     def observe(self, before: JobStatus | None, after: JobStatus, now: float) -> None:
         """Count what changed between a job's status before a lifecycle step (None: it was
@@ -100,7 +104,8 @@ class Tally:
         return {"counters": self.counters, "ended": self.ended,
                 "histograms": {k: {"counts": h.counts, "total": h.total}
                                for k, h in self.histograms.items()},
-                "spot": {offer: list(seen) for offer, seen in self.spot.items()}}
+                "spot": {offer: list(seen) for offer, seen in self.spot.items()},
+                "ready": {offer: list(seen) for offer, seen in self.ready.items()}}
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> Tally:
@@ -122,6 +127,8 @@ class Tally:
                 tally.histograms[name] = Histogram(list(saved["counts"]), float(saved["total"]))
         for offer, (count, hours) in data.get("spot", {}).items():
             tally.spot[offer] = (int(count), float(hours))
+        for offer, (count, seconds) in data.get("ready", {}).items():
+            tally.ready[offer] = (int(count), float(seconds))
         return tally
 
 

@@ -75,15 +75,18 @@ def register_compression(
     powersgd_rank: int = 2,
     topk_ratio: float = 0.01,
     topk_error_feedback: bool = True,
-) -> None:
-    """Install the hook for `kind` ('none', 'fp16', 'bf16', 'powersgd', 'topk') on `model`."""
+) -> object:
+    """Install the hook for `kind` ('none', 'fp16', 'bf16', 'powersgd', 'topk') on `model`;
+    the hook's state (PowerSGD's, top-k's residuals), the group for the casts, None for none."""
     if kind == "none":
-        return
+        return None
     if kind == "fp16":
         model.register_comm_hook(group, default_hooks.fp16_compress_hook)
-    elif kind == "bf16":
+        return group
+    if kind == "bf16":
         model.register_comm_hook(group, bf16_hook)
-    elif kind == "powersgd":
+        return group
+    if kind == "powersgd":
         # Compression from the second step on (the first warms up with a plain all-reduce,
         # which error feedback and warm start need).
         state = powerSGD_hook.PowerSGDState(
@@ -93,9 +96,9 @@ def register_compression(
             min_compression_rate=1.0,
         )
         model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-    elif kind == "topk":
-        model.register_comm_hook(
-            TopKState(group, topk_ratio, topk_error_feedback), topk_hook
-        )
-    else:
-        raise ValueError(f"unknown compression {kind!r}")
+        return state
+    if kind == "topk":
+        topk = TopKState(group, topk_ratio, topk_error_feedback)
+        model.register_comm_hook(topk, topk_hook)
+        return topk
+    raise ValueError(f"unknown compression {kind!r}")

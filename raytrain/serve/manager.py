@@ -89,7 +89,8 @@ class JobManager:
         self._history = History(self._store)  # each job's progress points, for charts
         self.handles: dict[str, RunHandle] = {}  # each running job's runner
         self.provisioner = Provisioner(self.config, request=self.cluster.request_nodes,
-                                       history=self.tally.spot)  # counted as jobs are billed
+                                       history=self.tally.spot,  # counted as jobs are billed
+                                       ready=self.tally.ready)  # added to as nodes come up
         self.scheduler = Scheduler(self)
         self.scheduler.reclaim_after_restart()
         for job_id, record in list(self.records.items()):

@@ -50,9 +50,9 @@ from raytrain.core.autoscale import (
     decision_record,
     interval_moved,
     options,
-    with_measurements,
 )
-from raytrain.core.engine import CapacityEngine
+from raytrain.core.costs import Costs, costs_shown, job_costs
+from raytrain.core.engine import CapacityEngine, EngineEvent, Missing
 from raytrain.core.lifecycle import CapacityDecided
 from raytrain.core.offers import offers_response
 from raytrain.core.resolve import plan_summary
@@ -61,6 +61,7 @@ from raytrain.core.throughput import device_mismatch, job_goal, job_throughput
 from raytrain.errors import FieldError, SpecError
 from raytrain.serve.admission import check_fits_the_cluster
 from raytrain.spec import (
+    JobCosts,
     JobSpec,
     JobStatus,
     Offer,
@@ -84,10 +85,12 @@ class Placement:
     option: Option
     spec: JobSpec  # the job's spec with its worker count and accelerator set to the choice
     plan: PlanSummary  # its layout on that capacity, decided here once
-    requested_at: float
-    unavailable: frozenset[tuple[str, str]] = frozenset()
+    requested_at: float  # when this decision asked for the nodes (the wait runs from here)
+    missing: Missing = field(default_factory=dict)  # capacity found missing, and when
     requesting: bool = True  # False while the job's worker group holds the nodes
     sent_at: float = 0.0
+    asked_at: float = 0.0  # when nodes of this type were first asked for, since the job last
+    # had them up (the node-ready time is measured from here)
 
     @property
     def worker_resources(self) -> dict[str, float]:
@@ -135,6 +138,8 @@ class Provisioner:
     # Spot preemptions this service has seen per offer: (count, node-hours held on spot), as
     # the job manager's tally counts them (core.tally), across restarts.
     history: dict[str, tuple[int, float]] = field(default_factory=dict)
+    # Node-ready times measured per offer: (samples, total seconds), the tally's too.
+    ready: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.catalog = catalog_for(self.config)
@@ -215,13 +220,13 @@ class Provisioner:
         placement = self.placements.get(job.id)
         if placement is not None:
             return placement, None
-        return self._decide(job, now, "submit", frozenset())
+        return self._decide(job, now, EngineEvent.SUBMIT, {})
 
     def capacity_missing(self, job: JobStatus, now: float) -> Decided:
         """The nodes did not come in time: decide again (the engine keeps waiting while a
         deadline leaves time in hand, else drops that offer and market for the job)."""
         old = self.placements[job.id]
-        return self._decide(job, now, "capacity-missing", old.unavailable, old.option)
+        return self._decide(job, now, EngineEvent.CAPACITY_MISSING, old.missing, old.option)
 
     def preempted(self, job: JobStatus, now: float) -> Decided:
         """The job's nodes were taken (the tally has counted it against the offer's spot
@@ -229,7 +234,7 @@ class Provisioner:
         old = self.placements.get(job.id)
         if old is None:
             return self.place(job, now)
-        return self._decide(job, now, "preemption", old.unavailable, old.option)
+        return self._decide(job, now, EngineEvent.PREEMPTION, old.missing, old.option)
 
     def handed_over(self, job_id: str) -> None:
         """The job's worker group is up: Ray Train's request holds the nodes now."""
@@ -269,15 +274,17 @@ class Provisioner:
         old = self.placements.get(job.id)
         if old is None:
             return None, None
-        decision, _ = self._decision(job, now, event, old.unavailable, old.option)
+        decision, _, costs = self._decision(job, now, EngineEvent(event), old.missing,
+                                            old.option)
         if decision.action == "stay" and decision.option is not None and \
                 interval_moved(old.option.checkpoint_interval_s,
                                decision.option.checkpoint_interval_s):
             old.option = decision.option  # the same capacity: checkpoint at its new interval
-            return None, CapacityDecided(decision_record(now, event, decision), None, "")
+            return None, CapacityDecided(decision_record(now, event, decision), None, "",
+                                         self._shown(costs, job, decision))
         if decision.action != "switch":
             return None, None
-        return self._adopt(job, now, event, old.unavailable, decision)
+        return self._adopt(job, now, event, old.missing, decision, costs)
 
     def reload_if_changed(self) -> bool:
         """Read the offers again if their file changed (a refresh, or an operator's edit)."""
@@ -289,44 +296,66 @@ class Provisioner:
         self._bound = self._bound_offers()
         return True
 
-    def _decision(self, job: JobStatus, now: float, event: str,
-                  unavailable: frozenset[tuple[str, str]], current: Option | None
-                  ) -> tuple[Decision, frozenset[tuple[str, str]]]:
-        """The engine's decision, and the offers and markets it now counts missing."""
-        spec, policy = job.spec, with_measurements(self.policy_for(job.spec), job)
+    def costs_for(self, job: JobStatus) -> Costs:
+        """The figures the policy prices the job with (raytrain.core.costs)."""
+        return job_costs(self.policy_for(job.spec), job, self.ready,
+                         self.config.review_interval_s)
+
+    def _decision(self, job: JobStatus, now: float, event: EngineEvent, missing: Missing,
+                  current: Option | None) -> tuple[Decision, Missing, Costs]:
+        """The engine's decision, the capacity it now counts missing, and the costs it used."""
+        spec, policy = job.spec, self.policy_for(job.spec)
+        costs = self.costs_for(job)
         offers, node_type = self._bound
         throughput = _limit_nodes(job_throughput(spec), self.config, node_type)
-        engine = CapacityEngine(policy, offers, throughput, self.history, current, unavailable,
-                                job.preemptions)  # the simulator's too
+        engine = CapacityEngine(policy, offers, throughput, self.history, current, missing,
+                                job.preemptions, costs)
         goal = job_goal(spec, job.checkpoint.step if job.checkpoint else 0,
                         now - job.created_at, job.cost_usd)
+        if policy.max_regret is not None and job.reference_usd is not None:
+            allowed = max(policy.max_regret * job.reference_usd, policy.regret_floor_usd)
+            goal = replace(goal, cap_usd=max(0.0, job.reference_usd + allowed - job.cost_usd))
         others = sum(p.option.usd_per_hour for other, p in self.placements.items()
                      if other != job.id)
         goal, ceiling = within_service_limits(goal, self.config.max_usd_per_hour, others,
                                               self.config.max_usd_per_job, job.cost_usd)
-        decision = engine.on(event if current is not None else "submit", goal)
+        decision = engine.on(event if current is not None else EngineEvent.SUBMIT, goal, now)
         if decision.option is None and ceiling:
             decision = replace(decision, reason=f"{decision.reason}; {ceiling}")
-        return decision, engine.unavailable
+        return decision, engine.missing, costs
 
-    def _decide(self, job: JobStatus, now: float, event: str,
-                unavailable: frozenset[tuple[str, str]], current: Option | None = None
-                ) -> Decided:
-        decision, unavailable = self._decision(job, now, event, unavailable, current)
-        return self._adopt(job, now, event, unavailable, decision)
+    def _reference_usd(self, job: JobStatus, costs: Costs) -> float | None:
+        """On-demand from the start: the regret cap's reference (None: no on-demand offer)."""
+        offers, node_type = self._bound
+        throughput = _limit_nodes(job_throughput(job.spec), self.config, node_type)
+        found = options(job_goal(job.spec), offers, throughput, self.policy_for(job.spec),
+                        markets=("on-demand",), costs=costs)
+        return min((o.expected_cost_usd for o in found), default=None)
 
-    def _adopt(self, job: JobStatus, now: float, event: str,
-               unavailable: frozenset[tuple[str, str]], decision: Decision
-               ) -> Decided:
+    def _shown(self, costs: Costs, job: JobStatus, decision: Decision) -> JobCosts:
+        offer = decision.option.offer.id if decision.option else job.resources.offer
+        return costs_shown(costs, self.policy_for(job.spec), job, offer)
+
+    def _decide(self, job: JobStatus, now: float, event: EngineEvent, missing: Missing,
+                current: Option | None = None) -> Decided:
+        decision, missing, costs = self._decision(job, now, event, missing, current)
+        return self._adopt(job, now, event, missing, decision, costs)
+
+    def _adopt(self, job: JobStatus, now: float, event: EngineEvent, missing: Missing,
+               decision: Decision, costs: Costs) -> Decided:
         spec = job.spec
         _, node_type = self._bound
         option = decision.option
-        record = decision_record(now, event, decision)
-        logger.info("job %s %s: %s %s", job.id, event, decision.action, decision.reason)
-        self.placements.pop(job.id, None)
+        record = decision_record(now, EngineEvent(event).value, decision)
+        logger.info("job %s %s: %s %s", job.id, EngineEvent(event).value, decision.action,
+                    decision.reason)
+        old = self.placements.pop(job.id, None)
+        shown = self._shown(costs, job, decision)
+        reference = self._reference_usd(job, costs) if job.reference_usd is None else None
         if option is None:
             self.request(job.id, [])
-            return None, CapacityDecided(record, None, f"no capacity to buy: {decision.reason}")
+            return None, CapacityDecided(record, None, f"no capacity to buy: {decision.reason}",
+                                         shown, reference)
         offer = option.offer
         devices = option.nodes * offer.gpus_per_node
         resources = spec.resources
@@ -335,7 +364,9 @@ class Provisioner:
             **resources.model_dump(), "num_workers": devices,
             "accelerator": offer.gpu_kind if on_gpu else None}})
         placement = Placement(node_type[(offer.id, option.market)], option.nodes, devices,
-                              option, run_spec, plan_summary(run_spec), now, unavailable)
+                              option, run_spec, plan_summary(run_spec), now, missing)
+        same_nodes = old is not None and old.node_type == placement.node_type
+        placement.asked_at = old.asked_at if same_nodes and old.asked_at else now
         self.placements[job.id] = placement
         held = Resources(
             accelerator=offer.gpu_kind, node_type=placement.node_type, offer=offer.id,
@@ -344,7 +375,19 @@ class Provisioner:
             cpus=devices * resources.cpus_per_worker, usd_per_hour=option.usd_per_hour)
         self._send(job.id, placement, now)
         return placement, CapacityDecided(
-            record, held, f"requested {option.nodes} x {placement.node_type} from the autoscaler")
+            record, held, f"requested {option.nodes} x {placement.node_type} from the autoscaler",
+            shown, reference)
+
+    def nodes_up(self, job_id: str, now: float) -> None:
+        """The job's nodes are all up: the time since they were asked for is a measured
+        node-ready time for the offer (the policy's ready_s from now on)."""
+        placement = self.placements.get(job_id)
+        if placement is None or not placement.asked_at:
+            return
+        offer = placement.option.offer.id
+        count, total = self.ready.get(offer, (0, 0.0))
+        self.ready[offer] = (count + 1, total + max(0.0, now - placement.asked_at))
+        placement.asked_at = 0.0
 
     def _send(self, job_id: str, placement: Placement, now: float) -> None:
         placement.sent_at = now

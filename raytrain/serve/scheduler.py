@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from raytrain.cloud.interruption import watch_endpoint
 from raytrain.core import lifecycle as lc
+from raytrain.core.billing import attribute
 from raytrain.core.capacity import Queued, admit, backfill, worker_group_demand
 from raytrain.spec import JobSpec, JobState, PlanSummary
 
@@ -39,7 +40,37 @@ class Scheduler:
         self.reap_finished()
         self.start_queued()
         self.review_running()
+        self.bill_nodes()
         self.provisioner.refresh(self.cluster.now())
+
+    def bill_nodes(self) -> None:
+        """Tell each job with bought capacity which nodes it holds now (core.billing), so it
+        is billed for each from when it is up to when it goes."""
+        provisioner, manager = self.provisioner, self.manager
+        with manager.lock:
+            wants = {job_id: (p.node_type, p.nodes, p.option.usd_per_hour / p.nodes)
+                     for job_id, p in provisioner.placements.items()
+                     if job_id in manager.records
+                     and not manager.records[job_id].status.state.is_terminal}
+            for job_id, record in manager.records.items():  # no placement now: let them go
+                if record.held and job_id not in wants:
+                    price = next(iter(record.held.values()))[1]
+                    wants[job_id] = ("", 0, price)
+        if not wants:
+            return
+        alive = {kind: self.cluster.alive_nodes({kind}) for kind in {w[0] for w in wants.values()}}
+        everything = self.cluster.alive_nodes()  # a moving job's old nodes too
+        with manager.lock:
+            records = manager.records
+            held = {job_id: frozenset(records[job_id].held) for job_id in wants
+                    if job_id in records}
+            using = {job_id: records[job_id].run.nodes_at_launch & everything
+                     for job_id in held if records[job_id].run is not None}
+            now_held = attribute(held, {j: (w[0], w[1]) for j, w in wants.items() if j in held},
+                                 alive, using)
+            for job_id, nodes in now_held.items():
+                if nodes != held[job_id]:
+                    manager.apply(job_id, lc.NodesHeld(nodes, wants[job_id][2]))
 
     def reap_finished(self) -> None:
         """Feed each returned runner's outcome to its job; stop groups past their grace."""
@@ -125,6 +156,7 @@ class Scheduler:
                      usd_per_hour=placement.option.usd_per_hour)
         # The nodes are up; Ray Train asks for them itself as its controller starts. Two
         # requests at once would count them twice and buy a spare node.
+        provisioner.nodes_up(job_id, now)
         provisioner.handed_over(job_id)
         held.append(demand)
 

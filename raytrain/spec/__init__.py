@@ -60,6 +60,8 @@ from raytrain.spec.service import (
 )
 from raytrain.spec.status import (
     CheckpointInfo,
+    CostFigure,
+    JobCosts,
     JobEvent,
     JobHistory,
     JobLogs,
@@ -106,6 +108,8 @@ __all__ = [
     "JobLogs",
     "PlanSummary",
     "CheckpointInfo",
+    "CostFigure",
+    "JobCosts",
     "PreemptionRecord",
     "ProgressPoint",
     "JobResult",

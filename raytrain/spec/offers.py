@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from raytrain.catalog.hardware import CATALOG_VERSION, LINKS
+from raytrain.catalog.hardware import CATALOG_VERSION, CLOUD_NOTICES, LINKS, NO_NOTICE
 from raytrain.spec._base import Record, Strict, field_error, raise_if_any
 from raytrain.spec.job import JobSpec
 from raytrain.spec.sections import Market, accelerator_errors
@@ -38,7 +38,21 @@ class Offer(Strict):
     max_nodes: int | None = Field(None, ge=1, description=(
         "The most nodes of this offer one job may span (1: its nodes cannot train together, "
         "e.g. GPU-cloud pods joined only by a slow network); null: no limit."))
+    notice_s: float | None = Field(None, ge=0, le=3600, description=(
+        "Seconds of warning the cloud gives before it takes a spot node back (AWS 120, GCP 30, "
+        "RunPod 0); null: the provider's figure (raytrain.catalog.hardware.CLOUD_NOTICES)."))
+    notice_share: float | None = Field(None, ge=0, le=1, description=(
+        "Share of spot preemptions that come with that notice (AWS and GCP give it on a best "
+        "effort basis); null: the provider's figure."))
     note: str = Field("", description="Where the figures come from.")
+
+    @property
+    def notice(self) -> tuple[float, float]:
+        """(seconds of notice, share of preemptions that get it): the offer's own figures,
+        else its provider's."""
+        seconds, share, _ = CLOUD_NOTICES.get(self.provider, NO_NOTICE)
+        return (seconds if self.notice_s is None else self.notice_s,
+                share if self.notice_share is None else self.notice_share)
 
     @model_validator(mode="after")
     def _known_parts(self) -> Offer:
@@ -121,15 +135,30 @@ class PolicySpec(Strict):
         "(it trusts a rate measured over few preemptions)."
     )
     checkpoint_cost_s: float = Field(
-        60.0, gt=0, description="Assumed seconds one checkpoint costs, until one is measured."
+        60.0, gt=0, description="Assumed seconds one checkpoint stalls training, until the job "
+        "has measured one (its status shows which is used)."
     )
     restart_s: float = Field(
-        300.0, ge=0, description="Assumed seconds from new capacity to the first step again."
+        300.0, ge=0, description="Assumed seconds from capacity in hand to the first training "
+        "step, until the job has measured one."
     )
-    notice_coverage: float = Field(
-        0.0, ge=0, le=1,
-        description="Fraction of preemptions whose notice leaves time to checkpoint (no work "
-        "lost); 0 counts every preemption as losing half an interval.",
+    ready_s: float = Field(
+        180.0, ge=0, description="Assumed seconds from asking for a node to the node being up, "
+        "until the service has measured it for the offer."
+    )
+    capacity_retry_s: float = Field(
+        1800.0, gt=0, description="Capacity found missing is tried again after this long (a "
+        "market that was empty is not empty for good)."
+    )
+    max_regret: float | None = Field(
+        0.1, ge=0, le=10, description="A job never pays more than on-demand would have from "
+        "its start by more than this fraction: spot is held only while the money spent, its "
+        "worst case until the next decision and on-demand to the end stay under the cap; null: "
+        "no cap."
+    )
+    regret_floor_usd: float = Field(
+        1.0, ge=0, description="The regret cap is at least this many dollars over on-demand: "
+        "for a job worth cents, a tenth of it is not worth giving up spot for."
     )
     max_nodes: int = Field(16, ge=1, le=4096, description="Most nodes one job may hold.")
     prior_node_hours: float = Field(

@@ -85,6 +85,34 @@ class CheckpointInfo(Record):
                                  "not measured).")
 
 
+class CostFigure(Record):
+    """One figure the policy prices checkpoints and preemptions with: what the policy file
+    assumes, what the service has measured, and the one the policy uses (the measured one,
+    once there is one)."""
+
+    assumed_s: float | None = Field(None, description="The policy's assumption, in seconds.")
+    measured_s: float | None = Field(None, description="The service's measurement (null: "
+                                     "none yet): the latest for a checkpoint, the mean for "
+                                     "the others.")
+    samples: int = Field(0, description="How many measurements it rests on.")
+    used_s: float | None = Field(None, description="The figure the policy's latest decision "
+                                 "used.")
+
+
+class JobCosts(Record):
+    """What the job's checkpoints and restarts cost, measured against assumed."""
+
+    checkpoint_stall_s: CostFigure = Field(default_factory=CostFigure, description=(
+        "Seconds one checkpoint stops training (the checkpoint interval is priced on it)."))
+    checkpoint_durable_s: CostFigure = Field(default_factory=CostFigure, description=(
+        "Seconds from a checkpoint's start to its being durable (what a notice must cover)."))
+    restart_s: CostFigure = Field(default_factory=CostFigure, description=(
+        "Seconds from capacity in hand to the first training step, over the job's starts."))
+    ready_s: CostFigure = Field(default_factory=CostFigure, description=(
+        "Seconds from asking for nodes to their being up, for the offer the job holds (the "
+        "service's measurement across its jobs)."))
+
+
 class PreemptionRecord(Record):
     time: float = Field(description="Unix time the workers stopped (or were lost).")
     notice: bool = Field(description="Whether an interruption notice came first.")
@@ -146,6 +174,13 @@ class JobStatus(Record):
     preemption_cost_usd: float = Field(
         0.0, description="What the preemptions cost in all (nodes held while down, redone "
         "steps).")
+    reference_usd: float | None = Field(None, description=(
+        "What the cheapest on-demand capacity was expected to cost from the job's start: "
+        "the reference of the policy's regret cap (null: no on-demand offer, or not "
+        "autoscaled)."))
+    costs: JobCosts = Field(default_factory=JobCosts, description=(
+        "The checkpoint stall, checkpoint durability, restart and node-ready times: measured "
+        "beside what the policy assumed, and the figure its decisions use."))
     result: JobResult | None = Field(None, description="Final figures once SUCCEEDED.")
     created_at: float = Field(description="Unix time of submission.")
     started_at: float | None = Field(None, description="Unix time training first started.")

@@ -32,6 +32,7 @@ from torch import nn
 from raytrain.core.batching import BatchPlan
 from raytrain.core.resolve import job_layout
 from raytrain.core.schedule import lr_multiplier, peak_learning_rate
+from raytrain.core.step_rules import after_step
 from raytrain.data.sources import TokenSource, build_source
 from raytrain.parallel.parallelize import ParallelModel, build_parallel_model, clip_grad_norm
 from raytrain.spec import JobSpec
@@ -227,19 +228,21 @@ def train(
     for step in range(start_step, last_step):
         loss_sum = _train_step(step, model, optimizers, source, plan, spec)
         steps_done = step + 1
-        checkpoint_due = (
-            steps_done % training.checkpoint_every_steps == 0 or steps_done == training.steps
-        )
+        checkpoint_due = after_step(steps_done, training.steps, training.checkpoint_every_steps,
+                                    0.0, None).checkpoint
         if sync.due(forced=checkpoint_due or steps_done == last_step):
             interval_s = sink.checkpoint_every_s() if worker.rank == 0 else None
-            on_time = interval_s is not None and time.monotonic() - saved_at >= interval_s
+            asked = after_step(steps_done, training.steps, training.checkpoint_every_steps,
+                               time.monotonic() - saved_at, interval_s)
             synced = sync.reduce(loss_sum, worker.rank == 0 and sink.should_stop(),
-                                 notices.take_checkpoint_request() or on_time,
+                                 notices.take_checkpoint_request() or asked.checkpoint,
                                  notices.stop_requested or (worker.rank == 0
                                                             and sink.should_move()))
-            loss_value, preempted = synced.loss, synced.preempt
-            stopped = synced.stop or synced.preempt
-            checkpoint_due = checkpoint_due or synced.checkpoint or synced.preempt
+            rule = after_step(steps_done, training.steps, training.checkpoint_every_steps,
+                              0.0, None, synced.stop, synced.checkpoint, synced.preempt)
+            loss_value, preempted = synced.loss, rule.preempted
+            stopped = rule.stop
+            checkpoint_due = checkpoint_due or rule.checkpoint
             if meter.record(steps_done, loss_value) and worker.rank == 0:
                 sink.progress(meter.snapshot())
         if checkpoint_due:

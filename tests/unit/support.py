@@ -10,7 +10,8 @@ import torch
 # Spot only, with checkpoints and restarts as cheap as a tiny test job's (milliseconds, about a
 # second), so that the policy's checkpoint intervals are seconds, as minutes are for a real job.
 SPOT_TEST_POLICY = {"name": "spot-test", "description": "spot only, with a tiny job's costs",
-                    "markets": ["spot"], "checkpoint_cost_s": 0.05, "restart_s": 1.0}
+                    "markets": ["spot"], "checkpoint_cost_s": 0.05, "restart_s": 1.0,
+                    "ready_s": 1.0}
 
 
 def gpt_1b_job(accelerator: str, **sections: Any) -> dict[str, Any]:

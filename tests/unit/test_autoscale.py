@@ -1,4 +1,4 @@
-"""The autoscaling policy and the simulator, with plain values."""
+"""The autoscaling policy, with plain values (replays of traces: tests/unit/test_replay.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from raytrain.core.autoscale import (
     with_history,
 )
 from raytrain.core.planner import ModelDims, Workload, fastest
-from raytrain.core.simulate import STRATEGIES, SimJob, compare, simulate
 from raytrain.core.throughput import planner_throughput
 from raytrain.errors import SpecError
 from raytrain.spec import Offer, PolicySpec
@@ -224,32 +223,6 @@ def test_budget_limits_the_choice() -> None:
     capped = choose(Goal(goal.tokens_left, budget_usd=free.expected_cost_usd * 0.5), [market],
                     through, POLICIES["on-demand-only"])
     assert "budget" in capped.reason
-
-
-@pytest.mark.parametrize("trace_file", ["bamboo/p3-trace.csv", "bamboo/g4dn-trace.csv"])
-def test_simulated_policy_meets_the_deadline_for_less_than_on_demand(trace_file: str) -> None:
-    trace = load_trace(TRACES / trace_file)
-    p3 = snapshot().find("aws/us-east-1/p3.2xlarge")
-    job = SimJob(offer=p3, nodes=8, work_s=6 * 3600, deadline_s=12 * 3600,
-                 fixed_interval_s=1800)
-    rows = {row.strategy: row for row in compare(trace, job, COST_FIRST, starts=4)}
-    assert set(rows) == set(STRATEGIES)
-    assert rows["on-demand"].deadline_misses == 0 and rows["on-demand"].mean_preemptions == 0
-    assert rows["on-demand"].mean_cost_usd == pytest.approx(
-        8 * 3.06 * (6 * 3600 + 300 + 11 * 60) / 3600, rel=0.01)  # work, restart, checkpoints
-    assert rows["spot"].deadline_misses > 0  # these fleets churn: 0.6 removals per node-hour
-    assert rows["policy"].deadline_misses == 0
-    assert rows["policy"].mean_cost_usd < rows["on-demand"].mean_cost_usd
-    assert rows["policy"].mean_lost_work_hours < rows["spot"].mean_lost_work_hours
-
-
-def test_a_notice_long_enough_to_checkpoint_loses_no_work() -> None:
-    trace = load_trace(TRACES / "bamboo/p3-trace.csv")
-    p3 = snapshot().find("aws/us-east-1/p3.2xlarge")
-    job = SimJob(offer=p3, nodes=8, work_s=3 * 3600, deadline_s=None, notice_s=120)
-    result = simulate(trace, job, "spot", COST_FIRST, start_s=0)
-    assert result.preemptions > 0 and result.lost_work_s == 0
-    assert math.isfinite(result.finished_s)
 
 
 def test_count_traces_become_events(tmp_path: Path) -> None:

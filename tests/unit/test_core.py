@@ -44,7 +44,7 @@ def test_core_imports_only_stdlib_spec_and_the_catalogs_values() -> None:
     # Decisions only: no Ray, torch, boto3, httpx or files (catalog.files reads them). numpy
     # is array arithmetic, no effects: the hindsight-optimal schedule's tables.
     allowed = ("raytrain.spec", "raytrain.core", "raytrain.errors", "raytrain.catalog.hardware",
-               "raytrain.catalog.shapes", "numpy")
+               "raytrain.catalog.shapes", "raytrain.catalog.spot_trace", "numpy")
     for module, name in _imports(PACKAGE / "core"):
         assert _allowed(name, allowed), f"core/{module} imports {name}"
 

@@ -1,5 +1,6 @@
-"""The capacity engine the live service and the simulator share: fed the same events, the
-live provisioner decides exactly what the engine decides as the simulator drives it."""
+"""The capacity engine the live service decides with (and a replay of a trace, which is the
+live service): what it remembers between decisions, with plain values and the live
+provisioner."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from raytrain.core.autoscale import options
-from raytrain.core.engine import CapacityEngine
+from raytrain.core.engine import CapacityEngine, EngineEvent
 from raytrain.core.throughput import job_goal, job_throughput
 from raytrain.serve.provisioning import Provisioner, catalog_for
 from raytrain.spec import JobSpec, JobStatus, ServiceConfig
@@ -17,10 +18,10 @@ from tests.unit.test_preemptions import OFFER, job
 SPOT_ID = "local/here/cpu-1"
 
 
-def service(tmp_path: Path) -> tuple[Provisioner, ServiceConfig]:
+def service(tmp_path: Path, rate: float = 2.0) -> tuple[Provisioner, ServiceConfig]:
     offers = tmp_path / "offers.yaml"
     offers.write_text(yaml.safe_dump({"version": "test", "offers": [
-        {**OFFER, "spot_interruptions_per_hour": 2.0, "on_demand_usd_per_hour": 0.5}]}))
+        {**OFFER, "spot_interruptions_per_hour": rate, "on_demand_usd_per_hour": 0.5}]}))
     config = ServiceConfig(
         state_dir=str(tmp_path / "state"), offers_file=str(offers),
         node_types={"cpu-spot": {"offer": SPOT_ID, "market": "spot", "max_nodes": 1},
@@ -29,49 +30,22 @@ def service(tmp_path: Path) -> tuple[Provisioner, ServiceConfig]:
     return Provisioner(config, request=lambda job_id, bundles: None), config
 
 
-def test_the_live_provisioner_decides_as_the_simulators_engine(tmp_path: Path) -> None:
-    provisioner, config = service(tmp_path)
-    spec = JobSpec.model_validate(job(steps=100_000))  # no deadline: nothing to wait for
-    status = JobStatus.model_validate({"id": "j1", "state": "PENDING",
-                                       "spec": spec.model_dump(mode="json"),
-                                       "created_at": 0.0})
-    engine = CapacityEngine(provisioner.policy_for(spec), catalog_for(config).offers,
-                            job_throughput(spec))
-    # Submit; two preemptions (each counted first, as the tally does for the service);
-    # the capacity missing; a review later on. Time passes between them; no step is done.
-    events = [("submit", 0.0, 0, 0.0), ("preemption", 600.0, 1, 0.1),
-              ("preemption", 900.0, 1, 0.1), ("capacity-missing", 1500.0, 0, 0.0),
-              ("progress", 4 * 3600.0, 0, 0.0)]
-    live, simulated = [], []
-    for event, now, preempted, node_hours in events:
-        if preempted or node_hours:
-            engine.exposed(SPOT_ID, preempted, node_hours)
-            count, hours = provisioner.history.get(SPOT_ID, (0, 0.0))
-            provisioner.history[SPOT_ID] = (count + preempted, hours + node_hours)
-            status = status.model_copy(update={"preemptions": status.preemptions + preempted})
-        goal = job_goal(spec, 0, now, status.cost_usd)
-        decision = engine.on(event, goal)
-        simulated.append((decision.action, decision.option and decision.option.key,
-                          decision.option and decision.option.checkpoint_interval_s))
-        if event == "submit":
-            _, decided = provisioner.place(status, now)
-        elif event == "preemption":
-            _, decided = provisioner.preempted(status, now)
-        elif event == "capacity-missing":
-            _, decided = provisioner.capacity_missing(status, now)
-        else:
-            _, decided = provisioner.review(status, now, event)
-        record = decided.decision if decided is not None else None
-        live.append(None if record is None else (record.action, record.offer and (
-            record.offer, record.market, record.nodes), record.checkpoint_interval_s))
-    # The live service records what changes capacity or its checkpoint interval.
-    assert [d for d in live if d is not None] == [
-        d for d, shown in zip(simulated, live) if shown is not None]
-    assert [d[0] for d in simulated] == ["start", "stay", "stay", "switch", "stay"]
-    assert live[:4] == simulated[:4] and live[4] is None  # the review changed nothing
-    intervals = [d[2] for d in simulated[:3]]
-    assert intervals == sorted(intervals, reverse=True)  # preemptions seen: checkpoint sooner
-    assert simulated[3][1] == (SPOT_ID, "on-demand", 1)  # spot missing: on demand
+def test_capacity_found_missing_is_tried_again_after_the_retry_time(tmp_path: Path) -> None:
+    """Spot capacity missing: the job moves to on-demand and spot is set aside, but only for
+    capacity_retry_s; after that a review may take spot again. Without the expiry a market
+    found empty once stays excluded for the job's whole life (the test fails)."""
+    provisioner, config = service(tmp_path, rate=0.1)
+    spec = JobSpec.model_validate(job(steps=3_000_000))  # hours of work
+    policy = provisioner.policy_for(spec)
+    engine = CapacityEngine(policy, catalog_for(config).offers, job_throughput(spec))
+    goal = job_goal(spec)
+    assert engine.on(EngineEvent.SUBMIT, goal, now=0.0).option.market == "spot"
+    moved = engine.on(EngineEvent.CAPACITY_MISSING, goal, now=700.0)
+    assert (moved.action, moved.option.market) == ("switch", "on-demand")
+    soon = engine.on(EngineEvent.PROGRESS, goal, now=700.0 + policy.capacity_retry_s / 2)
+    assert soon.option.market == "on-demand"
+    later = engine.on(EngineEvent.PROGRESS, goal, now=700.0 + policy.capacity_retry_s + 1)
+    assert (later.action, later.option.market) == ("switch", "spot"), later.reason
 
 
 def test_missing_capacity_is_waited_for_while_a_deadline_leaves_time_in_hand(
@@ -82,10 +56,11 @@ def test_missing_capacity_is_waited_for_while_a_deadline_leaves_time_in_hand(
     provisioner, config = service(tmp_path)
     base = JobSpec.model_validate(job(steps=100_000))
     policy, offers = provisioner.policy_for(base), catalog_for(config).offers
-    fastest_s = min(o.expected_s for o in options(job_goal(base), offers, job_throughput(base),
-                                                  policy))
+    every = options(job_goal(base), offers, job_throughput(base), policy)
+    fastest_s = min(o.expected_s for o in every)
+    spot = next(o for o in every if o.market == "spot")
     in_hand_s = fastest_s * (1 + policy.deadline_margin) + policy.fallback_slack_s + \
-        policy.capacity_wait_s  # the deadline (from the check) past which the job waits
+        spot.reserve_s + policy.capacity_wait_s  # the deadline past which the job waits
     for deadline_s, action, market in ((in_hand_s + 1800 + 700, "stay", "spot"),
                                        (in_hand_s - 600 + 700, "switch", "on-demand")):
         spec = JobSpec.model_validate({**base.model_dump(mode="json"),
@@ -94,10 +69,10 @@ def test_missing_capacity_is_waited_for_while_a_deadline_leaves_time_in_hand(
                                            "spec": spec.model_dump(mode="json"),
                                            "created_at": 0.0})
         engine = CapacityEngine(policy, offers, job_throughput(spec))
-        assert engine.on("submit", job_goal(spec)).option.market == "spot"
-        decision = engine.on("capacity-missing", job_goal(spec, 0, 700.0))
+        assert engine.on(EngineEvent.SUBMIT, job_goal(spec), 0.0).option.market == "spot"
+        decision = engine.on(EngineEvent.CAPACITY_MISSING, job_goal(spec, 0, 700.0), 700.0)
         assert (decision.action, decision.option.market) == (action, market), decision.reason
         provisioner.place(status, 0.0)
         placement, decided = provisioner.capacity_missing(status, 700.0)
         assert decided.decision.action == action and placement.option.market == market
-        assert ((SPOT_ID, "spot") in placement.unavailable) == (action == "switch")
+        assert ((SPOT_ID, "spot") in placement.missing) == (action == "switch")

@@ -104,7 +104,8 @@ def test_a_job_on_bought_nodes_is_billed_for_as_long_as_it_holds_them() -> None:
     record, effects = drive(record_in(), lc.Submitted(),
                             lc.CapacityDecided(decision(interval_s=600.0), BOUGHT,
                                                "requested 1 x gpu-spot"),
-                            lc.Launched(run()), lc.GroupStarted(0, "pg-1"))
+                            lc.Launched(run()), lc.NodesHeld(frozenset({"n1"}), 36.0),
+                            lc.GroupStarted(0, "pg-1"))
     assert record.status.state == JobState.RUNNING
     assert record.status.resources == BOUGHT and len(record.status.decisions) == 1
     assert kinds(effects).count("state") == 4 and kinds(effects)[-1] == "Save"
@@ -151,7 +152,8 @@ def test_a_notice_is_a_preemption_with_its_cost_and_the_noticed_nodes_are_avoide
 def test_a_job_that_reaches_its_budget_checkpoints_stops_and_fails_saying_so() -> None:
     record, _ = drive(record_in(), lc.Submitted(),
                       lc.CapacityDecided(decision(), BOUGHT, "requested 1 x gpu-spot"),
-                      lc.Launched(run(budget_usd=20.0)), lc.GroupStarted(0, "pg-1"))
+                      lc.Launched(run(budget_usd=20.0)), lc.NodesHeld(frozenset({"n1"}), 36.0),
+                      lc.GroupStarted(0, "pg-1"))
     under = lc.step(record, lc.ProgressReported(1, {"step": 5}), NOW + 1800)  # $18
     assert under.reply == {"stop": False, "move": False, "checkpoint_every_s": None}
     over = lc.step(under.record, lc.ProgressReported(1, {"step": 6}), NOW + 2100)  # $21

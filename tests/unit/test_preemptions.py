@@ -82,7 +82,8 @@ def test_five_preemptions_of_both_kinds_then_a_move_end_as_an_uninterrupted_run(
         else:
             assert 0 < record.lost_steps <= 10 and record.checkpoint_step % 10 == 0
     assert final.lost_steps == sum(r.lost_steps for r in log)
-    assert [d.event for d in final.decisions] == ["submit"] + ["preemption"] * 5 + ["prices"]
+    moves = [d for d in final.decisions if d.event != "progress"]  # reviews: a new interval
+    assert [d.event for d in moves] == ["submit"] + ["preemption"] * 5 + ["prices"]
     move = final.decisions[-1]
     assert move.action == "switch" and move.market == "on-demand" and "saves" in move.reason
     assert final.resources.node_type == "cpu-on-demand"
@@ -91,8 +92,13 @@ def test_five_preemptions_of_both_kinds_then_a_move_end_as_an_uninterrupted_run(
     # The spot exposure the policy's rate is estimated from outlives the service.
     count, node_hours = manager.provisioner.history["local/here/cpu-1"]
     assert count == 5 and node_hours > 0
+    ready = manager.provisioner.ready["local/here/cpu-1"]  # nodes asked for to nodes up
+    assert ready[0] >= 6
     again = JobManager(config.model_dump(mode="json"), cluster=TrainingRay(cpus=1),
                        schedule=False)
     assert again.provisioner.history["local/here/cpu-1"] == (count, node_hours)
+    assert again.provisioner.ready["local/here/cpu-1"] == ready
+    # ... and a decision after the restart prices with what was measured before it.
+    assert "ready:local/here/cpu-1" in again.provisioner.costs_for(final).measured
     reference = run_single(JobSpec.model_validate(job()), tmp_path / "reference")
     assert final.result.final_loss == pytest.approx(reference.result["final_loss"], abs=1e-5)

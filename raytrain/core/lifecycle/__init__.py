@@ -45,6 +45,7 @@ from raytrain.core.lifecycle.values import (
     FinalReport,
     GroupStarted,
     Launched,
+    NodesHeld,
     Outcome,
     Passed,
     ProgressReported,
@@ -71,7 +72,8 @@ __all__ = [
     "TRANSITIONS", "HOLDS", "PROGRESS_SAVE_INTERVAL_S", "CANCEL_GRACE_S",
     "CANCEL_STARTING_GRACE_S", "NOTICE_GRACE_S", "allowed", "enter", "Run", "Record", "waiting",
     "noticed_nodes_present", "Submitted", "Queued", "Passed", "CapacityDecided", "Launched",
-    "GroupStarted", "ProgressReported", "CheckpointCommitted", "FinalReport", "RunEnded",
+    "NodesHeld", "GroupStarted", "ProgressReported", "CheckpointCommitted", "FinalReport",
+    "RunEnded",
     "StopOverdue", "CancelRequested", "Reviewed", "ServiceRestarted", "ServiceStopping", "Event",
     "Emit", "Save", "ReleaseNodes", "StopRunner", "Rebuy", "Effect", "Outcome", "Change", "step",
 ]
@@ -93,10 +95,11 @@ def step(record: Record, event: Event, now: float) -> Outcome:
 
 
 _FOR_WAITING = (Queued, Passed, CapacityDecided, Launched)
-_DECISIONS = (*_FOR_WAITING, Reviewed, ServiceRestarted)
+_DECISIONS = (*_FOR_WAITING, NodesHeld, Reviewed, ServiceRestarted)
 _HANDLERS: dict[type, Callable[[Any, Any], Any]] = {
     Submitted: on.submitted, Queued: on.queued, Passed: on.passed,
-    CapacityDecided: on.capacity_decided, Launched: on.launched, GroupStarted: on.group_started,
+    CapacityDecided: on.capacity_decided, NodesHeld: on.nodes_held, Launched: on.launched,
+    GroupStarted: on.group_started,
     ProgressReported: on.progress, CheckpointCommitted: on.checkpoint, FinalReport: on.final_report,
     RunEnded: on.run_ended, StopOverdue: on.stop_overdue, CancelRequested: on.cancel,
     Reviewed: on.reviewed, ServiceRestarted: on.service_restarted,

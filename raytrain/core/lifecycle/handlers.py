@@ -5,7 +5,6 @@ error, billing and preemption accounting are decided here.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from raytrain.catalog.shapes import usd_for
@@ -21,6 +20,7 @@ from raytrain.core.lifecycle.values import (
     FinalReport,
     GroupStarted,
     Launched,
+    NodesHeld,
     Passed,
     ProgressReported,
     Queued,
@@ -38,6 +38,8 @@ from raytrain.core.lifecycle.values import (
 )
 from raytrain.spec import (
     CheckpointInfo,
+    CostFigure,
+    DecisionRecord,
     JobResult,
     JobState,
     PreemptionRecord,
@@ -60,10 +62,23 @@ def passed(c: Change, event: Passed) -> None:
 
 
 def capacity_decided(c: Change, event: CapacityDecided) -> None:
+    if event.costs is not None:
+        c.job.costs = event.costs.model_copy(update={
+            "checkpoint_stall_s": c.job.costs.checkpoint_stall_s.model_copy(update={
+                "assumed_s": event.costs.checkpoint_stall_s.assumed_s,
+                "used_s": event.costs.checkpoint_stall_s.used_s}),
+            "checkpoint_durable_s": c.job.costs.checkpoint_durable_s.model_copy(update={
+                "assumed_s": event.costs.checkpoint_durable_s.assumed_s,
+                "used_s": event.costs.checkpoint_durable_s.used_s}),
+            "restart_s": c.job.costs.restart_s.model_copy(update={
+                "assumed_s": event.costs.restart_s.assumed_s,
+                "used_s": event.costs.restart_s.used_s})})
+    if event.reference_usd is not None and c.job.reference_usd is None:
+        c.job.reference_usd = event.reference_usd
     last = c.job.decisions[-1] if c.job.decisions else None
-    if event.resources is None and c.job.state == JobState.PENDING and last is not None and \
-            last.offer is None and last.reason == event.decision.reason:
-        return  # still nothing to buy, for the same reason: one record of it is enough
+    if last is not None and _same_decision(last, event.decision) and (
+            event.resources is None or event.resources == c.job.resources):
+        return  # decided again, the same way for the same reason: one record is enough
     c.job.decisions.append(event.decision)
     if event.resources is not None:
         c.job.resources = event.resources
@@ -72,8 +87,19 @@ def capacity_decided(c: Change, event: CapacityDecided) -> None:
     c.move(state, event.message)
 
 
+def _same_decision(a: DecisionRecord, b: DecisionRecord) -> bool:
+    return (a.event, a.action, a.offer, a.market, a.nodes, a.checkpoint_interval_s,
+            a.reason) == (b.event, b.action, b.offer, b.market, b.nodes,
+                          b.checkpoint_interval_s, b.reason)
+
+
+def nodes_held(c: Change, event: NodesHeld) -> None:
+    c.hold(event.nodes, event.usd_per_hour)
+    c.save = True
+
+
 def launched(c: Change, event: Launched) -> None:
-    c.run = replace(event.run, cost_before=c.job.cost_usd)
+    c.run = event.run
     old = c.job.plan
     if event.plan is not None and event.plan != old:  # bought capacity: its own layout
         same = old is not None and old.layout == event.plan.layout
@@ -127,6 +153,8 @@ def progress(c: Change, event: ProgressReported) -> dict[str, Any]:
     first_report = run.progress_step < 0
     c.set_run(progress_step=step_reached)
     c.bill()
+    if first_report:  # capacity in hand (the launch) to the first step: a restart measured
+        job.costs.restart_s = _sampled(job.costs.restart_s, c.now - run.launched_at, mean=True)
     if run.budget_usd is not None and job.cost_usd >= run.budget_usd and not run.over_budget:
         # Checkpoint at the next step and stop, as for a move; the run's end fails the job.
         c.set_run(over_budget=True)
@@ -152,7 +180,8 @@ def progress(c: Change, event: ProgressReported) -> dict[str, Any]:
 
 def resumed_after_preemption(c: Change) -> None:
     assert c.run is not None
-    job, last = c.job, c.job.preemption_log[-1]
+    job, last = c.job, c.job.preemption_log[-1].model_copy()  # the record's stays as it was
+    job.preemption_log[-1] = last
     last.after = c.run.describe
     last.capacity_to_first_step_s = c.now - c.run.launched_at
     last.down_s = c.now - last.time
@@ -168,9 +197,21 @@ def checkpoint(c: Change, event: CheckpointCommitted) -> None:
     if c.run is None or event.attempt != c.run.attempt:
         return
     c.job.checkpoint = CheckpointInfo(step=event.step, path=event.path, save_s=event.save_s)
+    if event.save_s is not None:
+        costs = c.job.costs
+        costs.checkpoint_stall_s = _sampled(costs.checkpoint_stall_s, event.save_s)
+        costs.checkpoint_durable_s = _sampled(costs.checkpoint_durable_s, event.save_s)
     if not c.job.state.is_terminal:  # a cancelled job's stream has already ended
         c.emit("checkpoint", {"step": event.step, "path": event.path})
     c.save = True
+
+
+def _sampled(figure: CostFigure, value_s: float, mean: bool = False) -> CostFigure:
+    """A measured figure with one more sample: the mean of them all, or the latest."""
+    n = figure.samples
+    if mean and n:
+        value_s = ((figure.measured_s or 0.0) * n + value_s) / (n + 1)
+    return figure.model_copy(update={"measured_s": value_s, "samples": n + 1})
 
 
 def final_report(c: Change, event: FinalReport) -> None:
@@ -315,6 +356,7 @@ def service_restarted(c: Change, event: ServiceRestarted) -> None:
             and c.job.started_at is not None:
         c.job.restarts += 1
     c.run = None
+    c.hold(frozenset(), 0.0)  # billed to now; the new placement finds its nodes again
     enter(c.job, JobState.PENDING, f"the service restarted while the job was {was.value}; "
           "it resumes from its latest checkpoint")
     c.save = True  # the stream of a reloaded job starts from its record

@@ -5,12 +5,19 @@ Plain frozen values; the decisions over them are `lifecycle.step`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Union
 
 from raytrain.catalog.shapes import usd_for
 from raytrain.errors import IllegalTransition
-from raytrain.spec import DecisionRecord, JobState, JobStatus, PlanSummary, Resources
+from raytrain.spec import (
+    DecisionRecord,
+    JobCosts,
+    JobState,
+    JobStatus,
+    PlanSummary,
+    Resources,
+)
 
 _ENDS = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 
@@ -78,7 +85,6 @@ class Run:
     demand: Mapping[str, float]
     launched_at: float  # capacity in hand, worker group asked for
     usd_per_hour: float = 0.0  # what its nodes cost while held (0 on a fixed cluster)
-    cost_before: float = 0.0  # dollars the job spent before this run
     nodes_at_launch: frozenset[str] = frozenset()  # bought nodes alive at launch (Ray ids)
     describe: str = ""  # nodes and layout, for the preemption log
     attempt: int = 0
@@ -92,9 +98,15 @@ class Run:
     over_budget: bool = False  # asked to checkpoint and stop for the budget
 
 
+# The nodes a job is billed for now: node id -> (held since, dollars per node-hour).
+Held = Mapping[str, "tuple[float, float]"]
+
+
 @dataclass(frozen=True)
 class Record:
-    """Everything the service knows of one job."""
+    """Everything the service knows of one job. Its bill: `closed_usd` for the nodes it has
+    let go (None: all of status.cost_usd), plus each node in `held` from when it was granted.
+    """
 
     status: JobStatus
     run: Run | None = None
@@ -102,6 +114,8 @@ class Record:
     passed: int = 0  # times a later job started first (backfill)
     leaving: tuple[float, frozenset[str]] | None = None  # after a notice: (until, nodes)
     saved_at: float = 0.0
+    held: Held = field(default_factory=dict)
+    closed_usd: float | None = None
 
 
 def checkpoint_every_s(job: JobStatus) -> float | None:
@@ -148,11 +162,25 @@ class Passed:
 
 @dataclass(frozen=True)
 class CapacityDecided:
-    """The policy decided where the job runs (resources), or that nothing fits (None)."""
+    """The policy decided where the job runs (resources), or that nothing fits (None);
+    `costs`, the figures it priced with; `reference_usd`, on-demand from the start (the
+    regret cap's reference), with the first decision."""
 
     decision: DecisionRecord
     resources: Resources | None
     message: str
+    costs: JobCosts | None = None
+    reference_usd: float | None = None
+
+
+@dataclass(frozen=True)
+class NodesHeld:
+    """The nodes the job holds now, as the cluster shows them (the scheduler attributes each
+    bought node to the job whose request it answers): billed from when each appears to when
+    it goes or the job lets it go."""
+
+    nodes: frozenset[str]
+    usd_per_hour: float  # per node
 
 
 @dataclass(frozen=True)
@@ -228,7 +256,7 @@ class ServiceStopping:
     pass
 
 
-Event = Union[Submitted, Queued, Passed, CapacityDecided, Launched, GroupStarted,
+Event = Union[Submitted, Queued, Passed, CapacityDecided, NodesHeld, Launched, GroupStarted,
               ProgressReported, CheckpointCommitted, FinalReport, RunEnded, StopOverdue,
               CancelRequested, Reviewed, ServiceRestarted, ServiceStopping]
 
@@ -280,18 +308,35 @@ class Outcome:
     reply: Any = None
 
 
+def _working_copy(job: JobStatus) -> JobStatus:
+    """A copy of a status that a handler may change without touching the original: the
+    status and the parts handlers change in place (the lists it appends to, the plan's
+    measured step, the costs' figures) are copied; the rest (the spec above all, a large
+    document no handler changes) is shared. A deep copy of every status on every report was
+    most of the job manager's time per report."""
+    copy = job.model_copy()
+    copy.decisions = list(job.decisions)
+    copy.preemption_log = list(job.preemption_log)  # entries: copied before a change
+    copy.plan = job.plan.model_copy() if job.plan is not None else None
+    copy.costs = job.costs.model_copy()
+    return copy
+
+
 class Change:
     """One step of the lifecycle at work: a copy of the status to change, and the effects so
     far; `outcome` makes them the step's result. The input record is never changed."""
 
     def __init__(self, record: Record, now: float) -> None:
         self.now = now
-        self.job = record.status.model_copy(deep=True)
+        self.job = _working_copy(record.status)
         self.run = record.run
         self.last_failure = record.last_failure
         self.passed = record.passed
         self.leaving = record.leaving
         self.saved_at = record.saved_at
+        self.held = dict(record.held)
+        self.closed_usd = record.status.cost_usd if record.closed_usd is None \
+            else record.closed_usd
         self.effects: list[Effect] = []
         self.save = False
 
@@ -308,15 +353,23 @@ class Change:
         self.run = replace(self.run, **changes)
 
     def bill(self) -> None:
-        """Dollars spent: earlier runs plus this run's nodes for as long as held."""
-        run = self.run
-        if run is not None and run.usd_per_hour:
-            held = usd_for(run.usd_per_hour, self.now - run.launched_at)
-            self.job.cost_usd = max(self.job.cost_usd, run.cost_before + held)
+        """Dollars spent: the nodes let go, and each node held from when it was granted."""
+        held = sum(usd_for(price, self.now - since) for since, price in self.held.values())
+        self.job.cost_usd = max(self.job.cost_usd, self.closed_usd + held)
+
+    def hold(self, nodes: frozenset[str], usd_per_hour: float) -> None:
+        """The job holds exactly `nodes` from now: bill the ones gone up to now."""
+        for node in [n for n in self.held if n not in nodes]:
+            since, price = self.held.pop(node)
+            self.closed_usd += usd_for(price, self.now - since)
+        for node in nodes - set(self.held):
+            self.held[node] = (self.now, usd_per_hour)
+        self.bill()
 
     def end(self) -> None:
-        """Close the stream and withdraw the node request; the record is saved."""
-        self.bill()
+        """Close the stream and withdraw the node request (the nodes stop billing to the
+        job); the record is saved."""
+        self.hold(frozenset(), 0.0)
         self.effects.append(ReleaseNodes())
         self.last_failure, self.passed = None, 0
         self.emit("end", {"state": self.job.state.value, "error": self.job.error})
@@ -327,5 +380,5 @@ class Change:
             self.effects.append(Save())
             self.saved_at = self.now
         record = Record(self.job, self.run, self.last_failure, self.passed, self.leaving,
-                        self.saved_at)
+                        self.saved_at, self.held, self.closed_usd)
         return Outcome(record, tuple(self.effects), reply)

@@ -1,0 +1,145 @@
+"""The simulator's tables: one job, every way of buying its capacity, from start times spread
+over a spot trace, with and without the cloud's notice. The policy and the baselines that are
+policies are replayed through the live service (raytrain.serve.replay); Uniform Progress and
+the hindsight-optimal schedule are computed beside them under the same cloud figures
+(raytrain.core.simulate, raytrain.core.hindsight). `raytrain simulate` and
+benchmarks/spot_simulation.py print these.
+
+    rows = simulate_trace(TraceJob(trace, offer, nodes=8, work_s=6 * 3600,
+                                   deadline_s=12 * 3600), policy, starts=11)
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+
+from raytrain.catalog.traces import Trace
+from raytrain.core.fleet import SimResult
+from raytrain.core.hindsight import hindsight
+from raytrain.core.simulate import STRATEGIES, Summary, summarize, uniform_progress
+from raytrain.errors import FieldError, SpecError
+from raytrain.serve.replay import (
+    BASELINES,
+    Market,
+    Scenario,
+    as_sim_result,
+    baseline_policies,
+    gpt_job,
+    replay_job,
+    sim_job,
+    with_policy,
+)
+from raytrain.serve.trace_cloud import CloudTimes
+from raytrain.spec import JobSpec, Offer, PolicySpec
+
+NO_NOTICE = (0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    """One row set of the tables: a job on `nodes` of `offer`, whose spot capacity is `trace`,
+    and what the cloud tells before a preemption (`notice`: (seconds, share); None: the
+    offer's cloud's; NO_NOTICE: none)."""
+
+    trace: Trace
+    offer: Offer
+    nodes: int
+    work_s: float
+    deadline_s: float | None
+    notice: tuple[float, float] | None = None
+    times: CloudTimes = CloudTimes()
+    fixed_interval_s: float = 1800.0  # the `spot` and `failover` baselines' interval
+    spec: JobSpec | None = None  # a job of the user's; None: gpt_job's
+    alternatives: tuple[Market, ...] = ()  # other markets the policy (only) may buy
+
+    @property
+    def notice_s(self) -> float:
+        return (self.notice or self.offer.notice)[0]
+
+
+def check_trace_job(job: TraceJob) -> None:
+    """Refuse what cannot be replayed, naming the fix: a node count above the fleet's."""
+    if job.nodes > job.trace.max_nodes:
+        raise SpecError([FieldError(("nodes",), (
+            f"{job.nodes} nodes, but the trace {job.trace.name!r} never has more than "
+            f"{job.trace.max_nodes} alive at once, so the job could never run on spot. To fix: "
+            f"use --nodes {job.trace.max_nodes} or fewer, or a trace of a larger fleet"))],
+            "simulation")
+    if job.offer.spot_usd_per_hour is None or job.offer.on_demand_usd_per_hour is None:
+        raise SpecError([FieldError(("instance",), (
+            f"{job.offer.instance_type} has no spot and on-demand prices. To fix: choose an "
+            "offer with both"))], "simulation")
+
+
+def simulate_trace(job: TraceJob, policy: PolicySpec, starts: int,
+                   strategies: tuple[str, ...] = STRATEGIES, processes: int = 1
+                   ) -> list[Summary]:
+    """Every strategy from `starts` start times spread evenly over the trace."""
+    check_trace_job(job)
+    times = [job.trace.duration_s * i / starts for i in range(starts)]
+    args = [(job, policy, start, strategies) for start in times]
+    if processes > 1:
+        with ProcessPoolExecutor(processes) as pool:
+            by_start = list(pool.map(_one_start, args))
+    else:
+        by_start = [_one_start(a) for a in args]
+    rows = []
+    horizon = 20 * job.work_s + (job.deadline_s or 0)
+    on_demand = [runs["on-demand"] for runs in by_start] if "on-demand" in strategies else None
+    for strategy in strategies:
+        results = [runs[strategy] for runs in by_start]
+        rows.append(summarize(results, job.notice_s, horizon, on_demand))
+    return rows
+
+
+def _one_start(args: tuple[TraceJob, PolicySpec, float, tuple[str, ...]]
+               ) -> dict[str, SimResult]:
+    job, policy, start, strategies = args
+    spec = job.spec or gpt_job(job.offer, job.nodes, job.work_s, job.deadline_s, policy.name)
+    policies = baseline_policies(policy, job.fixed_interval_s)
+    own = (Market(job.offer, "spot", job.trace), Market(job.offer, "on-demand"))
+    scenario = Scenario(spec, own, policies, job.times, job.notice)
+    seconds, share = job.notice or job.offer.notice
+    outside = replace(sim_job(spec, job.offer, job.times, seconds, job.fixed_interval_s),
+                      notice_share=share)
+    found: dict[str, SimResult] = {}
+    for strategy in strategies:
+        if strategy == "uniform-progress":
+            found[strategy] = uniform_progress(job.trace, outside, policy, start)
+        elif strategy == "oracle":
+            found[strategy] = hindsight(job.trace, outside, start)
+        else:
+            name = policy.name if strategy == "policy" else strategy
+            assert strategy == "policy" or strategy in BASELINES, strategy
+            markets = own + job.alternatives if strategy == "policy" else own
+            replayed = replay_job(with_policy(replace(scenario, markets=markets), name), start)
+            found[strategy] = as_sim_result(replayed, strategy, job.trace.name, start,
+                                            outside.deadline_s)
+    return found
+
+
+def repaired_late_runs(job: TraceJob, policy: PolicySpec, starts: int,
+                       every_s: float = 120.0) -> list[tuple[float, SimResult, SimResult | None]]:
+    """Each start where Uniform Progress finishes late, with the same run moved to on-demand
+    to the end at the one moment (tried every `every_s`) that finishes in time for least."""
+    spec = job.spec or gpt_job(job.offer, job.nodes, job.work_s, job.deadline_s, policy.name)
+    seconds, share = job.notice or job.offer.notice
+    outside = replace(sim_job(spec, job.offer, job.times, seconds, job.fixed_interval_s),
+                      notice_share=share)
+    found = []
+    for start in (job.trace.duration_s * i / starts for i in range(starts)):
+        late = uniform_progress(job.trace, outside, policy, start)
+        if late.met_deadline or outside.deadline_s is None:
+            continue
+        tries = (uniform_progress(job.trace, outside, policy, start, on_demand_from_s=float(s))
+                 for s in range(0, int(outside.deadline_s), int(every_s)))
+        punctual = min((r for r in tries if r.met_deadline), key=lambda r: r.cost_usd,
+                       default=None)
+        found.append((start, late, punctual))
+    return found
+
+
+def finite_hours(seconds: float) -> str:
+    return f"{seconds / 3600:.2f}" if math.isfinite(seconds) else "never"

@@ -1,0 +1,479 @@
+"""A simulated cloud and its training workers behind the job manager's cluster adaptor (the
+interface of raytrain.serve.ray_cluster.RayCluster), on a simulated clock: what a trace replay
+(raytrain.serve.replay) runs the live job manager, scheduler, provisioner and lifecycle on.
+
+- Capacity: a spot node type's capacity comes and goes as its trace says; an on-demand one's
+  is always there. Nodes the service asks for (`request_nodes`) are launched on capacity that
+  is there and are up `ready_s` later; a node is kept while it is asked for or a run uses it,
+  and let go once it has been neither for `idle_s` (the autoscaler's idle timeout; the idle
+  tail after a job lets a node go is the cloud's bill, not the job's).
+- Preemption: the trace's removal of a node the service holds takes it. A share of removals
+  (the offer's cloud's, drawn per node with a fixed seed) come with the cloud's notice,
+  `notice_s` ahead: the node's workers hear it as they would from the metadata service.
+- Workers: each run is a simulated worker group that keeps the real loop's rules
+  (raytrain.core.step_rules): it starts `restart_s` after its launch, resumes from its job's
+  latest committed checkpoint, trains at the step time the planner predicts for its nodes,
+  reports progress to the job manager every `report_s` and takes the manager's answers (stop,
+  move, the checkpoint interval), checkpoints every checkpoint_every_steps, at the policy's
+  interval and at the end (stalling `checkpoint_s`, committed at its end), checkpoints and
+  stops after a notice or a move, and dies with its node.
+- Bill: the cloud's own, each node from up to gone at its price, kept apart from the service's.
+
+Written here because none of Ray's test clusters runs on a simulated clock, and a replay of
+12 hours must take a second, not 12 hours.
+
+    cloud = TraceCloud(types, CloudTimes())
+    manager = JobManager(config, cluster=cloud, schedule=False); cloud.manager = manager
+    cloud.advance(cloud.next_time())
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from raytrain.catalog.traces import TraceEvent
+from raytrain.core.fleet import notice_given
+from raytrain.core.step_rules import after_step
+from raytrain.core.throughput import job_throughput
+from raytrain.spec import JobSpec, Offer
+
+EPOCH = 1_800_000_000.0  # the simulated clock's start (a unix time)
+HEAD = "head"
+
+
+@dataclass(frozen=True)
+class NodeType:
+    """One node type the replayed service may buy: an offer in one market, and (spot) the
+    capacity of its market as replayed events (raytrain.core.fleet.replay)."""
+
+    name: str
+    offer: Offer
+    market: str
+    events: tuple[TraceEvent, ...] | None = None  # None: always there (on-demand)
+    notice: tuple[float, float] | None = None  # (seconds, share); None: the offer's cloud's
+
+    @property
+    def price(self) -> float:
+        return self.offer.usd_per_hour(self.market) or 0.0
+
+    def resources(self) -> dict[str, float]:
+        gpus = float(self.offer.gpus_per_node) if self.offer.gpu_kind != "cpu" else 0.0
+        return {self.name: 1.0, "CPU": 8.0 * max(1.0, gpus), "GPU": gpus}
+
+
+@dataclass(frozen=True)
+class CloudTimes:
+    """The truth the simulated cloud and workers follow; the service measures what it sees
+    of them (checkpoint stall, restart, node-ready) as it would live."""
+
+    ready_s: float = 120.0  # from asking for a node to its being up
+    restart_s: float = 30.0  # from capacity in hand to the first step (start, load, resume)
+    checkpoint_s: float = 60.0  # one checkpoint's stall, durable at its end
+    report_s: float = 30.0  # progress reports (a live rank 0 reports every second)
+    idle_s: float = 60.0  # the autoscaler lets a node go once unwanted this long
+
+
+@dataclass
+class Node:
+    id: str  # unique per launch (a market's machine may be launched again later)
+    kind: NodeType
+    asked_at: float
+    up_at: float  # when it is (or will be) up
+    remove_at: float | None = None  # when the trace takes it back (None: not before the end)
+    notice_at: float | None = None  # when its notice arrives, if it gets one
+    gone_at: float | None = None
+    machine: str = ""  # the trace's node it runs on (spot)
+    announced: bool = False  # the cloud has seen it come up
+    idle_since: float | None = None  # unwanted since
+    idle_before_s: float = 0.0  # earlier stretches unwanted
+
+    @property
+    def price(self) -> float:
+        return self.kind.price
+
+
+class TraceCloud:
+    def __init__(self, types: Iterable[NodeType], times: CloudTimes, seed: int = 0,
+                 start: float = EPOCH) -> None:
+        self.types = {t.name: t for t in types}
+        self.times = times
+        self.time = self.start = start
+        self.manager: Any = None  # the JobManager, once made
+        self.nodes: dict[str, Node] = {}  # every node ever launched, by id
+        self._maybe_live: dict[str, Node] = {}  # those not known to be gone
+        self.requests: dict[str, list[dict[str, float]]] = {}
+        self.runs: dict[str, SimRun] = {}  # by job id: the latest run
+        self.committed: dict[str, int] = {}  # job id -> step of its latest checkpoint
+        self.capacity: dict[str, set[str]] = {name: set() for name in self.types}
+        self._removals: dict[str, float] = {}  # trace node -> when it goes
+        self._seed = seed
+        self._made = 0
+        self._queue: list[tuple[float, int, str, str, str]] = []  # (t, seq, kind, type, node)
+        self._seq = 0
+        for kind in self.types.values():
+            for event in kind.events or ():
+                self._push(start + event.time_s, event.kind, kind.name, event.node)
+                if event.kind == "remove":
+                    self._removals.setdefault(f"{kind.name}/{event.node}",
+                                              start + event.time_s)
+
+    # -------------------------------------------------------------- the adaptor's interface
+
+    def now(self) -> float:
+        return self.time
+
+    def launch(self, job_id: str, spec_json: dict[str, Any], layout_json: dict[str, Any],
+               checkpoint_root: str, run_root: str, worker_resources: dict[str, float] | None,
+               notice_endpoint: str | None) -> SimRun:
+        spec = JobSpec.model_validate(spec_json)
+        kind = self.types[next(iter(worker_resources or {}))]
+        share = next(iter((worker_resources or {}).values()))
+        count = max(1, round(share * spec.resources.num_workers))
+        busy = {n for run in self.runs.values() if not run.done for n in run.nodes}
+        free = sorted((n for n in self._up(kind.name) if n.id not in busy),
+                      key=lambda n: (n.up_at, n.id))
+        nodes = [n.id for n in free[:count]]
+        fit = job_throughput(spec)(kind.offer, count)
+        step_s = spec.tokens_per_step / fit[0] if fit else math.inf
+        run = SimRun(self, job_id, spec, nodes, step_s, self.time)
+        self.runs[job_id] = run
+        self._reconcile()
+        return run
+
+    def finished(self, handles: Mapping[str, SimRun]) -> set[str]:
+        return {job_id for job_id, run in handles.items() if run.done}
+
+    def outcome(self, handle: SimRun) -> str | None:
+        return handle.error
+
+    def stop(self, handle: SimRun, placement_group: str | None = None) -> None:
+        handle.end(error=handle.error)
+        self._reconcile()
+
+    def total_resources(self) -> dict[str, float]:
+        total: dict[str, float] = {"CPU": 4.0}
+        for resources in self.node_resources()[1:]:
+            for key, value in resources.items():
+                total[key] = total.get(key, 0.0) + value
+        return total
+
+    def node_resources(self) -> list[dict[str, float]]:
+        return [{"CPU": 4.0}] + [n.kind.resources() for n in self._up()]
+
+    def alive_nodes(self, with_resources: Iterable[str] = ()) -> frozenset[str]:
+        wanted = set(with_resources)
+        up = frozenset(n.id for n in self._up() if not wanted or n.kind.name in wanted)
+        return up if wanted else up | {HEAD}
+
+    def request_nodes(self, job_id: str, bundles: list[dict[str, float]]) -> None:
+        self.requests[job_id] = bundles
+        self._reconcile()
+
+    def reclaim_runners(self) -> None:
+        pass
+
+    def reclaim_groups(self, owned: set[str], node_types: Iterable[str]) -> None:
+        pass
+
+    # -------------------------------------------------------------------- the clock
+
+    def next_time(self) -> float:
+        """When the next thing happens in the cloud or in a run (inf: nothing will)."""
+        times = [self._queue[0][0]] if self._queue else []
+        for n in self._live():
+            if not n.announced:
+                times.append(n.up_at)
+            if n.notice_at is not None and n.notice_at > self.time:
+                times.append(n.notice_at)
+            if n.idle_since is not None:
+                times.append(n.idle_since + self.times.idle_s)
+        times += [run.next_time() for run in self.runs.values() if not run.done]
+        return min(times, default=math.inf)
+
+    def advance(self, until: float) -> bool:
+        """Let everything due by `until` happen, in time order; True if a node or a run
+        changed (the scheduler should look)."""
+        changed = False
+        while True:
+            due = self.next_time()
+            if due > until:
+                break
+            self.time = max(self.time, due)
+            changed = self._fire() or changed
+        self.time = max(self.time, until)
+        return changed
+
+    def bill_usd(self, until: float | None = None) -> float:
+        """What the cloud bills: every node from up to gone (or `until`), at its price."""
+        end = self.time if until is None else until
+        return sum(n.price * max(0.0, min(n.gone_at or end, end) - n.up_at) / 3600
+                   for n in self.nodes.values() if n.up_at <= end)
+
+    def idle_usd(self) -> float:
+        """The part of the bill for nodes no job held: the autoscaler's idle tails."""
+        return sum(n.price * (n.idle_before_s + (0.0 if n.idle_since is None else max(
+            0.0, (n.gone_at or self.time) - n.idle_since))) / 3600 for n in self.nodes.values())
+
+    def node_seconds(self, market: str) -> float:
+        return sum(max(0.0, (n.gone_at or self.time) - n.up_at) for n in self.nodes.values()
+                   if n.kind.market == market and n.up_at <= self.time)
+
+    # -------------------------------------------------------------------- internals
+
+    def _push(self, t: float, kind: str, node_type: str, node: str) -> None:
+        self._seq += 1
+        heapq.heappush(self._queue, (t, self._seq, kind, node_type, node))
+
+    def _live(self) -> list[Node]:
+        """Nodes not gone (launching or up)."""
+        live = [n for n in self._maybe_live.values() if n.gone_at is None]
+        if len(live) < len(self._maybe_live):
+            self._maybe_live = {n.id: n for n in live}
+        return live
+
+    def _up(self, node_type: str | None = None) -> list[Node]:
+        return [n for n in self._live() if n.up_at <= self.time
+                and (node_type is None or n.kind.name == node_type)]
+
+    def _fire(self) -> bool:
+        now = self.time
+        while self._queue and self._queue[0][0] <= now:
+            _, _, kind, node_type, node = heapq.heappop(self._queue)
+            if kind == "add":
+                self.capacity[node_type].add(node)
+            else:
+                self.capacity[node_type].discard(node)
+                self._take(node_type, node)
+            self._reconcile()
+            return True
+        for node in self._live():
+            if node.notice_at is not None and node.notice_at <= now:
+                node.notice_at = None
+                for run in self.runs.values():
+                    if not run.done and node.id in run.nodes:
+                        run.hear_notice(now)
+        expired = [n for n in self._live() if
+                   n.idle_since is not None and now - n.idle_since >= self.times.idle_s]
+        if expired:
+            self._reconcile()
+            return True
+        came = [n for n in self._live() if n.up_at <= now and not n.announced]
+        for node in came:
+            node.announced = True
+        if came:
+            self._reconcile()
+            return True
+        for run in list(self.runs.values()):
+            if not run.done and run.next_time() <= now:
+                run.fire()
+                if run.done:
+                    self._reconcile()
+                    return True
+        return False
+
+    def _take(self, node_type: str, machine: str) -> None:
+        node = next((n for n in self._live()
+                     if n.kind.name == node_type and n.machine == machine), None)
+        if node is None:
+            return
+        node_id = node.id
+        node.gone_at = self.time
+        if node.up_at > self.time:  # still launching: nothing came up, nothing billed
+            node.up_at = self.time
+        for run in self.runs.values():
+            if not run.done and node_id in run.nodes:
+                run.end(error=f"ActorDiedError: a training worker died: its node {node_id} "
+                        "was lost")
+
+    def _wanted(self, node_type: str) -> int:
+        asked = sum(1 for bundles in self.requests.values() for b in bundles if node_type in b)
+        used = sum(1 for run in self.runs.values() if not run.done for n in run.nodes
+                   if self.nodes[n].kind.name == node_type)
+        return max(asked, used)
+
+    def _reconcile(self) -> None:
+        """Launch nodes up to what is asked for (where capacity is there), let go of the rest."""
+        for kind in self.types.values():
+            mine = [n for n in self._live() if n.kind.name == kind.name]
+            wanted = self._wanted(kind.name)
+            if len(mine) < wanted:
+                for _ in range(wanted - len(mine)):
+                    if not self._start_node(kind):
+                        break
+            busy = {n for run in self.runs.values() if not run.done for n in run.nodes}
+            idle = sorted((n for n in mine if n.id not in busy), key=lambda n: (-n.up_at, n.id))
+            surplus = {n.id for n in idle[:max(0, len(mine) - wanted)]}
+            for node in mine:
+                if node.id not in surplus:
+                    if node.idle_since is not None:
+                        node.idle_before_s += self.time - node.idle_since
+                    node.idle_since = None
+                elif node.up_at > self.time:  # still launching: cancelled, nothing billed
+                    node.gone_at = node.up_at = self.time
+                elif node.idle_since is None:
+                    node.idle_since = self.time
+                elif self.time - node.idle_since >= self.times.idle_s:
+                    node.gone_at = self.time
+
+    def _start_node(self, kind: NodeType) -> bool:
+        now, ready = self.time, self.times.ready_s
+        if kind.events is None:  # on-demand: always there
+            self._made += 1
+            node_id = f"{kind.name}/{self._made}"
+            self._add(Node(node_id, kind, now, now + ready))
+            return True
+        held = {n.machine for n in self._live() if n.kind.name == kind.name}
+        free = sorted(n for n in self.capacity[kind.name] if n not in held)
+        if not free:
+            return False
+        self._made += 1
+        node_id = f"{kind.name}/{free[0]}/{self._made}"
+        node = Node(node_id, kind, now, now + ready,
+                    remove_at=self._removals.get(f"{kind.name}/{free[0]}"), machine=free[0])
+        seconds, share = kind.notice if kind.notice is not None else kind.offer.notice
+        if node.remove_at is not None and seconds > 0 and notice_given(
+                free[0], node.remove_at - self.start, share, self._seed):
+            node.notice_at = max(node.up_at, node.remove_at - seconds)
+        self._add(node)
+        return True
+
+    def _add(self, node: Node) -> None:
+        self.nodes[node.id] = node
+        self._maybe_live[node.id] = node
+
+
+class SimRun:
+    """One launched worker group, simulated (module doc)."""
+
+    def __init__(self, cloud: TraceCloud, job_id: str, spec: JobSpec, nodes: list[str],
+                 step_s: float, launched_at: float) -> None:
+        self.cloud, self.job_id, self.spec, self.nodes = cloud, job_id, spec, nodes
+        self.step_s = step_s
+        self.total = spec.training.steps
+        self.every = spec.training.checkpoint_every_steps
+        self.attempt = 0
+        self.done = False
+        self.error: str | None = None
+        self.phase = "starting"  # starting | training | saving
+        self.phase_until = launched_at + cloud.times.restart_s
+        self.step = 0
+        self.started_step = 0
+        self.train_started = self.boundary_at = math.inf
+        self.saved_at = math.inf
+        self.reported_at = -math.inf
+        self.interval_s: float | None = None
+        self.stop_asked = self.move_asked = False
+        self.noticed_at: float | None = None
+        self.after_save: tuple[bool, bool] | None = None  # (stop, preempted) once saved
+
+    def next_time(self) -> float:
+        if self.done:
+            return math.inf
+        if self.phase != "training":
+            return self.phase_until
+        return self.boundary_at + self._steps_to_next() * self.step_s
+
+    def hear_notice(self, now: float) -> None:
+        if self.noticed_at is None:
+            self.noticed_at = now
+
+    def fire(self) -> None:
+        """What happens at next_time(): the group starts, a save ends, or a step boundary
+        where the loop reports, checkpoints or stops."""
+        now = self.cloud.time
+        if self.phase == "starting":
+            self._start(now)
+        elif self.phase == "saving":
+            self._saved(now)
+        else:
+            self.step += self._steps_to_next()
+            self.boundary_at = now
+            self._after_step(now)
+
+    def end(self, error: str | None = None, result: dict[str, Any] | None = None) -> None:
+        if self.done:
+            return
+        self.done, self.error = True, error
+        if result is not None and self.cloud.manager is not None:
+            self.cloud.manager.report_finished(self.job_id, self.attempt, result)
+
+    # ------------------------------------------------------------------------------------
+
+    def _steps_to_next(self) -> int:
+        """Steps until the next boundary where anything may happen (at least one)."""
+        s, t0 = self.step, self.boundary_at
+        marks = [self.total - s, self.every - s % self.every]
+        report_at = self.reported_at + self.cloud.times.report_s  # the first: at once
+        for due in (report_at if math.isfinite(report_at) else t0, self.noticed_at,
+                    None if self.interval_s is None else self.saved_at + self.interval_s):
+            if due is not None and math.isfinite(due):
+                marks.append(math.ceil(max(0.0, due - t0) / self.step_s - 1e-9))
+        return max(1, min(marks))
+
+    def _start(self, now: float) -> None:
+        manager = self.cloud.manager
+        self.step = self.started_step = self.cloud.committed.get(self.job_id, 0)
+        kind = self.cloud.nodes[self.nodes[0]].kind if self.nodes else None
+        self.attempt = manager.worker_group_started(self.job_id, self.step, {
+            "placement_group": f"pg-{self.job_id}-{now:.0f}", "nodes": len(self.nodes),
+            "accelerator": kind.offer.gpu_kind if kind else "cpu"})
+        if self.attempt < 0 or self.step >= self.total:
+            self.end(result=self._result(now, preempted=False) if self.attempt >= 0 else None)
+            return
+        self.phase, self.train_started = "training", now
+        self.boundary_at = self.saved_at = now
+
+    def _after_step(self, now: float) -> None:
+        if now - self.reported_at >= self.cloud.times.report_s or self.step >= self.total:
+            self._report(now)
+        rule = after_step(self.step, self.total, self.every, now - self.saved_at,
+                          self.interval_s, self.stop_asked, False,
+                          self.noticed_at is not None or self.move_asked)
+        if rule.checkpoint:
+            self.phase, self.phase_until = "saving", now + self.cloud.times.checkpoint_s
+            self.after_save = (rule.stop or self.step >= self.total, rule.preempted)
+        elif rule.stop:
+            self.end(result=self._result(now, preempted=False))
+
+    def _saved(self, now: float) -> None:
+        self.cloud.committed[self.job_id] = self.step
+        self.saved_at = now
+        self.cloud.manager.report_checkpoint(self.job_id, self.attempt, self.step,
+                                             f"sim://{self.job_id}/step-{self.step}",
+                                             self.cloud.times.checkpoint_s)
+        stop, preempted = self.after_save or (False, False)
+        self.after_save = None
+        if stop:
+            self.end(result=self._result(now, preempted))
+            return
+        self.phase, self.boundary_at = "training", now
+
+    def _report(self, now: float) -> None:
+        self.reported_at = now
+        tokens_per_s = self.spec.tokens_per_step / self.step_s
+        reply = self.cloud.manager.report_progress(self.job_id, self.attempt, {
+            "step": self.step, "total_steps": self.total, "loss": _loss(self.step, self.total),
+            "first_loss": _loss(0, self.total), "tokens_per_s": tokens_per_s,
+            "step_s": self.step_s, "elapsed_s": now - self.train_started,
+            "eta_s": (self.total - self.step) * self.step_s, "sent_at": now})
+        self.stop_asked = self.stop_asked or bool(reply.get("stop"))
+        self.move_asked = self.move_asked or bool(reply.get("move"))
+        if "checkpoint_every_s" in reply:
+            self.interval_s = reply["checkpoint_every_s"]
+
+    def _result(self, now: float, preempted: bool) -> dict[str, Any]:
+        wall = max(now - self.train_started, 1e-9) if math.isfinite(self.train_started) else 0.0
+        steps_run = self.step - self.started_step
+        return {"first_loss": _loss(0, self.total), "final_loss": _loss(self.step, self.total),
+                "stopped": True, "preempted": preempted, "noticed_at": self.noticed_at,
+                "checkpointed_at": now if preempted else None, "steps": self.step,
+                "train_wall_s": wall,
+                "tokens_per_s": steps_run * self.spec.tokens_per_step / wall if wall else 0.0}
+
+
+def _loss(step: int, total: int) -> float:
+    """A made-up falling loss curve: the replay trains nothing, but a status shows a loss."""
+    return 2.0 + 8.0 * math.exp(-3.0 * step / max(total, 1))

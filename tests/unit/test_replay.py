@@ -1,0 +1,149 @@
+"""The simulator is the live service: a job replayed on slices of the shipped spot traces
+goes through the real job manager, scheduler, provisioner, capacity engine, lifecycle and
+bill (raytrain.serve.replay), on a simulated cloud and clock (raytrain.serve.trace_cloud).
+What the replay reports is what the service recorded; these tests check it against the
+cloud's own books and against the promises the policy makes."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from raytrain.catalog.files import TRACES_DIR, load_policies, snapshot
+from raytrain.catalog.traces import Trace, TraceEvent, load_trace, trace_names
+from raytrain.cli import main as cli_main
+from raytrain.core.fleet import replay
+from raytrain.errors import SpecError
+from raytrain.serve.replay import (
+    Market,
+    Scenario,
+    baseline_policies,
+    gpt_job,
+    replay_job,
+    with_policy,
+)
+from raytrain.serve.simulation import NO_NOTICE, TraceJob, check_trace_job
+from raytrain.serve.trace_cloud import CloudTimes
+
+HOUR = 3600.0
+COST_FIRST = load_policies()["cost-first"]
+TIMES = CloudTimes()
+
+
+def scenario(trace_file: str, instance: str, notice: tuple[float, float] | None,
+             policy: str = "cost-first", work_h: float = 2.0, deadline_h: float = 5.0
+             ) -> Scenario:
+    offer = next(o for o in snapshot().offers if o.instance_type == instance)
+    spec = gpt_job(offer, 8, work_h * HOUR, deadline_h * HOUR, "cost-first")
+    trace = load_trace(TRACES_DIR / trace_file)
+    return with_policy(Scenario(spec, (Market(offer, "spot", trace), Market(offer, "on-demand")),
+                                baseline_policies(COST_FIRST, 1800), TIMES, notice), policy)
+
+
+@pytest.mark.parametrize("trace_file,instance", [("bamboo/p3-trace.csv", "p3.2xlarge"),
+                                                 ("bamboo/g4dn-trace.csv", "g4dn.xlarge")])
+@pytest.mark.parametrize("notice", [None, NO_NOTICE], ids=["cloud-notice", "no-notice"])
+def test_a_replayed_job_is_billed_what_the_cloud_bills_and_keeps_the_promises(
+        trace_file: str, instance: str, notice: tuple[float, float] | None) -> None:
+    """Two start times on each of two shipped traces, with AWS's notice and without: the
+    job's bill (the service's ledger: each node from up to gone or let go) plus the nodes no
+    job held (the autoscaler's idle tails) is the cloud's bill to the cent; the policy meets
+    the deadline and pays at most its regret cap over on-demand from the same start; and the
+    service measured the checkpoint, restart and node-ready times it then priced with."""
+    for start in (0.0, 5 * HOUR):
+        policy = replay_job(scenario(trace_file, instance, notice), start)
+        on_demand = replay_job(scenario(trace_file, instance, notice, "on-demand"), start)
+        for run in (policy, on_demand):
+            job = run.status
+            assert job.state.value == "SUCCEEDED", job.message
+            assert job.cost_usd + run.idle_usd == pytest.approx(run.cloud_usd, rel=0.01)
+            assert math.isfinite(run.finished_s) and run.finished_s <= 5 * HOUR
+        assert on_demand.status.preemptions == 0 and on_demand.spot_node_s == 0
+        job = policy.status
+        assert job.cost_usd <= (1 + COST_FIRST.max_regret) * on_demand.status.cost_usd
+        if notice == NO_NOTICE:
+            assert not any(p.notice for p in job.preemption_log)
+        costs = job.costs
+        assert costs.checkpoint_stall_s.measured_s == TIMES.checkpoint_s
+        assert costs.restart_s.samples >= 1
+        assert TIMES.restart_s <= costs.restart_s.measured_s <= TIMES.restart_s + 60
+        assert costs.restart_s.assumed_s == COST_FIRST.restart_s
+        assert any("restart" in d.reason and "measured" in d.reason for d in job.decisions) or \
+            len(job.decisions) == 1
+
+
+def test_with_the_clouds_notice_most_preemptions_lose_nothing() -> None:
+    """AWS's notice comes before a share of preemptions (0.9, stated): on a churning fleet
+    some preemptions come with it and lose no step, and the decisions price the notice."""
+    run = replay_job(scenario("bamboo/p3-trace.csv", "p3.2xlarge", None, "spot"), 0.0)
+    log = run.status.preemption_log
+    noticed = [p for p in log if p.notice]
+    assert len(log) >= 5 and len(noticed) >= len(log) // 2
+    assert all(p.lost_steps == 0 for p in noticed)
+
+
+def test_a_trace_replays_as_it_is(tmp_path: Path) -> None:
+    """Its span is what it states or its last sample (not its last change), a constant
+    trace stays constant across the seams of its repeats, and JSON lines and headers read."""
+    constant = tmp_path / "constant.csv"
+    constant.write_text("time_ms,count\n0,8\n3600000,8\n")
+    trace = load_trace(constant)
+    assert trace.duration_s == HOUR and trace.max_nodes == 8
+    events = replay(trace, 1000.0, 10 * HOUR)
+    assert [e.kind for e in events] == ["add"] * 8  # no spurious preemption at any seam
+    stated = tmp_path / "stated.csv"
+    stated.write_text("# span_s: 7200\n0,2\n60000,1\n")
+    assert load_trace(stated).duration_s == 7200
+    drop = replay(load_trace(stated), 0.0, 3 * 7200)
+    assert [e.kind for e in drop].count("remove") == 3  # once a lap, not at the seams
+    lines = tmp_path / "parcae.txt"
+    lines.write_text('[0, "add", {"nodes": ["a", "b"], "duration": 60000}]\n'
+                     '[60000, "remove", {"nodes": ["a"], "duration": 60000}]\n'
+                     '[120000, "migration", {"nodes": [], "duration": 60000}]\n')
+    parcae = load_trace(lines)
+    assert parcae.duration_s == 180 and parcae.max_nodes == 2
+    (tmp_path / "one.csv").write_text("0,8\n")
+    with pytest.raises(SpecError, match="span_s"):
+        load_trace(tmp_path / "one.csv")
+    names = trace_names([tmp_path / "a" / "p3.csv", tmp_path / "b" / "p3.csv"])
+    assert len(set(names)) == 2 and all("p3" in n for n in names)
+
+
+def test_more_nodes_than_the_fleet_ever_has_are_refused(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    trace = load_trace(TRACES_DIR / "bamboo/g4dn-trace.csv")
+    g4dn = snapshot().find("aws/us-east-1/g4dn.xlarge")
+    with pytest.raises(SpecError, match=f"never has more than {trace.max_nodes}"):
+        check_trace_job(TraceJob(trace, g4dn, trace.max_nodes + 1, HOUR, None))
+    assert cli_main(["simulate", "--instance", "g4dn.xlarge", "--trace",
+                     str(TRACES_DIR / "bamboo/g4dn-trace.csv"), "--nodes", "25"]) == 2
+    assert "--nodes 24 or fewer" in capsys.readouterr().err
+
+
+def test_two_trace_files_of_one_name_stay_two_runs(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    for folder in ("east", "west"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "p3.csv").write_text("0,8\n7200000,8\n")
+    assert cli_main(["simulate", "--json", "--starts", "1", "--work-hours", "0.5",
+                     "--deadline-hours", "2", "--notice-s", "0",
+                     "--trace", str(tmp_path / "east" / "p3.csv"),
+                     "--trace", str(tmp_path / "west" / "p3.csv")]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert len(runs) == 2 and runs[0]["trace"] != runs[1]["trace"]
+
+
+def test_waiting_for_capacity_that_never_comes_is_recorded_once_per_change() -> None:
+    """A spot market with no capacity at all for hours: the service waits (the deadline
+    leaves time in hand), then moves. Each decision is recorded once, not once a check."""
+    empty = Trace("empty", (TraceEvent(6 * HOUR, "add", "late"),), 12 * HOUR)
+    p3 = snapshot().find("aws/us-east-1/p3.2xlarge")
+    spec = gpt_job(p3, 1, 1 * HOUR, 8 * HOUR, "cost-first")
+    run = replay_job(Scenario(spec, (Market(p3, "spot", empty), Market(p3, "on-demand")),
+                              baseline_policies(COST_FIRST, 1800), TIMES, NO_NOTICE), 0.0)
+    assert run.status.state.value == "SUCCEEDED" and run.finished_s <= 8 * HOUR
+    waits = [d for d in run.status.decisions if d.reason.startswith("capacity missing")]
+    assert len(waits) <= 1 and len(run.status.decisions) <= 4, run.status.decisions
