@@ -42,8 +42,9 @@ from raytrain.catalog.shapes import usd_for
 from raytrain.core.costs import Costs, notice_coverage, policy_costs
 from raytrain.spec import DecisionRecord, Offer, PolicySpec
 
-# tokens/s and a description of the layout for an offer and a node count; None: nothing fits.
-Throughput = Callable[[Offer, int], "tuple[float, str] | None"]
+# tokens/s and a description of the layout for an offer and a node count (and, optionally,
+# the replica groups that can train on without each other there); None: nothing fits.
+Throughput = Callable[[Offer, int], "tuple[float, str] | tuple[float, str, int] | None"]
 
 NODE_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
@@ -90,6 +91,7 @@ class Option:
     expected_s: float
     expected_cost_usd: float
     reserve_s: float = 0.0  # the worst case a risky option must leave room for (module doc)
+    groups: int = 1  # replica groups that train on without each other (1: rigid)
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -163,29 +165,36 @@ def checkpoint_interval_s(policy: PolicySpec, preemptions_per_s: float,
 def evaluate_option(offer: Offer, market: str, nodes: int, tokens_per_s: float, layout: str,
                     goal: Goal, policy: PolicySpec, observed: Observed,
                     costs: Costs | None = None, held: bool = False,
-                    max_interval_s: float | None = None) -> Option:
+                    max_interval_s: float | None = None, groups: int = 1) -> Option:
     """One option priced (module doc); `held`: the job trains there already (no start);
-    `max_interval_s`: checkpoint at least this often (a guard's bound, below)."""
+    `max_interval_s`: checkpoint at least this often (a guard's bound, below); `groups`:
+    replica groups that train on without each other (elastic; 1: rigid)."""
     costs = costs or policy_costs(policy)
     price = offer.usd_per_hour(market)
     assert price is not None, f"{offer.id} has no {market} price"
     rate_per_hour = nodes * observed.rate(offer, policy.prior_node_hours) if market == "spot" \
         else 0.0
     rate_per_s = rate_per_hour / 3600
+    # Elastic: a preemption takes one group and the others train on; only losing all of
+    # them at once stops the job, which is assumed to be one preemption in `groups`.
+    whole_per_s = rate_per_s / groups if groups > 1 else rate_per_s
     lost_s = costs.lost_per_preemption_s(offer) if rate_per_s else 0.0
     coverage = notice_coverage(offer, costs)
-    interval = checkpoint_interval_s(policy, rate_per_s, costs, offer)
+    interval = checkpoint_interval_s(policy, whole_per_s, costs, offer)
     if max_interval_s is not None and interval is not None:
         interval = min(interval, max_interval_s)
     start_s = 0.0 if held else costs.ready_for(offer.id) + costs.restart_s
     work_s = goal.tokens_left / tokens_per_s
-    expected = start_s + expected_time_s(work_s, rate_per_s, interval, costs.checkpoint_s,
+    if groups > 1 and rate_per_s:  # group losses slow it a little: fold them into the work
+        slowed = 1.0 - (rate_per_s - whole_per_s) * costs.group_loss_s(offer, groups)
+        work_s = work_s / slowed if slowed > 0 else math.inf
+    expected = start_s + expected_time_s(work_s, whole_per_s, interval, costs.checkpoint_s,
                                          lost_s, coverage)
     reserve = 0.0
     if rate_per_s:  # a whole interval lost, a new start, and a review before it is seen
         reserve = (interval or 0.0) + costs.checkpoint_s + lost_s + costs.review_s
     return Option(offer, market, nodes, tokens_per_s, layout, price * nodes, rate_per_hour,
-                  interval, expected, usd_for(price, expected, nodes), reserve)
+                  interval, expected, usd_for(price, expected, nodes), reserve, groups)
 
 
 def options(goal: Goal, offers: Iterable[Offer], throughput: Throughput, policy: PolicySpec,
@@ -206,9 +215,10 @@ def options(goal: Goal, offers: Iterable[Offer], throughput: Throughput, policy:
                 fit = throughput(offer, nodes)
                 if fit is None:
                     continue
-                found.append(evaluate_option(offer, market, nodes, fit[0], fit[1], goal, policy,
-                                             observed, costs,
-                                             held == (offer.id, market, nodes)))
+                found.append(evaluate_option(
+                    offer, market, nodes, fit[0], fit[1], goal, policy, observed, costs,
+                    held == (offer.id, market, nodes),
+                    groups=fit[2] if len(fit) > 2 else 1))  # type: ignore[misc]
     found.sort(key=lambda o: (o.expected_cost_usd, o.expected_s))
     return found
 
@@ -326,7 +336,7 @@ def _within_guards(option: Option, safe: Option, goal: Goal, policy: PolicySpec,
         return None
     return evaluate_option(option.offer, option.market, option.nodes, option.tokens_per_s,
                            option.layout, goal, policy, observed, costs,
-                           held == option.key, max_interval_s=interval)
+                           held == option.key, max_interval_s=interval, groups=option.groups)
 
 
 def _tried_cost(option: Option, fallback: Option | None, goal: Goal,
@@ -373,7 +383,8 @@ def redecide(current: Option, event: str, goal: Goal, offers: list[Offer],
     offer = next((o for o in offers if o.id == current.offer.id
                   and o.usd_per_hour(current.market) is not None), current.offer)
     now = evaluate_option(offer, current.market, current.nodes, current.tokens_per_s,
-                          current.layout, goal, policy, observed, costs, held=not stopped)
+                          current.layout, goal, policy, observed, costs, held=not stopped,
+                          groups=current.groups)
     if best.option.key == now.key:  # as the guards may have it: checkpointing sooner
         return Decision("stay", best.option, f"still the best: {best.reason}")
     if stopped or (current.offer.id, current.market) in observed.unavailable or \

@@ -35,6 +35,9 @@ class Costs:
     ready_s: Mapping[str, float] = field(default_factory=dict)  # measured, per offer id
     measured: frozenset[str] = frozenset()  # "checkpoint", "restart", "ready:<offer id>"
     review_s: float = 300.0  # how long a change can go unnoticed (the service's reviews)
+    group_stall_s: float = 5.0  # elastic: survivors' stall when a group leaves or joins
+    replace_s: float | None = None  # elastic: loss to replacement training (None: new node
+    # ready + restart)
 
     def ready_for(self, offer_id: str) -> float:
         return self.ready_s.get(offer_id, self.default_ready_s)
@@ -43,6 +46,14 @@ class Costs:
         """What one preemption of a rigid group costs besides lost work: a new node, and the
         start of the group on it."""
         return self.ready_for(offer.id) + self.restart_s
+
+    def group_loss_s(self, offer: Offer, groups: int) -> float:
+        """What losing one of `groups` replica groups costs an elastic job, in seconds of
+        its whole time: the survivors' stalls (it leaves, its replacement joins), and the
+        lost group's share of the time until its replacement trains."""
+        replace_s = self.replace_s if self.replace_s is not None else \
+            self.lost_per_preemption_s(offer)
+        return 2 * self.group_stall_s + replace_s / groups
 
     def describe(self, offer_id: str | None = None) -> str:
         """The figures with where each comes from, for a decision's reason."""
@@ -58,7 +69,7 @@ class Costs:
 def policy_costs(policy: PolicySpec, review_s: float = 300.0) -> Costs:
     """The policy's assumptions alone (nothing measured yet)."""
     return Costs(policy.checkpoint_cost_s, policy.checkpoint_cost_s, policy.restart_s,
-                 policy.ready_s, review_s=review_s)
+                 policy.ready_s, review_s=review_s, group_stall_s=policy.group_stall_s)
 
 
 def notice_coverage(offer: Offer, costs: Costs) -> float:
@@ -77,8 +88,15 @@ def job_costs(policy: PolicySpec, job: JobStatus | None,
     measured: set[str] = set()
     costs = policy_costs(policy)
     checkpoint, durable, restart = costs.checkpoint_s, costs.durable_s, costs.restart_s
+    stall, replace_s = costs.group_stall_s, None
     if job is not None:
         figures = job.costs
+        if figures.group_stall_s.samples:
+            stall = figures.group_stall_s.measured_s or 0.0
+            measured.add("group stall")
+        if figures.replace_s.samples:
+            replace_s = figures.replace_s.measured_s
+            measured.add("replace")
         if figures.checkpoint_stall_s.samples:
             checkpoint = figures.checkpoint_stall_s.measured_s or 0.0
             measured.add("checkpoint")
@@ -91,7 +109,7 @@ def job_costs(policy: PolicySpec, job: JobStatus | None,
                  if count > 0}
     measured.update(f"ready:{offer}" for offer in per_offer)
     return Costs(checkpoint, max(durable, checkpoint), restart, policy.ready_s, per_offer,
-                 frozenset(measured), review_s)
+                 frozenset(measured), review_s, stall, replace_s)
 
 
 def costs_shown(costs: Costs, policy: PolicySpec, job: JobStatus,
@@ -110,6 +128,11 @@ def costs_shown(costs: Costs, policy: PolicySpec, job: JobStatus,
         checkpoint_durable_s=figure(figures.checkpoint_durable_s, policy.checkpoint_cost_s,
                                     costs.durable_s),
         restart_s=figure(figures.restart_s, policy.restart_s, costs.restart_s),
-        ready_s=CostFigure(assumed_s=policy.ready_s, used_s=ready_used,
-                           measured_s=ready_used if ready_measured else None,
-                           samples=1 if ready_measured else 0))
+        ready_s=figures.ready_s.model_copy(update={
+            "assumed_s": policy.ready_s, "used_s": ready_used,
+            **({"measured_s": ready_used} if ready_measured else {})}),
+        group_stall_s=figure(figures.group_stall_s, policy.group_stall_s,
+                             costs.group_stall_s),
+        replace_s=figures.replace_s.model_copy(update={
+            "used_s": costs.replace_s, "assumed_s": (
+                costs.ready_for(offer_id) if offer_id else policy.ready_s) + costs.restart_s}))

@@ -77,6 +77,9 @@ class SimResult:
     # and waiting for the rest of a group; empty for the hindsight schedule and replays.
     cost_by_phase: dict[str, float] = field(default_factory=dict)
     cloud_usd: float | None = None  # a replay: what the cloud billed (cost_usd: the service)
+    # A replay: node-seconds billed to the job that trained nothing and did not checkpoint
+    # (restarts, waits, stalls, redone work, missing groups' shares), per preemption.
+    preemption_node_s: float | None = None
 
 
 def replay(trace: Trace, start_s: float, horizon_s: float) -> list[TraceEvent]:

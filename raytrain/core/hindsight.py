@@ -155,3 +155,33 @@ def _follow(trace: Trace, job: SimJob, start_s: float, dt: float, idle: np.ndarr
     result.finished_s = k * dt if p >= work else math.inf
     result.met_deadline = job.deadline_s is None or result.finished_s <= job.deadline_s
     return result
+
+
+def elastic_bound(trace: Trace, job: SimJob, start_s: float = 0.0) -> SimResult:
+    """A lower bound for schedules that may also train on fewer nodes than the job's while
+    some are missing (an elastic job's replica groups): every node-second of work runs on the
+    cheapest capacity there is, spot node-seconds first (at most the job's nodes at once,
+    before the deadline), the rest on-demand, after one start (ready, then a billed restart)
+    and with no checkpoint, stall or lost work. No schedule, rigid or elastic, pays less."""
+    limit_s = job.deadline_s if job.deadline_s is not None else job.horizon_s
+    start = job.ready_s + job.restart_s
+    need = job.work_s * job.nodes  # node-seconds of work
+    available, alive, last = 0.0, 0, start
+    for event in replay(trace, start_s, limit_s):
+        t = min(max(event.time_s, start), limit_s)
+        available += min(alive, job.nodes) * (t - last)
+        last = t
+        alive += 1 if event.kind == "add" else -1
+    available += min(alive, job.nodes) * max(0.0, limit_s - last)
+    spot = min(need, available)
+    spot_price = job.offer.usd_per_hour("spot") or math.inf
+    od_price = job.offer.usd_per_hour("on-demand") or math.inf
+    result = SimResult("oracle", trace.name, start_s, math.inf, 0.0, 0, 0.0, 0.0, False)
+    cheapest_start = min(spot_price, od_price) if available else od_price
+    result.cost_usd = usd_for(spot_price, spot) + usd_for(od_price, need - spot) + \
+        usd_for(cheapest_start, job.restart_s, job.nodes)
+    result.on_demand_s = (need - spot) / job.nodes
+    result.finished_s = start + job.work_s  # at the earliest
+    result.met_deadline = job.deadline_s is None or result.finished_s <= job.deadline_s
+    result.decisions.append("a bound: every node-second of spot there was, then on-demand")
+    return result

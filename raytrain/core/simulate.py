@@ -35,7 +35,8 @@ from raytrain.core.costs import Costs
 from raytrain.core.fleet import SimJob, SimResult, Trace, notice_given, replay
 from raytrain.spec import PolicySpec
 
-STRATEGIES = ("on-demand", "spot", "failover", "uniform-progress", "policy", "oracle")
+STRATEGIES = ("on-demand", "spot", "failover", "uniform-progress", "policy-rigid", "policy",
+              "oracle")
 
 
 @dataclass

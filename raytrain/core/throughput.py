@@ -2,7 +2,7 @@
 prediction, the `Throughput` the policy in raytrain.core.autoscale ranks options by), whether
 an offer has the job's devices, and what is left of the job (its `Goal`).
 
-    throughput = job_throughput(spec)           # (tokens/s, layout) for (offer, nodes)
+    throughput = job_throughput(spec)   # (tokens/s, layout, replica groups) for (offer, nodes)
     decision = choose(job_goal(spec), offers, throughput, policy)
 """
 
@@ -15,6 +15,7 @@ from typing import Iterable
 from raytrain.catalog.hardware import GPUS
 from raytrain.catalog.shapes import shape_from_key, shape_key
 from raytrain.core.autoscale import Goal, Throughput
+from raytrain.core.elastic import groups_of
 from raytrain.core.planner import ModelDims, Workload, evaluate, fastest
 from raytrain.core.resolve import planner_inputs
 from raytrain.spec import JobSpec, Offer
@@ -25,9 +26,11 @@ def planner_throughput(dims: ModelDims, work: Workload) -> Throughput:
     shape and count (offers that differ only in price share one search)."""
 
     @lru_cache(maxsize=None)
-    def best(key: tuple[str, int, str, float, bool], nodes: int) -> tuple[float, str] | None:
+    def best(key: tuple[str, int, str, float, bool], nodes: int
+             ) -> tuple[float, str, int] | None:
         top = fastest(dims, work, nodes * key[1], shape_from_key(key))
-        return None if top is None else (top.tokens_per_s, top.candidate.describe())
+        return None if top is None else (top.tokens_per_s, top.candidate.describe(),
+                                         top.candidate.dp_replicate)
 
     return lambda offer, nodes: best(shape_key(offer), nodes)
 
@@ -86,7 +89,15 @@ def job_throughput(spec: JobSpec) -> Throughput:
     job's own layout on exactly its number of workers. A model of unknown size is assumed to
     run at 1e3 tokens/s per achievable PFLOP/s (each option's layout says 'assumed')."""
     inner = _planned_throughput(spec)
-    return lambda offer, nodes: inner(offer, nodes) if offer_matches(spec, offer) else None
+
+    def throughput(offer: Offer, nodes: int) -> tuple[float, str, int] | None:
+        fit = inner(offer, nodes) if offer_matches(spec, offer) else None
+        if fit is None:
+            return None
+        replicas = fit[2] if len(fit) > 2 else 1  # type: ignore[misc]
+        return fit[0], fit[1], groups_of(spec, replicas, nodes)
+
+    return throughput
 
 
 def _planned_throughput(spec: JobSpec) -> Throughput:
@@ -98,9 +109,10 @@ def _planned_throughput(spec: JobSpec) -> Throughput:
         return planner_throughput(dims, replace(work, micro_batch_options=(1, 2, 4, 8, 16)))
 
     @lru_cache(maxsize=None)
-    def on_shape(key: tuple[str, int, str, float, bool]) -> tuple[float, str] | None:
+    def on_shape(key: tuple[str, int, str, float, bool]) -> tuple[float, str, int] | None:
         predicted = evaluate(dims, work, own, shape_from_key(key))
-        return (predicted.tokens_per_s, own.describe()) if predicted.fits else None
+        return (predicted.tokens_per_s, own.describe(), own.dp_replicate) \
+            if predicted.fits else None
 
     return fixed_devices(lambda offer, nodes: on_shape(shape_key(offer)),
                          spec.resources.num_workers)

@@ -144,6 +144,8 @@ class JobManager:
                 self.cluster.stop(handle, effect.placement_group if effect.hard else None)
             if effect.hard and effect.placement_group is None:  # it never said which group
                 self.scheduler.reclaim_groups()
+        elif isinstance(effect, lc.Replace):
+            self.provisioner.replace(job_id, effect.leaving, now)
         elif isinstance(effect, lc.Rebuy):
             if self.provisioner.enabled:
                 _, decided = self.provisioner.preempted(self.records[job_id].status, now)
@@ -367,6 +369,14 @@ class JobManager:
                           save_s: float | None = None) -> None:
         if job_id in self.records:
             self.apply(job_id, lc.CheckpointCommitted(attempt, step, path, save_s))
+
+    def report_group(self, job_id: str, attempt: int, group: int, state: str,
+                     nodes: list[str] | None = None, step: int = 0, notice: bool = False,
+                     redone_steps: int = 0, stall_s: float | None = None) -> None:
+        """A replica group of an elastic run left, died, healed or joined."""
+        if job_id in self.records:
+            self.apply(job_id, lc.GroupChanged(attempt, group, state, frozenset(nodes or ()),
+                                               step, notice, redone_steps, stall_s))
 
     def report_finished(self, job_id: str, attempt: int, result: dict[str, Any]) -> None:
         if job_id in self.records:

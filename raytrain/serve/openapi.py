@@ -101,7 +101,7 @@ def event_stream() -> dict[int | str, dict[str, Any]]:
     event = {"type": "object", "required": ["data"], "properties": {
         "id": {"type": "string", "description": "The event's seq."},
         "event": {"type": "string", "enum": ["state", "progress", "checkpoint", "preemption",
-                                             "end"]},
+                                             "group", "end"]},
         "data": {"type": "string", "contentMediaType": "application/json",
                  "contentSchema": {"$ref": "#/components/schemas/JobEvent"},
                  "description": "The JobEvent, as JSON."}}}

@@ -91,6 +91,7 @@ class Placement:
     sent_at: float = 0.0
     asked_at: float = 0.0  # when nodes of this type were first asked for, since the job last
     # had them up (the node-ready time is measured from here)
+    extra: int = 0  # replacements bought ahead for an elastic job's leaving nodes
 
     @property
     def worker_resources(self) -> dict[str, float]:
@@ -243,6 +244,20 @@ class Provisioner:
             placement.requesting = False
             self.request(job_id, [])
 
+    def replace(self, job_id: str, leaving: int, now: float) -> None:
+        """An elastic job's nodes are being taken (`leaving` of them, on a notice: buy their
+        replacements now) or are gone (0: a replacement group's own start asks for its
+        node, and the request made on the notice is withdrawn)."""
+        placement = self.placements.get(job_id)
+        if placement is None or placement.extra == leaving:
+            return
+        placement.extra = leaving
+        placement.requesting = leaving > 0
+        if leaving:
+            placement.asked_at = placement.asked_at or now
+            placement.sent_at = now
+        self.request(job_id, [{placement.node_type: 1.0}] * leaving)
+
     def refresh(self, now: float) -> None:
         """Renew requests before they expire (call it every scheduling pass)."""
         for job_id, placement in self.placements.items():
@@ -391,7 +406,8 @@ class Provisioner:
 
     def _send(self, job_id: str, placement: Placement, now: float) -> None:
         placement.sent_at = now
-        self.request(job_id, [{placement.node_type: 1.0}] * placement.nodes)
+        count = placement.extra if placement.extra else placement.nodes
+        self.request(job_id, [{placement.node_type: 1.0}] * count)
 
 
 def _limit_nodes(throughput: Callable[[Offer, int], tuple[float, str] | None],

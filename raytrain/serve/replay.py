@@ -232,6 +232,16 @@ def as_sim_result(replayed: Replayed, strategy: str, trace: str, start_s: float,
         [f"{(d.time - job.created_at) / 3600:.2f} h {d.event}: {d.action} {d.reason}"
          for d in job.decisions])
     result.cloud_usd = replayed.cloud_usd
+    if job.preemptions and math.isfinite(finished):
+        price = job.resources.usd_per_hour / nodes if job.resources.usd_per_hour else 0.0
+        if price > 0 and job.resources.market == "spot":  # held spot all along: node-seconds
+            billed = job.cost_usd * 3600 / price
+            work = job.spec.training.steps * replayed.step_s * nodes
+            saves = job.costs.checkpoint_stall_s.samples * (
+                job.costs.checkpoint_stall_s.measured_s or 0.0) * nodes
+            first_start = (job.costs.restart_s.measured_s or 0.0) * nodes
+            result.preemption_node_s = max(0.0, billed - work - saves - first_start) / \
+                job.preemptions
     return result
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from raytrain.cloud.interruption import watch_endpoint
 from raytrain.core import lifecycle as lc
 from raytrain.core.billing import attribute
+from raytrain.core.elastic import elastic_groups
 from raytrain.core.capacity import Queued, admit, backfill, worker_group_demand
 from raytrain.spec import JobSpec, JobState, PlanSummary
 
@@ -48,7 +49,7 @@ class Scheduler:
         is billed for each from when it is up to when it goes."""
         provisioner, manager = self.provisioner, self.manager
         with manager.lock:
-            wants = {job_id: (p.node_type, p.nodes, p.option.usd_per_hour / p.nodes)
+            wants = {job_id: (p.node_type, p.nodes + p.extra, p.option.usd_per_hour / p.nodes)
                      for job_id, p in provisioner.placements.items()
                      if job_id in manager.records
                      and not manager.records[job_id].status.state.is_terminal}
@@ -64,7 +65,7 @@ class Scheduler:
             records = manager.records
             held = {job_id: frozenset(records[job_id].held) for job_id in wants
                     if job_id in records}
-            using = {job_id: records[job_id].run.nodes_at_launch & everything
+            using = {job_id: records[job_id].run.nodes & everything
                      for job_id in held if records[job_id].run is not None}
             now_held = attribute(held, {j: (w[0], w[1]) for j, w in wants.items() if j in held},
                                  alive, using)
@@ -169,12 +170,14 @@ class Scheduler:
                                      worker_resources, notice_endpoint)
         self.manager.handles[job_id] = handle
         bought = set(worker_resources or ())
+        nodes = round(sum(worker_resources.values()) * spec.resources.num_workers) \
+            if worker_resources else 0
         self.manager.apply(job_id, lc.Launched(lc.Run(
             demand=demand, launched_at=self.cluster.now(), usd_per_hour=usd_per_hour,
             describe=describe or plan.description,
             nodes_at_launch=self.cluster.alive_nodes(bought) if bought else frozenset(),
-            budget_usd=spec.capacity.budget_usd or self.config.max_usd_per_job),
-            plan))
+            budget_usd=spec.capacity.budget_usd or self.config.max_usd_per_job,
+            groups=elastic_groups(spec, plan.layout, nodes)), plan))
         logger.info("job %s launched with %s", job_id, demand)
 
     def review_running(self) -> None:

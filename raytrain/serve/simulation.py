@@ -1,7 +1,9 @@
 """The simulator's tables: one job, every way of buying its capacity, from start times spread
-over a spot trace, with and without the cloud's notice. The policy and the baselines that are
-policies are replayed through the live service (raytrain.serve.replay); Uniform Progress and
-the hindsight-optimal schedule are computed beside them under the same cloud figures
+over a spot trace, with and without the cloud's notice. The policy (with its elastic replica
+groups, and rigid: every preemption stops the job) and the baselines that are policies (all
+rigid) are replayed through the live service (raytrain.serve.replay); Uniform Progress and
+the hindsight-optimal schedule (the cheaper of the rigid schedule and the bound for schedules
+that train on survivors) are computed beside them under the same cloud figures
 (raytrain.core.simulate, raytrain.core.hindsight). `raytrain simulate` and
 benchmarks/spot_simulation.py print these.
 
@@ -17,7 +19,8 @@ from dataclasses import dataclass, replace
 
 from raytrain.catalog.traces import Trace
 from raytrain.core.fleet import SimResult
-from raytrain.core.hindsight import hindsight
+from raytrain.core.elastic import groups_of
+from raytrain.core.hindsight import elastic_bound, hindsight
 from raytrain.core.simulate import STRATEGIES, Summary, summarize, uniform_progress
 from raytrain.errors import FieldError, SpecError
 from raytrain.serve.replay import (
@@ -108,16 +111,30 @@ def _one_start(args: tuple[TraceJob, PolicySpec, float, tuple[str, ...]]
     for strategy in strategies:
         if strategy == "uniform-progress":
             found[strategy] = uniform_progress(job.trace, outside, policy, start)
-        elif strategy == "oracle":
-            found[strategy] = hindsight(job.trace, outside, start)
+        elif strategy == "oracle":  # the cheaper bound: rigid, or training on survivors
+            rigid = hindsight(job.trace, outside, start)
+            found[strategy] = rigid
+            if groups_of(spec, spec.parallel.dp_replicate or job.nodes, job.nodes) > 1:
+                bound = elastic_bound(job.trace, outside, start)
+                found[strategy] = min((rigid, bound), key=lambda r: r.cost_usd)
         else:
-            name = policy.name if strategy == "policy" else strategy
-            assert strategy == "policy" or strategy in BASELINES, strategy
-            markets = own + job.alternatives if strategy == "policy" else own
-            replayed = replay_job(with_policy(replace(scenario, markets=markets), name), start)
+            ours = strategy in ("policy", "policy-rigid")
+            name = policy.name if ours else strategy
+            assert ours or strategy in BASELINES, strategy
+            markets = own + job.alternatives if ours else own
+            replayed = replay_job(with_policy(replace(
+                scenario, markets=markets, spec=_rigid(spec) if strategy != "policy" else spec),
+                name), start)
             found[strategy] = as_sim_result(replayed, strategy, job.trace.name, start,
                                             outside.deadline_s)
     return found
+
+
+def _rigid(spec: JobSpec) -> JobSpec:
+    """The job without elastic replica groups: every preemption stops it (the baselines,
+    and the policy as it was before replica groups trained on)."""
+    return spec.model_copy(update={"parallel": spec.parallel.model_copy(
+        update={"elastic": False})})
 
 
 def repaired_late_runs(job: TraceJob, policy: PolicySpec, starts: int,

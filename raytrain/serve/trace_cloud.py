@@ -36,9 +36,10 @@ from typing import Any, Iterable, Mapping
 
 from raytrain.catalog.traces import TraceEvent
 from raytrain.core.fleet import notice_given
-from raytrain.core.step_rules import after_step
+from raytrain.core.resolve import planner_inputs
 from raytrain.core.throughput import job_throughput
-from raytrain.spec import JobSpec, Offer
+from raytrain.serve.sim_workers import SimRun
+from raytrain.spec import JobSpec, Layout, Offer
 
 EPOCH = 1_800_000_000.0  # the simulated clock's start (a unix time)
 HEAD = "head"
@@ -74,6 +75,17 @@ class CloudTimes:
     checkpoint_s: float = 60.0  # one checkpoint's stall, durable at its end
     report_s: float = 30.0  # progress reports (a live rank 0 reports every second)
     idle_s: float = 60.0  # the autoscaler lets a node go once unwanted this long
+    group_stall_s: float = 3.0  # survivors' stall when a replica group leaves or joins
+
+
+def heal_seconds(spec: JobSpec, offer: Offer) -> float:
+    """How long a replacement replica group takes to fetch the job's state from a live one:
+    its weights and AdamW's two moments in fp32 (12 bytes a parameter), over one node's
+    network."""
+    if spec.model.kind != "gpt":
+        return 0.0
+    dims = planner_inputs(spec)[0]
+    return 12.0 * dims.params / (offer.network_gbps * 1e9 / 8)
 
 
 @dataclass
@@ -87,6 +99,7 @@ class Node:
     gone_at: float | None = None
     machine: str = ""  # the trace's node it runs on (spot)
     announced: bool = False  # the cloud has seen it come up
+    noticed: bool = False  # its notice was given
     idle_since: float | None = None  # unwanted since
     idle_before_s: float = 0.0  # earlier stretches unwanted
 
@@ -132,15 +145,15 @@ class TraceCloud:
         kind = self.types[next(iter(worker_resources or {}))]
         share = next(iter((worker_resources or {}).values()))
         count = max(1, round(share * spec.resources.num_workers))
-        busy = {n for run in self.runs.values() if not run.done for n in run.nodes}
+        busy = self._busy()
         free = sorted((n for n in self._up(kind.name) if n.id not in busy),
                       key=lambda n: (n.up_at, n.id))
         nodes = [n.id for n in free[:count]]
         fit = job_throughput(spec)(kind.offer, count)
         step_s = spec.tokens_per_step / fit[0] if fit else math.inf
-        run = SimRun(self, job_id, spec, nodes, step_s, self.time)
+        run = SimRun(self, job_id, spec, Layout(**layout_json), nodes, step_s,
+                     heal_seconds(spec, kind.offer), self.time)
         self.runs[job_id] = run
-        self._reconcile()
         return run
 
     def finished(self, handles: Mapping[str, SimRun]) -> set[str]:
@@ -251,10 +264,10 @@ class TraceCloud:
             return True
         for node in self._live():
             if node.notice_at is not None and node.notice_at <= now:
-                node.notice_at = None
+                node.notice_at, node.noticed = None, True
                 for run in self.runs.values():
-                    if not run.done and node.id in run.nodes:
-                        run.hear_notice(now)
+                    if not run.done and node.id in run.using():
+                        run.hear_notice(node.id, now)
         expired = [n for n in self._live() if
                    n.idle_since is not None and now - n.idle_since >= self.times.idle_s]
         if expired:
@@ -264,6 +277,7 @@ class TraceCloud:
         for node in came:
             node.announced = True
         if came:
+            self._offer_free(now)
             self._reconcile()
             return True
         for run in list(self.runs.values()):
@@ -284,15 +298,33 @@ class TraceCloud:
         if node.up_at > self.time:  # still launching: nothing came up, nothing billed
             node.up_at = self.time
         for run in self.runs.values():
-            if not run.done and node_id in run.nodes:
-                run.end(error=f"ActorDiedError: a training worker died: its node {node_id} "
-                        "was lost")
+            if not run.done and node_id in run.using():
+                run.node_lost(node_id, self.time)
+        self._offer_free(self.time)
+
+    def _busy(self) -> set[str]:
+        return {n for run in self.runs.values() if not run.done for n in run.using()}
+
+    def _offer_free(self, now: float) -> None:
+        """Up nodes no run uses go to runs whose lost groups wait for one."""
+        busy = self._busy()
+        for node in sorted(self._up(), key=lambda n: (n.up_at, n.id)):
+            if node.id in busy:
+                continue
+            for run in self.runs.values():
+                if not run.done and run.elastic and run.nodes and \
+                        self.nodes[run.nodes[0]].kind.name == node.kind.name and \
+                        run.node_free(node.id, now):
+                    busy.add(node.id)
+                    break
 
     def _wanted(self, node_type: str) -> int:
+        """The nodes of a type asked for (the service's requests) and those runs hold or wait
+        for (their groups' own demand, as Ray Train's), added up as Ray's autoscaler does."""
         asked = sum(1 for bundles in self.requests.values() for b in bundles if node_type in b)
-        used = sum(1 for run in self.runs.values() if not run.done for n in run.nodes
-                   if self.nodes[n].kind.name == node_type)
-        return max(asked, used)
+        used = sum(run.nodes_wanted() for run in self.runs.values() if not run.done
+                   and run.nodes and self.nodes[run.nodes[0]].kind.name == node_type)
+        return asked + used
 
     def _reconcile(self) -> None:
         """Launch nodes up to what is asked for (where capacity is there), let go of the rest."""
@@ -303,8 +335,11 @@ class TraceCloud:
                 for _ in range(wanted - len(mine)):
                     if not self._start_node(kind):
                         break
-            busy = {n for run in self.runs.values() if not run.done for n in run.nodes}
-            idle = sorted((n for n in mine if n.id not in busy), key=lambda n: (-n.up_at, n.id))
+            busy = self._busy()
+            # Let go of a node the cloud is taking back first, then the newest up, and a
+            # launching one (a replacement on its way) last.
+            idle = sorted((n for n in mine if n.id not in busy), key=lambda n: (
+                n.remove_at is None or n.noticed is False, n.up_at > self.time, -n.up_at, n.id))
             surplus = {n.id for n in idle[:max(0, len(mine) - wanted)]}
             for node in mine:
                 if node.id not in surplus:
@@ -343,137 +378,3 @@ class TraceCloud:
     def _add(self, node: Node) -> None:
         self.nodes[node.id] = node
         self._maybe_live[node.id] = node
-
-
-class SimRun:
-    """One launched worker group, simulated (module doc)."""
-
-    def __init__(self, cloud: TraceCloud, job_id: str, spec: JobSpec, nodes: list[str],
-                 step_s: float, launched_at: float) -> None:
-        self.cloud, self.job_id, self.spec, self.nodes = cloud, job_id, spec, nodes
-        self.step_s = step_s
-        self.total = spec.training.steps
-        self.every = spec.training.checkpoint_every_steps
-        self.attempt = 0
-        self.done = False
-        self.error: str | None = None
-        self.phase = "starting"  # starting | training | saving
-        self.phase_until = launched_at + cloud.times.restart_s
-        self.step = 0
-        self.started_step = 0
-        self.train_started = self.boundary_at = math.inf
-        self.saved_at = math.inf
-        self.reported_at = -math.inf
-        self.interval_s: float | None = None
-        self.stop_asked = self.move_asked = False
-        self.noticed_at: float | None = None
-        self.after_save: tuple[bool, bool] | None = None  # (stop, preempted) once saved
-
-    def next_time(self) -> float:
-        if self.done:
-            return math.inf
-        if self.phase != "training":
-            return self.phase_until
-        return self.boundary_at + self._steps_to_next() * self.step_s
-
-    def hear_notice(self, now: float) -> None:
-        if self.noticed_at is None:
-            self.noticed_at = now
-
-    def fire(self) -> None:
-        """What happens at next_time(): the group starts, a save ends, or a step boundary
-        where the loop reports, checkpoints or stops."""
-        now = self.cloud.time
-        if self.phase == "starting":
-            self._start(now)
-        elif self.phase == "saving":
-            self._saved(now)
-        else:
-            self.step += self._steps_to_next()
-            self.boundary_at = now
-            self._after_step(now)
-
-    def end(self, error: str | None = None, result: dict[str, Any] | None = None) -> None:
-        if self.done:
-            return
-        self.done, self.error = True, error
-        if result is not None and self.cloud.manager is not None:
-            self.cloud.manager.report_finished(self.job_id, self.attempt, result)
-
-    # ------------------------------------------------------------------------------------
-
-    def _steps_to_next(self) -> int:
-        """Steps until the next boundary where anything may happen (at least one)."""
-        s, t0 = self.step, self.boundary_at
-        marks = [self.total - s, self.every - s % self.every]
-        report_at = self.reported_at + self.cloud.times.report_s  # the first: at once
-        for due in (report_at if math.isfinite(report_at) else t0, self.noticed_at,
-                    None if self.interval_s is None else self.saved_at + self.interval_s):
-            if due is not None and math.isfinite(due):
-                marks.append(math.ceil(max(0.0, due - t0) / self.step_s - 1e-9))
-        return max(1, min(marks))
-
-    def _start(self, now: float) -> None:
-        manager = self.cloud.manager
-        self.step = self.started_step = self.cloud.committed.get(self.job_id, 0)
-        kind = self.cloud.nodes[self.nodes[0]].kind if self.nodes else None
-        self.attempt = manager.worker_group_started(self.job_id, self.step, {
-            "placement_group": f"pg-{self.job_id}-{now:.0f}", "nodes": len(self.nodes),
-            "accelerator": kind.offer.gpu_kind if kind else "cpu"})
-        if self.attempt < 0 or self.step >= self.total:
-            self.end(result=self._result(now, preempted=False) if self.attempt >= 0 else None)
-            return
-        self.phase, self.train_started = "training", now
-        self.boundary_at = self.saved_at = now
-
-    def _after_step(self, now: float) -> None:
-        if now - self.reported_at >= self.cloud.times.report_s or self.step >= self.total:
-            self._report(now)
-        rule = after_step(self.step, self.total, self.every, now - self.saved_at,
-                          self.interval_s, self.stop_asked, False,
-                          self.noticed_at is not None or self.move_asked)
-        if rule.checkpoint:
-            self.phase, self.phase_until = "saving", now + self.cloud.times.checkpoint_s
-            self.after_save = (rule.stop or self.step >= self.total, rule.preempted)
-        elif rule.stop:
-            self.end(result=self._result(now, preempted=False))
-
-    def _saved(self, now: float) -> None:
-        self.cloud.committed[self.job_id] = self.step
-        self.saved_at = now
-        self.cloud.manager.report_checkpoint(self.job_id, self.attempt, self.step,
-                                             f"sim://{self.job_id}/step-{self.step}",
-                                             self.cloud.times.checkpoint_s)
-        stop, preempted = self.after_save or (False, False)
-        self.after_save = None
-        if stop:
-            self.end(result=self._result(now, preempted))
-            return
-        self.phase, self.boundary_at = "training", now
-
-    def _report(self, now: float) -> None:
-        self.reported_at = now
-        tokens_per_s = self.spec.tokens_per_step / self.step_s
-        reply = self.cloud.manager.report_progress(self.job_id, self.attempt, {
-            "step": self.step, "total_steps": self.total, "loss": _loss(self.step, self.total),
-            "first_loss": _loss(0, self.total), "tokens_per_s": tokens_per_s,
-            "step_s": self.step_s, "elapsed_s": now - self.train_started,
-            "eta_s": (self.total - self.step) * self.step_s, "sent_at": now})
-        self.stop_asked = self.stop_asked or bool(reply.get("stop"))
-        self.move_asked = self.move_asked or bool(reply.get("move"))
-        if "checkpoint_every_s" in reply:
-            self.interval_s = reply["checkpoint_every_s"]
-
-    def _result(self, now: float, preempted: bool) -> dict[str, Any]:
-        wall = max(now - self.train_started, 1e-9) if math.isfinite(self.train_started) else 0.0
-        steps_run = self.step - self.started_step
-        return {"first_loss": _loss(0, self.total), "final_loss": _loss(self.step, self.total),
-                "stopped": True, "preempted": preempted, "noticed_at": self.noticed_at,
-                "checkpointed_at": now if preempted else None, "steps": self.step,
-                "train_wall_s": wall,
-                "tokens_per_s": steps_run * self.spec.tokens_per_step / wall if wall else 0.0}
-
-
-def _loss(step: int, total: int) -> float:
-    """A made-up falling loss curve: the replay trains nothing, but a status shows a loss."""
-    return 2.0 + 8.0 * math.exp(-3.0 * step / max(total, 1))

@@ -61,6 +61,7 @@ from raytrain.spec.service import (
 from raytrain.spec.status import (
     CheckpointInfo,
     CostFigure,
+    GroupStatus,
     JobCosts,
     JobEvent,
     JobHistory,
@@ -109,6 +110,7 @@ __all__ = [
     "PlanSummary",
     "CheckpointInfo",
     "CostFigure",
+    "GroupStatus",
     "JobCosts",
     "PreemptionRecord",
     "ProgressPoint",

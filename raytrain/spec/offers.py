@@ -146,6 +146,10 @@ class PolicySpec(Strict):
         180.0, ge=0, description="Assumed seconds from asking for a node to the node being up, "
         "until the service has measured it for the offer."
     )
+    group_stall_s: float = Field(
+        5.0, ge=0, description="Elastic jobs: assumed seconds the surviving replica groups "
+        "stall when one leaves or joins, until measured."
+    )
     capacity_retry_s: float = Field(
         1800.0, gt=0, description="Capacity found missing is tried again after this long (a "
         "market that was empty is not empty for good)."

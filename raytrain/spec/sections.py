@@ -312,6 +312,17 @@ class ParallelSpec(Strict):
         description="Carry the entries top-k did not send into the next step. Without it "
         "small gradients are never sent and training lags; off only for comparison.",
     )
+    elastic: bool = Field(
+        True, description="On bought capacity with dp_replicate > 1, keep training on the "
+        "replica groups that survive a preemption (they take the lost group's share of each "
+        "step) while a replacement is bought and heals from a live group; false: every "
+        "preemption stops the whole job and resumes from its checkpoint.",
+    )
+    min_replica_groups: int = Field(
+        1, ge=1, le=100_000, description="Keep training while at least this many replica "
+        "groups are alive; with fewer, the job checkpoints (or, without a notice, goes back "
+        "to its latest checkpoint) and resumes on new capacity.",
+    )
 
 
 def accelerator_errors(accelerator: str | None, loc: tuple[str, ...] = ("accelerator",)

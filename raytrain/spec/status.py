@@ -111,11 +111,34 @@ class JobCosts(Record):
     ready_s: CostFigure = Field(default_factory=CostFigure, description=(
         "Seconds from asking for nodes to their being up, for the offer the job holds (the "
         "service's measurement across its jobs)."))
+    group_stall_s: CostFigure = Field(default_factory=CostFigure, description=(
+        "Elastic jobs: seconds the surviving replica groups stall when one leaves or joins."))
+    replace_s: CostFigure = Field(default_factory=CostFigure, description=(
+        "Elastic jobs: seconds from losing a replica group to its replacement training."))
+
+
+class GroupStatus(Record):
+    """One data-parallel replica group of an elastic job (parallel.elastic)."""
+
+    index: int = Field(description="The group's place among the job's replica groups.")
+    state: Literal["training", "leaving", "healing", "gone"] = Field(description=(
+        "training; leaving (its node is being taken: it leaves at a step boundary); "
+        "healing (a replacement taking the weights from a live group); gone (lost, a "
+        "replacement is on its way)."))
+    nodes: list[str] = Field(default_factory=list, description="Its nodes (Ray node ids).")
+    since: float = Field(description="Unix time it entered that state.")
 
 
 class PreemptionRecord(Record):
     time: float = Field(description="Unix time the workers stopped (or were lost).")
     notice: bool = Field(description="Whether an interruption notice came first.")
+    group: int | None = Field(None, description="The replica group lost, when the others "
+                              "trained on (null: the whole job stopped).")
+    survivors: int | None = Field(None, description="Replica groups that trained on.")
+    stall_s: float | None = Field(None, description="How long the survivors stalled for the "
+                                  "loss (the quorum without the lost group).")
+    replaced_after_s: float | None = Field(None, description="From the loss to the "
+                                           "replacement group training.")
     reached_step: int = Field(description="Step the job reached: exact after a notice; "
                               "after a loss without one, its last report (a lower bound).")
     checkpoint_step: int | None = Field(description="The checkpoint it resumes from.")
@@ -169,6 +192,9 @@ class JobStatus(Record):
     preemption_log: list[PreemptionRecord] = Field(
         default_factory=list, description="Every preemption survived: what it cost."
     )
+    groups: list[GroupStatus] = Field(
+        default_factory=list, description="Each replica group of an elastic job that "
+        "continues on survivors (empty otherwise): training, leaving, healing or gone.")
     lost_steps: int = Field(0, description="Steps redone after preemptions, all of them.")
     down_s: float = Field(0.0, description="Seconds not training after preemptions, in all.")
     preemption_cost_usd: float = Field(
@@ -189,10 +215,11 @@ class JobStatus(Record):
 
 class JobEvent(Record):
     seq: int = Field(description="Position in the job's event stream, from 0.")
-    type: Literal["state", "progress", "checkpoint", "preemption", "end"] = Field(
+    type: Literal["state", "progress", "checkpoint", "preemption", "group", "end"] = Field(
         description="state: {state, message}; progress: Progress's fields, sent_at, "
         "cost_usd and usd_per_hour; checkpoint: {step, path}; preemption: a "
-        "PreemptionRecord; end: {state, error}.")
+        "PreemptionRecord; group: a GroupStatus (an elastic job's replica group left, "
+        "healed or joined); end: {state, error}.")
     job_id: str = Field(description="The job.")
     time: float = Field(description="Unix time the service recorded it.")
     data: dict[str, Any] = Field(default_factory=dict, description="What happened; by type.")

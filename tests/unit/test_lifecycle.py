@@ -266,3 +266,38 @@ def test_a_review_that_stays_with_a_new_interval_records_it_and_tells_rank_0() -
                     NOW + 1800)
     assert lc.step(moved.record, lc.ProgressReported(1, {"step": 12}),
                    NOW + 1801).reply["checkpoint_every_s"] is None
+
+
+def test_an_elastic_run_loses_a_group_trains_on_and_the_replacement_joins() -> None:
+    """A notice for group 1's node: its replacement is bought at once (Replace 1); the group
+    leaves (one preemption, on that group, nothing redone; the request goes back); the
+    others train on, RUNNING; the replacement heals and joins, and the record says when."""
+    record, _ = drive(record_in(), lc.Submitted(),
+                      lc.CapacityDecided(decision(interval_s=600.0), BOUGHT, "requested"),
+                      lc.Launched(run(groups=4)), lc.GroupStarted(0, "pg-1"))
+    assert [g.state for g in record.status.groups] == ["training"] * 4
+    out = lc.step(record, lc.GroupChanged(1, 1, "leaving", frozenset({"n2"}), 40), NOW + 10)
+    assert lc.Replace(leaving=1) in out.effects
+    assert out.record.status.groups[1].state == "leaving"
+    out = lc.step(out.record, lc.GroupChanged(1, 1, "gone", step=41, notice=True,
+                                              stall_s=2.0), NOW + 12)
+    job = out.record.status
+    assert job.state == JobState.RUNNING and job.preemptions == 1 and job.lost_steps == 0
+    last = job.preemption_log[-1]
+    assert (last.group, last.notice, last.survivors, last.stall_s) == (1, True, 3, 2.0)
+    assert lc.Replace(leaving=0) in out.effects and kinds(list(out.effects)).count("preemption")
+    lost = lc.step(out.record, lc.GroupChanged(1, 3, "gone", step=50, redone_steps=1),
+                   NOW + 20)  # a second group, without notice: the step in flight redone
+    assert lost.record.status.lost_steps == 1 and lost.record.status.preemptions == 2
+    healing = lc.step(lost.record, lc.GroupChanged(1, 1, "healing", frozenset({"n9"}), 55),
+                      NOW + 60)
+    joined = lc.step(healing.record, lc.GroupChanged(1, 1, "training", frozenset({"n9"}), 56,
+                                                     stall_s=1.0), NOW + 70)
+    job = joined.record.status
+    assert job.groups[1].state == "training" and job.groups[1].nodes == ["n9"]
+    assert job.preemption_log[0].replaced_after_s == 58.0
+    assert job.costs.replace_s.measured_s == 58.0 and job.costs.group_stall_s.samples == 2
+    assert "n9" in joined.record.run.nodes  # billed as the run's from now
+    ended = lc.step(joined.record, lc.RunEnded("ActorDiedError: too few groups",
+                                               frozenset({"n1"})), NOW + 80)
+    assert ended.record.status.groups == []

@@ -147,3 +147,30 @@ def test_waiting_for_capacity_that_never_comes_is_recorded_once_per_change() -> 
     assert run.status.state.value == "SUCCEEDED" and run.finished_s <= 8 * HOUR
     waits = [d for d in run.status.decisions if d.reason.startswith("capacity missing")]
     assert len(waits) <= 1 and len(run.status.decisions) <= 4, run.status.decisions
+
+
+@pytest.mark.parametrize("notice", [None, NO_NOTICE], ids=["cloud-notice", "no-notice"])
+def test_a_preemption_costs_an_elastic_job_one_node_for_seconds(
+        notice: tuple[float, float] | None) -> None:
+    """The same job on the same fleet, with its replica groups training on (elastic) and
+    without (rigid): elastic, each preemption takes one group, the others go on, nothing is
+    lost after a notice and at most the step in flight without one, and a preemption costs
+    at least ten times fewer node-seconds that train nothing. It fails if the survivors
+    stopped, or waited for the replacement."""
+    from raytrain.serve.replay import as_sim_result
+    from raytrain.serve.simulation import _rigid
+
+    elastic = scenario("bamboo/p3-trace.csv", "p3.2xlarge", notice, "spot")
+    rigid = Scenario(_rigid(elastic.spec), elastic.markets, elastic.policies, TIMES, notice)
+    runs = {name: replay_job(s, 2 * HOUR) for name, s in (("elastic", elastic),
+                                                          ("rigid", rigid))}
+    job = runs["elastic"].status
+    assert job.state.value == "SUCCEEDED" and job.preemptions >= 5
+    assert job.restarts == 0 and all(p.group is not None for p in job.preemption_log)
+    for record in job.preemption_log:
+        assert record.lost_steps <= (0 if record.notice else 1)
+        assert record.survivors >= 1 and record.replaced_after_s is not None
+    costs = {name: as_sim_result(run, name, "p3", 0, 5 * HOUR).preemption_node_s
+             for name, run in runs.items()}
+    assert costs["elastic"] * 10 <= costs["rigid"], costs
+    assert runs["elastic"].status.cost_usd < runs["rigid"].status.cost_usd

@@ -18,6 +18,7 @@ from raytrain.core.lifecycle.values import (
     Change,
     CheckpointCommitted,
     FinalReport,
+    GroupChanged,
     GroupStarted,
     Launched,
     NodesHeld,
@@ -25,6 +26,7 @@ from raytrain.core.lifecycle.values import (
     ProgressReported,
     Queued,
     Rebuy,
+    Replace,
     Reviewed,
     Run,
     RunEnded,
@@ -40,6 +42,7 @@ from raytrain.spec import (
     CheckpointInfo,
     CostFigure,
     DecisionRecord,
+    GroupStatus,
     JobResult,
     JobState,
     PreemptionRecord,
@@ -126,6 +129,8 @@ def group_started(c: Change, event: GroupStarted) -> int:
             usd_per_hour=0.0)
     if job.started_at is None:
         job.started_at = c.now
+    job.groups = [GroupStatus(index=i, state="training", since=c.now)
+                  for i in range(c.run.groups)] if c.run.groups > 1 else []
     if c.run.attempt == 1 and job.restarts == 0 and job.state != JobState.RECOVERING:
         c.move(JobState.RUNNING, "training")
     else:
@@ -206,6 +211,46 @@ def checkpoint(c: Change, event: CheckpointCommitted) -> None:
     c.save = True
 
 
+def group_changed(c: Change, event: GroupChanged) -> None:
+    """A replica group of an elastic run left, died, healed or joined (GroupChanged)."""
+    run, job = c.run, c.job
+    if run is None or event.attempt != run.attempt or job.state.is_terminal or \
+            not 0 <= event.group < len(job.groups):
+        return
+    old = job.groups[event.group]
+    job.groups[event.group] = GroupStatus(
+        index=event.group, state=event.state,  # type: ignore[arg-type]
+        nodes=sorted(event.nodes or old.nodes), since=c.now)
+    if event.nodes:
+        c.set_run(group_nodes={**run.group_nodes, event.group: event.nodes})
+    if event.stall_s is not None:
+        job.costs.group_stall_s = _sampled(job.costs.group_stall_s, event.stall_s, mean=True)
+    if event.state == "leaving":
+        c.effects.append(Replace(leaving=1))  # buy the replacement on the notice
+    elif event.state == "gone":
+        survivors = sum(1 for g in job.groups if g.state == "training")
+        record = PreemptionRecord(
+            time=c.now, notice=event.notice, group=event.group, survivors=survivors,
+            reached_step=event.step, checkpoint_step=None, lost_steps=event.redone_steps,
+            stall_s=event.stall_s, before=run.describe)
+        job.preemptions += 1
+        job.preemption_log.append(record)
+        job.lost_steps += event.redone_steps
+        c.effects.append(Replace(leaving=0))
+        c.emit("preemption", record.model_dump(mode="json"))
+    elif event.state == "training" and old.state in ("gone", "healing"):
+        for i in range(len(job.preemption_log) - 1, -1, -1):
+            record = job.preemption_log[i]
+            if record.group == event.group and record.replaced_after_s is None:
+                replaced = record.model_copy(update={"replaced_after_s": c.now - record.time})
+                job.preemption_log[i] = replaced
+                job.costs.replace_s = _sampled(job.costs.replace_s, c.now - record.time,
+                                               mean=True)
+                break
+    c.emit("group", job.groups[event.group].model_dump(mode="json"))
+    c.save = True
+
+
 def _sampled(figure: CostFigure, value_s: float, mean: bool = False) -> CostFigure:
     """A measured figure with one more sample: the mean of them all, or the latest."""
     n = figure.samples
@@ -224,6 +269,7 @@ def run_ended(c: Change, event: RunEnded) -> None:
     if run is None:
         return
     c.effects.append(StopRunner())
+    c.job.groups = []  # the run's replica groups are gone with it
     if c.job.state.is_terminal:  # a cancelled job already has its end
         c.run = None
         return

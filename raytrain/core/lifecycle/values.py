@@ -96,6 +96,13 @@ class Run:
     reviewed_at: float = 0.0
     budget_usd: float | None = None  # the job's budget: on reaching it, checkpoint and stop
     over_budget: bool = False  # asked to checkpoint and stop for the budget
+    groups: int = 1  # replica groups that train on when others are lost (1: rigid)
+    group_nodes: Mapping[int, frozenset[str]] = field(default_factory=dict)  # as reported
+
+    @property
+    def nodes(self) -> frozenset[str]:
+        """Every node the run has trained on: those at launch and those groups joined on."""
+        return self.nodes_at_launch.union(*self.group_nodes.values())
 
 
 # The nodes a job is billed for now: node id -> (held since, dollars per node-hour).
@@ -212,6 +219,24 @@ class CheckpointCommitted:
 
 
 @dataclass(frozen=True)
+class GroupChanged:
+    """A replica group of an elastic run changed, as its workers report it: `leaving` (a
+    notice for its nodes: it leaves at a step boundary), `gone` (it left, or died with its
+    node: the others train on), `healing` (a replacement is taking the state from a live
+    group) or `training` (it trains, from `step`). `redone_steps`: steps the survivors did
+    again after a loss without notice; `stall_s`: how long the survivors stalled for it."""
+
+    attempt: int
+    group: int
+    state: str
+    nodes: frozenset[str] = frozenset()
+    step: int = 0
+    notice: bool = False
+    redone_steps: int = 0
+    stall_s: float | None = None
+
+
+@dataclass(frozen=True)
 class FinalReport:
     attempt: int
     result: Mapping[str, Any]
@@ -257,8 +282,8 @@ class ServiceStopping:
 
 
 Event = Union[Submitted, Queued, Passed, CapacityDecided, NodesHeld, Launched, GroupStarted,
-              ProgressReported, CheckpointCommitted, FinalReport, RunEnded, StopOverdue,
-              CancelRequested, Reviewed, ServiceRestarted, ServiceStopping]
+              ProgressReported, CheckpointCommitted, GroupChanged, FinalReport, RunEnded,
+              StopOverdue, CancelRequested, Reviewed, ServiceRestarted, ServiceStopping]
 
 
 # ---------------------------------------------------------------------------- effects
@@ -298,7 +323,15 @@ class Rebuy:
     nodes: frozenset[str]
 
 
-Effect = Union[Emit, Save, ReleaseNodes, StopRunner, Rebuy]
+@dataclass(frozen=True)
+class Replace:
+    """An elastic job lost (or is about to lose) `leaving` nodes of its `nodes`: keep its
+    node request at its count plus those, so the replacements are bought now."""
+
+    leaving: int
+
+
+Effect = Union[Emit, Save, ReleaseNodes, StopRunner, Rebuy, Replace]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,46 @@
+"""Which jobs train on when part of their capacity is lost, and how a step's samples are
+shared among the replica groups that are alive.
+
+A job's data-parallel replicas (`dp_replicate`) are replica groups: each a whole copy of the
+model, laid out inside the group as the job says (FSDP, tensor, pipeline). On bought capacity
+they can outlive each other (parallel.elastic): a group lost with its node leaves the others
+training while a replacement is bought and heals from a live group. The math does not
+change: the samples of step s are always [s * global_batch, (s + 1) * global_batch), and
+the groups alive at a step share them, taking a lost group's share as more accumulation.
+
+    elastic_groups(spec, layout, nodes=8)      # 8 for dp_replicate 8 on 8 nodes; 1: rigid
+    share_of_step(units=16, alive=7, rank=2)   # the micro-batch units group 2 runs
+"""
+
+from __future__ import annotations
+
+from raytrain.spec import JobSpec, Layout
+
+
+def elastic_groups(spec: JobSpec, layout: Layout, nodes: int) -> int:
+    """Replica groups that can train on without each other: the layout's dp_replicate when
+    the job allows it (parallel.elastic), it spans two or more nodes, and groups hold whole
+    nodes (or nodes whole groups); 1 when the job is rigid."""
+    return groups_of(spec, layout.dp_replicate, nodes)
+
+
+def groups_of(spec: JobSpec, dp_replicate: int, nodes: int) -> int:
+    """elastic_groups for a layout of `dp_replicate` replicas."""
+    groups = dp_replicate
+    if not spec.parallel.elastic or groups < 2 or nodes < 2:
+        return 1
+    if groups % nodes and nodes % groups:
+        return 1
+    if spec.parallel.min_replica_groups >= groups:
+        return 1
+    return groups
+
+
+def share_of_step(units: int, alive: int, rank: int) -> list[int]:
+    """The micro-batch units (of a step's `units`, each a data-parallel rank's micro-batch
+    times the group's inner data ranks) that the `rank`-th of `alive` groups runs: every
+    alive-th from `rank`, so every unit is run once and the groups' shares differ by one at
+    most."""
+    if not 0 <= rank < alive:
+        raise ValueError(f"group rank {rank} of {alive} alive")
+    return list(range(rank, units, alive))
