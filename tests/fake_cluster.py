@@ -151,9 +151,11 @@ def _lines_into(stream: Any, answers: queue.Queue) -> None:
 
 
 @contextmanager
-def started_fake_cluster(max_spot_nodes: int = 1) -> Iterator[FakeCluster]:
+def started_fake_cluster(max_spot_nodes: int = 1, workers_per_node: int = 2
+                         ) -> Iterator[FakeCluster]:
     """A second Ray cluster on this host, its nodes bought from a fake RunPod, with the service
-    on it."""
+    on it; the offer's nodes hold `workers_per_node` of a job's workers (one: a job of two
+    spans two nodes, as replica groups do)."""
     root = Path(tempfile.mkdtemp(prefix="rtf", dir="/tmp"))  # short: Ray's socket paths
     port, http_port = free_port(), free_port()
     head_node_id = uuid.uuid4().hex + uuid.uuid4().hex[:24]  # the head's Ray node id
@@ -161,7 +163,9 @@ def started_fake_cluster(max_spot_nodes: int = 1) -> Iterator[FakeCluster]:
     runpod = FakeRunPod(stock={GPU_TYPE: 8}).__enter__()
     service = yaml.safe_load((REPO / "cluster/local-fake-service.yaml").read_text())
     offers = root / "offers.yaml"  # a copy: tests change prices
-    offers.write_text((REPO / "cluster" / service["offers_file"]).read_text())
+    shipped = yaml.safe_load((REPO / "cluster" / service["offers_file"]).read_text())
+    shipped["offers"][0]["gpus_per_node"] = workers_per_node
+    offers.write_text(yaml.safe_dump(shipped))
     service["offers_file"] = str(offers)
     policies = root / "policies"  # the shipped ones, and one with this tiny job's costs
     policies.mkdir()
@@ -169,7 +173,7 @@ def started_fake_cluster(max_spot_nodes: int = 1) -> Iterator[FakeCluster]:
         (policies / shipped.name).write_text(shipped.read_text())
     (policies / f"{SPOT_TEST_POLICY['name']}.yaml").write_text(yaml.safe_dump(SPOT_TEST_POLICY))
     service["policy_dir"] = str(policies)
-    service["interruption_endpoint"] = metadata.url
+    service["interruption_endpoint"] = metadata.url + "/{node}"  # each node its own
     service["node_types"]["cpu-spot"]["max_nodes"] = max_spot_nodes
     (root / "service.yaml").write_text(yaml.safe_dump(service))
     start = (f"exec {BIN / 'ray'} start --address=127.0.0.1:{port} --num-cpus=2 "

@@ -13,14 +13,22 @@ from typing import Any
 class MetadataServer:
     def __init__(self) -> None:
         self.tokens: set[str] = set()
-        self.action: dict[str, str] | None = None
+        self.action: dict[str, str] | None = None  # every node's
+        self.actions: dict[str, dict[str, str]] = {}  # one node's, by Ray node id
         self.rebalance: dict[str, str] | None = None
         self.polls = 0
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            def _split(self) -> tuple[str | None, str]:
+                """A path may name the node first (/NODE/latest/...): one server, many nodes."""
+                if self.path.startswith("/latest/"):
+                    return None, self.path
+                node, _, rest = self.path[1:].partition("/")
+                return node, "/" + rest
+
             def do_PUT(self) -> None:  # noqa: N802
-                if self.path != "/latest/api/token" or \
+                if self._split()[1] != "/latest/api/token" or \
                         "X-aws-ec2-metadata-token-ttl-seconds" not in self.headers:
                     return self._send(400, "")
                 token = uuid.uuid4().hex
@@ -31,9 +39,11 @@ class MetadataServer:
                 if self.headers.get("X-aws-ec2-metadata-token") not in server.tokens:
                     return self._send(401, "")
                 server.polls += 1
-                body = {"/latest/meta-data/spot/instance-action": server.action,
+                node, path = self._split()
+                action = server.actions.get(node, server.action)
+                body = {"/latest/meta-data/spot/instance-action": action,
                         "/latest/meta-data/events/recommendations/rebalance":
-                            server.rebalance}.get(self.path)
+                            server.rebalance}.get(path)
                 self._send(404, "") if body is None else self._send(200, json.dumps(body))
 
             def _send(self, code: int, text: str) -> None:
@@ -50,14 +60,20 @@ class MetadataServer:
         self.url = f"http://127.0.0.1:{self._http.server_address[1]}"
         threading.Thread(target=self._http.serve_forever, daemon=True).start()
 
-    def interrupt(self, action: str = "terminate", time: str = "2026-12-01T12:00:00Z") -> None:
-        self.action = {"action": action, "time": time}
+    def interrupt(self, action: str = "terminate", time: str = "2026-12-01T12:00:00Z",
+                  node: str | None = None) -> None:
+        """A notice for every node, or for `node` only (its Ray id, in the path)."""
+        if node is None:
+            self.action = {"action": action, "time": time}
+        else:
+            self.actions[node] = {"action": action, "time": time}
 
     def recommend_rebalance(self, time: str = "2026-12-01T11:55:00Z") -> None:
         self.rebalance = {"noticeTime": time}
 
     def clear(self) -> None:
         self.action = self.rebalance = None
+        self.actions.clear()
 
     def close(self) -> None:
         self._http.shutdown()

@@ -18,6 +18,7 @@ from rich.table import Table
 from raytrain.spec import (
     CostFigure,
     JobStatus,
+    PreemptionRecord,
     Layout,
     OfferCatalog,
     OffersResponse,
@@ -118,6 +119,10 @@ def status_table(job: JobStatus) -> Table:
         ("checkpoint",
          f"step {job.checkpoint.step}: {job.checkpoint.path}" if job.checkpoint else "-"),
     ]
+    if job.groups:  # an elastic job's replica groups
+        rows.append(("replica groups", ", ".join(f"{g.index} {g.state}" for g in job.groups)))
+    for record in job.preemption_log[-3:]:  # the latest preemptions and what they cost
+        rows.append(("preemption", preemption_text(record)))
     if job.decisions:  # bought capacity: what the policy prices with, measured or assumed
         costs = job.costs
         for key, figure in (("checkpoint stall", costs.checkpoint_stall_s),
@@ -128,6 +133,19 @@ def status_table(job: JobStatus) -> Table:
     for key, value in rows:
         table.add_row(f"[bold]{key}", value)
     return table
+
+
+def preemption_text(record: PreemptionRecord) -> str:
+    """One preemption in a line: what was lost, what it cost the survivors, how it ended."""
+    notice = "after a notice" if record.notice else "without notice"
+    if record.group is not None:
+        replaced = "replacement on its way" if record.replaced_after_s is None else \
+            f"replaced after {duration_text(record.replaced_after_s)}"
+        return (f"group {record.group} lost {notice} at step {record.reached_step}: "
+                f"{record.lost_steps} step(s) redone, {record.survivors} trained on "
+                f"(stall {duration_text(record.stall_s)}), {replaced}")
+    return (f"{notice} at step {record.reached_step}: {record.lost_steps} step(s) lost, down "
+            f"{duration_text(record.down_s)}, {usd_text(record.extra_cost_usd)}")
 
 
 def cost_figure_text(figure: CostFigure) -> str:

@@ -21,13 +21,14 @@ def elastic_groups(spec: JobSpec, layout: Layout, nodes: int) -> int:
     """Replica groups that can train on without each other: the layout's dp_replicate when
     the job allows it (parallel.elastic), it spans two or more nodes, and groups hold whole
     nodes (or nodes whole groups); 1 when the job is rigid."""
-    return groups_of(spec, layout.dp_replicate, nodes)
+    return groups_of(spec, layout.dp_replicate, nodes, layout.pp)
 
 
-def groups_of(spec: JobSpec, dp_replicate: int, nodes: int) -> int:
-    """elastic_groups for a layout of `dp_replicate` replicas."""
+def groups_of(spec: JobSpec, dp_replicate: int, nodes: int, pp: int = 1) -> int:
+    """elastic_groups for a layout of `dp_replicate` replicas and `pp` pipeline stages (a
+    pipeline schedule runs a fixed number of micro-batches: such a job stays rigid)."""
     groups = dp_replicate
-    if not spec.parallel.elastic or groups < 2 or nodes < 2:
+    if not spec.parallel.elastic or groups < 2 or nodes < 2 or pp > 1:
         return 1
     if groups % nodes and nodes % groups:
         return 1

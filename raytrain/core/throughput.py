@@ -10,27 +10,40 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import lru_cache
-from typing import Iterable
+from typing import Callable, Iterable
 
 from raytrain.catalog.hardware import GPUS
 from raytrain.catalog.shapes import shape_from_key, shape_key
 from raytrain.core.autoscale import Goal, Throughput
-from raytrain.core.elastic import groups_of
+from raytrain.core.elastic import elastic_groups
 from raytrain.core.planner import ModelDims, Workload, evaluate, fastest
 from raytrain.core.resolve import planner_inputs
-from raytrain.spec import JobSpec, Offer
+from raytrain.spec import JobSpec, Layout, Offer
 
 
 def planner_throughput(dims: ModelDims, work: Workload) -> Throughput:
     """The planner's best throughput for the job on `nodes` of an offer, memoised per node
     shape and count (offers that differ only in price share one search)."""
+    best = _planner_layouts(dims, work)
 
+    def throughput(offer: Offer, nodes: int) -> tuple[float, str] | None:
+        fit = best(offer, nodes)
+        return None if fit is None else (fit[0], fit[1])
+
+    return throughput
+
+
+# tokens/s, the layout described, and the layout; None: nothing fits.
+Layouts = Callable[[Offer, int], "tuple[float, str, Layout | None] | None"]
+
+
+def _planner_layouts(dims: ModelDims, work: Workload) -> Layouts:
     @lru_cache(maxsize=None)
     def best(key: tuple[str, int, str, float, bool], nodes: int
-             ) -> tuple[float, str, int] | None:
+             ) -> tuple[float, str, Layout] | None:
         top = fastest(dims, work, nodes * key[1], shape_from_key(key))
         return None if top is None else (top.tokens_per_s, top.candidate.describe(),
-                                         top.candidate.dp_replicate)
+                                         top.candidate)
 
     return lambda offer, nodes: best(shape_key(offer), nodes)
 
@@ -94,25 +107,25 @@ def job_throughput(spec: JobSpec) -> Throughput:
         fit = inner(offer, nodes) if offer_matches(spec, offer) else None
         if fit is None:
             return None
-        replicas = fit[2] if len(fit) > 2 else 1  # type: ignore[misc]
-        return fit[0], fit[1], groups_of(spec, replicas, nodes)
+        layout = fit[2]
+        return fit[0], fit[1], elastic_groups(spec, layout, nodes) if layout else 1
 
     return throughput
 
 
-def _planned_throughput(spec: JobSpec) -> Throughput:
+def _planned_throughput(spec: JobSpec) -> Layouts:
     if spec.model.kind != "gpt":
-        return fixed_devices(flops_throughput(1e3), spec.resources.num_workers)
+        assumed = fixed_devices(flops_throughput(1e3), spec.resources.num_workers)
+        return lambda offer, nodes: (fit := assumed(offer, nodes)) and (fit[0], fit[1], None)
     dims, work, _, _ = planner_inputs(spec)
     own = spec.stated_layout()
     if own is None:  # strategy 'auto': the best layout for each option's devices
-        return planner_throughput(dims, replace(work, micro_batch_options=(1, 2, 4, 8, 16)))
+        return _planner_layouts(dims, replace(work, micro_batch_options=(1, 2, 4, 8, 16)))
 
     @lru_cache(maxsize=None)
-    def on_shape(key: tuple[str, int, str, float, bool]) -> tuple[float, str, int] | None:
+    def on_shape(key: tuple[str, int, str, float, bool]) -> tuple[float, str, Layout] | None:
         predicted = evaluate(dims, work, own, shape_from_key(key))
-        return (predicted.tokens_per_s, own.describe(), own.dp_replicate) \
-            if predicted.fits else None
+        return (predicted.tokens_per_s, own.describe(), own) if predicted.fits else None
 
     return fixed_devices(lambda offer, nodes: on_shape(shape_key(offer)),
                          spec.resources.num_workers)

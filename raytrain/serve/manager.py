@@ -378,6 +378,20 @@ class JobManager:
             self.apply(job_id, lc.GroupChanged(attempt, group, state, frozenset(nodes or ()),
                                                step, notice, redone_steps, stall_s))
 
+    def run_view(self, job_id: str) -> dict[str, Any]:
+        """What an elastic job's runner needs to know when one of its groups ends: the step
+        reached, whether the service is stopping the run (a cancel, a move, the budget), and
+        each replica group's state (training, leaving, healing or gone)."""
+        with self.lock:
+            record = self.records.get(job_id)
+            if record is None:
+                return {"step": 0, "stopping": True, "groups": {}}
+            job, run = record.status, record.run
+            stopping = job.state.is_terminal or run is None or run.stop_by is not None or \
+                run.moving_to is not None or run.over_budget
+            return {"step": job.progress.step, "stopping": stopping,
+                    "groups": {g.index: g.state for g in job.groups}}
+
     def report_finished(self, job_id: str, attempt: int, result: dict[str, Any]) -> None:
         if job_id in self.records:
             self.apply(job_id, lc.FinalReport(attempt, result))

@@ -245,9 +245,10 @@ class Provisioner:
             self.request(job_id, [])
 
     def replace(self, job_id: str, leaving: int, now: float) -> None:
-        """An elastic job's nodes are being taken (`leaving` of them, on a notice: buy their
-        replacements now) or are gone (0: a replacement group's own start asks for its
-        node, and the request made on the notice is withdrawn)."""
+        """An elastic job's nodes are being taken: `leaving` of them, on a notice. Ask for
+        the job's nodes and their replacements at once (a request is for the cluster's whole
+        size, so the job's own count plus the replacements buys them now); 0, once the
+        replacements train: withdraw (the groups' worker groups hold their nodes)."""
         placement = self.placements.get(job_id)
         if placement is None or placement.extra == leaving:
             return
@@ -255,8 +256,9 @@ class Provisioner:
         placement.requesting = leaving > 0
         if leaving:
             placement.asked_at = placement.asked_at or now
-            placement.sent_at = now
-        self.request(job_id, [{placement.node_type: 1.0}] * leaving)
+            self._send(job_id, placement, now)
+        else:
+            self.request(job_id, [])
 
     def refresh(self, now: float) -> None:
         """Renew requests before they expire (call it every scheduling pass)."""
@@ -406,7 +408,7 @@ class Provisioner:
 
     def _send(self, job_id: str, placement: Placement, now: float) -> None:
         placement.sent_at = now
-        count = placement.extra if placement.extra else placement.nodes
+        count = placement.nodes + placement.extra
         self.request(job_id, [{placement.node_type: 1.0}] * count)
 
 

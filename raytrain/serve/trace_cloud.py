@@ -319,12 +319,13 @@ class TraceCloud:
                     break
 
     def _wanted(self, node_type: str) -> int:
-        """The nodes of a type asked for (the service's requests) and those runs hold or wait
-        for (their groups' own demand, as Ray Train's), added up as Ray's autoscaler does."""
+        """The nodes of a type the cluster must have: the service's requests (for the
+        cluster's whole size, as Ray's request_resources is) or what runs hold and wait for
+        (their groups' own demand), whichever is more."""
         asked = sum(1 for bundles in self.requests.values() for b in bundles if node_type in b)
         used = sum(run.nodes_wanted() for run in self.runs.values() if not run.done
                    and run.nodes and self.nodes[run.nodes[0]].kind.name == node_type)
-        return asked + used
+        return max(asked, used)
 
     def _reconcile(self) -> None:
         """Launch nodes up to what is asked for (where capacity is there), let go of the rest."""

@@ -60,9 +60,10 @@ class ServiceConfig(Strict):
         None,
         max_length=256,
         description="Instance metadata service (IMDSv2) every worker of every job watches for "
-        "spot interruption notices. Null (the default): only workers on nodes the service "
-        "bought on AWS's spot market watch, at AWS's own address; a local run or a fixed "
-        "cluster contacts no metadata address.",
+        "spot interruption notices; '{node}' in it is replaced by the worker's Ray node id "
+        "(one service standing in for every node's). Null (the default): only workers on "
+        "nodes the service bought on AWS's spot market watch, at AWS's own address; a local "
+        "run or a fixed cluster contacts no metadata address.",
     )
 
     auth: bool = Field(

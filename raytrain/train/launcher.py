@@ -31,6 +31,7 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from raytrain.cloud.interruption import Ec2Metadata, Watcher
+from raytrain.core.elastic import elastic_groups
 from raytrain.spec import JobSpec, Layout
 from raytrain.train.loop import WorkerInfo, train
 from raytrain.train.progress import NullSink, ProgressSink, ServiceAnswer
@@ -48,15 +49,21 @@ class ManagerSink:
     from an earlier attempt cannot move the job backwards.
     """
 
-    def __init__(self, manager: Any, job_id: str, placement: dict[str, Any]) -> None:
+    def __init__(self, manager: Any, job_id: str, placement: dict[str, Any],
+                 attempt: int | None = None) -> None:
+        """`attempt`: the run's, when its start was reported already (an elastic job's
+        runner reports it once for all its replica groups)."""
         self.manager = manager
         self.job_id = job_id
         self.placement = placement
-        self.attempt = 0
+        self.attempt = attempt or 0
+        self._report_start = attempt is None
         self._last_reply: ray.ObjectRef | None = None
         self.answer = ServiceAnswer()
 
     def started(self, resumed_step: int) -> None:
+        if not self._report_start:
+            return
         self.attempt = ray.get(
             self.manager.worker_group_started.remote(self.job_id, resumed_step, self.placement)
         )
@@ -117,7 +124,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
             "nodes": max(1, worker.world_size // max(1, context.get_local_world_size())),
         }
         sink = ManagerSink(ray.get_actor(name, namespace=namespace), config["job_id"], placement)
-    endpoint = config.get("interruption_endpoint")
+    endpoint = node_endpoint(config.get("interruption_endpoint"))
     header = (f"job {config['job_id']}, world size {worker.world_size}, "
               f"node {ray.get_runtime_context().get_node_id()[:12]}")
     with captured_output(Path(config["log_dir"]), worker.rank, header):
@@ -133,6 +140,13 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
         finally:
             if watcher is not None:
                 watcher.stop()
+
+
+def node_endpoint(endpoint: str | None) -> str | None:
+    """The metadata endpoint for this worker's node ('{node}': its Ray node id)."""
+    if endpoint is None or "{node}" not in endpoint:
+        return endpoint
+    return endpoint.replace("{node}", ray.get_runtime_context().get_node_id())
 
 
 def _accelerator_name(device: torch.device) -> str:
@@ -154,6 +168,9 @@ def build_trainer(
     manager: tuple[str, str],
     worker_resources: dict[str, float] | None = None,
     interruption_endpoint: str | None = None,
+    train_fn: Any = None,
+    extra_config: dict[str, Any] | None = None,
+    name: str | None = None,
 ) -> TorchTrainer:
     """worker_resources: custom resources each worker also asks for (the share of a bought
     node type's resource that pins the worker to those nodes). A failed worker group is never
@@ -167,10 +184,11 @@ def build_trainer(
         per_worker["GPU"] = resources.gpus_per_worker
     threads = threads_per_worker(spec)
     return TorchTrainer(
-        train_fn_per_worker,
+        train_fn or train_fn_per_worker,
         train_loop_config={
-            "spec": spec.model_dump(mode="json"),
             "layout": asdict(layout),
+            **(extra_config or {}),
+            "spec": spec.model_dump(mode="json"),
             "job_id": job_id,
             "checkpoint_root": str(checkpoint_root),
             "log_dir": str(checkpoint_root.parent / "logs"),
@@ -184,7 +202,7 @@ def build_trainer(
             resources_per_worker=per_worker,
         ),
         run_config=RunConfig(
-            name=f"job-{job_id}",
+            name=name or f"job-{job_id}",
             storage_path=str(run_root),
             failure_config=FailureConfig(
                 max_failures=0,
@@ -217,5 +235,19 @@ def run_training_job(
     # about 1% of a 2-core node (BENCHMARKS.md, background CPU). Ray Train passes this
     # variable from the process that calls fit() to its controller. An operator's value wins.
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+    groups = elastic_groups(spec, layout, _nodes(spec, worker_resources))
+    if groups > 1:
+        from raytrain.train.elastic_launcher import run_elastic_job
+
+        run_elastic_job(spec, layout, groups, job_id, checkpoint_root, run_root, manager,
+                        worker_resources, interruption_endpoint)
+        return
     build_trainer(spec, layout, job_id, checkpoint_root, run_root, manager, worker_resources,
                   interruption_endpoint).fit()
+
+
+def _nodes(spec: JobSpec, worker_resources: dict[str, float] | None) -> int:
+    """The bought nodes a job's workers span (0 on a fixed cluster)."""
+    if not worker_resources:
+        return 0
+    return round(sum(worker_resources.values()) * spec.resources.num_workers)

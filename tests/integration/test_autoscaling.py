@@ -37,8 +37,15 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
 @pytest.fixture(scope="module")
 def fake_cluster() -> Iterator[FakeCluster]:
-    with started_fake_cluster() as cluster:
+    # Nodes of one worker each, and room for three spot nodes: a job of two workers spans
+    # two nodes as two replica groups, and a third is bought when one of them is noticed.
+    with started_fake_cluster(max_spot_nodes=3, workers_per_node=1) as cluster:
         yield cluster
+
+
+def one_worker(document: dict) -> dict:
+    """The job on one node (a rigid job: one replica group)."""
+    return {**document, "resources": {**document["resources"], "num_workers": 1}}
 
 
 @functools.lru_cache(maxsize=None)
@@ -76,7 +83,7 @@ def test_the_chosen_pod_is_bought_a_notice_and_a_loss_survived_then_a_move_and_a
     # The uninterrupted run's loss (about 30 s of one process), while the cluster starts the job.
     reference = ThreadPoolExecutor(1).submit(_reference_final_loss, steps)
     assert fake_cluster.worker_node_types() == []  # nothing bought yet
-    job = client.submit(job_spec(steps=steps, checkpoint_every=50))
+    job = client.submit(one_worker(job_spec(steps=steps, checkpoint_every=50)))
     # The policy picks spot (0.03 $/h against 0.10 on demand).
     running = wait_for(lambda: (s := client.get(job.id)).state in (
         JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED) and s, 300, "the job to start")
@@ -88,8 +95,8 @@ def test_the_chosen_pod_is_bought_a_notice_and_a_loss_survived_then_a_move_and_a
     first = running.decisions[0]
     assert (first.event, first.action, first.market) == ("submit", "start", "spot")
     assert "1 x cpu-2 spot" in first.reason
-    # Exactly the chosen node type came up; the workers can only run there (they each ask
-    # for half of its cpu-spot resource).
+    # Exactly the chosen node type came up; the worker can only run there (it asks for its
+    # cpu-spot resource).
     assert fake_cluster.worker_node_types() == ["cpu-spot"]
     [pod] = fake_cluster.runpod.running()
     assert fake_cluster.runpod.pods[pod["id"]]["interruptible"]
@@ -164,7 +171,7 @@ def test_a_spot_job_checkpoints_at_the_interval_the_engine_returned(
     job's decisions record it, and the job checkpoints at it."""
     client = Client(fake_cluster.url, token=fake_cluster.token)
     steps = 1000  # about 17 ms each here: some 15 s after the change
-    document = job_spec(steps=steps, checkpoint_every=steps, name="interval")
+    document = one_worker(job_spec(steps=steps, checkpoint_every=steps, name="interval"))
     document["capacity"] = {"policy": "spot-test"}  # spot only, with this tiny job's costs
     original = fake_cluster.offers.read_text()
     try:
@@ -197,3 +204,49 @@ def test_a_spot_job_checkpoints_at_the_interval_the_engine_returned(
         (intervals, gaps)
     print(f"\nspot interval: believed rare {believed_rare:.0f} s, no checkpoint; believed often "
           f"{intervals} s, {len(saved)} checkpoints, gaps {[round(g, 2) for g in gaps]} s")
+
+
+def test_replica_groups_outlive_a_notice_and_a_loss_and_the_job_trains_as_if_neither_happened(
+    fake_cluster: FakeCluster,
+) -> None:
+    """A job of two workers on two interruptible pods: two replica groups. A notice for the
+    node of one: it leaves at a step boundary (nothing redone) and its replacement is bought
+    at once; the other trains on alone; then the pod is taken. The replacement heals from the
+    live group and joins. Then the other group's pod is taken with no notice: at most the
+    step in flight is redone, and a replacement is bought, heals and joins. The job never
+    stops, never restarts from a checkpoint, and ends with the loss of an uninterrupted run."""
+    client = Client(fake_cluster.url, token=fake_cluster.token)
+    steps = 1500
+    reference = ThreadPoolExecutor(1).submit(_reference_final_loss, steps)
+    job = client.submit(job_spec(steps=steps, checkpoint_every=steps, name="elastic"))
+
+    def groups(state: str = "training") -> list[str] | None:
+        status = client.get(job.id)
+        assert not status.state.is_terminal, status.error
+        up = [g for g in status.groups if g.state == state and g.nodes]
+        return [g.nodes[0] for g in up] if len(status.groups) == 2 and len(up) == 2 else None
+
+    first = wait_for(groups, 300, "both replica groups training, each on its pod")
+    _wait_step(client, job.id, 50)
+    fake_cluster.metadata.interrupt(node=first[1])  # the cloud: this node goes in 2 minutes
+    left = wait_for(lambda: (s := client.get(job.id)).preemption_log and s, 120,
+                    "the noticed group to leave")
+    fake_cluster.take_node(first[1])  # ... and then it is gone
+    assert left.state == JobState.RUNNING and left.restarts == 0
+    second = wait_for(lambda: (nodes := groups()) and nodes[1] not in first and nodes, 300,
+                      "the replacement to heal and join")
+    _wait_step(client, job.id, client.get(job.id).progress.step + 30)
+    fake_cluster.take_node(second[0])  # the other group's pod, with no notice
+    final = job.wait()
+    assert final.state == JobState.SUCCEEDED, final.error
+    assert final.restarts == 0 and final.preemptions == 2
+    noticed, lost = final.preemption_log
+    assert (noticed.group, noticed.notice, noticed.lost_steps) == (1, True, 0)
+    assert (lost.group, lost.notice) == (0, False) and lost.lost_steps <= 1
+    assert final.lost_steps == lost.lost_steps
+    assert all(r.survivors == 1 and r.replaced_after_s for r in final.preemption_log)
+    assert final.result.final_loss == pytest.approx(reference.result(), abs=1e-5)
+    print(f"\nreplica groups: survivors' stall on the notice {noticed.stall_s:.1f} s, on the "
+          f"loss {lost.stall_s:.1f} s (steps redone {lost.lost_steps}); replaced after "
+          f"{noticed.replaced_after_s:.0f} s and {lost.replaced_after_s:.0f} s; joins "
+          f"stalled {final.costs.group_stall_s.measured_s:.2f} s on average")

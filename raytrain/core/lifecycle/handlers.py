@@ -218,6 +218,8 @@ def group_changed(c: Change, event: GroupChanged) -> None:
             not 0 <= event.group < len(job.groups):
         return
     old = job.groups[event.group]
+    if old.state == event.state and (not event.nodes or sorted(event.nodes) == old.nodes):
+        return  # told again (every group reports what it sees): one record is enough
     job.groups[event.group] = GroupStatus(
         index=event.group, state=event.state,  # type: ignore[arg-type]
         nodes=sorted(event.nodes or old.nodes), since=c.now)
@@ -227,18 +229,20 @@ def group_changed(c: Change, event: GroupChanged) -> None:
         job.costs.group_stall_s = _sampled(job.costs.group_stall_s, event.stall_s, mean=True)
     if event.state == "leaving":
         c.effects.append(Replace(leaving=1))  # buy the replacement on the notice
-    elif event.state == "gone":
+    elif event.state == "gone" and old.state != "gone":
         survivors = sum(1 for g in job.groups if g.state == "training")
-        record = PreemptionRecord(
-            time=c.now, notice=event.notice, group=event.group, survivors=survivors,
+        record = PreemptionRecord(  # it left on a notice if it said it was leaving
+            time=c.now, notice=event.notice or old.state == "leaving", group=event.group,
+            survivors=survivors,
             reached_step=event.step, checkpoint_step=None, lost_steps=event.redone_steps,
             stall_s=event.stall_s, before=run.describe)
         job.preemptions += 1
         job.preemption_log.append(record)
         job.lost_steps += event.redone_steps
-        c.effects.append(Replace(leaving=0))
         c.emit("preemption", record.model_dump(mode="json"))
-    elif event.state == "training" and old.state in ("gone", "healing"):
+    if event.state in ("healing", "training") and old.state in ("gone", "healing"):
+        c.effects.append(Replace(leaving=0))  # its node came: the worker group holds it
+    if event.state == "training" and old.state in ("gone", "healing"):
         for i in range(len(job.preemption_log) - 1, -1, -1):
             record = job.preemption_log[i]
             if record.group == event.group and record.replaced_after_s is None:

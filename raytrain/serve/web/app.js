@@ -299,9 +299,18 @@
     }
     if (!changes.length && job.started_at) changes.push([job.started_at, job.resources.nodes || 1]);
     const strikes = [];
+    // An elastic job's replica group lost and replaced: its nodes are missing in between.
+    const gaps = [];
+    const perGroup = Math.max(1, Math.round((job.resources.nodes || 1) / Math.max(1, job.groups.length)));
     for (const p of job.preemption_log) {
       const before = changes.filter(([t]) => t <= p.time).pop();
       strikes.push([p.time, before ? before[1] : job.resources.nodes]);
+      if (p.group !== null && p.group !== undefined) {
+        const back = p.replaced_after_s !== null && p.replaced_after_s !== undefined
+          ? p.time + p.replaced_after_s : (job.finished_at || now);
+        gaps.push([p.time, back]);
+        continue;
+      }
       changes.push([p.time, 0]);
       if (p.down_s !== null && p.down_s !== undefined) {
         changes.push([p.time + p.down_s, job.resources.nodes]);
@@ -309,12 +318,13 @@
     }
     if (changes.length) changes.push([job.finished_at || now, job.finished_at ? 0 : job.resources.nodes]);
     changes.sort((a, b) => a[0] - b[0]);
-    const xs = [...new Set([...changes.map(([t]) => t), ...strikes.map(([t]) => t)])]
-      .sort((a, b) => a - b);
+    const xs = [...new Set([...changes.map(([t]) => t), ...strikes.map(([t]) => t),
+      ...gaps.flat()])].sort((a, b) => a - b);
     let held = 0;
     const nodes = xs.map((t) => {
       for (const [when, count] of changes) if (when === t) held = count;
-      return held;
+      const missing = gaps.filter(([from, to]) => from <= t && t < to).length * perGroup;
+      return Math.max(0, held - (held ? missing : 0));
     });
     const marks = xs.map((t) => { const s = strikes.find(([when]) => when === t); return s ? s[1] : null; });
     return [xs, nodes, marks];
@@ -328,6 +338,15 @@
       rows.push([d.time, "decision", what, d.reason]);
     }
     for (const p of job.preemption_log) {
+      if (p.group !== null && p.group !== undefined) {
+        rows.push([p.time, "preemption",
+          `replica group ${p.group} lost ${p.notice ? "after a notice" : "without notice"} at step ` +
+          `${p.reached_step}: ${p.lost_steps} step(s) redone, ${p.survivors} group(s) trained on ` +
+          `after a ${duration(p.stall_s)} stall`,
+          p.replaced_after_s !== null && p.replaced_after_s !== undefined
+            ? `replaced after ${duration(p.replaced_after_s)}` : "replacement on its way"]);
+        continue;
+      }
       rows.push([p.time, "preemption",
         `${p.notice ? "with" : "without"} notice at step ${p.reached_step}: ${p.lost_steps} steps lost, ` +
         `down ${duration(p.down_s)}, ${usd(p.extra_cost_usd)} extra`,

@@ -1,0 +1,278 @@
+"""One replica group of an elastic job, training beside the others it can outlive.
+
+The groups agree on every step through torchft: a Manager per rank, a quorum per step from
+the job's Lighthouse, and the step's gradients summed across the groups in that quorum over a
+process group torchft rebuilds when the quorum changes. Inside a group the job's layout runs
+as usual (FSDP, tensor parallel) on the group's own process group. What torchft does not do,
+and this module does:
+
+- The math of an uninterrupted run whatever the number of groups alive: the step's global
+  batch is cut into units (a micro-batch for each of the group's data ranks), and the groups
+  in the quorum share them (raytrain.core.elastic.share_of_step); each group's gradient is
+  its units' mean scaled by its share, so the sum over the groups is the global batch's mean
+  gradient, as with every group alive. torchft's DDP would average whatever each group did.
+- Healing with the job's whole state (weights, AdamW moments, the step), sharded or not, as
+  local tensors (DTensors travel as their shards and are rebuilt on the same layout).
+- The service's flags for the whole job (stop, move) ride in the step's all-reduce, as they
+  do in the rigid loop's loss sync, so every group leaves at the same step.
+- A group whose node has a notice leaves at the step boundary; the last group alive
+  checkpoints first. A step whose all-reduce failed (a group died) is not committed and is
+  done again by the survivors: at most one step redone.
+
+Only the group leading the quorum (participating rank 0) reports progress and writes the
+periodic checkpoints: every group holds the same state. Every group reports the groups it
+sees leave and join (a new leader knows no history; the service keeps one record of each).
+
+    result = train_group(spec, inner_layout, worker, group=1, sink=sink, ...)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from raytrain.core.batching import BatchPlan
+from raytrain.core.elastic import share_of_step
+from raytrain.core.schedule import lr_multiplier, peak_learning_rate
+from raytrain.core.step_rules import after_step
+from raytrain.data.sources import build_source
+from raytrain.parallel.parallelize import build_parallel_model, clip_grad_norm
+from raytrain.spec import JobSpec, Layout
+from raytrain.train.checkpoint import CheckpointManager, _state
+from raytrain.train.loop import NoNotices, Notices, WorkerInfo, _vocab_size, build_optimizer
+from raytrain.train.progress import ProgressMeter, ProgressSink
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GroupSetup:
+    """Where a group finds the others: the job's Lighthouse, its own store (its rank 0's
+    TCPStore, as torchft needs one per group), and the ids of the groups."""
+
+    lighthouse: str
+    store_addr: str
+    store_port: int
+    replica_prefix: str  # + the group's index: torchft's replica id
+    groups: int  # the job's replica groups (indices 0 .. groups - 1)
+    timeout_s: float = 30.0
+    heartbeat_s: float = 0.1
+
+
+class GroupEvents:
+    """What the leading group tells the service of the others (the service's GroupChanged):
+    a group gone from the quorum (with the steps redone and the survivors' stall for it) and
+    a group back in it."""
+
+    def report(self, group: int, state: str, step: int, redone_steps: int = 0,
+               stall_s: float | None = None) -> None:
+        pass
+
+
+def train_group(spec: JobSpec, layout: Layout, worker: WorkerInfo, group: int,
+                setup: GroupSetup, sink: ProgressSink, checkpoint_root: Path,
+                notices: Notices | None = None, events: GroupEvents | None = None,
+                progress_interval_s: float = 1.0,
+                die_when: Callable[[int], bool] | None = None) -> dict[str, Any]:
+    """Train replica group `group` of the job (its `layout` is the group's: dp_replicate 1)
+    until the job's last step, its node's notice, or the service's stop; the final figures.
+    `die_when(step)`: die mid-step when it says so, as with a node lost without notice (the
+    fault tests)."""
+    from torchft import Manager, ProcessGroupGloo
+
+    notices, events = notices or NoNotices(), events or GroupEvents()
+    training = spec.training
+    torch.manual_seed(training.seed)
+    model = build_parallel_model(spec, layout, worker.device)
+    optimizers = [build_optimizer(part, spec) for part in model.parts]
+    source = build_source(spec.data, _vocab_size(spec))
+    inner = BatchPlan(training.global_batch_size, training.micro_batch_size, layout.dp)
+    units = inner.grad_accum_steps  # a micro-batch for each of the group's data ranks
+    checkpoints = CheckpointManager(checkpoint_root, worker.rank, keep=training.keep_checkpoints)
+    start_step, first_loss = 0, None
+    latest = checkpoints.latest() or (Path(training.resume_from) if training.resume_from
+                                      else None)
+    if latest is not None:
+        meta = checkpoints.load(latest, model.parts, optimizers)
+        start_step, first_loss = meta["step"], meta.get("first_loss")
+
+    def state_dict() -> dict[str, Any]:
+        model_state, optim_state, _ = _state(model.parts, optimizers)
+        return {"model": _local(model_state), "optim": _local(optim_state)}
+
+    def load_state_dict(state: dict[str, Any]) -> None:
+        _load_local(model.parts, optimizers, state)
+
+    timeout = timedelta(seconds=setup.timeout_s)
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timeout), min_replica_size=1, use_async_quorum=False,
+        load_state_dict=load_state_dict, state_dict=state_dict, timeout=timeout,
+        quorum_timeout=timeout, connect_timeout=timeout, rank=worker.rank,
+        world_size=worker.world_size, store_addr=setup.store_addr,
+        store_port=setup.store_port, lighthouse_addr=setup.lighthouse,
+        replica_id=f"{setup.replica_prefix}{group}",
+        heartbeat_interval=timedelta(seconds=setup.heartbeat_s))
+    manager.load_state_dict({"step": start_step, "batches_committed": 0})
+    sink.started(start_step)
+    meter = ProgressMeter(training.steps, spec.tokens_per_step, start_step, time.monotonic,
+                          interval_s=progress_interval_s, first_loss=first_loss)
+    params = model.parameters()
+    members: set[int] | None = None
+    failed, failed_since = 0, None  # uncommitted steps, and when the first of them began
+    saved_at = time.monotonic()
+    leaving = preempted = stopped = False
+    loss_value, alive = float("nan"), 1
+    try:
+        while manager.current_step() < training.steps:
+            began = time.monotonic()
+            manager.start_quorum()  # synchronous: a group behind heals here, before the step
+            quorum_s = time.monotonic() - began
+            step = manager.current_step()  # after healing: the step the others are at
+            alive, me = manager.num_participants(), manager.participating_rank()
+            mine = share_of_step(units, alive, me) if me is not None else []
+            loss_sum = _forward_backward(model, source, inner, step, mine, units, layout,
+                                         worker)
+            if die_when is not None and die_when(step):
+                _die()
+            # The loss, the service's flags, and which groups took part: one all-reduce.
+            flags = torch.zeros(3 + setup.groups, dtype=torch.float64)
+            flags[:3] = torch.tensor([loss_sum, float(me == 0 and sink.should_stop()),
+                                      float(me == 0 and sink.should_move())])
+            flags[3 + group] = 1.0
+            works = [manager.allreduce(p.grad.to_local() if isinstance(p.grad, DTensor)
+                                       else p.grad, reduce_op=dist.ReduceOp.SUM)
+                     for p in params] + [manager.allreduce(flags, reduce_op=dist.ReduceOp.SUM)]
+            for work in works:
+                work.wait()
+            if not manager.should_commit():  # a group died mid-step: do it again
+                failed += 1
+                failed_since = failed_since or began
+                continue
+            now_members = {g for g in range(setup.groups) if flags[3 + g] > 0}
+            if members is not None and now_members != members:  # each reports: a new leader
+                # knows no history, and the service keeps one record of each change
+                stall = quorum_s if failed_since is None else began + quorum_s - failed_since
+                for gone in sorted(members - now_members):
+                    events.report(gone, "gone", step, failed, stall)
+                for back in sorted(now_members - members):
+                    events.report(back, "training", step, 0, quorum_s)
+            members = now_members
+            failed, failed_since = 0, None
+            _optimizer_step(model, optimizers, spec, step)
+            steps_done = step + 1
+            loss_value = float(flags[0])
+            stop_asked, move_asked = bool(flags[1] > 0), bool(flags[2] > 0)
+            leaving = notices.stop_requested
+            if me == 0 and meter.record(steps_done, loss_value):
+                sink.progress(meter.snapshot())
+            interval = sink.checkpoint_every_s() if me == 0 else None
+            rule = after_step(steps_done, training.steps, training.checkpoint_every_steps,
+                              time.monotonic() - saved_at, interval, stop_asked, False,
+                              move_asked or (leaving and alive == 1))
+            if me == 0 and rule.checkpoint:
+                started = time.perf_counter()
+                path = checkpoints.save(steps_done, model.parts, optimizers, {
+                    "samples_seen": inner.samples_consumed(steps_done),
+                    "first_loss": meter.first_loss, "loss": loss_value,
+                    "world_size": worker.world_size, "layout": layout.describe()})
+                saved_at = time.monotonic()
+                sink.checkpoint(steps_done, str(path), time.perf_counter() - started)
+            if rule.stop or leaving:
+                stopped, preempted = True, rule.preempted or leaving
+                break
+    finally:
+        manager.shutdown(wait=False)
+    steps = manager.current_step()
+    result = {"first_loss": meter.first_loss if meter.first_loss is not None else loss_value,
+              "final_loss": loss_value, "stopped": stopped, "preempted": preempted,
+              "left": leaving, "noticed_at": notices.noticed_at,
+              "checkpointed_at": time.time() if preempted and not leaving else None,
+              "steps": steps, "train_wall_s": time.monotonic() - meter.started_at,
+              "tokens_per_s": 0.0}
+    if worker.rank == 0 and (not leaving or alive == 1):  # a group that left is not the job
+        sink.finished(result)
+    return result
+
+
+def _forward_backward(model: Any, source: Any, plan: BatchPlan, step: int, mine: list[int],
+                      units: int, layout: Layout, worker: WorkerInfo) -> float:
+    """This group's units of the step: gradients of their mean loss, scaled by its share of
+    the units, so the groups' sum is the step's mean; the scaled loss (the mean over the
+    group's data ranks, as the rigid loop's loss sync has it)."""
+    for part in model.parts:
+        part.zero_grad(set_to_none=True)
+    loss = torch.zeros((), dtype=torch.float64)
+    if mine:
+        batches = [source.batch(plan.sample_range(step, unit, model.dp_rank)) for unit in mine]
+        loss = model.forward_backward(batches).detach().to(torch.float64).cpu()
+    share = len(mine) / units
+    for p in model.parameters():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        elif share != 1.0:
+            p.grad.mul_(share)
+    if worker.world_size > 1:  # the group's own ranks: average their losses
+        loss = loss.to(worker.device)
+        dist.all_reduce(loss)
+        loss = loss.cpu() / layout.dp
+    return float(loss) * share
+
+
+def _optimizer_step(model: Any, optimizers: list[torch.optim.Optimizer], spec: JobSpec,
+                    step: int) -> None:
+    training = spec.training
+    scale = lr_multiplier(step, training.warmup, training.steps, training.min_lr_ratio)
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            group["lr"] = peak_learning_rate(training) * scale
+    if training.grad_clip_norm is not None:
+        clip_grad_norm(model, training.grad_clip_norm)
+    for optimizer in optimizers:
+        optimizer.step()
+
+
+def _local(state: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a state dict to send to a healing group: local shards, cloned, since the
+    transport serves it later while this group trains on (on CPU it would not copy)."""
+    def snapshot(value: Any) -> Any:
+        if isinstance(value, DTensor):
+            value = value.to_local()
+        return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+    return {k: snapshot(v) for k, v in state.items()}
+
+
+def _load_local(parts: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer],
+                state: dict[str, Any]) -> None:
+    """Load healed state (local tensors) into this group's model and optimizers, rebuilding
+    DTensors on this group's layout."""
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    from raytrain.train.checkpoint import _OPTIONS
+
+    model_state, optim_state, keys = _state(parts, optimizers)
+    for mine, theirs in ((model_state, state["model"]), (optim_state, state["optim"])):
+        for key, value in list(mine.items()):
+            got = theirs[key]
+            mine[key] = DTensor.from_local(got, value.device_mesh, value.placements,
+                                           run_check=False) \
+                if isinstance(value, DTensor) else got
+    for part, optimizer, (model_keys, optim_keys) in zip(parts, optimizers, keys):
+        set_state_dict(part, optimizer,
+                       model_state_dict={k: model_state[k] for k in model_keys},
+                       optim_state_dict={k: optim_state[k] for k in optim_keys},
+                       options=_OPTIONS)
+
+
+def _die() -> None:
+    import os
+
+    os._exit(17)  # as a node lost mid-step: no clean-up, no report
