@@ -7,6 +7,7 @@
     ├── IllegalTransition      a job's state was asked to make a move its lifecycle forbids
     ├── ServiceUnreachableError  the raytrain service cannot be reached
     ├── ServiceError           the service answered with an unexpected error
+    ├── StoreError             the object store or folder that keeps checkpoints failed
     └── TrainingError          training itself failed (a worker raised, retries exhausted)
 
 Expected outcomes (no capacity, a preemption) are states and decisions, not exceptions.
@@ -99,6 +100,19 @@ class ServiceError(RaytrainError):
 
     def _init_args(self) -> tuple[object, ...]:
         return (self.status_code, self.detail)
+
+
+class StoreError(RaytrainError):
+    """Reading or writing the storage that keeps checkpoints, logs and job records failed.
+    `uri` names the store (never a credential); `fix` says what to change."""
+
+    def __init__(self, uri: str, what: str, cause: object, fix: str = "") -> None:
+        self.uri, self.what, self.cause, self.fix = uri, what, str(cause), fix
+        hint = f" To fix: {fix}." if fix else ""
+        super().__init__(f"storage {uri}: {what} failed: {self.cause}.{hint}")
+
+    def _init_args(self) -> tuple[object, ...]:
+        return (self.uri, self.what, self.cause, self.fix)
 
 
 class TrainingError(RaytrainError):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from raytrain.train.progress import ServiceAnswer
@@ -161,9 +160,10 @@ class DirectSink:
     def checkpoint_every_s(self) -> float | None:
         return self.answer.checkpoint_every_s
 
-    def checkpoint(self, step: int, path: str, save_s: float) -> None:
+    def checkpoint(self, step: int, path: str, save_s: float,
+                   durable_s: float | None = None) -> None:
         self.cluster.manager.report_checkpoint(self.run.job_id, self.attempt, step, path,
-                                               save_s)
+                                               save_s, durable_s)
 
     def finished(self, result: dict[str, Any]) -> None:
         self.cluster.manager.report_finished(self.run.job_id, self.attempt, result)
@@ -219,7 +219,7 @@ class TrainingRay(FakeRay):
         sink = DirectSink(self, run, node)
         try:
             result = train(JobSpec.model_validate(run.spec), WorkerInfo.single_process(), sink,
-                           Path(checkpoint_root), progress_interval_s=0.0,
+                           checkpoint_root, progress_interval_s=0.0,
                            notices=sink.notices, layout=Layout(**run.layout))
             if result["preempted"] and sink.notices.stop_requested and node:
                 self.take(node)  # the cloud takes the noticed node back

@@ -95,8 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--cluster-config", metavar="YAML", type=existing_file,
                        help="the cluster's launcher YAML: the service buys its worker node "
                        "types through Ray's autoscaler (default: a fixed cluster)")
-    serve.add_argument("--storage-path", help="checkpoints, on storage every node reaches "
+    serve.add_argument("--storage-path", help="checkpoints, logs and a copy of the job "
+                       "records: a folder every node reaches, or s3://BUCKET/PREFIX "
                        "(default: <state-dir>/jobs)")
+    serve.add_argument("--storage-endpoint", metavar="URL", help="endpoint of an "
+                       "S3-compatible store (R2, B2, MinIO; default: AWS_ENDPOINT_URL_S3, "
+                       "AWS_ENDPOINT_URL, else AWS)")
     serve.add_argument("--offers-file", type=existing_file,
                        help="offer catalog to use instead of the cached one")
     serve.add_argument("--policy-dir", help="folder of named policies (default: policies/)")

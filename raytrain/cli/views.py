@@ -18,12 +18,12 @@ from rich.table import Table
 from raytrain.spec import (
     CostFigure,
     JobStatus,
-    PreemptionRecord,
     Layout,
     OfferCatalog,
     OffersResponse,
     PlanResponse,
     PlanRow,
+    PreemptionRecord,
 )
 
 
@@ -100,6 +100,7 @@ def status_table(job: JobStatus) -> Table:
         ("id", job.id),
         ("name", job.spec.name),
         ("state", job.state.value + (f" ({job.message})" if job.message else "")),
+        *([("warning", job.warning)] if job.warning and not job.state.is_terminal else []),
         ("plan", f"{plan.strategy}: {plan.description}, {plan.backend}, grad accum "
                  f"{plan.grad_accum_steps}" if plan else "-"),
     ]

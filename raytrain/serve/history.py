@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
 from functools import reduce
 from typing import Any, Mapping, Sequence
 
@@ -67,6 +68,7 @@ class History:
         self._stride: dict[str, int] = {}
         self._unsaved: dict[str, dict[int, dict[str, Any]]] = {}  # by job, by number
         self._dropped: dict[str, set[int]] = {}  # numbers the store still has
+        self._retry: dict[str, bool] = {}  # jobs whose save failed: released after it?
 
     def _of(self, job_id: str) -> list[dict[str, Any]]:
         if job_id not in self._points:
@@ -98,16 +100,27 @@ class History:
 
     def save(self, job_id: str, release: bool = False) -> None:
         """Write what changed of the job's points since the last save; with `release` (the
-        job has ended: no more points come), drop them from memory too."""
+        job has ended: no more points come), drop them from memory too. A disk that does not
+        take the write keeps them in memory for `retry` (serve.durable)."""
         if job_id not in self._points:
             return
         unsaved, dropped = self._unsaved[job_id], self._dropped[job_id]
         if unsaved or dropped:
-            self._store.save_points(job_id, {n: json.dumps(p) for n, p in unsaved.items()},
-                                    dropped)
+            try:
+                self._store.save_points(job_id, {n: json.dumps(p) for n, p in unsaved.items()},
+                                        dropped)
+            except sqlite3.Error:
+                self._retry[job_id] = self._retry.get(job_id, False) or release
+                return
             self._unsaved[job_id], self._dropped[job_id] = {}, set()
+        self._retry.pop(job_id, None)
         if release:
             self.forget(job_id)
+
+    def retry(self) -> None:
+        """Save what a failing disk left unsaved."""
+        for job_id, release in list(self._retry.items()):
+            self.save(job_id, release)
 
     def json(self, job_id: str) -> str:
         """The job's history as JobHistory's JSON: from memory while the job reports, else
@@ -120,5 +133,5 @@ class History:
     def forget(self, job_id: str) -> None:
         """Drop a job's points from memory (a deleted job's go from the store with its
         record)."""
-        for kept in (self._points, self._stride, self._unsaved, self._dropped):
+        for kept in (self._points, self._stride, self._unsaved, self._dropped, self._retry):
             kept.pop(job_id, None)

@@ -24,7 +24,7 @@ crossing the actor boundary.
 from __future__ import annotations
 
 import logging
-import shutil
+import os
 import threading
 import time
 from dataclasses import asdict
@@ -34,10 +34,11 @@ import ray
 from ray.actor import ActorHandle
 
 from raytrain.catalog.files import load_cpu_profile
+from raytrain.cloud.object_store import is_remote, join, open_store
 from raytrain.core import lifecycle as lc
 from raytrain.core.resolve import plan_summary
 from raytrain.core.tally import Tally, snapshot
-from raytrain.errors import SpecError
+from raytrain.errors import SpecError, StoreError
 from raytrain.serve.admission import (
     admission_refusal,
     check_paths_on_head_node,
@@ -46,6 +47,7 @@ from raytrain.serve.admission import (
     resumed,
 )
 from raytrain.serve.auth import token_digests
+from raytrain.serve.durable import RETRY_AFTER_S, DurableRecords, service_id
 from raytrain.serve.events import EventLog
 from raytrain.serve.history import History, point_of
 from raytrain.serve.provisioning import Provisioner
@@ -66,7 +68,7 @@ from raytrain.spec import (
     check_imports_allowed,
     parse_job_spec,
 )
-from raytrain.train.worker_logs import read_logs
+from raytrain.train.worker_logs import read_stored_logs
 
 logger = logging.getLogger(__name__)
 
@@ -79,14 +81,23 @@ class JobManager:
         self.cluster = cluster if cluster is not None else RayCluster()
         self.lock = threading.RLock()
         self._changed = threading.Condition(self.lock)
-        self._store = JobStore(self.config.state_path / STORE_FILE)
-        loaded = self._store.load_all()
+        if self.config.storage_endpoint:  # this process's stores, and (ray_cluster) the runs'
+            os.environ["AWS_ENDPOINT_URL_S3"] = self.config.storage_endpoint
+        db = JobStore(self.config.state_path / STORE_FILE)
+        mirror = open_store(self.config.storage_uri) if is_remote(self.config.storage_uri) \
+            else None
+        self._store = DurableRecords(db, mirror, service_id(self.config.state_path),
+                                     self.config.storage_lease_s)
+        self._store.start(wait_for_lease=logger.warning)
+        loaded, tally = self._store.load()
+        self._inherited_digests = self._store.mirrored_digests()
+        self._mirrored_digests: dict[str, str] = {}
         self.records: dict[str, lc.Record] = {job.id: lc.Record(job) for job, _ in loaded}
-        self.tally = Tally.from_json(self._store.get_tally())
+        self.tally = Tally.from_json(tally)
         self._encoded: dict[str, str] = {}  # each job's status as JSON, until it changes
         self._versions = Versions()  # of each status, for the replicas' copies (changes())
         self._events = {job.id: EventLog.reloaded(seq) for job, seq in loaded}
-        self._history = History(self._store)  # each job's progress points, for charts
+        self._history = History(db)  # each job's progress points, for charts
         self.handles: dict[str, RunHandle] = {}  # each running job's runner
         self.provisioner = Provisioner(self.config, request=self.cluster.request_nodes,
                                        history=self.tally.spot,  # counted as jobs are billed
@@ -98,8 +109,8 @@ class JobManager:
                 was = record.status.state.value
                 self.apply(job_id, lc.ServiceRestarted())
                 logger.info("job %s requeued after a service restart (was %s)", job_id, was)
-        logger.info("job manager up with %d job records from %s", len(self.records),
-                    self._store.path)
+        logger.info("job manager up with %d job records from %s%s", len(self.records),
+                    db.path, f" and {mirror}" if mirror is not None else "")
         self._stopping = threading.Event()
         if schedule:
             threading.Thread(target=self._schedule_forever, name="scheduler",
@@ -132,7 +143,7 @@ class JobManager:
             self._events[job_id].append(job_id, effect.kind, effect.data, now)
             if effect.kind == "progress":
                 self._history.add(job_id, point_of(effect.data, now))
-        elif isinstance(effect, lc.Save):
+        elif isinstance(effect, lc.Save):  # never raises for a failing disk (serve.durable)
             status = self.records[job_id].status
             self._store.put(status, self._events[job_id].next_seq, self.tally.to_json())
             self._history.save(job_id, release=status.state.is_terminal)
@@ -164,6 +175,9 @@ class JobManager:
             spec = parse_job_spec(document)
         except SpecError as exc:
             return {"error": "spec", "detail": [e.to_json() for e in exc.errors]}
+        unwritable = self._unwritable()
+        if unwritable is not None:
+            return unwritable
         with self.lock:
             refused = admission_refusal(self.records.values(), spec, caller, key,
                                         self.cluster.now(), self.config.max_active_jobs)
@@ -197,6 +211,9 @@ class JobManager:
             record = self.records.get(job_id)
             if record is None:
                 return _not_found(job_id)
+            unwritable = self._unwritable()
+            if unwritable is not None:
+                return unwritable
             answer = resumed(record.status, budget_usd)
         return self.submit(answer["ok"], caller, key) if "ok" in answer else answer
 
@@ -259,6 +276,9 @@ class JobManager:
             record = self.records.get(job_id)
             if record is None:
                 return _not_found(job_id)
+            unwritable = self._unwritable()
+            if unwritable is not None:
+                return unwritable
             if record.status.state.is_terminal:
                 return {"error": "state", "detail": (f"job {job_id} already ended "
                                                      f"{record.status.state.value}; nothing "
@@ -280,13 +300,39 @@ class JobManager:
         open. The first call on a new state directory writes the operator token."""
         if not self.config.auth:
             return None
-        return token_digests(self.config.state_path)
+        local = token_digests(self.config.state_path)
+        if self._store.mirror is None:
+            return local
+        # A new head node keeps accepting the tokens clients hold: their digests come back
+        # from the bucket (a name taken here by a new token keeps the old one as NAME@earlier).
+        merged = {(name if local.get(name, digest) == digest else f"{name}@earlier"): digest
+                  for name, digest in self._inherited_digests.items()}
+        merged.update(local)
+        if merged != self._mirrored_digests:
+            self._store.mirror_digests(merged)
+            self._mirrored_digests = merged
+        return merged
 
     def ready(self) -> dict[str, Any]:
-        """Readiness: this actor answers, its scheduler runs, and its store takes writes."""
-        writable = self._store.writable()
-        return {"ready": writable, "status": "ready" if writable else "store not writable",
-                "jobs": len(self.records), "store": str(self._store.path)}
+        """Readiness: this actor answers, its scheduler runs, and its store takes a real
+        write now, with nothing waiting to be written."""
+        with self.lock:
+            why = self._store.writable()
+        answer = {"ready": why is None, "status": why or "ready", "jobs": len(self.records),
+                  "store": str(self._store.db.path)}
+        if self._store.mirror is not None:
+            answer["storage"] = str(self._store.mirror)
+            answer["storage_status"] = self._store.mirror_degraded or "ok"
+        return answer
+
+    def _unwritable(self) -> dict[str, Any] | None:
+        """The 503 answer while the job store does not take writes (serve.durable)."""
+        if self._store.flush():
+            return None
+        return {"error": "unavailable", "retry_after": RETRY_AFTER_S,
+                "detail": f"{self._store.degraded}. Nothing was changed. To fix: retry in "
+                f"{RETRY_AFTER_S} s; the operator frees the service's state directory "
+                "(disk space, permissions)"}
 
     def logs(self, job_id: str, offsets: dict[int, int] | None, rank: int | None,
              max_bytes: int) -> dict[str, Any]:
@@ -296,8 +342,11 @@ class JobManager:
             if record is None:
                 return _not_found(job_id)
             state = record.status.state.value
-        chunks = read_logs(self.config.checkpoint_root / job_id / "logs", offsets, rank,
-                           max_bytes)
+        try:
+            chunks = read_stored_logs(join(self.config.job_uri(job_id), "logs"), offsets, rank,
+                                      max_bytes)
+        except StoreError as exc:
+            return {"error": "unavailable", "retry_after": RETRY_AFTER_S, "detail": str(exc)}
         return {"ok": {"job_id": job_id, "state": state,
                        "ranks": [asdict(chunk) for chunk in chunks]}}
 
@@ -311,13 +360,19 @@ class JobManager:
             refused = deletion_refusal(record, [r.status for r in self.records.values()])
             if refused is not None:
                 return refused
+            unwritable = self._unwritable()
+            if unwritable is not None:
+                return unwritable
             self._store.delete(job_id)
             del self.records[job_id]
             self._touch(job_id)
             self._events.pop(job_id, None)
             self._history.forget(job_id)
-        root = self.config.checkpoint_root / job_id  # large: removed outside the lock
-        shutil.rmtree(root, ignore_errors=True)
+        root = self.config.job_uri(job_id)  # large: removed outside the lock
+        try:
+            open_store(root).delete_prefix("")
+        except StoreError as exc:  # the record is gone; what is left can go by hand
+            logger.error("job %s deleted, but not its files: %s", job_id, exc)
         logger.info("job %s deleted with its checkpoints and logs (%s)", job_id, root)
         return {"ok": job.model_dump(mode="json")}
 
@@ -346,7 +401,8 @@ class JobManager:
         with self.lock:
             for job_id in list(self.handles):
                 self.apply(job_id, lc.ServiceStopping())
-        self._store.close()
+            self._store.close()
+            self._store.db.close()
 
     # ------------------------------------------------------------ reports from rank 0
 
@@ -366,9 +422,10 @@ class JobManager:
         return self.apply(job_id, lc.ProgressReported(attempt, payload))
 
     def report_checkpoint(self, job_id: str, attempt: int, step: int, path: str,
-                          save_s: float | None = None) -> None:
+                          save_s: float | None = None,
+                          durable_s: float | None = None) -> None:
         if job_id in self.records:
-            self.apply(job_id, lc.CheckpointCommitted(attempt, step, path, save_s))
+            self.apply(job_id, lc.CheckpointCommitted(attempt, step, path, save_s, durable_s))
 
     def report_group(self, job_id: str, attempt: int, group: int, state: str,
                      nodes: list[str] | None = None, step: int = 0, notice: bool = False,
@@ -401,6 +458,9 @@ class JobManager:
     def _schedule_forever(self) -> None:
         while not self._stopping.is_set():
             try:
+                with self.lock:  # records kept while the disk was failing (serve.durable)
+                    if self._store.flush():
+                        self._history.retry()
                 self.scheduler.pass_once()
             except Exception:  # keep scheduling whatever one job did
                 logger.exception("scheduler pass failed")

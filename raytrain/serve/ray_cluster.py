@@ -16,6 +16,7 @@ in-process and only this module needs a real cluster.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,12 +57,22 @@ class JobRunner:
             JobSpec.model_validate(spec_json),
             Layout(**layout_json),
             job_id,
-            Path(checkpoint_root),
+            checkpoint_root,
             Path(run_root),
             (NAMESPACE, MANAGER_NAME),
             worker_resources or {},
             interruption_endpoint,
         )
+
+
+def storage_env() -> dict[str, Any] | None:
+    """The S3 endpoint the service was given, for a run's processes (never credentials:
+    every node has its own, from the standard AWS chain)."""
+    env = {key: os.environ[key] for key in STORAGE_ENV if os.environ.get(key)}
+    return {"env_vars": env} if env else None
+
+
+STORAGE_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 
 
 @dataclass(frozen=True)
@@ -83,7 +94,8 @@ class RayCluster:
         # autoscaling coordinator) beside the caller, and a bought node that keeps any actor
         # is never idle, so the autoscaler would never let it go.
         runner = JobRunner.options(name=f"{RUNNER_PREFIX}{job_id}", namespace=NAMESPACE,
-                                   resources={HEAD_NODE_RESOURCE: 0.001}).remote()
+                                   resources={HEAD_NODE_RESOURCE: 0.001},
+                                   runtime_env=storage_env()).remote()
         done = runner.run.remote(spec_json, layout_json, job_id, checkpoint_root, run_root,
                                  worker_resources, notice_endpoint)
         return RunHandle(runner, done)

@@ -18,10 +18,11 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from raytrain.cloud.interruption import watch_endpoint
+from raytrain.cloud.object_store import is_remote, join
 from raytrain.core import lifecycle as lc
 from raytrain.core.billing import attribute
-from raytrain.core.elastic import elastic_groups
 from raytrain.core.capacity import Queued, admit, backfill, worker_group_demand
+from raytrain.core.elastic import elastic_groups
 from raytrain.spec import JobSpec, JobState, PlanSummary
 
 if TYPE_CHECKING:
@@ -164,10 +165,14 @@ class Scheduler:
     def _launch(self, job_id: str, spec: JobSpec, plan: PlanSummary, demand: dict[str, float],
                 worker_resources: dict[str, float] | None = None, describe: str = "",
                 notice_endpoint: str | None = None, usd_per_hour: float = 0.0) -> None:
-        root = self.config.checkpoint_root / job_id
+        root = self.config.job_uri(job_id)
+        # Ray Train's own run folder (its controller's state, on the head node) stays on a
+        # folder: with a bucket, the state directory holds it.
+        ray_root = str(self.config.state_path / "runs" / job_id) if is_remote(root) \
+            else join(root, "ray")
         handle = self.cluster.launch(job_id, spec.model_dump(mode="json"), asdict(plan.layout),
-                                     str(root / "checkpoints"), str(root / "ray"),
-                                     worker_resources, notice_endpoint)
+                                     join(root, "checkpoints"), ray_root, worker_resources,
+                                     notice_endpoint)
         self.manager.handles[job_id] = handle
         bought = set(worker_resources or ())
         nodes = round(sum(worker_resources.values()) * spec.resources.num_workers) \

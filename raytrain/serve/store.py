@@ -12,33 +12,55 @@ progress points (serve.history) for the dashboard's charts.
     store.put(status, next_event_seq=12, tally={...}); store.load_all(); store.delete(job_id)
     store.save_points(job_id, {0: '{"n": 0, "step": 1, ...}'}); store.points(job_id)
     read_tally(Path("~/.raytrain/jobs.db").expanduser())   # read-only, beside a running service
+
+The database keeps a rollback journal (no memory-mapped -shm file); when a running service
+holds it locked, read_tally reads the tally's copy in tally.json, written at most every
+TALLY_COPY_EVERY_S.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterable
 
 from raytrain.spec import JobStatus
 
 STORE_FILE = "jobs.db"  # in the service's state directory
+TALLY_COPY_EVERY_S = 10.0
+
+
+TALLY_FILE = "tally.json"  # beside it: a running service's tally, for other processes
 
 
 def read_tally(path: Path) -> dict[str, Any] | None:
-    """The tally a service's store holds, read-only (the service may be running), or None
-    when there is no store or no tally in it."""
-    if not path.is_file():
-        return None
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    """The tally a service's store holds (read-only), or, while a service holds the store,
+    the copy it keeps beside it; None when there is neither."""
+    if path.is_file():
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            return _tally_in(db)
+        except sqlite3.Error:
+            pass  # held by a running service
+        finally:
+            db.close()
     try:
-        return _tally_in(db)
-    except sqlite3.Error:
+        return json.loads((path.parent / TALLY_FILE).read_text())
+    except (OSError, ValueError):
         return None
-    finally:
-        db.close()
+
+
+def write_tally_copy(path: Path, tally: dict[str, Any]) -> None:
+    """The copy read_tally reads beside a running service (owner-only, replaced whole)."""
+    partial = path.parent / (TALLY_FILE + ".partial")
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(json.dumps(tally))
+    os.replace(partial, path.parent / TALLY_FILE)
 
 
 def _tally_in(db: sqlite3.Connection) -> dict[str, Any] | None:
@@ -51,8 +73,13 @@ class JobStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._lock = threading.Lock()
+        if not path.exists():  # readable by its owner only, like tokens.json
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        # A rollback journal, not WAL: WAL's memory-mapped -shm file turns a disk that stops
+        # taking writes into SIGBUS, where a journal fails the write (serve.durable keeps it).
+        # A reader beside a writer may find the file locked: read_tally then reads TALLY_FILE.
+        self._db.execute("PRAGMA journal_mode=DELETE")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS jobs ("
@@ -61,6 +88,11 @@ class JobStore:
         self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
         self._db.execute("CREATE TABLE IF NOT EXISTS points (job_id TEXT NOT NULL, "
                          "n INTEGER NOT NULL, point TEXT NOT NULL, PRIMARY KEY (job_id, n))")
+        for companion in (path, path.with_name(path.name + "-journal")):
+            try:
+                os.chmod(companion, 0o600)
+            except OSError:
+                pass
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
         if "next_event_seq" not in columns:  # a store written before events were numbered
             self._db.execute("ALTER TABLE jobs ADD COLUMN next_event_seq INTEGER NOT NULL "
@@ -116,14 +148,12 @@ class JobStore:
                                     (job_id,)).fetchall()
         return [row[0] for row in rows]
 
-    def writable(self) -> bool:
-        """Whether a write goes through now (for readiness)."""
-        try:
-            with self._lock:
-                self._db.execute("CREATE TABLE IF NOT EXISTS probe (x INTEGER)")
-            return True
-        except sqlite3.Error:
-            return False
+    def probe(self) -> None:
+        """A real write (readiness): raises sqlite3.Error if the disk does not take it."""
+        with self._lock, self._db:
+            self._db.execute("BEGIN")
+            self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('probe', ?)",
+                             (repr(time.time()),))
 
     def close(self) -> None:
         with self._lock:

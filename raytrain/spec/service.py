@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from raytrain.spec._base import Strict
 from raytrain.spec.offers import NodeTypeBinding
@@ -20,8 +21,25 @@ class ServiceConfig(Strict):
     )
     storage_path: str | None = Field(
         None,
-        description="Where workers write checkpoints; must be reachable by every worker "
-        "(shared filesystem on a multi-node cluster). Default: <state_dir>/jobs.",
+        max_length=1024,
+        description="Where jobs' checkpoints and logs go, reachable by every worker: a "
+        "folder (a shared filesystem on a multi-node cluster), or an S3-compatible bucket "
+        "(s3://BUCKET/PREFIX), which also keeps a copy of the job records so that a new head "
+        "node recovers every job. Credentials come from the standard AWS chain "
+        "(environment, profile, instance role) on every node. Default: <state_dir>/jobs.",
+    )
+    storage_endpoint: str | None = Field(
+        None,
+        max_length=512,
+        description="Endpoint of an S3-compatible service (R2, B2, MinIO, RunPod), e.g. "
+        "https://ACCOUNT.r2.cloudflarestorage.com. Default: AWS_ENDPOINT_URL_S3, else "
+        "AWS_ENDPOINT_URL, else AWS's own.",
+    )
+    storage_lease_s: float = Field(
+        30.0, ge=1, le=3600,
+        description="With a bucket: how long the service's lease on it lasts unrenewed. A "
+        "new head node waits this long for a lost one's lease to lapse; a second service "
+        "refuses to start while the lease is renewed.",
     )
     allowed_import_packages: list[str] = Field(
         default_factory=list,
@@ -102,8 +120,38 @@ class ServiceConfig(Strict):
     def state_path(self) -> Path:
         return Path(self.state_dir).expanduser()
 
+    @field_validator("storage_path")
+    @classmethod
+    def _storage_scheme(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", value)
+        if scheme and scheme.group(1) != "s3":
+            raise ValueError(f"{scheme.group(1)}:// is not a storage raytrain writes. To fix: "
+                             "give a folder every node mounts, or an S3-compatible bucket as "
+                             "s3://BUCKET/PREFIX (with --storage-endpoint for R2, B2, MinIO "
+                             "or GCS's S3 interoperability)")
+        if scheme and not value[len("s3://"):].split("/")[0]:
+            raise ValueError("s3:// names no bucket. To fix: write s3://BUCKET or "
+                             "s3://BUCKET/PREFIX")
+        return value
+
+    @field_validator("storage_endpoint")
+    @classmethod
+    def _endpoint_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^\s/]+", value):
+            raise ValueError(f"{value!r} is not an endpoint URL. To fix: give one like "
+                             "https://ACCOUNT.r2.cloudflarestorage.com or http://127.0.0.1:9000")
+        return value
+
     @property
-    def checkpoint_root(self) -> Path:
+    def storage_uri(self) -> str:
+        """Where jobs' checkpoints and logs go: a folder's path, or s3://BUCKET[/PREFIX]."""
+        if self.storage_path and self.storage_path.startswith("s3://"):
+            return self.storage_path.rstrip("/")
         if self.storage_path:
-            return Path(self.storage_path).expanduser()
-        return self.state_path / "jobs"
+            return str(Path(self.storage_path).expanduser())
+        return str(self.state_path / "jobs")
+
+    def job_uri(self, job_id: str) -> str:
+        return f"{self.storage_uri}/{job_id}"

@@ -81,8 +81,12 @@ class PlanSummary(Record):
 class CheckpointInfo(Record):
     step: int = Field(description="Optimizer steps the checkpoint includes.")
     path: str = Field(description="Directory of the checkpoint.")
-    save_s: float | None = Field(None, description="Seconds rank 0 took to save it (null: "
-                                 "not measured).")
+    save_s: float | None = Field(None, description="Seconds training stalled for it (the "
+                                 "copy to host memory; null: not measured).")
+    durable_s: float | None = Field(None, description="Seconds from the save's start until "
+                                    "every shard was stored and the checkpoint committed.")
+    committed_at: float | None = Field(None, description="When it was committed (Unix "
+                                       "time); the status warns when that grows old.")
 
 
 class CostFigure(Record):
@@ -185,6 +189,8 @@ class JobStatus(Record):
     preemptions: int = Field(0, description="Spot preemptions survived.")
     error: str | None = Field(None, description="Why the job failed; null unless FAILED.")
     message: str | None = Field(None, description="What the job waits for, when it waits.")
+    warning: str | None = Field(None, description="What a user should know while the job "
+                                "runs: its last durable checkpoint is getting old.")
     checkpoint: CheckpointInfo | None = Field(None, description="The latest durable checkpoint.")
     decisions: list[DecisionRecord] = Field(
         default_factory=list, description="The autoscaling policy's decisions, with reasons."
@@ -217,7 +223,8 @@ class JobEvent(Record):
     seq: int = Field(description="Position in the job's event stream, from 0.")
     type: Literal["state", "progress", "checkpoint", "preemption", "group", "end"] = Field(
         description="state: {state, message}; progress: Progress's fields, sent_at, "
-        "cost_usd and usd_per_hour; checkpoint: {step, path}; preemption: a "
+        "cost_usd and usd_per_hour; checkpoint: {step, path, save_s, durable_s}, once "
+        "committed; preemption: a "
         "PreemptionRecord; group: a GroupStatus (an elastic job's replica group left, "
         "healed or joined); end: {state, error}.")
     job_id: str = Field(description="The job.")

@@ -78,7 +78,7 @@ class GroupEvents:
 
 
 def train_group(spec: JobSpec, layout: Layout, worker: WorkerInfo, group: int,
-                setup: GroupSetup, sink: ProgressSink, checkpoint_root: Path,
+                setup: GroupSetup, sink: ProgressSink, checkpoint_root: Path | str,
                 notices: Notices | None = None, events: GroupEvents | None = None,
                 progress_interval_s: float = 1.0,
                 die_when: Callable[[int], bool] | None = None) -> dict[str, Any]:
@@ -96,10 +96,10 @@ def train_group(spec: JobSpec, layout: Layout, worker: WorkerInfo, group: int,
     source = build_source(spec.data, _vocab_size(spec))
     inner = BatchPlan(training.global_batch_size, training.micro_batch_size, layout.dp)
     units = inner.grad_accum_steps  # a micro-batch for each of the group's data ranks
-    checkpoints = CheckpointManager(checkpoint_root, worker.rank, keep=training.keep_checkpoints)
+    checkpoints = CheckpointManager(checkpoint_root, worker.rank, keep=training.keep_checkpoints,
+                                    world_size=worker.world_size, on_durable=sink.checkpoint)
     start_step, first_loss = 0, None
-    latest = checkpoints.latest() or (Path(training.resume_from) if training.resume_from
-                                      else None)
+    latest = checkpoints.latest() or training.resume_from
     if latest is not None:
         meta = checkpoints.load(latest, model.parts, optimizers)
         start_step, first_loss = meta["step"], meta.get("first_loss")
@@ -177,17 +177,18 @@ def train_group(spec: JobSpec, layout: Layout, worker: WorkerInfo, group: int,
             rule = after_step(steps_done, training.steps, training.checkpoint_every_steps,
                               time.monotonic() - saved_at, interval, stop_asked, False,
                               move_asked or (leaving and alive == 1))
-            if me == 0 and rule.checkpoint:
-                started = time.perf_counter()
-                path = checkpoints.save(steps_done, model.parts, optimizers, {
+            if me == 0 and rule.checkpoint:  # a stop or the last step waits for it
+                stall_s = checkpoints.save(steps_done, model.parts, optimizers, {
                     "samples_seen": inner.samples_consumed(steps_done),
                     "first_loss": meter.first_loss, "loss": loss_value,
-                    "world_size": worker.world_size, "layout": layout.describe()})
-                saved_at = time.monotonic()
-                sink.checkpoint(steps_done, str(path), time.perf_counter() - started)
+                    "world_size": worker.world_size, "layout": layout.describe()},
+                    wait=rule.stop or leaving or steps_done >= training.steps)
+                if stall_s is not None:
+                    saved_at = time.monotonic()
             if rule.stop or leaving:
                 stopped, preempted = True, rule.preempted or leaving
                 break
+        checkpoints.flush()
     finally:
         manager.shutdown(wait=False)
     steps = manager.current_step()

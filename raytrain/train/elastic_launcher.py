@@ -39,7 +39,7 @@ from raytrain.train.elastic import GroupEvents, GroupSetup, train_group
 from raytrain.train.launcher import ManagerSink, build_trainer, node_endpoint
 from raytrain.train.loop import WorkerInfo
 from raytrain.train.progress import NullSink, ProgressSink
-from raytrain.train.worker_logs import captured_output
+from raytrain.train.worker_logs import stored_output
 
 logger = logging.getLogger(__name__)
 
@@ -85,14 +85,13 @@ def elastic_group_fn(config: dict[str, Any]) -> None:
     endpoint = node_endpoint(config.get("interruption_endpoint"))
     header = (f"job {config['job_id']}, replica group {group}, rank {worker.rank} of "
               f"{worker.world_size}, node {ray.get_runtime_context().get_node_id()[:12]}")
-    with captured_output(Path(config["log_dir"]), group * worker.world_size + worker.rank,
-                         header):
+    with stored_output(config["log_dir"], group * worker.world_size + worker.rank, header):
         watcher = Watcher(Ec2Metadata(endpoint)).start() if endpoint else None
         notices = _Reporting(watcher, manager, config["job_id"], attempt, group) \
             if watcher is not None and worker.rank == 0 else watcher
         try:
             result = train_group(spec, layout, worker, group, setup, sink,
-                                 Path(config["checkpoint_root"]), notices, events)
+                                 config["checkpoint_root"], notices, events)
         except Exception:
             traceback.print_exc()
             raise
@@ -130,7 +129,7 @@ class _Reporting:
 
 
 def run_elastic_job(spec: JobSpec, layout: Layout, groups: int, job_id: str,
-                    checkpoint_root: Path, run_root: Path, manager_name: tuple[str, str],
+                    checkpoint_root: str, run_root: Path, manager_name: tuple[str, str],
                     worker_resources: dict[str, float] | None = None,
                     interruption_endpoint: str | None = None) -> None:
     """Run the job's `groups` replica groups until one finishes the job (or the service
@@ -209,8 +208,9 @@ def _live(states: dict[int, str], running: dict[Future, int]) -> set[int]:
     return {g for g in running.values() if states.get(g) in ("training", "leaving", "healing")}
 
 
-def _committed(checkpoint_root: Path) -> int:
-    from raytrain.train.checkpoint import latest_checkpoint, read_meta
+def _committed(checkpoint_root: str) -> int:
+    from raytrain.cloud.object_store import open_store
+    from raytrain.train.checkpoint import committed_steps
 
-    latest = latest_checkpoint(checkpoint_root)
-    return int(read_meta(latest)["step"]) if latest is not None else 0
+    steps = committed_steps(open_store(checkpoint_root))
+    return steps[-1] if steps else 0

@@ -31,11 +31,12 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from raytrain.cloud.interruption import Ec2Metadata, Watcher
+from raytrain.cloud.object_store import join, parent
 from raytrain.core.elastic import elastic_groups
 from raytrain.spec import JobSpec, Layout
 from raytrain.train.loop import WorkerInfo, train
 from raytrain.train.progress import NullSink, ProgressSink, ServiceAnswer
-from raytrain.train.worker_logs import captured_output
+from raytrain.train.worker_logs import stored_output
 
 logger = logging.getLogger(__name__)
 
@@ -95,9 +96,10 @@ class ManagerSink:
             self.answer.take(ray.get(ready[0]))
             self._last_reply = None
 
-    def checkpoint(self, step: int, path: str, save_s: float) -> None:
+    def checkpoint(self, step: int, path: str, save_s: float,
+                   durable_s: float | None = None) -> None:
         ray.get(self.manager.report_checkpoint.remote(self.job_id, self.attempt, step, path,
-                                                      save_s))
+                                                      save_s, durable_s))
 
     def finished(self, result: dict[str, Any]) -> None:
         ray.get(self.manager.report_finished.remote(self.job_id, self.attempt, result))
@@ -127,10 +129,10 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     endpoint = node_endpoint(config.get("interruption_endpoint"))
     header = (f"job {config['job_id']}, world size {worker.world_size}, "
               f"node {ray.get_runtime_context().get_node_id()[:12]}")
-    with captured_output(Path(config["log_dir"]), worker.rank, header):
+    with stored_output(config["log_dir"], worker.rank, header):
         watcher = Watcher(Ec2Metadata(endpoint)).start() if endpoint else None
         try:
-            train(spec, worker, sink, Path(config["checkpoint_root"]), notices=watcher,
+            train(spec, worker, sink, config["checkpoint_root"], notices=watcher,
                   layout=layout)
         except Exception:
             # The traceback goes to this rank's log; the error itself travels to the job's
@@ -163,7 +165,7 @@ def build_trainer(
     spec: JobSpec,
     layout: Layout,
     job_id: str,
-    checkpoint_root: Path,
+    checkpoint_root: str,
     run_root: Path,
     manager: tuple[str, str],
     worker_resources: dict[str, float] | None = None,
@@ -191,7 +193,7 @@ def build_trainer(
             "spec": spec.model_dump(mode="json"),
             "job_id": job_id,
             "checkpoint_root": str(checkpoint_root),
-            "log_dir": str(checkpoint_root.parent / "logs"),
+            "log_dir": join(parent(checkpoint_root), "logs"),
             "manager": list(manager),
             "threads_per_worker": threads,
             "interruption_endpoint": interruption_endpoint,
@@ -218,13 +220,16 @@ def build_trainer(
                 # print() writes to the rank's log (worker_logs) once, not also through Ray
                 # Train's logger, which tees it when stdout is redirected.
                 "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+                # The bucket's endpoint, when the service was given one (never credentials).
+                **{key: os.environ[key] for key in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+                   if os.environ.get(key)},
             }},
         ),
     )
 
 
 def run_training_job(
-    spec: JobSpec, layout: Layout, job_id: str, checkpoint_root: Path, run_root: Path,
+    spec: JobSpec, layout: Layout, job_id: str, checkpoint_root: str, run_root: Path,
     manager: tuple[str, str], worker_resources: dict[str, float] | None = None,
     interruption_endpoint: str | None = None,
 ) -> None:

@@ -166,7 +166,7 @@ def train(
     spec: JobSpec,
     worker: WorkerInfo,
     sink: ProgressSink,
-    checkpoint_root: Path,
+    checkpoint_root: Path | str,
     stop_after_steps: int | None = None,
     progress_interval_s: float = 1.0,
     notices: Notices | None = None,
@@ -196,12 +196,14 @@ def train(
     optimizers = [build_optimizer(part, spec) for part in model.parts]
     source = build_source(spec.data, _vocab_size(spec))
     plan = BatchPlan(training.global_batch_size, training.micro_batch_size, layout.dp)
-    checkpoints = CheckpointManager(checkpoint_root, worker.rank, keep=training.keep_checkpoints)
+    checkpoints = CheckpointManager(
+        checkpoint_root, worker.rank, keep=training.keep_checkpoints,
+        world_size=worker.world_size, on_durable=sink.checkpoint if worker.rank == 0 else None)
 
     start_step, first_loss, loss_value = 0, None, float("nan")
     latest = checkpoints.latest()
     if latest is None and training.resume_from:  # a resumed job, before its own checkpoint
-        latest = Path(training.resume_from)
+        latest = training.resume_from
     if latest is not None:
         meta = checkpoints.load(latest, model.parts, optimizers)
         start_step, first_loss = meta["step"], meta.get("first_loss")
@@ -246,8 +248,10 @@ def train(
             if meter.record(steps_done, loss_value) and worker.rank == 0:
                 sink.progress(meter.snapshot())
         if checkpoint_due:
-            save_started = time.perf_counter()
-            path = checkpoints.save(
+            # A notice, a stop or the last step waits for the save to be durable; a periodic
+            # one goes on behind training (skipped if the last one is still being stored).
+            urgent = stopped or steps_done == last_step or notices.stop_requested
+            save_s = checkpoints.save(
                 steps_done,
                 model.parts,
                 optimizers,
@@ -258,17 +262,17 @@ def train(
                     "world_size": worker.world_size,
                     "layout": asdict(layout),
                 },
+                wait=urgent,
             )
-            save_s = time.perf_counter() - save_started
-            saved_at = time.monotonic()
-            meter.saved(save_s)
-            if worker.rank == 0:
-                sink.checkpoint(steps_done, str(path), save_s)
+            if save_s is not None:
+                saved_at = time.monotonic()
+                meter.saved(save_s)
         if stopped:
             if worker.rank == 0:
                 logger.info("stopping at step %d: %s", steps_done,
                             "the node is being taken" if preempted else "the service asked")
             break
+    checkpoints.flush()  # a periodic save still being stored (the last one waited)
     noticed_at = notices.noticed_at
     if preempted and worker.world_size > 1:  # the earliest notice of any rank's node
         earliest = torch.tensor(noticed_at or float("inf"), dtype=torch.float64,

@@ -22,7 +22,10 @@ class ProgressSink(Protocol):
 
     def progress(self, payload: dict[str, Any]) -> None: ...
 
-    def checkpoint(self, step: int, path: str, save_s: float) -> None: ...
+    def checkpoint(self, step: int, path: str, save_s: float,
+                   durable_s: float | None = None) -> None:
+        """Checkpoint `path` at `step` is durable: training stalled `save_s` for it, and it
+        was committed `durable_s` after the save began."""
 
     def finished(self, result: dict[str, Any]) -> None: ...
 
@@ -66,7 +69,8 @@ class NullSink:
     def progress(self, payload: dict[str, Any]) -> None:
         pass
 
-    def checkpoint(self, step: int, path: str, save_s: float) -> None:
+    def checkpoint(self, step: int, path: str, save_s: float,
+                   durable_s: float | None = None) -> None:
         pass
 
     def finished(self, result: dict[str, Any]) -> None:

@@ -13,12 +13,17 @@ see, and Ray's own worker logs are per process, not per job and rank.
     with captured_output(job_root / "logs", rank=0, header="attempt 1"):
         train(...)
     read_logs(job_root / "logs", offsets={0: 0}, max_bytes=65536)
+
+With a job's storage in a bucket, `stored_output` writes the file on local disk and uploads it
+every few seconds and at the end, and `read_stored_logs` reads it back from the bucket, so a
+job's logs outlive the node that wrote them.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -28,6 +33,7 @@ from typing import Iterator
 
 MAX_LOG_BYTES = 4 * 2**20
 READ_BYTES = 65536
+UPLOAD_EVERY_S = 5.0
 
 
 def log_path(log_dir: Path, rank: int) -> Path:
@@ -131,3 +137,60 @@ def read_logs(log_dir: Path, offsets: dict[int, int] | None = None, rank: int | 
         chunks.append(LogChunk(r, data.decode("utf-8", "replace"), begin + len(data), size,
                                begin - start))
     return chunks
+
+
+@contextmanager
+def stored_output(log_uri: str, rank: int, header: str,
+                  every_s: float = UPLOAD_EVERY_S) -> Iterator[None]:
+    """captured_output into the job's log folder or, for a bucket, into a local file that is
+    uploaded every `every_s` while inside and once more on the way out."""
+    from raytrain.cloud.object_store import is_remote, open_store
+
+    if not is_remote(log_uri):
+        with captured_output(Path(log_uri), rank, header):
+            yield
+        return
+    store = open_store(log_uri)
+    local = Path(tempfile.mkdtemp(prefix="raytrain-logs-"))
+    done = threading.Event()
+    sizes: dict[str, int] = {}
+
+    def upload() -> None:
+        for path in (log_path(local, rank), log_path(local, rank).with_suffix(".log.1")):
+            if path.is_file() and sizes.get(path.name) != path.stat().st_size:
+                try:
+                    store.put_file(path, path.name)
+                    sizes[path.name] = path.stat().st_size
+                except Exception:  # noqa: BLE001 - the store may be down: the next round
+                    pass
+
+    def loop() -> None:
+        while not done.wait(every_s):
+            upload()
+
+    shipper = threading.Thread(target=loop, name="worker-log-upload", daemon=True)
+    shipper.start()
+    try:
+        with captured_output(local, rank, header):
+            yield
+    finally:
+        done.set()
+        shipper.join(timeout=every_s + 30)
+        upload()
+
+
+def read_stored_logs(log_uri: str, offsets: dict[int, int] | None = None,
+                     rank: int | None = None, max_bytes: int = 65536) -> list[LogChunk]:
+    """read_logs for a job's log folder or bucket prefix."""
+    from raytrain.cloud.object_store import is_remote, open_store
+
+    if not is_remote(log_uri):
+        return read_logs(Path(log_uri), offsets, rank, max_bytes)
+    store = open_store(log_uri)
+    with tempfile.TemporaryDirectory(prefix="raytrain-logs-") as folder:
+        for key in store.keys(""):
+            name = key.rpartition("/")[2]
+            if name.startswith("rank-") and name.endswith(".log") and (
+                    rank is None or name == f"rank-{rank}.log"):
+                store.get_file(key, Path(folder) / name)
+        return read_logs(Path(folder), offsets, rank, max_bytes)

@@ -44,7 +44,8 @@ class RecordingSink:
     def progress(self, payload: dict[str, Any]) -> None:
         self.reports.append(payload)
 
-    def checkpoint(self, step: int, path: str, save_s: float) -> None:
+    def checkpoint(self, step: int, path: str, save_s: float,
+                   durable_s: float | None = None) -> None:
         assert save_s >= 0
         self.checkpoints.append(step)
 

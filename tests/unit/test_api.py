@@ -115,7 +115,9 @@ def test_a_job_runs_to_the_end_and_its_stream_says_each_state_once(service: Serv
     attempt = service.train(job_id, 60)
     status = service.request("GET", f"/v1/jobs/{job_id}").json()
     assert status["state"] == "RUNNING" and status["progress"]["step"] == 60
-    assert status["checkpoint"] == {"step": 60, "path": "/ckpt/60", "save_s": 0.5}
+    assert status["checkpoint"] == {"step": 60, "path": "/ckpt/60", "save_s": 0.5,
+                                    "durable_s": 0.5,
+                                    "committed_at": status["checkpoint"]["committed_at"]}
     service.manager.report_finished(job_id, attempt, result(60))
     service.cluster.finish(job_id)
     service.tick()

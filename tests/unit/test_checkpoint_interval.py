@@ -19,7 +19,7 @@ from tests.unit.test_preemptions import OFFER, job
 
 def run_spot_job(tmp_path: Path, interruptions_per_hour: float, steps: int
                  ) -> tuple[Any, list[float]]:
-    """The job's final status, and the times of its checkpoints before the last step's."""
+    """The job's final status, and when its checkpoints before the last step's began."""
     tmp_path.mkdir()
     offers, policies = tmp_path / "offers.yaml", tmp_path / "policies"
     offers.write_text(yaml.safe_dump({"version": "test", "offers": [
@@ -37,7 +37,9 @@ def run_spot_job(tmp_path: Path, interruptions_per_hour: float, steps: int
     job_id = cluster.train_to_the_end(config, document)
     manager = cluster.manager
     events = manager.wait_events(job_id, 0, 0.0) or []
-    saved = [e["time"] for e in events if e["type"] == "checkpoint" and e["data"]["step"] < steps]
+    # When each save began: its event comes once it is committed, `durable_s` later.
+    saved = [e["time"] - (e["data"]["durable_s"] or 0.0) for e in events
+             if e["type"] == "checkpoint" and e["data"]["step"] < steps]
     return manager.records[job_id].status, saved
 
 

@@ -58,7 +58,8 @@ def _group_main(group: int, lighthouse: str, folder: str) -> None:
             self.losses[payload["step"]] = payload["loss"]
             (out / f"losses-{group}.json").write_text(json.dumps(self.losses))
 
-        def checkpoint(self, step: int, path: str, save_s: float) -> None: ...
+        def checkpoint(self, step: int, path: str, save_s: float,
+                   durable_s: float | None = None) -> None: ...
 
         def finished(self, result: dict[str, Any]) -> None:
             (out / f"result-{group}.json").write_text(json.dumps(result))

@@ -38,6 +38,7 @@ EXAMPLE_ERRORS = {
     errors.ServiceError: (503, "the job manager is not answering"),
     errors.TrainingError: ("training failed: NaN loss at step 12",),
     errors.IllegalTransition: ("ab12", "SUCCEEDED", "RUNNING"),
+    errors.StoreError: ("s3://bucket/jobs", "upload", "AccessDenied", "grant s3:PutObject"),
 }
 
 

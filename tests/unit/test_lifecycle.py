@@ -303,3 +303,21 @@ def test_an_elastic_run_loses_a_group_trains_on_and_the_replacement_joins() -> N
     ended = lc.step(joined.record, lc.RunEnded("ActorDiedError: too few groups",
                                                frozenset({"n1"})), NOW + 80)
     assert ended.record.status.groups == []
+
+
+def test_a_durable_checkpoint_that_grows_old_is_a_warning_until_the_next_commits() -> None:
+    """The policy checkpoints every 600 s; with the uploads failing, a report 3 intervals
+    after the last commit carries a warning, and the next commit clears it."""
+    record, _ = drive(record_in(), lc.Submitted(),
+                      lc.CapacityDecided(decision(interval_s=600.0), BOUGHT, "requested"),
+                      lc.Launched(run()), lc.GroupStarted(0, "pg-1"),
+                      lc.CheckpointCommitted(1, 10, "s3://b/ab12/checkpoints/step_10", 0.5, 9.0))
+    assert record.status.checkpoint.committed_at == NOW
+    assert record.status.checkpoint.durable_s == 9.0
+    fresh = lc.step(record, lc.ProgressReported(1, {"step": 20}), NOW + 1700)
+    assert fresh.record.status.warning is None
+    stale = lc.step(fresh.record, lc.ProgressReported(1, {"step": 40}), NOW + 1801)
+    assert "step 10" in stale.record.status.warning and "30 min old" in \
+        stale.record.status.warning and lc.Save() in stale.effects
+    again = lc.step(stale.record, lc.CheckpointCommitted(1, 40, "s3://b/step_40"), NOW + 1900)
+    assert again.record.status.warning is None

@@ -37,6 +37,7 @@ from raytrain.core.lifecycle.values import (
     Submitted,
     checkpoint_every_s,
     enter,
+    stale_checkpoint_warning,
 )
 from raytrain.spec import (
     CheckpointInfo,
@@ -178,6 +179,10 @@ def progress(c: Change, event: ProgressReported) -> dict[str, Any]:
     # with it, so a follower (the dashboard's charts, serve.history) needs nothing else.
     c.emit("progress", {**event.payload, "cost_usd": job.cost_usd,
                         "usd_per_hour": job.resources.usd_per_hour})
+    warning = stale_checkpoint_warning(job, run.launched_at, c.now)
+    if warning is not None and job.warning is None:
+        c.save = True
+    job.warning = warning
     if c.now - c.saved_at >= PROGRESS_SAVE_INTERVAL_S:
         c.save = True
     return reply
@@ -201,13 +206,19 @@ def resumed_after_preemption(c: Change) -> None:
 def checkpoint(c: Change, event: CheckpointCommitted) -> None:
     if c.run is None or event.attempt != c.run.attempt:
         return
-    c.job.checkpoint = CheckpointInfo(step=event.step, path=event.path, save_s=event.save_s)
+    durable_s = event.durable_s if event.durable_s is not None else event.save_s
+    c.job.checkpoint = CheckpointInfo(step=event.step, path=event.path, save_s=event.save_s,
+                                      durable_s=durable_s, committed_at=c.now)
+    c.job.warning = None
     if event.save_s is not None:
         costs = c.job.costs
         costs.checkpoint_stall_s = _sampled(costs.checkpoint_stall_s, event.save_s)
-        costs.checkpoint_durable_s = _sampled(costs.checkpoint_durable_s, event.save_s)
+    if durable_s is not None:
+        costs = c.job.costs
+        costs.checkpoint_durable_s = _sampled(costs.checkpoint_durable_s, durable_s)
     if not c.job.state.is_terminal:  # a cancelled job's stream has already ended
-        c.emit("checkpoint", {"step": event.step, "path": event.path})
+        c.emit("checkpoint", {"step": event.step, "path": event.path,
+                              "save_s": event.save_s, "durable_s": durable_s})
     c.save = True
 
 

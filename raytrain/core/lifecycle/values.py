@@ -134,6 +134,32 @@ def checkpoint_every_s(job: JobStatus) -> float | None:
     return None
 
 
+STALE_CHECKPOINT_FACTOR = 3.0  # intervals without a durable checkpoint before a warning
+STALE_CHECKPOINT_MIN_S = 60.0
+
+
+def stale_checkpoint_warning(job: JobStatus, since: float, now: float) -> str | None:
+    """A warning when the job's last durable checkpoint (or, before its first, `since`: the
+    run's start) is older than STALE_CHECKPOINT_FACTOR of its checkpoint intervals: the
+    uploads are failing (the store is down) while training goes on."""
+    every_s = checkpoint_every_s(job)
+    step_s = job.plan.measured_step_s if job.plan is not None else None
+    if every_s is None and step_s:
+        every_s = job.spec.training.checkpoint_every_steps * step_s
+    if not every_s:
+        return None
+    committed = job.checkpoint.committed_at if job.checkpoint is not None else None
+    age = now - max(committed or 0.0, since)  # a new run counts from its start
+    if age < max(STALE_CHECKPOINT_MIN_S, STALE_CHECKPOINT_FACTOR * every_s):
+        return None
+    what = (f"the last durable checkpoint (step {job.checkpoint.step})"
+            if job.checkpoint is not None else "no checkpoint")
+    return (f"{what} is {age / 60:.0f} min old, though one is due every "
+            f"{every_s / 60:.1f} min: the job's storage is not taking its uploads (retried in "
+            "the background; the workers' logs say why). Training goes on; a preemption now "
+            "would lose the work since then")
+
+
 def waiting(record: Record) -> bool:
     """Queued, or (autoscaled) provisioning with no worker group yet."""
     state = record.status.state
@@ -215,7 +241,8 @@ class CheckpointCommitted:
     attempt: int
     step: int
     path: str
-    save_s: float | None = None  # as rank 0 measured it
+    save_s: float | None = None  # training's stall for it, as rank 0 measured it
+    durable_s: float | None = None  # from the save's start to its commit (None: = save_s)
 
 
 @dataclass(frozen=True)
