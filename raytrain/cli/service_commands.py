@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import threading
 import time
@@ -31,6 +32,7 @@ from raytrain.serve.auth import (
 )
 from raytrain.spec import (
     JobState,
+    JobStatus,
     ServiceConfig,
     load_job_spec,
     parse_job_spec,
@@ -50,6 +52,7 @@ def _service_config(args: argparse.Namespace) -> ServiceConfig:
         "state_dir": args.state_dir,
         "allowed_import_packages": args.allow_import,
         "storage_path": getattr(args, "storage_path", None),
+        "storage_endpoint": getattr(args, "storage_endpoint", None),
         "offers_file": getattr(args, "offers_file", None),
         "policy_dir": getattr(args, "policy_dir", None),
         "default_policy": getattr(args, "default_policy", None),
@@ -77,7 +80,8 @@ def _absolute_paths(values: dict[str, Any], base: Path) -> dict[str, Any]:
     """Relative paths made absolute against `base`: the service's actors run elsewhere."""
     paths = ("state_dir", "storage_path", "offers_file", "policy_dir")
     return {k: str(base / Path(v).expanduser()) if k in paths and isinstance(v, str)
-            and not Path(v).expanduser().is_absolute() else v for k, v in values.items()}
+            and "://" not in v and not Path(v).expanduser().is_absolute() else v
+            for k, v in values.items()}
 
 
 def _read_yaml(path: Path, what: str) -> dict[str, Any]:
@@ -91,6 +95,19 @@ def _read_yaml(path: Path, what: str) -> dict[str, Any]:
     return document
 
 
+def _require_resolvable(host: str) -> None:
+    """Fail when --host names nothing, before it is taken for a port in use."""
+    from raytrain.serve.auth import host_addresses
+
+    try:
+        host_addresses(host)
+    except (OSError, UnicodeError) as exc:
+        raise RaytrainError(
+            f"--host {host} does not resolve ({getattr(exc, 'strerror', None) or exc}). To fix: "
+            "give an address of this machine (127.0.0.1, or 0.0.0.0 for every interface) or "
+            "a name it resolves") from None
+
+
 def _require_free_port(host: str, port: int) -> None:
     """Fail before anything starts when the service's port is taken."""
     from raytrain.serve.deploy import port_is_free
@@ -102,12 +119,37 @@ def _require_free_port(host: str, port: int) -> None:
         )
 
 
+def _check_storage(config: ServiceConfig) -> None:
+    """Fail before anything starts when the job storage cannot be written (a bucket that
+    does not exist, no credentials, access denied, an endpoint that does not answer), and
+    wait for, or refuse, another service's lease on it (serve.durable)."""
+    import os
+
+    from raytrain.cloud.object_store import is_remote, open_store
+    from raytrain.serve.durable import acquire_lease, service_id
+
+    if not is_remote(config.storage_uri):
+        return
+    if config.storage_endpoint:
+        os.environ["AWS_ENDPOINT_URL_S3"] = config.storage_endpoint
+    with err.status(f"checking {config.storage_uri}"):
+        store = open_store(config.storage_uri, check=True)
+    acquire_lease(store, service_id(config.state_path), config.storage_lease_s,
+                  progress=lambda line: err.print(line, highlight=False, soft_wrap=True))
+
+
+def what_changed(job: JobStatus) -> tuple[str, str]:
+    """What makes a new line on the serve terminal: the job's state and its message's words
+    (a queued job's position or a step count moving is not a change worth a line)."""
+    return job.state.value, re.sub(r"[0-9][0-9.,]*", "#", job.message or "")
+
+
 def _watch_until_signal(client: Client, interval_s: float = 2.0) -> None:
     """Until SIGINT or SIGTERM, print a line whenever a job appears or changes state."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    seen: dict[str, tuple[str, str | None]] = {}
+    seen: dict[str, tuple[str, str]] = {}
     first = True
     while not stop.is_set():
         try:
@@ -115,7 +157,7 @@ def _watch_until_signal(client: Client, interval_s: float = 2.0) -> None:
         except RaytrainError:
             jobs = []
         for job in jobs:
-            now = (job.state.value, job.message)
+            now = what_changed(job)
             if seen.get(job.id) != now and not (first and job.state.is_terminal):
                 detail = job.error if job.state == JobState.FAILED else job.message
                 err.print(f"{time.strftime('%H:%M:%S')} job {job.id} ({job.spec.name}) "
@@ -138,6 +180,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
 
     config = _service_config(args)
+    _require_resolvable(args.host)
     if not config.auth and not is_loopback(args.host):
         raise RaytrainError(
             f"a service without tokens may listen on a loopback address only, not {args.host}: "
@@ -150,6 +193,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 f"a detached service from {config.state_path} already runs at {running.url}. "
                 "To fix: stop it first with `raytrain stop`, or use another --state-dir")
     _require_free_port(args.host, args.port)
+    _check_storage(config)
     import ray
 
     head_pid = temp_dir = None

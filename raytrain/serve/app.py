@@ -42,11 +42,12 @@ from raytrain.errors import SpecError
 from raytrain.serve.auth import BearerAuth
 from raytrain.serve.dashboard import ASSETS, PAGES, add_pages
 from raytrain.serve.feeds import Feeds, ManagerAway
-from raytrain.serve.http_limits import JSONBodies, StreamLimits
+from raytrain.serve.http_limits import JSONBodies, SlotStream, StreamLimits
 from raytrain.serve.metrics import (
     CONTENT_TYPE_OPENMETRICS,
     CONTENT_TYPE_PLAIN_0_0_4,
     RequestLatency,
+    auth_refusals,
     exposition,
     request_latency,
 )
@@ -145,6 +146,9 @@ def _unwrap(envelope: dict[str, Any]) -> Any:
                             detail=[{**e, "loc": ["body", *e["loc"]]} for e in detail])
     if kind == "not_found":
         raise HTTPException(status_code=404, detail=detail)
+    if kind == "unavailable":  # the job store does not take writes: nothing changed
+        raise HTTPException(status_code=503, detail=detail,
+                            headers={"Retry-After": str(envelope["retry_after"])})
     if kind == "busy":
         raise HTTPException(status_code=429, detail=detail,
                             headers={"Retry-After": str(envelope["retry_after"])})
@@ -194,8 +198,9 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
     document(api, open_paths)
     add_pages(api)
     latency = request_latency()
+    refused = auth_refusals()
     streams = StreamLimits()
-    feeds = Feeds(manager, EVENT_POLL_S, streams,
+    feeds = Feeds(manager, EVENT_POLL_S,
                   on_change=cache.heard_of_change if cache is not None else None)
     api.add_exception_handler(RequestValidationError, _validation_error)
     api.add_exception_handler(StarletteHTTPException, allow_every_method)
@@ -293,7 +298,7 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
             after = last_event_id
         if await manager.get_job.remote(job_id) is None:
             raise _not_found(job_id)
-        streams.admit(job_id)
+        release = streams.admit(job_id)  # given back when the response ends, however
 
         async def stream() -> AsyncIterator[str]:
             nonlocal after
@@ -316,7 +321,7 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
             except ManagerAway:
                 yield ": the job manager went away; reconnect with Last-Event-ID\n\n"
 
-        return StreamingResponse(stream(), media_type="text/event-stream")
+        return SlotStream(stream(), release, media_type="text/event-stream")
 
     @api.post("/v1/plans", response_model=PlanResponse, responses=errors(400, 413, 422))
     async def plans(request: PlanRequest) -> PlanResponse:
@@ -373,7 +378,7 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
                        "while active and for ServiceConfig.metrics_retention_s after."}})
     async def metrics(request: Request) -> Response:
         body, content_type = exposition(await manager.metrics.remote(), latency,
-                                        request.headers.get("accept"))
+                                        request.headers.get("accept"), refused)
         return Response(body, media_type=content_type)
 
     api.add_middleware(JSONBodies)
@@ -382,7 +387,7 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
     # Added after the above, so it runs before them: a request without a token is refused
     # before its body is read, and before any answer from memory.
     api.add_middleware(BearerAuth, digests=lambda: manager.token_digests.remote(),
-                       open_paths=open_paths | PAGES, open_prefixes=(ASSETS,))
+                       open_paths=open_paths | PAGES, open_prefixes=(ASSETS,), refused=refused)
     api.add_middleware(RequestLatency, histogram=latency)  # outermost: times a 401 too
     return api
 

@@ -8,9 +8,16 @@ touching a job. Each job records the name of the token that submitted it.
 
 Every endpoint but /healthz needs `Authorization: Bearer <token>` (/metrics too, unless the
 operator opens it). A request without a valid one is answered 401 before its body is read,
-and nothing about it but its path is logged. The presented token is hashed and compared
-with every known token's hash in constant time (hmac.compare_digest), so neither the answer
-nor its timing says how much of a guess was right.
+and nothing about it but its path and address is logged. The presented token is hashed and
+compared with every known token's hash in constant time (hmac.compare_digest), so neither
+the answer nor its timing says how much of a guess was right.
+
+Guessing is slowed and seen (Refusals): each refusal is logged at WARNING with the client's
+address (never the token presented) and counted in /metrics
+(raytrain_http_auth_refusals_total); an address refused GUESSES_ALLOWED times within
+GUESS_WINDOW_S gets one token check per SLOWED_CHECK_EVERY_S until its refusals age out, the
+rest answered 429 with Retry-After and their token not compared. A holder of a valid token
+behind the same address still gets in at that pace, and from any other address at once.
 
 Written here rather than with FastAPI's security helpers because the check must run before
 the JSON body middleware reads a body, and on the event stream as on every other route.
@@ -23,11 +30,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
+import math
 import os
 import secrets
+import socket
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 from urllib.parse import urlparse
@@ -43,6 +54,52 @@ STATE_DIR_ENV = "RAYTRAIN_STATE_DIR"
 DEFAULT_STATE_DIR = "~/.raytrain"
 TOKEN_REFRESH_S = 5.0
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+GUESS_WINDOW_S = 60.0
+GUESSES_ALLOWED = 20  # refusals per address within GUESS_WINDOW_S before it is slowed
+SLOWED_CHECK_EVERY_S = 1.0
+TRACKED_ADDRESSES = 10_000  # the oldest address is forgotten past this
+
+
+class Refusals:
+    """Refused token checks per client address, and the pace a guessing address is held to
+    (pure: the caller gives the time)."""
+
+    def __init__(self) -> None:
+        self.recent: dict[str, deque[float]] = {}
+        self.checked_at: dict[str, float] = {}
+
+    def wait_s(self, address: str, now: float) -> float:
+        """0 when this request's token may be checked now; else how long until it may."""
+        times = self._aged(address, now)
+        if times is None or len(times) < GUESSES_ALLOWED:
+            return 0.0
+        wait = self.checked_at.get(address, -math.inf) + SLOWED_CHECK_EVERY_S - now
+        if wait > 0:
+            return wait
+        self.checked_at[address] = now
+        return 0.0
+
+    def refused(self, address: str, now: float) -> int:
+        """Count a refusal; how many this address has within the window."""
+        times = self._aged(address, now)
+        if times is None:
+            if len(self.recent) >= TRACKED_ADDRESSES:
+                oldest = next(iter(self.recent))
+                self.recent.pop(oldest)
+                self.checked_at.pop(oldest, None)
+            times = self.recent[address] = deque()
+        times.append(now)
+        return len(times)
+
+    def _aged(self, address: str, now: float) -> deque[float] | None:
+        times = self.recent.get(address)
+        while times and times[0] <= now - GUESS_WINDOW_S:
+            times.popleft()
+        if times is not None and not times:
+            del self.recent[address]
+            self.checked_at.pop(address, None)
+            return None
+        return times
 
 
 def tokens_path(state_dir: Path) -> Path:
@@ -163,8 +220,28 @@ def operator_token(config: Any) -> str | None:
     return tokens.get(OPERATOR) or next(iter(tokens.values()))
 
 
+def host_addresses(host: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """The addresses `host` (an address or a name) stands for; socket.gaierror when a name
+    does not resolve."""
+    try:
+        return [ipaddress.ip_address(host.strip("[]"))]
+    except ValueError:
+        pass
+    return [ipaddress.ip_address(str(info[4][0]).split("%")[0])
+            for info in socket.getaddrinfo(host, None)]
+
+
 def is_loopback(host: str) -> bool:
-    return host in LOOPBACK or host.startswith("127.")
+    """Whether every address `host` stands for is a loopback one: a name is resolved, not
+    judged by its spelling (127.0.0.1.nip.io is whatever DNS says). False for a name that
+    does not resolve."""
+    if host == "localhost":
+        return True
+    try:
+        addresses = host_addresses(host)
+    except (OSError, UnicodeError):
+        return False
+    return bool(addresses) and all(address.is_loopback for address in addresses)
 
 
 def client_token(url: str, state_dir: str | Path | None = None) -> str | None:
@@ -191,11 +268,14 @@ class BearerAuth:
     """
 
     def __init__(self, app: Any, digests: Callable[[], Awaitable[dict[str, str] | None]],
-                 open_paths: frozenset[str], open_prefixes: tuple[str, ...] = ()) -> None:
+                 open_paths: frozenset[str], open_prefixes: tuple[str, ...] = (),
+                 refused: Any = None) -> None:
         self.app = app
         self.digests = digests
         self.open_paths = open_paths
         self.open_prefixes = open_prefixes
+        self.refused = refused  # a prometheus Counter labelled by reason, or None
+        self.refusals = Refusals()
         self._known: dict[str, str] | None = None
         self._fetched_at = -float("inf")
 
@@ -223,12 +303,27 @@ class BearerAuth:
             return
         caller = None
         if known is not None:
+            address = (scope.get("client") or ("unknown",))[0]
+            wait = self.refusals.wait_s(address, time.monotonic())
+            if wait > 0:
+                self._count("slowed")
+                await send_json(send, 429, "too many requests with a wrong token from this "
+                                f"address: one token check per {SLOWED_CHECK_EVERY_S:.0f} s "
+                                "for now. To fix: send a valid token (raytrain token add NAME "
+                                "on the service's machine gives one)",
+                                {b"retry-after": str(math.ceil(wait)).encode()})
+                return
             header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
             scheme, _, presented = header.partition(" ")
             if scheme.lower() == "bearer" and presented.strip():
                 caller = caller_of(presented.strip(), known)
             if caller is None:
-                logger.info("refused %s %s: no valid token", scope["method"], scope["path"])
+                count = self.refusals.refused(address, time.monotonic())
+                self._count("invalid_token")
+                logger.warning("refused %s %s from %s: no valid token (%d from this address "
+                               "in %.0f s%s)", scope["method"], scope["path"], address, count,
+                               GUESS_WINDOW_S, "; now slowed" if count == GUESSES_ALLOWED
+                               else "")
                 await send_json(send, 401, "this service needs a token: send 'Authorization: "
                                 "Bearer <token>'. To fix: set RAYTRAIN_TOKEN (or --token) to "
                                 "the token in the service's state directory (tokens.json), or "
@@ -237,6 +332,10 @@ class BearerAuth:
                 return
         scope.setdefault("state", {})["caller"] = caller
         await self.app(scope, receive, send)
+
+    def _count(self, reason: str) -> None:
+        if self.refused is not None:
+            self.refused.labels(reason).inc()
 
 
 async def send_json(send: Any, status: int, detail: str,

@@ -4,13 +4,13 @@ Each open stream used to hold its own `wait_events` call on the job manager, an 
 bounded number of threads: fifty dashboards on one job took fifty of them, and a rank's
 progress report could wait behind them. A `Feed` is one pump per job in the HTTP replica that
 waits on the manager and keeps what it got, each event encoded for the wire once; every
-stream of that job reads from it. Its streams are counted by the replica's StreamLimits
-(serve.http_limits), and the feed stops with the last. A batch that changes more than
+stream of that job reads from it, and the feed stops with the last. (The replica's
+StreamLimits, serve.http_limits, admits the streams.) A batch that changes more than
 progress is told to `on_change` (the replica's status copy) before any stream sends it.
 Written here because neither Starlette nor Ray Serve shares one upstream among many SSE
 clients.
 
-    feeds = Feeds(manager, poll_s=10.0, limits=StreamLimits(), on_change=cache.heard_of_change)
+    feeds = Feeds(manager, poll_s=10.0, on_change=cache.heard_of_change)
     async with feeds.follow(job_id) as feed:
         batch = await feed.after(seq, timeout_s=10.0)  # [] on timeout, None: the job is gone
         for sent in batch: write(sent.text)            # `id: ..., event: ..., data: ...`
@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable, NamedTuple
 
 from ray.exceptions import GetTimeoutError, RayActorError, TaskCancelledError
 
 from raytrain.serve.events import EVENTS_KEPT_PER_JOB
-from raytrain.serve.http_limits import StreamLimits
 
 
 class Sent(NamedTuple):
@@ -100,14 +100,15 @@ class Feed:
 
 
 class Feeds:
-    """The replica's feeds, by job: made by the first stream of a job, stopped with its last
-    (`limits` counts the streams)."""
+    """The replica's feeds, by job: made by the first stream of a job, stopped with its last.
+    (Admission is StreamLimits', taken before a stream starts; `followers` counts those that
+    read a feed.)"""
 
-    def __init__(self, manager: Any, poll_s: float, limits: StreamLimits | None = None,
+    def __init__(self, manager: Any, poll_s: float,
                  on_change: Callable[[], None] | None = None) -> None:
         self.manager, self.poll_s, self.on_change = manager, poll_s, on_change
-        self.limits = limits if limits is not None else StreamLimits()
         self.feeds: dict[str, Feed] = {}
+        self.followers: Counter[str] = Counter()
 
     @asynccontextmanager
     async def follow(self, job_id: str) -> AsyncIterator[Feed]:
@@ -116,11 +117,13 @@ class Feeds:
         if feed is None or feed.away or feed.gone:
             feed = self.feeds[job_id] = Feed(self.manager, job_id, self.poll_s, self.on_change)
             feed.task = asyncio.create_task(feed.pump())
+        self.followers[job_id] += 1
         try:
-            with self.limits.held(job_id):
-                yield feed
+            yield feed
         finally:
-            if not self.limits.open[job_id]:  # the job's last stream left
+            self.followers[job_id] -= 1
+            if not self.followers[job_id]:  # the job's last stream left
+                del self.followers[job_id]
                 if self.feeds.get(job_id) is feed:
                     del self.feeds[job_id]
                 if feed.task is not None:

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from collections import Counter
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from fastapi import HTTPException
+from fastapi.responses import StreamingResponse
 
 from raytrain.serve.auth import send_json
 
@@ -48,24 +49,28 @@ class JSONBodies:
         if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
             await _too_large(send)
             return
-        received = 0
-
-        async def counted() -> dict:
-            nonlocal received
+        # The whole body, read here (at most MAX_BODY_BYTES of it), so that one sent in
+        # chunks without a length is refused with the same 413 before the app sees any.
+        body, more = bytearray(), True
+        while more:
             message = await receive()
-            received += len(message.get("body", b""))
-            if received > MAX_BODY_BYTES:  # a chunked body that did not say its length
-                raise _BodyTooLarge()
-            return message
+            if message["type"] != "http.request":
+                return  # the client went away mid-body
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > MAX_BODY_BYTES:
+                await _too_large(send)
+                return
+        replayed = False
 
-        try:
-            await self.app(scope, counted, send)
-        except _BodyTooLarge:
-            await _too_large(send)
+        async def whole() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()  # then what follows the body: the client's disconnect
 
-
-class _BodyTooLarge(Exception):
-    pass
+        await self.app(scope, whole, send)
 
 
 async def _too_large(send: Any) -> None:
@@ -82,8 +87,11 @@ class StreamLimits:
         self.per_job, self.total, self.jobs = per_job, total, jobs
         self.open: Counter[str] = Counter()
 
-    def admit(self, job_id: str) -> None:
-        """Raise 429 when another stream would pass a limit."""
+    def admit(self, job_id: str) -> Callable[[], None]:
+        """Take a slot for one more stream on the job, or raise 429 when it would pass a
+        limit. Checking and taking are one step (nothing awaits between), so concurrent
+        requests cannot overrun a limit; the returned function gives the slot back (once,
+        however often it is called), and must be called however the stream ends."""
         which = (f"{self.per_job} on this job" if self.open[job_id] >= self.per_job
                  else f"{self.total} on this service" if sum(self.open.values()) >= self.total
                  else f"{self.jobs} jobs followed at once" if job_id not in self.open
@@ -93,13 +101,39 @@ class StreamLimits:
                 "Retry-After": str(STREAM_RETRY_AFTER_S)}, detail=(
                 f"too many open event streams ({which}). To fix: close streams you no longer "
                 "read, or poll GET /v1/jobs/{id} instead"))
+        self.open[job_id] += 1
+        given_back = False
+
+        def release() -> None:
+            nonlocal given_back
+            if not given_back:
+                given_back = True
+                self.open[job_id] -= 1
+                if not self.open[job_id]:
+                    del self.open[job_id]
+
+        return release
 
     @contextmanager
     def held(self, job_id: str) -> Iterator[None]:
-        self.open[job_id] += 1
+        """A slot for the length of a block (admit, then release at its end)."""
+        release = self.admit(job_id)
         try:
             yield
         finally:
-            self.open[job_id] -= 1
-            if not self.open[job_id]:
-                del self.open[job_id]
+            release()
+
+
+class SlotStream(StreamingResponse):
+    """An event stream that gives its slot back however it ends: finished, the client gone,
+    or never started (the client left before the response began)."""
+
+    def __init__(self, content: Any, release: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.release = release
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()

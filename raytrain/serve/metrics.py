@@ -18,7 +18,7 @@ import socket
 import time
 from typing import Any, Iterator
 
-from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, Histogram
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -31,8 +31,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from raytrain.core.tally import COUNTERS, ENDED_HELP, HISTOGRAMS, JOB_GAUGES
 
-__all__ = ["CONTENT_TYPE_OPENMETRICS", "CONTENT_TYPE_PLAIN_0_0_4", "RequestLatency", "exposition",
-           "request_latency"]
+__all__ = ["CONTENT_TYPE_OPENMETRICS", "CONTENT_TYPE_PLAIN_0_0_4", "RequestLatency",
+           "auth_refusals", "exposition", "request_latency"]
 
 PREFIX = "raytrain_"
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -45,6 +45,13 @@ def request_latency() -> Histogram:
                      "Seconds from a request's arrival to its response's headers, by route.",
                      ["route", "method", "code", "replica"], registry=None,
                      buckets=LATENCY_BUCKETS_S)
+
+
+def auth_refusals() -> Counter:
+    """Requests refused by the token check, by reason (one app's; serve.auth)."""
+    return Counter(f"{PREFIX}http_auth_refusals", "Requests refused for want of a valid token: "
+                   "invalid_token (401), slowed (429: the address guessed too often).",
+                   ["reason"], registry=None)
 
 
 class RequestLatency:
@@ -112,12 +119,14 @@ class _Snapshot:
             yield family
 
 
-def exposition(snapshot: dict[str, Any], latency: Histogram,
-               accept: str | None) -> tuple[bytes, str]:
+def exposition(snapshot: dict[str, Any], latency: Histogram, accept: str | None,
+               *replica: Counter) -> tuple[bytes, str]:
     """The scrape's body and content type, in the format the scraper's Accept header asks for
     (Prometheus' text format 0.0.4 by default, OpenMetrics if asked)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Snapshot(snapshot))
     registry.register(latency)
+    for collector in replica:  # this replica's own counters
+        registry.register(collector)
     encode, content_type = choose_encoder(accept or "")
     return encode(registry), content_type

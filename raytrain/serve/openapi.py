@@ -66,8 +66,8 @@ MEANING = {
          "spanning several fields that the schema cannot say (a model.kind's own section, "
          "parallel degrees that multiply to the worker count, a layout that does not fit, "
          "an unknown policy or package), so a body the schema accepts can still answer 422.",
-    429: "Over a limit (jobs queued or running, or open event streams); retry after "
-         "Retry-After seconds.",
+    429: "Over a limit (jobs queued or running, open event streams, or too many requests "
+         "with a wrong token from this address); retry after Retry-After seconds.",
     503: "The job manager is not answering (starting or restarting); nothing was done. "
          "Retry after Retry-After seconds.",
 }
@@ -76,9 +76,10 @@ RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before retrying."
 
 
 def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """`responses=` for a route that can answer these statuses besides 401 and 503."""
+    """`responses=` for a route that can answer these statuses besides 401, 429 (an address
+    guessing tokens is slowed: serve.auth) and 503."""
     answers: dict[int | str, dict[str, Any]] = {}
-    for status in sorted({*statuses, 401, 503}):
+    for status in sorted({*statuses, 401, 429, 503}):
         answer: dict[str, Any] = {"model": FieldProblems if status == 422 else Problem,
                                   "description": MEANING[status]}
         if status in (429, 503):

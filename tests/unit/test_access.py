@@ -5,10 +5,14 @@ The same token checks run against the deployed service in tests/integration/test
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import stat
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 import pytest
@@ -18,15 +22,18 @@ from raytrain.client import Client
 from raytrain.errors import NotAuthorizedError, ServiceUnreachableError
 from raytrain.serve import auth
 from raytrain.serve.auth import (
+    GUESSES_ALLOWED,
+    SLOWED_CHECK_EVERY_S,
     caller_of,
     client_token,
     digest,
+    is_loopback,
     operator_token,
     read_tokens,
     set_token,
 )
-from raytrain.serve.http_limits import StreamLimits
-from raytrain.spec import ServiceConfig
+from raytrain.serve.http_limits import MAX_BODY_BYTES, MAX_STREAMS_PER_JOB, StreamLimits
+from raytrain.spec import JobStatus, ServiceConfig
 from tests.http_service import free_port, served
 from tests.unit.test_api import Service, small_job
 
@@ -41,7 +48,8 @@ def job_count(service: Service) -> int:
 
 
 def test_every_route_but_healthz_needs_a_valid_token_and_a_refusal_does_nothing(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(auth, "GUESSES_ALLOWED", 100)  # the pace has its own test below
     service = Service(tmp_path)
     path = tmp_path / "tokens.json"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -156,18 +164,54 @@ def test_event_streams_are_limited_per_job_and_in_all() -> None:
         with pytest.raises(HTTPException) as caught:
             limits.admit("a")
         assert caught.value.status_code == 429 and "2 on this job" in caught.value.detail
-        limits.admit("b")
         with limits.held("b"):
             with pytest.raises(HTTPException):
                 limits.admit("c")
-    limits.admit("a")  # all closed again
+    release = limits.admit("a")  # all closed again
+    release()
+    release()  # gives the slot back once, however often it is called
     assert not limits.open
     one_job = StreamLimits(per_job=5, total=10, jobs=1)
     with one_job.held("a"):
-        one_job.admit("a")
         with pytest.raises(HTTPException) as caught:
             one_job.admit("b")
         assert "1 jobs followed at once" in caught.value.detail
+
+
+def test_concurrent_streams_get_exactly_their_slots_and_give_them_back(tmp_path: Path) -> None:
+    """100 streams on one job opened at once over real HTTP: exactly MAX_STREAMS_PER_JOB are
+    admitted (when the count went up only once a stream started, 81 of 1,000 were), and once
+    every client has gone, as many are admitted again. A body sent in chunks without a length
+    is refused over MAX_BODY_BYTES with 413, as a declared one is."""
+    with served(tmp_path) as (url, token):
+        headers = {"Authorization": f"Bearer {token}"}
+        job_id = httpx.post(f"{url}/v1/jobs", json=small_job(), headers=headers).json()["id"]
+
+        async def open_all(count: int) -> list[int]:
+            async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60,
+                                         limits=httpx.Limits(max_connections=None)) as client:
+                async with contextlib.AsyncExitStack() as stack:
+                    async def one() -> int:
+                        response = await stack.enter_async_context(
+                            client.stream("GET", f"/v1/jobs/{job_id}/events"))
+                        return response.status_code
+
+                    return list(await asyncio.gather(*(one() for _ in range(count))))
+
+        codes = asyncio.run(open_all(MAX_STREAMS_PER_JOB + 36))
+        assert codes.count(200) == MAX_STREAMS_PER_JOB and codes.count(429) == 36
+        deadline = time.monotonic() + 60  # the replica hears of each client's leaving
+        while sorted(again := asyncio.run(open_all(MAX_STREAMS_PER_JOB + 36))) != sorted(codes):
+            assert time.monotonic() < deadline, f"slots not given back: {again.count(200)}"
+            time.sleep(0.5)
+
+        def chunks() -> Iterator[bytes]:
+            for _ in range(3):
+                yield b" " * (MAX_BODY_BYTES // 2)
+
+        response = httpx.post(f"{url}/v1/jobs", content=chunks(), headers=headers)
+        assert response.status_code == 413 and "1 MiB" in response.json()["detail"]
+        assert [j["id"] for j in httpx.get(f"{url}/v1/jobs", headers=headers).json()] == [job_id]
 
 
 def test_the_token_check_compares_every_token_and_names_the_caller() -> None:
@@ -217,3 +261,60 @@ def test_serve_refuses_to_run_open_beyond_loopback(capsys: pytest.CaptureFixture
 
     assert main(["serve", "--no-auth", "--host", "0.0.0.0", "--port", "8765"]) == 1
     assert "loopback" in capsys.readouterr().err
+    # A name is judged by the addresses it resolves to, not by its spelling; one that does
+    # not resolve is said to be that, not a port in use.
+    assert not is_loopback("127.0.0.1.invalid") and is_loopback("localhost")
+    assert is_loopback("127.8.9.10") and is_loopback("::1") and not is_loopback("10.0.0.1")
+    assert main(["serve", "--no-auth", "--host", "127.0.0.1.invalid", "--port", "8765"]) == 1
+    assert "does not resolve" in capsys.readouterr().err
+
+
+def test_guessing_is_slowed_and_seen_but_the_token_holder_gets_in(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Past GUESSES_ALLOWED refusals an address gets one token check a second (429 with
+    Retry-After for the rest, the token not compared); each refusal is counted in /metrics
+    and logged at WARNING with the address, never the token. Without the pace, every guess
+    is a 401; without the log (it was INFO), nothing is seen at the kept level."""
+    caplog.set_level(logging.WARNING, logger="raytrain.serve.auth")
+    with served(tmp_path) as (url, token):
+        guesses = [httpx.get(f"{url}/v1/jobs", headers={
+            "Authorization": f"Bearer rt_guess{n:04d}"}) for n in range(GUESSES_ALLOWED + 30)]
+        codes = [g.status_code for g in guesses]
+        assert codes[:GUESSES_ALLOWED] == [401] * GUESSES_ALLOWED
+        assert codes.count(429) >= 25 and codes.count(401) <= GUESSES_ALLOWED + 5
+        slowed = next(g for g in guesses if g.status_code == 429)
+        assert 1 <= int(slowed.headers["retry-after"]) <= 2
+        holder = {"Authorization": f"Bearer {token}"}
+        deadline = time.monotonic() + 10  # the holder behind the same address, retrying
+        while (mine := httpx.get(f"{url}/v1/jobs", headers=holder)).status_code == 429:
+            assert time.monotonic() < deadline
+            time.sleep(float(mine.headers["retry-after"]))
+        assert mine.status_code == 200
+        time.sleep(SLOWED_CHECK_EVERY_S)
+        metrics = httpx.get(f"{url}/metrics", headers=holder).text
+    refused = {line.split("{")[1].split("}")[0]: float(line.split()[-1])
+               for line in metrics.splitlines()
+               if line.startswith("raytrain_http_auth_refusals_total{")}
+    assert refused['reason="invalid_token"'] == codes.count(401)
+    assert refused['reason="slowed"'] >= codes.count(429)
+    logged = [r.getMessage() for r in caplog.records if "no valid token" in r.getMessage()]
+    assert len(logged) == codes.count(401) and all("from 127.0.0.1" in m for m in logged)
+    assert not any("rt_guess" in m or token in m for m in caplog.messages)
+
+
+def test_the_serve_terminal_prints_a_line_per_change_not_per_poll() -> None:
+    """A queued job whose position moves, or a running one whose step count grows, is the
+    same line; a new state or new words are a new one."""
+    from raytrain.cli.service_commands import what_changed
+
+    def status(state: str, message: str) -> JobStatus:
+        return JobStatus.model_validate({"id": "j", "state": state, "message": message,
+                                         "spec": small_job(), "created_at": 0.0})
+
+    queued = what_changed(status("PENDING", "queued, position 2 of 3: waiting for 4 CPU "
+                                            "(2 free of 2)"))
+    assert what_changed(status("PENDING", "queued, position 1 of 3: waiting for 4 CPU "
+                                          "(0.5 free of 2)")) == queued
+    assert what_changed(status("PENDING", "queued, position 1 of 3: waiting for its "
+                                          "nodes")) != queued
+    assert what_changed(status("PROVISIONING", "")) != what_changed(status("PENDING", ""))
