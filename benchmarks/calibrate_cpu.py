@@ -169,10 +169,9 @@ TINY = {"vocab_size": 64, "dim": 64, "num_layers": 4, "num_heads": 4, "max_seq_l
 
 
 def _prediction(parallel: dict, ranks: int, model: dict, steps: int):
+    from benchmarks.parallel_strategies import document
     from raytrain.core.resolve import job_layout, predicted
     from raytrain.spec import parse_job_spec
-
-    from benchmarks.parallel_strategies import document
 
     job = document(parallel, ranks, steps, 8 * ranks, 2, "cpu", model)
     spec = parse_job_spec(job)
@@ -269,11 +268,10 @@ LAYOUTS = [
 def validate(steps: int) -> None:
     """Each layout twice: a plain run for step time (and peak RSS), a live-memory run for the
     memory the planner predicts."""
+    from benchmarks.parallel_strategies import document
     from raytrain.core.resolve import job_layout
     from raytrain.core.resolve import predicted as _predicted
     from raytrain.spec import parse_job_spec
-
-    from benchmarks.parallel_strategies import document
 
     print("\n| ranks | layout | predicted step s | measured step s | error | predicted MiB/rank "
           "| measured live MiB/rank (max) | error | peak RSS MiB/rank (max) |"

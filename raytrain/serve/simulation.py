@@ -18,8 +18,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
 from raytrain.catalog.traces import Trace
-from raytrain.core.fleet import SimResult
 from raytrain.core.elastic import groups_of
+from raytrain.core.fleet import SimResult
 from raytrain.core.hindsight import elastic_bound, hindsight
 from raytrain.core.simulate import STRATEGIES, Summary, summarize, uniform_progress
 from raytrain.errors import FieldError, SpecError
