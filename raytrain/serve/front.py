@@ -19,7 +19,9 @@ connection fails at once (clients retry; see the Client), rather than waiting fo
 notice.
 
 Written here because neither uvicorn nor Serve starts a server on a socket shared by several
-processes from inside a Serve replica.
+processes from inside a Serve replica. BoundedHead is uvicorn's httptools protocol with the
+request's head bounded (431 past MAX_HEAD_BYTES or MAX_HEADERS, before any app or token
+check sees it): uvicorn bounds headers only with h11, not with httptools.
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ from typing import Any
 
 import uvicorn
 from ray import serve
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from raytrain.catalog.files import load_cpu_profile
 from raytrain.errors import RaytrainError
 from raytrain.serve.app import build_app
+from raytrain.serve.http_limits import MAX_HEAD_BYTES, MAX_HEADERS, MAX_READ_AHEAD
 from raytrain.serve.ray_cluster import HEAD_NODE_RESOURCE
 from raytrain.serve.reads import POLL_S
 from raytrain.spec import ServiceConfig
@@ -61,6 +65,62 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+class BoundedHead(HttpToolsProtocol):
+    """A request line and headers over MAX_HEAD_BYTES, or over MAX_HEADERS headers, get 431
+    and the connection closed. Counted as the bytes arrive (a head spread over many reads)
+    and per parsed header (a head that arrives in one read)."""
+
+    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        self._head_bytes, self._parsed, self._in_head, self._too_large = 0, 0, True, False
+        super().connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES + MAX_READ_AHEAD:
+                self._refuse()
+                return
+        super().data_received(data)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head, self._head_bytes, self._parsed = True, 0, 0
+
+    def on_url(self, url: bytes) -> None:
+        super().on_url(url)
+        self._count(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        super().on_header(name, value)
+        self._count(len(name) + len(value) + 4)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        super().on_headers_complete()
+
+    def _count(self, size: int) -> None:
+        self._parsed += size
+        if self._parsed > MAX_HEAD_BYTES or len(self.headers) > MAX_HEADERS:
+            self._too_large = True
+            raise ValueError("request head too large")  # the parser stops: send_400_response
+
+    def send_400_response(self, msg: str) -> None:
+        if self._too_large:
+            self._refuse()
+        else:
+            super().send_400_response(msg)
+
+    def _refuse(self) -> None:
+        body = (f'{{"detail": "the request\'s headers are over {MAX_HEAD_BYTES // 1024} KiB or '
+                f'{MAX_HEADERS} headers. To fix: send only the headers the API needs"}}').encode()
+        self.transport.write(b"".join([
+            STATUS_LINE[431], b"content-type: application/json\r\n",
+            b"content-length: " + str(len(body)).encode() + b"\r\n",
+            b"connection: close\r\n\r\n", body]))
+        self.transport.close()
+        self._in_head = False
+
+
 class Front:
     """`app` served by uvicorn on its own thread and event loop, on a shared host:port."""
 
@@ -69,7 +129,7 @@ class Front:
         # An open event stream never ends by itself: stopping gives it GRACE_S.
         self.server = uvicorn.Server(uvicorn.Config(
             app, log_level="warning", access_log=False, lifespan="on",
-            timeout_graceful_shutdown=GRACE_S))
+            timeout_graceful_shutdown=GRACE_S, http=BoundedHead))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        name="http-front", daemon=True)
         self.thread.start()

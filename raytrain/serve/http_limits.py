@@ -22,6 +22,9 @@ from fastapi.responses import StreamingResponse
 from raytrain.serve.auth import send_json
 
 MAX_BODY_BYTES = 1 * 2**20  # a job spec is a few KB; the schema has no field near this
+MAX_HEAD_BYTES = 64 * 1024  # a request's line and headers (serve.front.BoundedHead: 431)
+MAX_HEADERS = 100
+MAX_READ_AHEAD = 256 * 1024  # one read may hold a body's start besides the head
 MAX_STREAMS_PER_JOB = 64
 MAX_STREAMS = 256
 MAX_FOLLOWED_JOBS = 32  # of the job manager's 64 threads

@@ -318,3 +318,18 @@ def test_the_serve_terminal_prints_a_line_per_change_not_per_poll() -> None:
     assert what_changed(status("PENDING", "queued, position 1 of 3: waiting for its "
                                           "nodes")) != queued
     assert what_changed(status("PROVISIONING", "")) != what_changed(status("PENDING", ""))
+
+
+def test_a_request_head_is_bounded_before_anything_reads_it(tmp_path: Path) -> None:
+    """Over real HTTP: an 8 MB header, or 200 headers, get 431 (they got 200 after the whole
+    head was buffered); a header at the limit's edge still passes."""
+    with served(tmp_path) as (url, token):
+        auth_header = {"Authorization": f"Bearer {token}"}
+        big = httpx.get(f"{url}/v1/jobs", headers={**auth_header, "X-Big": "a" * 8_000_000})
+        assert big.status_code == 431 and "64 KiB" in big.json()["detail"]
+        many = httpx.get(f"{url}/v1/jobs", headers={
+            **auth_header, **{f"X-H{n}": "1" for n in range(200)}})
+        assert many.status_code == 431
+        fine = httpx.get(f"{url}/v1/jobs", headers={**auth_header, "X-Ok": "a" * 32_000})
+        assert fine.status_code == 200
+        assert httpx.get(f"{url}/healthz").status_code == 200  # the server is unharmed
