@@ -199,7 +199,8 @@ def test_replicas_share_the_port_and_it_stays_open_when_one_stops(tmp_path: Path
             answer = httpx.post(f"http://127.0.0.1:{port}/v1/jobs", json=small_job(),
                                 headers=servers[0][2].headers)
             seen.add(answer.status_code)  # 401 from b, whose tokens are its own
-        assert seen == {202, 401}
+        # (b slows this address once it has refused it 20 times: 429 then)
+        assert {202, 401} <= seen <= {202, 401, 429}
         servers[0][1].stop()
         assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
     finally:
