@@ -74,11 +74,6 @@ FLUSH_TIMEOUT_S = 1800.0  # the end of training waits this long for a store that
 Durable = Callable[[int, str, float, float], None]  # step, ref, stall_s, durable_s
 
 
-def _barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-
-
 def step_name(step: int) -> str:
     return f"step_{step:09d}"
 
@@ -140,11 +135,16 @@ class CheckpointManager:
         self._remote = is_remote(self.uri)
         self._staging = _staging_root(self.uri) if self._remote else Path(self.uri)
         self._inflight: _InFlight | None = None
-        self._pg: Any = None
-        if asynchronous and world_size > 1 and dist.is_available() and dist.is_initialized():
-            # DCP's background save runs collectives; a group of its own keeps them apart
-            # from training's (every rank builds the manager at the same point).
-            self._pg = dist.new_group(backend="gloo")
+        self._pg: Any = None  # DCP's background save's collectives
+        self._votes: Any = None  # this manager's own, on the training thread
+        if world_size > 1 and dist.is_available() and dist.is_initialized():
+            # Two gloo groups (every rank builds the manager at the same point): DCP's
+            # background save runs collectives on its thread while the training thread
+            # votes on the next save; sharing a group, the two threads' calls could pair
+            # across ranks in different orders and hang.
+            self._votes = dist.new_group(backend="gloo")
+            if asynchronous:
+                self._pg = dist.new_group(backend="gloo")
 
     def __str__(self) -> str:
         return self.uri
@@ -188,9 +188,8 @@ class CheckpointManager:
         if self.rank == 0:
             if folder.exists():  # a half-written attempt at this step from a crashed run
                 shutil.rmtree(folder)
-            if self._remote or True:
-                self.store.delete_prefix(f"{name}/")  # and whatever of it was uploaded
-        _barrier()
+            self.store.delete_prefix(f"{name}/")  # and whatever of it was uploaded
+        self._barrier()
         folder.mkdir(parents=True, exist_ok=True)  # on every node
         model_state, optim_state, _ = _state(parts, optimizers)
         state = {"model": model_state, "optim": optim_state}
@@ -219,8 +218,12 @@ class CheckpointManager:
         if self.world_size <= 1 or not (dist.is_available() and dist.is_initialized()):
             return flag
         value = torch.tensor([float(flag)])
-        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self._pg)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self._votes)
         return bool(value.item() > 0)
+
+    def _barrier(self) -> None:
+        if self._votes is not None:
+            dist.barrier(group=self._votes)
 
     def _join(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
         inflight, self._inflight = self._inflight, None

@@ -33,6 +33,9 @@ class Wire(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         name = str(func)
         if "c10d" in name and "broadcast" not in name:
+            for work in tree_leaves(out):  # an asynchronous collective: its outputs once done
+                if isinstance(work, torch.ScriptObject) and hasattr(work, "wait"):
+                    work.wait()
             tensors = [t.detach().clone() for t in tree_leaves(args)
                        if isinstance(t, torch.Tensor)]
             self.calls.append((name.split(".")[1], tensors))
