@@ -182,8 +182,13 @@ def test_a_spot_job_checkpoints_at_the_interval_the_engine_returned(
         often = yaml.safe_load(original)
         often["offers"][0]["spot_interruptions_per_hour"] *= 1000  # 0.05 -> 50 per node-hour
         fake_cluster.offers.write_text(yaml.safe_dump(often))
-        wait_for(lambda: any(d.event == "prices" for d in (s := client.get(job.id)).decisions)
-                 or s.state.is_terminal, 120, "the service to review the job at the new prices")
+
+        def reviewed() -> bool:
+            status = client.get(job.id)
+            return status.state.is_terminal or any(d.event == "prices"
+                                                   for d in status.decisions)
+
+        wait_for(reviewed, 120, "the service to review the job at the new prices")
         final = job.wait()
     finally:
         fake_cluster.offers.write_text(original)
