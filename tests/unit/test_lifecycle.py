@@ -321,3 +321,16 @@ def test_a_durable_checkpoint_that_grows_old_is_a_warning_until_the_next_commits
         stale.record.status.warning and lc.Save() in stale.effects
     again = lc.step(stale.record, lc.CheckpointCommitted(1, 40, "s3://b/step_40"), NOW + 1900)
     assert again.record.status.warning is None
+
+
+def test_a_status_never_shows_a_step_below_its_checkpoint() -> None:
+    """A checkpoint taken after the last progress report (a notice's, between two reports):
+    while the job recovers, its status shows the checkpoint's step, not the older report's."""
+    record, _ = drive(record_in(), lc.Submitted(),
+                      lc.CapacityDecided(decision(), BOUGHT, "requested"),
+                      lc.Launched(run()), lc.GroupStarted(0, "pg-1"),
+                      lc.ProgressReported(1, {"step": 12}),
+                      lc.CheckpointCommitted(1, 20, "/c/20"))
+    assert record.status.checkpoint.step == 20 and record.status.progress.step == 20
+    later = lc.step(record, lc.ProgressReported(1, {"step": 25}), NOW + 1)
+    assert later.record.status.progress.step == 25

@@ -210,6 +210,8 @@ def checkpoint(c: Change, event: CheckpointCommitted) -> None:
     c.job.checkpoint = CheckpointInfo(step=event.step, path=event.path, save_s=event.save_s,
                                       durable_s=durable_s, committed_at=c.now)
     c.job.warning = None
+    if c.job.progress.step < event.step:  # saved past the last report (a notice, the end)
+        c.job.progress = c.job.progress.model_copy(update={"step": event.step})
     if event.save_s is not None:
         costs = c.job.costs
         costs.checkpoint_stall_s = _sampled(costs.checkpoint_stall_s, event.save_s)
