@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-import traceback
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
@@ -33,10 +32,10 @@ import ray
 import ray.train
 import torch
 
-from raytrain.cloud.interruption import Ec2Metadata, Watcher
+from raytrain.cloud.interruption import Watcher
 from raytrain.spec import JobSpec, Layout
 from raytrain.train.elastic import GroupEvents, GroupSetup, train_group
-from raytrain.train.launcher import ManagerSink, build_trainer, node_endpoint
+from raytrain.train.launcher import ManagerSink, build_trainer, node_endpoint, watching
 from raytrain.train.loop import WorkerInfo
 from raytrain.train.progress import NullSink, ProgressSink
 from raytrain.train.worker_logs import stored_output
@@ -85,19 +84,12 @@ def elastic_group_fn(config: dict[str, Any]) -> None:
     endpoint = node_endpoint(config.get("interruption_endpoint"))
     header = (f"job {config['job_id']}, replica group {group}, rank {worker.rank} of "
               f"{worker.world_size}, node {ray.get_runtime_context().get_node_id()[:12]}")
-    with stored_output(config["log_dir"], group * worker.world_size + worker.rank, header):
-        watcher = Watcher(Ec2Metadata(endpoint)).start() if endpoint else None
+    with stored_output(config["log_dir"], group * worker.world_size + worker.rank, header), \
+            watching(endpoint) as watcher:
         notices = _Reporting(watcher, manager, config["job_id"], attempt, group) \
             if watcher is not None and worker.rank == 0 else watcher
-        try:
-            result = train_group(spec, layout, worker, group, setup, sink,
-                                 config["checkpoint_root"], notices, events)
-        except Exception:
-            traceback.print_exc()
-            raise
-        finally:
-            if watcher is not None:
-                watcher.stop()
+        result = train_group(spec, layout, worker, group, setup, sink,
+                             config["checkpoint_root"], notices, events)
     logger.info("replica group %d ended at step %d%s", group, result["steps"],
                 " (it left)" if result["left"] else "")
 

@@ -18,9 +18,10 @@ import logging
 import os
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import ray
 import ray.train
@@ -129,19 +130,25 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     endpoint = node_endpoint(config.get("interruption_endpoint"))
     header = (f"job {config['job_id']}, world size {worker.world_size}, "
               f"node {ray.get_runtime_context().get_node_id()[:12]}")
-    with stored_output(config["log_dir"], worker.rank, header):
-        watcher = Watcher(Ec2Metadata(endpoint)).start() if endpoint else None
-        try:
-            train(spec, worker, sink, config["checkpoint_root"], notices=watcher,
-                  layout=layout)
-        except Exception:
-            # The traceback goes to this rank's log; the error itself travels to the job's
-            # status through Ray (and is logged once there).
-            traceback.print_exc()
-            raise
-        finally:
-            if watcher is not None:
-                watcher.stop()
+    with stored_output(config["log_dir"], worker.rank, header), \
+            watching(endpoint) as watcher:
+        train(spec, worker, sink, config["checkpoint_root"], notices=watcher, layout=layout)
+
+
+@contextmanager
+def watching(endpoint: str | None) -> Iterator[Watcher | None]:
+    """The node's interruption watcher while a worker trains (None without an endpoint);
+    a failure's traceback goes to the rank's log (the error itself travels to the job's
+    status through Ray, and is logged once there)."""
+    watcher = Watcher(Ec2Metadata(endpoint)).start() if endpoint else None
+    try:
+        yield watcher
+    except Exception:
+        traceback.print_exc()
+        raise
+    finally:
+        if watcher is not None:
+            watcher.stop()
 
 
 def node_endpoint(endpoint: str | None) -> str | None:

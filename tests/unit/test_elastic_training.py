@@ -40,6 +40,7 @@ def _group_main(group: int, lighthouse: str, folder: str) -> None:
     from raytrain.core.resolve import job_layout
     from raytrain.train.elastic import GroupEvents, GroupSetup, train_group
     from raytrain.train.loop import WorkerInfo
+    from raytrain.train.progress import NullSink
 
     torch.set_num_threads(1)
     out = Path(folder)
@@ -49,29 +50,15 @@ def _group_main(group: int, lighthouse: str, folder: str) -> None:
     spec = JobSpec.model_validate(JOB)
     layout = job_layout(spec)
 
-    class Sink:
+    class Sink(NullSink):
         losses: dict[int, float] = {}
-
-        def started(self, step: int) -> None: ...
 
         def progress(self, payload: dict[str, Any]) -> None:
             self.losses[payload["step"]] = payload["loss"]
             (out / f"losses-{group}.json").write_text(json.dumps(self.losses))
 
-        def checkpoint(self, step: int, path: str, save_s: float,
-                   durable_s: float | None = None) -> None: ...
-
         def finished(self, result: dict[str, Any]) -> None:
             (out / f"result-{group}.json").write_text(json.dumps(result))
-
-        def should_stop(self) -> bool:
-            return False
-
-        def should_move(self) -> bool:
-            return False
-
-        def checkpoint_every_s(self) -> float | None:
-            return None
 
     class Notice:
         noticed_at = None
