@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import stat
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import httpx
 import pytest
@@ -256,16 +257,30 @@ def test_the_token_command_adds_rotates_and_removes(
     assert main(["token", "add", "no spaces", *state]) == 1
 
 
-def test_serve_refuses_to_run_open_beyond_loopback(capsys: pytest.CaptureFixture[str]) -> None:
+def test_serve_refuses_to_run_open_beyond_loopback(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     from raytrain.cli import main
 
     assert main(["serve", "--no-auth", "--host", "0.0.0.0", "--port", "8765"]) == 1
     assert "loopback" in capsys.readouterr().err
     # A name is judged by the addresses it resolves to, not by its spelling; one that does
-    # not resolve is said to be that, not a port in use.
-    assert not is_loopback("127.0.0.1.invalid") and is_loopback("localhost")
+    # not resolve is said to be that, not a port in use. The resolver here answers for
+    # three names of its own, so the test asks no DNS server.
+    answers = {"127.0.0.1.public.test": "93.184.216.34", "here.test": "127.0.0.1"}
+
+    def resolve(host: str, *args: Any, **kwargs: Any) -> list[tuple[Any, ...]]:
+        if host not in answers:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (answers[host], 0))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    assert not is_loopback("127.0.0.1.public.test") and is_loopback("here.test")
     assert is_loopback("127.8.9.10") and is_loopback("::1") and not is_loopback("10.0.0.1")
-    assert main(["serve", "--no-auth", "--host", "127.0.0.1.invalid", "--port", "8765"]) == 1
+    assert is_loopback("localhost") and not is_loopback("nowhere.test")
+    assert main(["serve", "--no-auth", "--host", "127.0.0.1.public.test", "--port",
+                 "8765"]) == 1
+    assert "loopback" in capsys.readouterr().err
+    assert main(["serve", "--no-auth", "--host", "nowhere.test", "--port", "8765"]) == 1
     assert "does not resolve" in capsys.readouterr().err
 
 
