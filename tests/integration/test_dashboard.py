@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,8 @@ from tests.integration.test_service import cpus_free
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 expect = playwright_api.expect
+# Each check waits for what the page fetches: seconds on a busy 2-core machine, not 5.
+expect.set_options(timeout=30_000)
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(420)]
 
@@ -128,6 +131,7 @@ def test_the_dashboard_follows_a_job_from_submit_to_the_end(
         expect(loss).to_have_attribute("data-points", re.compile(r"^\d{2,3}$"))
         expect(page.locator("#checkpoint-step")).to_have_text("step 150")
         page.screenshot(path=str(shots / "dashboard-finished.png"), full_page=True)
+        check_the_axes_read_true(page)
         # A reload draws the whole run again, from the service's history.
         page.reload()
         expect(page.locator("#job-state")).to_have_text("SUCCEEDED")
@@ -162,3 +166,31 @@ def test_the_dashboard_follows_a_job_from_submit_to_the_end(
     wait_for(lambda: cpus_free() >= NUM_CPUS, 60, "the CPUs to be free again")
     again = service.http.delete(f"{service.url}/v1/jobs/{long_run}")
     assert again.status_code == 409 and "already ended CANCELLED" in again.text
+
+
+def _tick_value(label: str) -> float:
+    """A drawn tick label as a number: '12K' 12000, '1.5M' 1.5e6, '$0.004/h' 0.004."""
+    text = label.replace(",", "").replace("$", "").removesuffix("/h").strip()
+    scale = {"K": 1e3, "M": 1e6, "B": 1e9}.get(text[-1:].upper(), 1.0)
+    return float(text[:-1] if scale != 1.0 else text) * scale
+
+
+def check_the_axes_read_true(page: Any) -> None:
+    """The labels uPlot drew on each axis (read back from the page) read as the data does:
+    the tokens/s axis spans the throughput drawn, with every digit; the dollar axes never
+    repeat a label; the time axis reads whole clock seconds."""
+    read = "(id) => { const p = document.querySelector(id).plot; " \
+        "return {axes: p.axes.map((a) => a._values || []), data: p.data}; }"
+    speed = page.evaluate(read, "#chart-speed")
+    drawn = [v for v in speed["data"][1] if v is not None]
+    ticks = [_tick_value(label) for label in speed["axes"][1] if label]
+    assert drawn and ticks, speed["axes"]
+    assert max(ticks) <= 2 * max(drawn) and max(ticks) >= 0.4 * max(drawn), \
+        (speed["axes"][1], max(drawn))
+    cost = page.evaluate(read, "#chart-cost")
+    for labels in cost["axes"][1:]:
+        shown = [label for label in labels if label]
+        assert len(set(shown)) == len(shown), labels  # no "$0.00" five times
+    for chart in (speed, cost):
+        assert all(re.fullmatch(r"\d{2}:\d{2}:\d{2}", label) for label in chart["axes"][0]
+                   if label), chart["axes"][0]

@@ -56,6 +56,12 @@ def _group_main(group: int, lighthouse: str, folder: str) -> None:
         def progress(self, payload: dict[str, Any]) -> None:
             self.losses[payload["step"]] = payload["loss"]
             (out / f"losses-{group}.json").write_text(json.dumps(self.losses))
+            # Until the test has seen the first two groups in one quorum: the first to start
+            # waits for the other to be about to train, then steps slowly until it has joined.
+            while (out / "slow").exists() and len(list(out.glob("ready-*"))) < 2:
+                time.sleep(0.02)
+            if (out / "slow").exists():
+                time.sleep(0.2)
 
         def finished(self, result: dict[str, Any]) -> None:
             (out / f"result-{group}.json").write_text(json.dumps(result))
@@ -78,10 +84,34 @@ def _group_main(group: int, lighthouse: str, folder: str) -> None:
                                          "redone": redone_steps, "stall_s": stall_s,
                                          "by": group}) + "\n")
 
+    (out / f"ready-{group}").touch()
     setup = GroupSetup(lighthouse, "127.0.0.1", store.port, "g", GROUPS, timeout_s=30)
     train_group(spec, layout, WorkerInfo.single_process(), group, setup, Sink(),
                 out / f"checkpoints-{group}", Notice(), Events(), progress_interval_s=0.0,
-                die_when=lambda step: (out / f"kill-{group}").exists())
+                die_when=lambda step: _stepped(out, group, step)
+                or (out / f"kill-{group}").exists())
+
+
+def _stepped(folder: Path, group: int, step: int) -> bool:
+    """Record that `group` trains `step` (a step of the quorum it is in)."""
+    with open(folder / f"steps-{group}.txt", "a") as handle:
+        handle.write(f"{step}\n")
+    return False
+
+
+def _steps_of(folder: Path, group: int) -> set[int]:
+    path = folder / f"steps-{group}.txt"
+    return {int(line) for line in path.read_text().split()} if path.exists() else set()
+
+
+def _wait_for_a_step_together(folder: Path, groups: tuple[int, int], timeout_s: float = 120.0
+                              ) -> int:
+    """The first step both groups trained in one quorum."""
+    deadline = time.monotonic() + timeout_s
+    while not (common := _steps_of(folder, groups[0]) & _steps_of(folder, groups[1])):
+        assert time.monotonic() < deadline, f"groups {groups} never trained a step together"
+        time.sleep(0.02)
+    return min(common)
 
 
 def _progress(folder: Path) -> int:
@@ -122,9 +152,14 @@ def test_groups_leave_die_and_join_and_train_exactly_as_one_process(tmp_path: Pa
         (tmp_path / f"start-{group}").touch()
 
     try:
+        # The first group to start trains alone until the other joins (its boot may take
+        # seconds on a busy host); it is held back until then, so the job is not over.
+        (tmp_path / "slow").touch()
         start(0)
         start(1)
-        _wait_for_step(tmp_path, 10)
+        together = _wait_for_a_step_together(tmp_path, (0, 1))
+        (tmp_path / "slow").unlink()
+        _wait_for_step(tmp_path, together + 3)
         (tmp_path / "notice-1").touch()  # group 1's node is being taken: it leaves
         _wait_for_event(tmp_path, 1, "gone")
         start(2)  # a replacement: heals from group 0 and joins
