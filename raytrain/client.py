@@ -56,6 +56,17 @@ END_READ_S = 10.0
 
 
 class Client:
+    """The service's API from Python: submit, follow, list, cancel, resume, delete.
+
+        with Client("http://127.0.0.1:8000") as client:
+            job = client.submit("examples/demo.yaml")
+            print(job.wait().state)  # SUCCEEDED
+
+    The token sent is `token` if given, else $RAYTRAIN_TOKEN, else, for a service on this
+    machine only, the operator token in its state directory ($RAYTRAIN_STATE_DIR, default
+    ~/.raytrain). Errors are raytrain.errors types that say how to fix the call.
+    """
+
     def __init__(
         self,
         url: str = DEFAULT_URL,

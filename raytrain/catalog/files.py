@@ -63,7 +63,7 @@ def parse_offers(document: dict[str, Any], source: str) -> OfferCatalog:
     try:
         return OfferCatalog.model_validate({**document, "offers": rows})
     except ValidationError as exc:
-        raise spec_error_from_validation(exc, source) from exc
+        raise spec_error_from_validation(exc, source, OfferCatalog) from exc
 
 
 def load_offers(state_dir: Path) -> OfferCatalog:
@@ -151,7 +151,7 @@ def load_policies(policy_dir: Path | None = None) -> dict[str, PolicySpec]:
         try:
             policy = PolicySpec.model_validate(yaml.safe_load(path.read_text()) or {})
         except ValidationError as exc:
-            raise spec_error_from_validation(exc, f"policy {path}") from exc
+            raise spec_error_from_validation(exc, f"policy {path}", PolicySpec) from exc
         if policy.name != path.stem:
             raise SpecError([FieldError(("name",), f"{policy.name!r} differs from the file's "
                                         f"name. To fix: name it {path.stem!r}")], f"policy {path}")

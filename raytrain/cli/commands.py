@@ -61,7 +61,8 @@ from raytrain.core.offers import offers_response
 from raytrain.core.planner import NothingFits
 from raytrain.core.resolve import rank_plans
 from raytrain.core.simulate import as_runs
-from raytrain.errors import FieldError, SpecError
+from raytrain.errors import FieldError, RaytrainError, SpecError
+from raytrain.serve.auth import default_state_dir
 from raytrain.spec import (
     JobState,
     JobStatus,
@@ -156,7 +157,8 @@ def parse_layout(text: str) -> dict[str, Any]:
 def cmd_plan(args: argparse.Namespace) -> int:
     """Rank layouts locally (no server needed): the planner is pure arithmetic. With
     --layout, evaluate that one layout; --shape / --shape-file set the node it runs on."""
-    load_cpu_profile(Path(args.state_dir))  # this machine's, if `raytrain calibrate` ran
+    state_dir = default_state_dir(args.state_dir)
+    calibrated = load_cpu_profile(state_dir)  # this machine's, if `raytrain calibrate` ran
     node_shape = None
     if args.shape_file:
         node_shape = read_document(Path(args.shape_file), "--shape-file")
@@ -167,7 +169,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             layout=parse_layout(args.layout) if args.layout else None, shape=args.shape,
             node_shape=node_shape)
     except ValidationError as exc:
-        raise spec_error_from_validation(exc, source="plan request") from None
+        raise spec_error_from_validation(exc, "plan request", PlanRequest) from None
     try:
         response = rank_plans(request, snapshot().offers)
     except NothingFits as exc:
@@ -182,6 +184,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         err.print(f"[yellow]warning:[/yellow] {best.layout} does not fit: it needs "
                   f"{best.memory_gib:.1f} GiB per device of {best.memory_limit_gib:.1f} usable")
     out.print(f"{'best' if args.layout is None else 'plan'}: {best.reason}")
+    if args.gpu == "cpu":  # whose figures the CPU predictions are
+        err.print(f"CPU profile: {calibrated.calibration}" if calibrated is not None else
+                  f"CPU profile: the catalog's generic figures (no calibration in {state_dir}); "
+                  "`raytrain calibrate` measures this machine's, for predictions that hold "
+                  "here", highlight=False, soft_wrap=True)
     return 0
 
 
@@ -204,7 +211,7 @@ def _refresh_runpod(catalog: Any) -> Any:
 
 def cmd_offers(args: argparse.Namespace) -> int:
     """The offer catalog and, for a job, the policy's ranking (offline, like `plan`)."""
-    state_dir = Path(args.state_dir).expanduser()
+    state_dir = default_state_dir(args.state_dir)
     catalog = load_offers(state_dir)
     if args.refresh:
         from raytrain.cloud.aws import Clients, refresh
@@ -265,7 +272,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from raytrain.serve.simulation import TraceJob, simulate_trace
     from raytrain.serve.trace_cloud import CloudTimes
 
-    catalog = load_offers(Path(args.state_dir).expanduser())
+    catalog = load_offers(default_state_dir(args.state_dir))
     offer = next((o for o in catalog.offers if o.instance_type == args.instance), None)
     if offer is None or offer.spot_usd_per_hour is None or offer.on_demand_usd_per_hour is None:
         raise SpecError([FieldError(("instance",), f"{args.instance!r} has no spot and "
@@ -341,7 +348,20 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    job = _client(args).delete(args.id)
+    """Checkpoints cannot be brought back: ask first, unless --yes."""
+    client = _client(args)
+    if not args.yes:
+        status = client.get(args.id)  # a job that does not exist is said so before asking
+        where = f" at {status.checkpoint.path}" if status.checkpoint else ""
+        if not sys.stdin.isatty():
+            raise RaytrainError(f"deleting job {args.id} removes its checkpoints{where} and "
+                                "logs for good. To fix: add --yes")
+        answer = input(f"delete job {args.id} ({status.spec.name}, {status.state}) with its "
+                       f"checkpoints{where} and logs? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            err.print("nothing deleted")
+            return 1
+    job = client.delete(args.id)
     return _print_job(args, job, f"job {job.id} deleted with its checkpoints and logs")
 
 

@@ -58,38 +58,48 @@ def build_parser() -> argparse.ArgumentParser:
     global_flags.add_argument("--token", default=argparse.SUPPRESS, help=TOKEN_HELP)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    def command(name: str, help_text: str, json_flag: bool = False) -> argparse.ArgumentParser:
-        p = commands.add_parser(name, help=help_text, parents=[global_flags])
+    def command(name: str, help_text: str, json_flag: bool = False,
+                of_a_service: bool = True) -> argparse.ArgumentParser:
+        """A subcommand; `of_a_service`: it talks to a running service (--server, --token),
+        rather than starting its own."""
+        p = commands.add_parser(name, help=help_text,
+                                parents=[global_flags] if of_a_service else [])
         if json_flag:
             p.add_argument("--json", action="store_true", help="print JSON instead of a table")
         return p
 
     def with_service(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--state-dir", help="job store and checkpoints (default ~/.raytrain)")
+        p.add_argument("--state-dir", help="job store and checkpoints (default "
+                       "$RAYTRAIN_STATE_DIR, else ~/.raytrain)")
         p.add_argument("--config", metavar="YAML", help="a service config file (ServiceConfig); "
                        "flags given override it")
         p.add_argument("--allow-import", action="append", metavar="PACKAGE",
                        help="allow jobs to import factories from PACKAGE (repeatable)")
 
-    demo = command("demo", "train the demo job on an embedded local Ray")
+    demo = command("demo", "train the demo job on an embedded local Ray", of_a_service=False)
     demo.add_argument("--spec", default=str(DEMO_SPEC),
                       help="job spec (default: examples/demo.yaml)")
-    demo.add_argument("--port", type=port, default=8000)
+    demo.add_argument("--port", type=port, default=8000,
+                      help="the embedded service's port on 127.0.0.1 (default 8000)")
     with_service(demo)
     demo.set_defaults(func=cmd_demo)
 
     calibrate = command("calibrate", "measure this machine's CPU profile as the service runs "
-                        "jobs, and store it for the planner (about 3 minutes)")
+                        "jobs, and store it for the planner (about 3 minutes)",
+                        of_a_service=False)
     calibrate.add_argument("--steps", type=whole(at_least=20, at_most=100_000), default=300,
                            help="steps of each tiny reference job (default 300)")
-    calibrate.add_argument("--port", type=port, default=8000)
+    calibrate.add_argument("--port", type=port, default=8000,
+                           help="the embedded service's port on 127.0.0.1 (default 8000)")
     with_service(calibrate)
     calibrate.set_defaults(func=cmd_calibrate)
 
-    serve = command("serve", "deploy the service on a Ray cluster")
+    serve = command("serve", "deploy the service on a Ray cluster", of_a_service=False)
     serve.add_argument("--address", help="Ray cluster address (default: start a local one)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=port, default=8000)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="the address to listen on (default 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=port, default=8000,
+                       help="the port to listen on (default 8000)")
     serve.add_argument("--detach", action="store_true", help="leave it running and return; "
                        "`raytrain stop` stops it")
     serve.add_argument("--cluster-config", metavar="YAML", type=existing_file,
@@ -119,13 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
     tokens.add_argument("action", choices=["list", "add", "rotate", "remove"])
     tokens.add_argument("name", nargs="?", help="the token's name (add, rotate, remove); "
                         "its jobs record it as who submitted them")
-    tokens.add_argument("--state-dir", default="~/.raytrain",
-                        help="the service's state directory")
+    tokens.add_argument("--state-dir", help="the service's state directory (default "
+                        "$RAYTRAIN_STATE_DIR, else ~/.raytrain)")
     tokens.set_defaults(func=cmd_token)
 
     stop = command("stop", "stop what `raytrain serve --detach` started, and nothing else")
-    stop.add_argument("--state-dir", default="~/.raytrain",
-                      help="the state directory the service was started with")
+    stop.add_argument("--state-dir", help="the state directory the service was started "
+                      "with (default $RAYTRAIN_STATE_DIR, else ~/.raytrain)")
     stop.set_defaults(func=cmd_stop)
 
     submit = command("submit", "queue a job from a YAML/JSON file", json_flag=True)
@@ -155,8 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "inter_gbits_per_gpu, rdma")
     planning.add_argument("--precision", choices=("fp32", "bf16"),
                           help="default: the spec's, else bf16 on GPUs that have it")
-    planning.add_argument("--state-dir", default="~/.raytrain", help="where `raytrain "
-                          "calibrate` stored this machine's CPU profile, if it has")
+    planning.add_argument("--state-dir", help="where `raytrain calibrate` stored this "
+                          "machine's CPU profile, if it has (default $RAYTRAIN_STATE_DIR, "
+                          "else ~/.raytrain)")
     planning.set_defaults(func=cmd_plan)
 
     offering = command("offers", "instance offers and prices; with a job file, the policy's "
@@ -167,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="refresh AWS prices and facts through boto3 first")
     offering.add_argument("--region", default="us-east-1", help="AWS region to refresh")
     offering.add_argument("--endpoint-url", help="EC2 endpoint (default: AWS's)")
-    offering.add_argument("--state-dir", default="~/.raytrain", help="where the cache lives")
+    offering.add_argument("--state-dir", help="where the cache lives (default "
+                          "$RAYTRAIN_STATE_DIR, else ~/.raytrain)")
     offering.add_argument("--top", type=whole(at_least=1), default=10,
                           help="options to show (default 10)")
     offering.set_defaults(func=cmd_offers)
@@ -205,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
                             help="start times per trace, spread over its span")
     simulating.add_argument("--processes", type=whole(at_least=1, at_most=256), default=1,
                             help="replay start times in this many processes")
-    simulating.add_argument("--state-dir", default="~/.raytrain", help="offer cache")
+    simulating.add_argument("--state-dir", help="offer cache (default $RAYTRAIN_STATE_DIR, "
+                            "else ~/.raytrain)")
     simulating.set_defaults(func=cmd_simulate)
 
     status = command("status", "one job's status", json_flag=True)
@@ -232,6 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     delete = command("delete", "forget an ended job and delete its checkpoints and logs",
                      json_flag=True)
     delete.add_argument("id")
+    delete.add_argument("--yes", action="store_true",
+                        help="delete without asking (needed when no one can be asked)")
     delete.set_defaults(func=cmd_delete)
 
     logs = command("logs", "each worker's output of a job, by rank")

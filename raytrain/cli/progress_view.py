@@ -30,7 +30,7 @@ class JobProgressView:
             BarColumn(),
             TextColumn("step {task.fields[steps]}"),
             TextColumn("loss {task.fields[loss]}"),
-            TextColumn("{task.fields[tps]} tok/s"),
+            TextColumn("{task.fields[tps]} tok/s now"),
             TextColumn("ETA {task.fields[eta]}"),
             TimeElapsedColumn(),
             console=self.console,
@@ -39,6 +39,8 @@ class JobProgressView:
         self._task = self._progress.add_task(
             job_id, total=None, state="PENDING", steps="-", loss="-", tps="-", eta="-"
         )
+
+        self._said: tuple[str, Any] | None = None  # the last state line printed
 
     def __enter__(self) -> JobProgressView:
         self._progress.start()
@@ -63,5 +65,7 @@ class JobProgressView:
         elif event.type in ("state", "end"):
             self._progress.update(self._task, state=data["state"])
             message = data.get("message")
-            if event.type == "state" and message and data["state"] not in ("RUNNING",):
-                self._progress.console.log(f"{data['state']}: {message}")
+            said = (data["state"], message)
+            if event.type == "state" and said != self._said:  # each change once, RUNNING too
+                self._progress.console.log(data["state"] + (f": {message}" if message else ""))
+                self._said = said

@@ -13,7 +13,7 @@ import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import yaml
 from pydantic import ValidationError
@@ -21,12 +21,15 @@ from rich.markup import escape
 
 from raytrain.cli.commands import _follow, err, out
 from raytrain.client import Client
-from raytrain.errors import FieldError, RaytrainError, SpecError
+from raytrain.errors import FieldError, NotAuthorizedError, RaytrainError, SpecError
 from raytrain.serve.auth import (
     OPERATOR,
+    STATE_DIR_ENV,
+    default_state_dir,
     is_loopback,
     operator_token,
     read_tokens,
+    remember_service,
     set_token,
     tokens_path,
 )
@@ -49,7 +52,7 @@ def _service_config(args: argparse.Namespace) -> ServiceConfig:
         base = _read_yaml(Path(args.config), "service config")
         base = _absolute_paths(base, Path(args.config).expanduser().resolve().parent)
     flags = _absolute_paths({
-        "state_dir": args.state_dir,
+        "state_dir": args.state_dir or os.environ.get(STATE_DIR_ENV) or None,
         "allowed_import_packages": args.allow_import,
         "storage_path": getattr(args, "storage_path", None),
         "storage_endpoint": getattr(args, "storage_endpoint", None),
@@ -64,7 +67,7 @@ def _service_config(args: argparse.Namespace) -> ServiceConfig:
         config = ServiceConfig.model_validate(
             {**base, **{k: v for k, v in flags.items() if v is not None}})
     except ValidationError as exc:
-        raise spec_error_from_validation(exc, source="service config") from None
+        raise spec_error_from_validation(exc, "service config", ServiceConfig) from None
     cluster_path = getattr(args, "cluster_config", None)
     if cluster_path:
         from raytrain.cloud.cluster import load_cluster_config, node_type_bindings
@@ -144,16 +147,28 @@ def what_changed(job: JobStatus) -> tuple[str, str]:
     return job.state.value, re.sub(r"[0-9][0-9.,]*", "#", job.message or "")
 
 
-def _watch_until_signal(client: Client, interval_s: float = 2.0) -> None:
-    """Until SIGINT or SIGTERM, print a line whenever a job appears or changes state."""
+def _watch_until_signal(url: str, token: Callable[[], str | None],
+                        interval_s: float = 2.0) -> None:
+    """Until SIGINT or SIGTERM, print a line whenever a job appears or changes state. The
+    token is read again when the service refuses it (an operator token rotated meanwhile)."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     seen: dict[str, tuple[str, str]] = {}
     first = True
+    client = Client(url, token=token())
     while not stop.is_set():
         try:
             jobs = client.list()
+        except NotAuthorizedError:
+            client.close()
+            client, jobs = Client(url, token=token()), []
+            try:
+                jobs = client.list()
+            except RaytrainError as still:
+                err.print(f"cannot list the jobs to show them here: {escape(str(still))}",
+                          highlight=False, soft_wrap=True)
+                stop.wait(30 * interval_s)  # said once in a while, not every pass
         except RaytrainError:
             jobs = []
         for job in jobs:
@@ -209,6 +224,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         lower_detached_daemons(head_pid)
     try:
         url = deploy(config, args.host, args.port)
+        remember_service(args.port, config.state_path)
         err.print(f"raytrain is serving at [bold]{url}[/bold] (its OpenAPI document at "
                   f"{url}/openapi.json{', with a token' if config.auth else ''})")
         if config.auth:
@@ -225,7 +241,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return 0
         err.print("press Ctrl-C to stop; each job's state changes are shown here, its workers' "
                   "output with `raytrain logs ID`", highlight=False)
-        _watch_until_signal(Client(url, token=operator_token(config)))
+        _watch_until_signal(url, lambda: operator_token(config))
         err.print("stopping the service")
         undeploy(stop_jobs=started_ray)
     except BaseException:
@@ -247,7 +263,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_stop(args: argparse.Namespace) -> int:
     from raytrain.serve.deploy import stop_detached
 
-    state_dir = Path(args.state_dir).expanduser()
+    state_dir = default_state_dir(args.state_dir)
     with err.status("stopping the detached service"):
         what = stop_detached(state_dir)
     err.print(f"stopped {what}", highlight=False)
@@ -269,6 +285,7 @@ def _embedded_service(args: argparse.Namespace, purpose: str) -> Iterator[tuple[
     try:
         config = _service_config(args)
         url = deploy(config, "127.0.0.1", args.port)
+        remember_service(args.port, config.state_path)
         err.print(f"service up at {url} after {time.monotonic() - started:.1f} s; {purpose}",
                   soft_wrap=True, highlight=False)
         yield Client(url, token=operator_token(config)), config
@@ -349,7 +366,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def cmd_token(args: argparse.Namespace) -> int:
     """The service reads tokens.json again when it changes: no restart, no job touched."""
-    state_dir = Path(args.state_dir).expanduser()
+    state_dir = default_state_dir(args.state_dir)
     if args.action == "list":
         for name in sorted(read_tokens(state_dir)):
             out.print(name, highlight=False)

@@ -111,8 +111,10 @@ def status_table(job: JobStatus) -> Table:
         ("step", f"{p.step}/{p.total_steps}"),
         ("loss", "-" if p.loss is None else f"{p.loss:.4f} (first {p.first_loss:.4f})"
          if p.first_loss is not None else f"{p.loss:.4f}"),
-        ("tokens/s", count_text(p.tokens_per_s)),
-        ("elapsed / ETA", f"{duration_text(p.elapsed_s)} / {duration_text(p.eta_s)}"),
+        ("tokens/s", count_text(p.tokens_per_s) + (" (at the last report)"
+                                                  if p.tokens_per_s else "")),
+        ("elapsed / ETA", f"{duration_text(p.elapsed_s)} / " + (
+            "ended" if job.state.is_terminal else duration_text(p.eta_s))),
         ("resources", f"{r.accelerator}, {r.market}, {r.nodes} node(s), {r.cpus:g} CPU, "
                       f"{r.gpus:g} GPU, {usd_text(r.usd_per_hour)}/h"),
         ("cost", usd_text(job.cost_usd)),
@@ -167,7 +169,8 @@ def summary_table(job: JobStatus, wall_s: float | None = None) -> Table:
     if result is not None:
         table.add_row("loss", f"{result.first_loss:.4f} -> {result.final_loss:.4f}")
         table.add_row("steps", str(result.steps))
-        table.add_row("throughput", f"{result.tokens_per_s:,.0f} tokens/s")
+        table.add_row("throughput", f"{result.tokens_per_s:,.0f} tokens/s (the run's "
+                      "average; the bar showed the latest)")
         table.add_row("training time", f"{result.train_wall_s:.1f} s")
     if wall_s is not None:
         table.add_row("wall time", f"{wall_s:.1f} s (submit to end)")

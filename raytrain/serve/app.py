@@ -59,7 +59,7 @@ from raytrain.serve.openapi import (
     event_stream,
     no_unknown_query,
 )
-from raytrain.serve.reads import CachedReads, StatusCache
+from raytrain.serve.reads import LIST_PAGE_MAX, LIST_PAGE_SIZE, CachedReads, StatusCache
 from raytrain.spec import (
     JobHistory,
     JobLogs,
@@ -72,6 +72,7 @@ from raytrain.spec import (
     PlanResponse,
     ResumeRequest,
 )
+from raytrain.spec.fixes import with_fix
 
 APP_NAME = "raytrain"
 SHIPPED_OFFERS = snapshot().offers  # the shapes POST /v1/plans may name by offer
@@ -80,8 +81,6 @@ EXCERPT_CHARS = 200
 MANAGER_RETRY_AFTER_S = 5
 READY_TIMEOUT_S = 5.0
 LOG_BYTES_PER_RANK = 64 * 2**10
-LIST_PAGE_SIZE = 100
-LIST_PAGE_MAX = 1000
 
 logger = logging.getLogger(__name__)
 RankOffset = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,9}:[0-9]{1,18}$")]
@@ -93,34 +92,15 @@ def excerpt(value: Any) -> Any:
     return value if len(text) <= EXCERPT_CHARS else text[:EXCERPT_CHARS] + "..."
 
 
-_FIXES = {
-    "missing": "add it",
-    "extra_forbidden": "remove it (a misspelt name?)",
-    "json_invalid": "send the body as JSON",
-    "string_pattern_mismatch": "send it in the form the API document gives",
-}
-_KINDS = {"int": "a whole number", "float": "a number", "bool": "true or false",
-          "string": "a string", "list": "a list", "dict": "an object", "model": "an object"}
-
-
-def _fix_for(error: dict[str, Any]) -> str:
-    """How to fix a field pydantic or FastAPI refused, for errors whose message lacks it."""
-    kind = error.get("type", "")
-    if kind in _FIXES:
-        return _FIXES[kind]
-    if kind.endswith(("_parsing", "_type")):
-        return f"send {_KINDS.get(kind.split('_')[0], 'the type /openapi.json gives')} here"
-    where = ".".join(str(part) for part in error.get("loc", ())[1:]) or "the value"
-    return f"change {where} to meet that"
-
-
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     """422 with each bad field's path and message, and only an excerpt of its input."""
     errors = []
+    route = request.scope.get("route")
+    bodies = getattr(getattr(route, "dependant", None), "body_params", None) or []
+    body = bodies[0].field_info.annotation if len(bodies) == 1 else None  # the whole body
     for error in exc.errors():
-        if "To fix" not in error.get("msg", ""):
-            error = {**error, "msg": f"{error.get('msg', 'invalid')}. To fix: "
-                     f"{_fix_for(error)}"}
+        in_body = tuple(error.get("loc", ()))[:1] == ("body",)
+        error = {**error, "msg": with_fix(error, body if in_body else None, skip=1)}
         error = {k: v for k, v in error.items() if k not in ("ctx", "url")}
         if "input" in error:
             error["input"] = excerpt(error["input"])
@@ -194,7 +174,7 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
         dependencies=[Depends(no_unknown_query)],
         docs_url=None, redoc_url=None,  # serve.dashboard serves them, with no CDN
     )
-    open_paths = frozenset({"/healthz", *(["/metrics"] if open_metrics else [])})
+    open_paths = frozenset({"/healthz", "/readyz", *(["/metrics"] if open_metrics else [])})
     document(api, open_paths)
     add_pages(api)
     latency = request_latency()
@@ -361,12 +341,17 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
     @api.get("/readyz", responses={**errors(), 503: {
         "description": "Starting, or the job manager or its store is not answering.",
         "headers": RETRY_AFTER}})
-    async def readyz() -> JSONResponse:
-        """Readiness: the job manager answers and its store takes writes."""
+    async def readyz(request: Request) -> JSONResponse:
+        """Readiness: the job manager answers and its store takes writes. Open, for probes:
+        without a token it says only whether the service is ready; with one, why not, and
+        where its store is."""
         try:
             ready = await asyncio.wait_for(manager.ready.remote(), READY_TIMEOUT_S)
         except (asyncio.TimeoutError, RayActorError, GetTimeoutError) as exc:
             ready = {"ready": False, "status": "starting", "detail": type(exc).__name__}
+        if auth and _caller(request) is None:
+            ready = {"ready": ready["ready"], "status": "ready" if ready["ready"] else
+                     "not ready (send a token for the reason)"}
         return JSONResponse(status_code=200 if ready["ready"] else 503,
                             content={**ready, "version": __version__},
                             headers={} if ready["ready"] else {"Retry-After": "2"})
@@ -383,7 +368,8 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
 
     api.add_middleware(JSONBodies)
     if cache is not None:
-        api.add_middleware(CachedReads, cache=cache, route=get_job_route(api))
+        api.add_middleware(CachedReads, cache=cache, route=get_job_route(api),
+                           list_route=route_of(api, "/v1/jobs", "GET"))
     # Added after the above, so it runs before them: a request without a token is refused
     # before its body is read, and before any answer from memory.
     api.add_middleware(BearerAuth, digests=lambda: manager.token_digests.remote(),
@@ -393,9 +379,12 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
 
 
 def get_job_route(api: FastAPI) -> Any:
-    return next(route for route in api.routes
-                if getattr(route, "path", None) == "/v1/jobs/{job_id}"
-                and "GET" in getattr(route, "methods", ()))
+    return route_of(api, "/v1/jobs/{job_id}", "GET")
+
+
+def route_of(api: FastAPI, path: str, method: str) -> Any:
+    return next(route for route in api.routes if getattr(route, "path", None) == path
+                and method in getattr(route, "methods", ()))
 
 
 class InProcess:

@@ -48,6 +48,7 @@ from raytrain.errors import RaytrainError
 logger = logging.getLogger(__name__)
 
 TOKENS_FILE = "tokens.json"
+SERVICES_FILE = "services.json"  # {port: state directory} of the services on this machine
 OPERATOR = "operator"
 TOKEN_ENV = "RAYTRAIN_TOKEN"
 STATE_DIR_ENV = "RAYTRAIN_STATE_DIR"
@@ -244,16 +245,54 @@ def is_loopback(host: str) -> bool:
     return bool(addresses) and all(address.is_loopback for address in addresses)
 
 
+def default_state_dir(given: str | Path | None = None) -> Path:
+    """The state directory meant: the one given, else $RAYTRAIN_STATE_DIR, else
+    ~/.raytrain."""
+    return Path(given or os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR).expanduser()
+
+
+def remember_service(port: int, state_dir: Path) -> None:
+    """Note, for clients on this machine, which state directory the service on `port` keeps
+    its tokens in (SERVICES_FILE in ~/.raytrain, owner-only): a second shell then needs
+    neither --state-dir nor RAYTRAIN_STATE_DIR."""
+    path = Path(DEFAULT_STATE_DIR).expanduser() / SERVICES_FILE
+    try:
+        known = json.loads(path.read_text())
+        known = known if isinstance(known, dict) else {}
+    except (OSError, ValueError):
+        known = {}
+    known[str(port)] = str(state_dir.expanduser().resolve())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(json.dumps(known, indent=1, sort_keys=True) + "\n")
+    partial.replace(path)
+
+
+def remembered_state_dir(port: int) -> Path | None:
+    """The state directory the service last started on `port` of this machine used."""
+    try:
+        known = json.loads((Path(DEFAULT_STATE_DIR).expanduser() / SERVICES_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    found = known.get(str(port)) if isinstance(known, dict) else None
+    return Path(found) if isinstance(found, str) else None
+
+
 def client_token(url: str, state_dir: str | Path | None = None) -> str | None:
     """The token a client sends: RAYTRAIN_TOKEN, else (for a service on this machine only)
-    the operator token in the state directory (RAYTRAIN_STATE_DIR, default ~/.raytrain)."""
+    the operator token in its state directory: `state_dir`, else RAYTRAIN_STATE_DIR, else the
+    one the service on that port was started with, else ~/.raytrain."""
     if os.environ.get(TOKEN_ENV):
         return os.environ[TOKEN_ENV]
-    if not is_loopback(urlparse(url).hostname or ""):
+    parsed = urlparse(url)
+    if not is_loopback(parsed.hostname or ""):
         return None  # never send this machine's token to another one
-    folder = Path(state_dir or os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
+    folder = state_dir or os.environ.get(STATE_DIR_ENV) or \
+        remembered_state_dir(parsed.port or (443 if parsed.scheme == "https" else 80))
     try:
-        return read_tokens(folder).get(OPERATOR)
+        return read_tokens(default_state_dir(folder)).get(OPERATOR)
     except RaytrainError:
         return None
 
@@ -293,6 +332,15 @@ class BearerAuth:
         path = scope.get("path", "")
         if scope["type"] != "http" or path in self.open_paths or \
                 (path.startswith(self.open_prefixes) and ".." not in path):
+            presented = _bearer(scope) if scope["type"] == "http" else ""
+            if presented:  # an open route may say more to a token holder: who is it (never
+                # refused, never counted)?
+                try:
+                    known = await self._current()
+                except Exception:  # the manager is away: a stranger, for now
+                    known = None
+                scope.setdefault("state", {})["caller"] = \
+                    caller_of(presented, known) if known is not None else None
             await self.app(scope, receive, send)
             return
         try:
@@ -313,10 +361,9 @@ class BearerAuth:
                                 "on the service's machine gives one)",
                                 {b"retry-after": str(math.ceil(wait)).encode()})
                 return
-            header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-            scheme, _, presented = header.partition(" ")
-            if scheme.lower() == "bearer" and presented.strip():
-                caller = caller_of(presented.strip(), known)
+            presented = _bearer(scope)
+            if presented:
+                caller = caller_of(presented, known)
             if caller is None:
                 count = self.refusals.refused(address, time.monotonic())
                 self._count("invalid_token")
@@ -324,11 +371,15 @@ class BearerAuth:
                                "in %.0f s%s)", scope["method"], scope["path"], address, count,
                                GUESS_WINDOW_S, "; now slowed" if count == GUESSES_ALLOWED
                                else "")
-                await send_json(send, 401, "this service needs a token: send 'Authorization: "
-                                "Bearer <token>'. To fix: set RAYTRAIN_TOKEN (or --token) to "
-                                "the token in the service's state directory (tokens.json), or "
-                                "ask its operator for one (raytrain token add NAME)",
-                                {b"www-authenticate": b'Bearer realm="raytrain"'})
+                sent = bool(presented)
+                await send_json(send, 401, (
+                    "this service did not accept the token sent (wrong, rotated or removed)"
+                    if sent else "this service needs a token: send 'Authorization: Bearer "
+                    "<token>'") + ". To fix: set RAYTRAIN_TOKEN (or --token) to a current token "
+                    "from the service's state directory (tokens.json), or ask its operator "
+                    "for one (raytrain token add NAME)",
+                    {b"www-authenticate": b'Bearer realm="raytrain"'
+                     + (b', error="invalid_token"' if sent else b"")})
                 return
         scope.setdefault("state", {})["caller"] = caller
         await self.app(scope, receive, send)
@@ -336,6 +387,13 @@ class BearerAuth:
     def _count(self, reason: str) -> None:
         if self.refused is not None:
             self.refused.labels(reason).inc()
+
+
+def _bearer(scope: dict) -> str:
+    """The bearer token a request presents ('' if none)."""
+    header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+    scheme, _, presented = header.partition(" ")
+    return presented.strip() if scheme.lower() == "bearer" else ""
 
 
 async def send_json(send: Any, status: int, detail: str,

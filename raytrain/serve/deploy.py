@@ -115,6 +115,9 @@ def deploy(config: ServiceConfig, host: str, port: int, timeout_s: float = 120.0
     # Serve's driver-side notices ("Started Serve", "New http_options will not be applied",
     # which serve.run says of the options serve.start just set) are not an operator's news.
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    # The operator token is written before anything answers: a script that waits for
+    # /healthz then reads tokens.json finds it.
+    token = operator_token(config)
     # The replicas serve HTTP themselves (serve.front): Serve runs no proxy.
     serve.start(
         proxy_location="Disabled",
@@ -122,7 +125,6 @@ def deploy(config: ServiceConfig, host: str, port: int, timeout_s: float = 120.0
     )
     serve.run(serve_app(config, host, port), name=APP_NAME, route_prefix=None)
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
-    token = operator_token(config)  # written on the first start
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     deadline = time.monotonic() + timeout_s
     while True:

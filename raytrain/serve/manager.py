@@ -39,6 +39,7 @@ from raytrain.core import lifecycle as lc
 from raytrain.core.resolve import plan_summary
 from raytrain.core.tally import Tally, snapshot
 from raytrain.errors import SpecError, StoreError
+from raytrain.models.registry import resolve_factory
 from raytrain.serve.admission import (
     admission_refusal,
     check_paths_on_head_node,
@@ -58,7 +59,7 @@ from raytrain.serve.ray_cluster import (
     RayCluster,
     RunHandle,
 )
-from raytrain.serve.reads import Versions
+from raytrain.serve.reads import Versions, list_cursor
 from raytrain.serve.scheduler import Scheduler
 from raytrain.serve.store import STORE_FILE, JobStore
 from raytrain.spec import (
@@ -186,6 +187,8 @@ class JobManager:
         try:
             plan = plan_summary(spec)  # the layout, decided once: stored, never planned again
             check_imports_allowed(spec, self.config.allowed_import_packages)
+            for loc, path in spec.import_paths():  # a typo is found now, not on a node
+                resolve_factory(path, loc)  # bought for it
             check_paths_on_head_node(spec)
             self.provisioner.check_capacity(spec, self.cluster.node_resources)
         except SpecError as exc:
@@ -235,8 +238,8 @@ class JobManager:
         `after` (the previous page's `next`), only in `states` if given; `next` is None on
         the last page."""
         with self.lock:
-            jobs = [r.status for r in self.records.values()
-                    if not states or r.status.state.value in states]
+            jobs = sorted((r.status for r in self.records.values()
+                           if not states or r.status.state.value in states), key=_cursor)
             if after:
                 jobs = [job for job in jobs if _cursor(job) > after]
             page = jobs if limit is None else jobs[:limit]
@@ -472,8 +475,7 @@ def _not_found(job_id: str) -> dict[str, Any]:
 
 
 def _cursor(job: JobStatus) -> str:
-    """A job's place in the list, oldest first: its creation time, then its id."""
-    return f"{job.created_at:017.6f}:{job.id}"
+    return list_cursor(job.created_at, job.id)
 
 
 JobManagerActor = ray.remote(JobManager)

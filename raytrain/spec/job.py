@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails
 
 from raytrain.errors import FieldError, SpecError
 from raytrain.spec._base import Strict, field_error, raise_if_any
+from raytrain.spec.fixes import with_fix
 from raytrain.spec.layout import (
     DEGREES,
     Layout,
@@ -194,10 +195,12 @@ def check_imports_allowed(spec: JobSpec, allowed_packages: list[str]) -> None:
         raise SpecError(errors)
 
 
-def spec_error_from_validation(exc: ValidationError, source: str = "job spec") -> SpecError:
-    return SpecError(
-        [FieldError(tuple(err["loc"]), err["msg"]) for err in exc.errors()], source=source
-    )
+def spec_error_from_validation(exc: ValidationError, source: str = "job spec",
+                               model: type[BaseModel] | None = None) -> SpecError:
+    """Each refused field at its path, with how to fix it (for a misspelt name in a document
+    of `model`, the name probably meant)."""
+    return SpecError([FieldError(tuple(err["loc"]), with_fix(err, model))  # type: ignore[arg-type]
+                      for err in exc.errors()], source=source)
 
 
 def parse_job_spec(document: dict[str, Any]) -> JobSpec:
@@ -207,7 +210,7 @@ def parse_job_spec(document: dict[str, Any]) -> JobSpec:
     try:
         return JobSpec.model_validate(document)
     except ValidationError as exc:
-        raise spec_error_from_validation(exc) from None
+        raise spec_error_from_validation(exc, model=JobSpec) from None
 
 
 def load_job_spec(path: str | Path) -> JobSpec:

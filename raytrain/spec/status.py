@@ -23,6 +23,9 @@ class JobState(str, Enum):
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
 
+    def __str__(self) -> str:  # print(status.state) shows SUCCEEDED, as the API does
+        return self.value
+
     @property
     def is_terminal(self) -> bool:
         return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import stat
 import threading
@@ -57,13 +58,19 @@ def test_every_route_but_healthz_needs_a_valid_token_and_a_refusal_does_nothing(
     assert service.request("GET", "/healthz", token=None).status_code == 200
     for token in (None, "rt_guess", service.token[:-1]):
         for method, route in (("POST", "/v1/jobs"), ("GET", "/v1/jobs"), ("GET", "/metrics"),
-                              ("GET", "/readyz"), ("GET", "/v1/jobs/x/history"),
+                              ("GET", "/v1/jobs/x/history"),
                               ("DELETE", "/v1/jobs/x"), ("GET", "/v1/jobs/x/events")):
             answer = service.request(method, route, token=token, json=small_job())
             assert answer.status_code == 401, (method, route, answer.text)
             assert answer.headers["www-authenticate"].startswith("Bearer")
             assert "RAYTRAIN_TOKEN" in answer.json()["detail"]
+            # A token sent and refused is told so, not asked for one.
+            assert ("did not accept the token" in answer.json()["detail"]) == bool(token)
+        # Readiness is open to probes, and says nothing more without a token.
+        ready = service.request("GET", "/readyz", token=token)
+        assert ready.status_code == 200 and set(ready.json()) == {"ready", "status", "version"}
     assert job_count(service) == 0  # nothing was queued
+    assert "store" in service.request("GET", "/readyz").json()  # a token holder sees more
     assert service.request("GET", "/metrics").status_code == 200
     # The dashboard's page and files, and the API's documents, hold no job's data: open.
     assert service.request("GET", "/healthz", token=None).json()["auth"] is True
@@ -145,7 +152,8 @@ def test_the_client_retries_reads_and_keyed_submits_through_a_restart_but_not_a_
 
     threading.Thread(target=restart, daemon=True).start()
     second = client.submit(small_job())  # sent while nothing listened: retried, queued once
-    assert up.is_set() and [j.id for j in client.list()] == [first.id, second.id]
+    listed = [j.id for j in client.list()]  # (one creation time here: listed by id)
+    assert up.is_set() and sorted(listed) == sorted([first.id, second.id])
 
 
 def test_the_service_takes_no_more_than_max_active_jobs(tmp_path: Path) -> None:
@@ -348,3 +356,32 @@ def test_a_request_head_is_bounded_before_anything_reads_it(tmp_path: Path) -> N
         fine = httpx.get(f"{url}/v1/jobs", headers={**auth_header, "X-Ok": "a" * 32_000})
         assert fine.status_code == 200
         assert httpx.get(f"{url}/healthz").status_code == 200  # the server is unharmed
+
+
+def test_a_second_shell_finds_the_token_with_only_the_state_dir_or_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`raytrain token` (a subprocess) writes where RAYTRAIN_STATE_DIR says; a client on this
+    machine finds the operator token of a service started with --state-dir D from the port
+    alone (the service noted D), or from RAYTRAIN_STATE_DIR."""
+    import subprocess
+    import sys
+
+    home, state = tmp_path / "home", tmp_path / "D"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("RAYTRAIN_TOKEN", raising=False)
+    monkeypatch.delenv("RAYTRAIN_STATE_DIR", raising=False)
+    added = subprocess.run([sys.executable, "-m", "raytrain.cli", "token", "add", "alice"],
+                           env={**os.environ, "RAYTRAIN_STATE_DIR": str(state)},
+                           capture_output=True, text=True, timeout=60)
+    assert added.returncode == 0, added.stderr
+    assert auth.read_tokens(state)["alice"] == added.stdout.strip()
+    assert not (home / ".raytrain" / "tokens.json").exists()
+    operator = auth.set_token(state, "operator")
+    assert auth.client_token("http://127.0.0.1:8123") is None  # nothing known of it yet
+    auth.remember_service(8123, state)  # what `raytrain serve --state-dir D` does
+    assert auth.client_token("http://127.0.0.1:8123") == operator
+    assert auth.client_token("http://127.0.0.1:8124") is None  # another service
+    monkeypatch.setenv("RAYTRAIN_STATE_DIR", str(state))
+    assert auth.client_token("http://127.0.0.1:8124") == operator
+    assert auth.client_token("http://192.0.2.1:8123") is None  # never sent elsewhere

@@ -369,3 +369,25 @@ def test_a_plan_for_one_layout_on_a_named_shape_or_the_field_that_stops_it(
     assert refused.status_code == 422
     first = refused.json()["detail"][0]
     assert first["loc"] == ["body", "layout", "tp"] and "To fix" in first["msg"]
+
+
+def test_a_factory_that_cannot_be_imported_is_refused_at_submit_and_nothing_starts(
+        tmp_path: Path) -> None:
+    """An allowed package, but a name in it that does not exist (or a module that does not):
+    422 naming the field, before a worker group starts or a node is bought for it."""
+    service = Service(tmp_path, allowed_import_packages=["tests"])
+    good = {**small_job(), "model": {"kind": "import",
+                                     "factory": "tests.unit.support:make_tiny_model",
+                                     "options": {"dim": 8}}}
+    for factory, said in (("tests.unit.support:nope", "no attribute"),
+                          ("tests.no_such_module:build", "cannot import")):
+        document = {**good, "model": {**good["model"], "factory": factory}}
+        answer = service.request("POST", "/v1/jobs", json=document)
+        assert answer.status_code == 422, answer.text
+        [error] = answer.json()["detail"]
+        assert error["loc"][-2:] == ["model", "factory"] and said in error["msg"]
+        assert "To fix" in error["msg"]
+    assert service.request("GET", "/v1/jobs").json() == []
+    service.tick()
+    assert service.cluster.runs == {} and service.cluster.requests == {}  # nothing started
+    assert service.request("POST", "/v1/jobs", json=good).status_code == 202

@@ -5,6 +5,7 @@ match the job's devices, no metadata address on a local run, worker output kept 
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import pickle
 import subprocess
@@ -191,3 +192,47 @@ def test_an_error_keeps_its_path_and_command_on_one_line(tmp_path: Path) -> None
     assert stopped.returncode == 1
     [line] = stopped.stderr.strip().splitlines()
     assert f"{state / 'service.json'}" in line and "`raytrain serve --detach`" in line
+
+
+def test_a_misspelt_field_gets_the_fix_and_the_name_meant_from_the_cli_and_the_api(
+        tmp_path: Path) -> None:
+    """The CLI (a subprocess) says what the service says: the fix, and the field probably
+    meant, at any depth of the spec."""
+    from tests.unit.test_api import Service, small_job
+
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("name: t\ntraining: {steps: 3, learning_rat: 0.1}\n"
+                    "model: {gpt: {num_layer: 2}}\n")
+    refused = run_cli("submit", str(typo))
+    assert refused.returncode == 2
+    assert "training.learning_rat: Extra inputs are not permitted. To fix: remove it, or did " \
+        "you mean learning_rate?" in refused.stderr
+    assert "model.gpt.num_layer" in refused.stderr and "num_layers?" in refused.stderr
+    document = small_job()
+    document["training"]["learning_rat"] = 0.1
+    document["resourcez"] = {}
+    answer = Service(tmp_path / "state").request("POST", "/v1/jobs", json=document)
+    messages = {tuple(e["loc"]): e["msg"] for e in answer.json()["detail"]}
+    assert messages[("body", "training", "learning_rat")].endswith(
+        "To fix: remove it, or did you mean learning_rate?")
+    assert messages[("body", "resourcez")].endswith("did you mean resources?")
+
+
+def test_plan_says_whose_cpu_figures_it_used_and_finds_them_through_the_state_dir(
+        tmp_path: Path) -> None:
+    """`raytrain plan --gpu cpu` (a subprocess) reads the profile `raytrain calibrate` stored
+    in $RAYTRAIN_STATE_DIR, and says which figures it planned with; without one, it says so
+    and suggests calibrating."""
+    from raytrain.catalog.files import PROFILE_FILE
+
+    demo = str(Path(__file__).resolve().parents[2] / "examples" / "demo.yaml")
+    (tmp_path / PROFILE_FILE).write_text(json.dumps({"figures": {"fp32_flops": 3e10}}))
+    for state_dir, said in ((tmp_path, "calibrate on this machine"),
+                            (tmp_path / "empty", "the catalog's generic figures")):
+        planned = subprocess.run(
+            [sys.executable, "-m", "raytrain.cli", "plan", demo, "--gpu", "cpu", "--gpus", "2"],
+            capture_output=True, text=True, timeout=120,
+            env={**os.environ, "RAYTRAIN_STATE_DIR": str(state_dir)})
+        assert planned.returncode == 0, planned.stderr
+        assert said in " ".join(planned.stderr.split()), planned.stderr
+    assert "raytrain calibrate" in planned.stderr
