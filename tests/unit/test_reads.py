@@ -182,11 +182,13 @@ def test_wait_reads_the_end_through_a_replica_that_has_not_heard_of_it_yet(
 
 def test_a_copy_is_replaced_whole_when_the_manager_is_a_new_one() -> None:
     cache = StatusCache(manager=None)
-    cache.apply({"epoch": "a", "version": 3, "full": True, "jobs": {"x": "{}", "y": "{}"}})
+    job = '{"created_at": 1.0, "state": "PENDING"}'
+    cache.apply({"epoch": "a", "version": 3, "full": True, "jobs": {"x": job, "y": job}})
     cache.apply({"epoch": "a", "version": 4, "full": False, "jobs": {"y": None}})
-    assert set(cache.bodies) == {"x"}
-    cache.apply({"epoch": "b", "version": 1, "full": True, "jobs": {"z": '{"a": 1}'}})
-    assert cache.bodies == {"z": b'{"a": 1}'} and (cache.epoch, cache.version) == ("b", 1)
+    assert set(cache.bodies) == set(cache.places) == {"x"}
+    cache.apply({"epoch": "b", "version": 1, "full": True, "jobs": {"z": job}})
+    assert cache.bodies == {"z": job.encode()} and (cache.epoch, cache.version) == ("b", 1)
+    assert set(cache.places) == {"z"}
 
 
 def test_replicas_share_the_port_and_it_stays_open_when_one_stops(tmp_path: Path) -> None:
@@ -225,3 +227,76 @@ def test_the_manager_answers_a_copy_with_just_what_changed_since_it_asked() -> N
     assert not later["full"] and later["jobs"] == {"a": "A2", "b": None}
     assert versions.changes(first["epoch"], 5, statuses, statuses.get)["jobs"] == {}
     assert not versions.changed(first["epoch"], 5) and versions.changed("another", 5)
+
+
+class CountingLists(CountingManager):
+    """Counts the list requests that reach the job manager."""
+
+    lists = 0
+
+    def list_jobs(self, limit: int | None = None, after: str | None = None,
+                  states: list[str] | None = None) -> dict[str, Any]:
+        CountingLists.lists += 1
+        return super().list_jobs(limit, after, states)
+
+
+def test_list_pages_come_from_memory_and_are_the_managers_own(tmp_path: Path) -> None:
+    """Once the copy has caught up, every page of GET /v1/jobs (any limit, cursor and states)
+    is what the job manager answers, headers and all, without asking it; a query the app
+    must judge still reaches its checks, and a write is listed at once."""
+    manager, front, http = serve(tmp_path, kind=CountingLists)
+    try:
+        ids = [http.post("/v1/jobs", json={**small_job(), "name": f"j{i}"}).json()["id"]
+               for i in range(7)]
+        for job_id in ids[:3]:
+            http.delete(f"/v1/jobs/{job_id}")
+        queries: list[dict[str, Any]] = [{}, {"limit": 2}, {"limit": 3, "state": "PENDING"},
+                                         {"state": ["CANCELLED", "PENDING"], "limit": 1000}]
+
+        def pages(query: dict[str, Any]) -> list[tuple[bytes, str | None, str | None]]:
+            got, params = [], dict(query)
+            while True:
+                answer = http.get("/v1/jobs", params=params)
+                assert answer.status_code == 200, answer.text
+                got.append((answer.content, answer.headers.get("x-next-cursor"),
+                            answer.headers.get("link")))
+                if "x-next-cursor" not in answer.headers:
+                    return got
+                params = {**query, "after": answer.headers["x-next-cursor"]}
+
+        deadline = time.monotonic() + CHANGE_SEEN_S
+        while True:  # until the copy has caught up: a page no longer reaches the manager
+            before = CountingLists.lists
+            http.get("/v1/jobs")
+            if CountingLists.lists == before or time.monotonic() > deadline:
+                break
+        before = CountingLists.lists
+        from_memory = {repr(q): pages(q) for q in queries}
+        assert CountingLists.lists == before  # none reached the manager
+        expected = {}
+        for query in queries:  # the manager's own pages
+            got, after = [], None
+            states = query.get("state", [])
+            states = [states] if isinstance(states, str) else states
+            while True:
+                page = manager.list_jobs(query.get("limit", 100), after, states)
+                got.append(page)
+                if page["next"] is None:
+                    break
+                after = page["next"]
+            expected[repr(query)] = got
+        for query in queries:
+            assert [c for c, _, _ in from_memory[repr(query)]] == \
+                [p["jobs"].encode() for p in expected[repr(query)]], query
+            assert [n for _, n, _ in from_memory[repr(query)]] == \
+                [p["next"] for p in expected[repr(query)]], query
+        assert len(from_memory[repr({"limit": 2})]) == 4  # 7 jobs, 2 a page
+        # A query the app refuses still gets its 422, and a new job is listed at once.
+        assert http.get("/v1/jobs", params={"limit": 0}).status_code == 422
+        assert http.get("/v1/jobs", params={"state": "DONE"}).status_code == 422
+        new = http.post("/v1/jobs", json=small_job()).json()["id"]
+        assert new in [j["id"] for j in http.get("/v1/jobs").json()]
+    finally:
+        http.close()
+        front.stop()
+        manager.shutdown()
