@@ -15,16 +15,19 @@ documentation pages load before anyone signs in; "Authorize" there takes the tok
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
-from fastapi.responses import FileResponse, HTMLResponse
+from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 WEB = Path(__file__).with_name("web")
 ASSETS = "/ui/"
-PAGES = frozenset({"/", "/docs", "/redoc", "/openapi.json"})
+REDOC_JS = "/redoc.js"  # the vendored ReDoc, served with one URL changed (below)
+REDOC_CDN_LOGO = b"https://cdn.redoc.ly/redoc/logo-mini.svg"
+PAGES = frozenset({"/", "/docs", "/redoc", REDOC_JS, "/openapi.json"})
 # The dashboard loads only what it ships, and talks only to this service.
 DASHBOARD_POLICY = ("default-src 'self'; img-src 'self' data:; style-src 'self' "
                     "'unsafe-inline'; connect-src 'self'; frame-ancestors 'none'; "
@@ -59,8 +62,21 @@ def add_pages(api: FastAPI) -> None:
     async def redoc() -> HTMLResponse:
         return _with_policy(get_redoc_html(
             openapi_url=api.openapi_url or "/openapi.json", title=f"{api.title} API",
-            redoc_js_url=f"{vendor}/redoc.standalone.js", redoc_favicon_url=f"{ASSETS}favicon.svg",
+            redoc_js_url=REDOC_JS, redoc_favicon_url=f"{ASSETS}favicon.svg",
             with_google_fonts=False))
+
+    @api.get(REDOC_JS, include_in_schema=False)
+    async def redoc_js() -> Response:
+        return Response(_redoc_without_cdn(), media_type="text/javascript",
+                        headers={"Cache-Control": "max-age=3600"})
+
+
+@functools.lru_cache(maxsize=1)
+def _redoc_without_cdn() -> bytes:
+    """The vendored ReDoc, its footer's logo (hard-coded to its maker's CDN, which the page's
+    policy blocks with a console error) pointed at this service's own icon."""
+    code = (WEB / "vendor" / "redoc.standalone.js").read_bytes()
+    return code.replace(REDOC_CDN_LOGO, f"{ASSETS}favicon.svg".encode())
 
 
 def _with_policy(page: HTMLResponse) -> HTMLResponse:

@@ -95,9 +95,12 @@ def test_the_pages_load_only_what_the_package_ships(tmp_path: Path) -> None:
         answer = service.request("GET", page, token=None)
         assert answer.status_code == 200, page
         assert not re.findall(r"(?:src|href)=[\"']?(?:https?:)?//", answer.text), page
-        for asset in re.findall(r"(?:src|href)=[\"']?(/ui/[^\"' >]+)", answer.text) + \
-                re.findall(r"url: *'(/[^']+)'", answer.text):
-            assert service.request("GET", asset, token=None).status_code == 200, asset
+        for asset in re.findall(r"(?:src|href)=[\"']?(/(?:ui/|redoc)[^\"' >]+)",
+                                answer.text) + re.findall(r"url: *'(/[^']+)'", answer.text):
+            served = service.request("GET", asset, token=None)
+            assert served.status_code == 200, asset
+            # Nor does a script they load reach another host for an image (ReDoc's footer).
+            assert b"cdn.redoc.ly" not in served.content, asset
     assert "default-src 'self'" in service.request("GET", "/", token=None).headers[
         "content-security-policy"]
     vendored = {p.name for p in (WEB / "vendor").iterdir()}

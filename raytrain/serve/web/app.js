@@ -274,14 +274,34 @@
 
   // ----------------------------------------------------------------------- job page
 
+  // Axis labels that fit the axis and keep their digits: 12k, not a clipped "2,000"; as
+  // many decimals as the ticks' spacing needs, so $0.002 and $0.004 are not both "$0.00";
+  // whole seconds of the clock, never ":21.500".
+  const decimals = (incr) => Math.min(6, Math.max(0, -Math.floor(Math.log10(incr || 1) + 1e-9)));
+  const compactTicks = (u, vals) => vals.map((v) => v === null ? "" : Math.abs(v) >= 1000
+    ? Number(v).toLocaleString(undefined, { notation: "compact", maximumFractionDigits: 1 })
+    : num(v));
+  const usdTicks = (suffix = "") => (u, vals, axis, space, incr) =>
+    vals.map((v) => v === null ? "" : `$${Number(v).toFixed(decimals(incr))}${suffix}`);
+  const clockTicks = (u, vals) => vals.map((v) => new Date(v * 1000).toLocaleTimeString(
+    undefined, { hour: "2-digit", minute: "2-digit", second: "2-digit", hour12: false }));
+  const TIME_AXIS = { values: clockTicks, space: 70,
+                      incrs: [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200,
+                              10800, 21600, 43200, 86400] };
+
   function chart(el, title, series, axes, scales) {
     const x = scales && scales.x && scales.x.time === false ? { label: "step" } : { label: "time" };
     const width = () => Math.max(240, el.clientWidth - 10);
+    const timed = !(scales && scales.x && scales.x.time === false);
+    axes = axes || [{}, {}];
+    axes = [{ ...(timed ? TIME_AXIS : {}), ...axes[0] },
+            ...axes.slice(1).map((a) => ({ values: compactTicks, size: 60, ...a }))];
     const plot = new uPlot({
       title, width: width(), height: 220, scales: scales || { x: { time: true } },
       series: [x, ...series.map((s) => ({ points: { show: false }, ...s }))], axes,
       legend: { live: true }, cursor: { drag: { x: true, y: false } },
     }, [[], ...series.map(() => [])], el);
+    el.plot = plot;  // what a test reads the drawn axis labels from (plot.axes[i]._values)
     let drawn = width();
     new ResizeObserver(() => requestAnimationFrame(() => {
       if (view.live && width() !== drawn) { drawn = width(); plot.setSize({ width: drawn, height: 220 }); }
@@ -398,8 +418,8 @@
       { label: "spent ($)", stroke: COLORS.cost, width: 2, scale: "usd", value: (u, v) => usd(v) },
       { label: "rate ($/h)", stroke: COLORS.rate, width: 1, dash: [6, 4], scale: "rate",
         value: (u, v) => v === null ? "–" : `${usd(v)}/h` }],
-      [{}, { scale: "usd", values: (u, vals) => vals.map(usd) },
-       { scale: "rate", side: 1, grid: { show: false }, values: (u, vals) => vals.map((v) => `${usd(v)}/h`) }],
+      [{}, { scale: "usd", values: usdTicks(), size: 70 },
+       { scale: "rate", side: 1, grid: { show: false }, values: usdTicks("/h"), size: 80 }],
       { x: { time: true }, usd: { range: (u, lo, hi) => [0, Math.max(hi, 0.01)] },
         rate: { range: (u, lo, hi) => [0, Math.max(hi, 0.01)] } });
     const cap = chart(capEl, "Nodes held (red: preemption)", [
