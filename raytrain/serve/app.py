@@ -189,7 +189,7 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
 
     @api.post("/v1/jobs", status_code=202, response_model=JobStatus,
               responses=errors(400, 409, 413, 422, 429))
-    async def submit(spec: JobSpec, request: Request, idempotency_key: str | None = Header(
+    async def submit(spec: JobSpec, request: Request, idempotency_key: str = Header(  # type: ignore[assignment]  # noqa: E501
             None, max_length=200, description="Retrying with the same key returns the job the "
             "first request queued (for a day) instead of queueing another.")
                      ) -> dict[str, Any]:
@@ -234,7 +234,7 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
     @api.post("/v1/jobs/{job_id}/resume", status_code=202, response_model=JobStatus,
               responses=errors(400, 404, 409, 413, 422, 429))
     async def resume(job_id: str, body: ResumeRequest, request: Request,
-                     idempotency_key: str | None = Header(None, max_length=200)) -> Any:
+                     idempotency_key: str = Header(None, max_length=200)) -> Any:  # type: ignore[assignment]
         """Queue a new job that goes on from a failed or cancelled job's latest checkpoint
         (a job stopped by its budget, say), with its own budget if given."""
         return _unwrap(await manager.resume.remote(job_id, _caller(request), body.budget_usd,
@@ -268,8 +268,9 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
     async def events(job_id: str, after: int = Query(
             -1, ge=-1, le=2**53, description="Send the events after this one (-1: from the "
             "start); the Last-Event-ID header wins when both are sent."),
-            last_event_id: int | None = Header(None, ge=-1, le=2**53, description="The id "
-                                               "of the last event received, to resume.")
+            last_event_id: int = Header(  # type: ignore[assignment]  # optional, but never
+                None, ge=-1, le=2**53,  # null: a header cannot be (the document says integer)
+                description="The id of the last event received, to resume.")
             ) -> StreamingResponse:
         """Server-Sent Events: `state`, `progress`, `checkpoint`, then one `end`.
 

@@ -66,3 +66,15 @@ def test_every_answer_is_one_the_document_lists(
     answers_as_documented()
     # the token went with most (a case without it, or with a wrong one, must get 401)
     assert sum(status != 401 for status in statuses) >= len(statuses) / 4, statuses
+
+
+def test_no_header_is_documented_as_null() -> None:
+    """A header has a value or is absent; a document that allows it null makes a fuzzer send
+    'null', which the service then refuses (a schema-valid request rejected)."""
+    document = build_app(None).openapi()
+    headers = [(path, p) for path, methods in document["paths"].items()
+               for operation in methods.values() for p in operation.get("parameters", [])
+               if p["in"] == "header"]
+    assert headers
+    for path, parameter in headers:
+        assert "anyOf" not in parameter["schema"], (path, parameter)
