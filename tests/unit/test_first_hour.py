@@ -236,3 +236,18 @@ def test_plan_says_whose_cpu_figures_it_used_and_finds_them_through_the_state_di
         assert planned.returncode == 0, planned.stderr
         assert said in " ".join(planned.stderr.split()), planned.stderr
     assert "raytrain calibrate" in planned.stderr
+
+
+def test_the_readmes_plan_and_offers_examples_run_as_written() -> None:
+    """Each `raytrain plan` / `raytrain offers` line of the README that names a shipped file
+    runs from the repository's root as written (subprocesses), and the offers one ranks."""
+    root = Path(__file__).resolve().parents[2]
+    lines = [line.split("#")[0].split() for line in (root / "README.md").read_text().splitlines()
+             if line.startswith(("raytrain plan examples/", "raytrain offers examples/"))]
+    assert len(lines) >= 5
+    for argv in lines:
+        ran = subprocess.run([sys.executable, "-m", "raytrain.cli", *argv[1:]], cwd=root,
+                             capture_output=True, text=True, timeout=120)
+        assert ran.returncode == 0, (argv, ran.stderr[-1500:])
+        if argv[1] == "offers":
+            assert "decision:" in ran.stdout and "no offer" not in ran.stdout, ran.stdout
