@@ -20,14 +20,12 @@ endpoints answer 503 with Retry-After rather than 500.
 # No `from __future__ import annotations` here: FastAPI reads the routes' annotations to
 # know a JobSpec is the body; real types need no resolving.
 import asyncio
-import json
 import logging
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, AsyncIterator
 from urllib.parse import urlencode
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Response
-from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import StringConstraints
@@ -39,6 +37,7 @@ from raytrain.catalog.files import snapshot
 from raytrain.core.planner import NothingFits
 from raytrain.core.resolve import rank_plans
 from raytrain.errors import SpecError
+from raytrain.serve.answers import manager_away, unwrap, validation_error
 from raytrain.serve.auth import BearerAuth
 from raytrain.serve.dashboard import ASSETS, PAGES, add_pages
 from raytrain.serve.feeds import Feeds, ManagerAway
@@ -72,67 +71,15 @@ from raytrain.spec import (
     PlanResponse,
     ResumeRequest,
 )
-from raytrain.spec.fixes import with_fix
 
 APP_NAME = "raytrain"
 SHIPPED_OFFERS = snapshot().offers  # the shapes POST /v1/plans may name by offer
 EVENT_POLL_S = 10.0
-EXCERPT_CHARS = 200
-MANAGER_RETRY_AFTER_S = 5
 READY_TIMEOUT_S = 5.0
 LOG_BYTES_PER_RANK = 64 * 2**10
 
 logger = logging.getLogger(__name__)
 RankOffset = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,9}:[0-9]{1,18}$")]
-
-
-def excerpt(value: Any) -> Any:
-    """`value` if its JSON is short, else the first EXCERPT_CHARS characters of it."""
-    text = json.dumps(jsonable_encoder(value), default=str)
-    return value if len(text) <= EXCERPT_CHARS else text[:EXCERPT_CHARS] + "..."
-
-
-async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    """422 with each bad field's path and message, and only an excerpt of its input."""
-    errors = []
-    route = request.scope.get("route")
-    bodies = getattr(getattr(route, "dependant", None), "body_params", None) or []
-    body = bodies[0].field_info.annotation if len(bodies) == 1 else None  # the whole body
-    for error in exc.errors():
-        in_body = tuple(error.get("loc", ()))[:1] == ("body",)
-        error = {**error, "msg": with_fix(error, body if in_body else None, skip=1)}
-        error = {k: v for k, v in error.items() if k not in ("ctx", "url")}
-        if "input" in error:
-            error["input"] = excerpt(error["input"])
-        errors.append(error)
-    return JSONResponse(status_code=422, content={"detail": jsonable_encoder(errors)})
-
-
-async def _manager_away(request: Request, exc: Exception) -> JSONResponse:
-    logger.warning("the job manager did not answer %s %s: %s", request.method,
-                   request.url.path, type(exc).__name__)
-    return JSONResponse(
-        status_code=503, headers={"Retry-After": str(MANAGER_RETRY_AFTER_S)},
-        content={"detail": "the job manager is not answering (restarting, or starting up); "
-                 f"no job was changed. To fix: retry in {MANAGER_RETRY_AFTER_S} s"})
-
-
-def _unwrap(envelope: dict[str, Any]) -> Any:
-    if "ok" in envelope:
-        return envelope["ok"]
-    kind, detail = envelope["error"], envelope["detail"]
-    if kind == "spec":
-        raise HTTPException(status_code=422,
-                            detail=[{**e, "loc": ["body", *e["loc"]]} for e in detail])
-    if kind == "not_found":
-        raise HTTPException(status_code=404, detail=detail)
-    if kind == "unavailable":  # the job store does not take writes: nothing changed
-        raise HTTPException(status_code=503, detail=detail,
-                            headers={"Retry-After": str(envelope["retry_after"])})
-    if kind == "busy":
-        raise HTTPException(status_code=429, detail=detail,
-                            headers={"Retry-After": str(envelope["retry_after"])})
-    raise HTTPException(status_code=409, detail=detail)
 
 
 def _caller(request: Request) -> str | None:
@@ -182,10 +129,10 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
     streams = StreamLimits()
     feeds = Feeds(manager, EVENT_POLL_S,
                   on_change=cache.heard_of_change if cache is not None else None)
-    api.add_exception_handler(RequestValidationError, _validation_error)
+    api.add_exception_handler(RequestValidationError, validation_error)
     api.add_exception_handler(StarletteHTTPException, allow_every_method)
-    api.add_exception_handler(RayActorError, _manager_away)
-    api.add_exception_handler(GetTimeoutError, _manager_away)
+    api.add_exception_handler(RayActorError, manager_away)
+    api.add_exception_handler(GetTimeoutError, manager_away)
 
     @api.post("/v1/jobs", status_code=202, response_model=JobStatus,
               responses=errors(400, 409, 413, 422, 429))
@@ -193,7 +140,7 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
             None, max_length=200, description="Retrying with the same key returns the job the "
             "first request queued (for a day) instead of queueing another.")
                      ) -> dict[str, Any]:
-        return _unwrap(await manager.submit.remote(
+        return unwrap(await manager.submit.remote(
             spec.model_dump(mode="json"), _caller(request), idempotency_key))
 
     @api.get("/v1/jobs", response_model=list[JobStatus], responses=errors(422))
@@ -228,8 +175,8 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
             "logs (409 while it runs)")) -> dict[str, Any]:
         """Cancel a job; with `?purge=true`, delete an ended one."""
         if purge:
-            return _unwrap(await manager.delete.remote(job_id))
-        return _unwrap(await manager.cancel.remote(job_id, _caller(request)))
+            return unwrap(await manager.delete.remote(job_id))
+        return unwrap(await manager.cancel.remote(job_id, _caller(request)))
 
     @api.post("/v1/jobs/{job_id}/resume", status_code=202, response_model=JobStatus,
               responses=errors(400, 404, 409, 413, 422, 429))
@@ -237,7 +184,7 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
                      idempotency_key: str = Header(None, max_length=200)) -> Any:  # type: ignore[assignment]
         """Queue a new job that goes on from a failed or cancelled job's latest checkpoint
         (a job stopped by its budget, say), with its own budget if given."""
-        return _unwrap(await manager.resume.remote(job_id, _caller(request), body.budget_usd,
+        return unwrap(await manager.resume.remote(job_id, _caller(request), body.budget_usd,
                                                    idempotency_key))
 
     @api.get("/v1/jobs/{job_id}/history", response_model=JobHistory,
@@ -260,7 +207,7 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
                    ) -> dict[str, Any]:
         """Each worker's output by rank, at most max_bytes per rank per answer."""
         offsets = {int(r): int(byte) for r, _, byte in (p.partition(":") for p in offset)}
-        return _unwrap(await manager.logs.remote(job_id, offsets or None, rank,
+        return unwrap(await manager.logs.remote(job_id, offsets or None, rank,
                                                       max_bytes))
 
     @api.get("/v1/jobs/{job_id}/events", response_class=StreamingResponse,
@@ -324,13 +271,13 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
                      keep: int = 20) -> dict[str, Any]:
         """The instance offers with current prices; with `?job=ID`, the policy's ranking of
         offer x market x node count for that job."""
-        return _unwrap(await manager.offers.remote(None, policy, keep, job))
+        return unwrap(await manager.offers.remote(None, policy, keep, job))
 
     @api.post("/v1/offers", response_model=OffersResponse,
               responses=errors(400, 413, 422))
     async def rank_offers(request: OffersRequest) -> dict[str, Any]:
         """The policy's ranking for a job spec, nothing submitted."""
-        return _unwrap(await manager.offers.remote(
+        return unwrap(await manager.offers.remote(
             request.spec.model_dump(mode="json"), request.policy, request.keep))
 
     @api.get("/healthz")

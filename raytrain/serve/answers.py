@@ -1,0 +1,74 @@
+"""How the HTTP API answers what went wrong: a refused body (422, each field with its fix and
+only an excerpt of what was sent), the job manager away (503 with Retry-After, nothing
+changed), and the job manager's refusals as HTTP errors.
+
+    api.add_exception_handler(RequestValidationError, validation_error)
+    return unwrap(await manager.submit.remote(document, caller, key))
+"""
+
+import json
+import logging
+from typing import Any
+
+from fastapi import HTTPException, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from raytrain.spec.fixes import with_fix
+
+EXCERPT_CHARS = 200
+MANAGER_RETRY_AFTER_S = 5
+
+logger = logging.getLogger(__name__)
+
+
+def excerpt(value: Any) -> Any:
+    """`value` if its JSON is short, else the first EXCERPT_CHARS characters of it."""
+    text = json.dumps(jsonable_encoder(value), default=str)
+    return value if len(text) <= EXCERPT_CHARS else text[:EXCERPT_CHARS] + "..."
+
+
+async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """422 with each bad field's path and message, and only an excerpt of its input."""
+    errors = []
+    route = request.scope.get("route")
+    bodies = getattr(getattr(route, "dependant", None), "body_params", None) or []
+    body = bodies[0].field_info.annotation if len(bodies) == 1 else None  # the whole body
+    for error in exc.errors():
+        in_body = tuple(error.get("loc", ()))[:1] == ("body",)
+        error = {**error, "msg": with_fix(error, body if in_body else None, skip=1)}
+        error = {k: v for k, v in error.items() if k not in ("ctx", "url")}
+        if "input" in error:
+            error["input"] = excerpt(error["input"])
+        errors.append(error)
+    return JSONResponse(status_code=422, content={"detail": jsonable_encoder(errors)})
+
+
+async def manager_away(request: Request, exc: Exception) -> JSONResponse:
+    logger.warning("the job manager did not answer %s %s: %s", request.method,
+                   request.url.path, type(exc).__name__)
+    return JSONResponse(
+        status_code=503, headers={"Retry-After": str(MANAGER_RETRY_AFTER_S)},
+        content={"detail": "the job manager is not answering (restarting, or starting up); "
+                 f"no job was changed. To fix: retry in {MANAGER_RETRY_AFTER_S} s"})
+
+
+def unwrap(envelope: dict[str, Any]) -> Any:
+    """The job manager's answer: its `ok` value, or its refusal raised as the HTTP error
+    that says it (422, 404, 503, 429, else 409)."""
+    if "ok" in envelope:
+        return envelope["ok"]
+    kind, detail = envelope["error"], envelope["detail"]
+    if kind == "spec":
+        raise HTTPException(status_code=422,
+                            detail=[{**e, "loc": ["body", *e["loc"]]} for e in detail])
+    if kind == "not_found":
+        raise HTTPException(status_code=404, detail=detail)
+    if kind == "unavailable":  # the job store does not take writes: nothing changed
+        raise HTTPException(status_code=503, detail=detail,
+                            headers={"Retry-After": str(envelope["retry_after"])})
+    if kind == "busy":
+        raise HTTPException(status_code=429, detail=detail,
+                            headers={"Retry-After": str(envelope["retry_after"])})
+    raise HTTPException(status_code=409, detail=detail)
