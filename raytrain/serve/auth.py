@@ -351,6 +351,12 @@ class BearerAuth:
             return
         caller = None
         if known is not None:
+            presented = _bearer(scope)
+            if not presented:  # no token is no guess: always the plain 401, never slowed
+                self._count("missing_token")
+                await _refuse(send, "this service needs a token: send 'Authorization: Bearer "
+                              "<token>'", b"")
+                return
             address = (scope.get("client") or ("unknown",))[0]
             wait = self.refusals.wait_s(address, time.monotonic())
             if wait > 0:
@@ -361,9 +367,7 @@ class BearerAuth:
                                 "on the service's machine gives one)",
                                 {b"retry-after": str(math.ceil(wait)).encode()})
                 return
-            presented = _bearer(scope)
-            if presented:
-                caller = caller_of(presented, known)
+            caller = caller_of(presented, known)
             if caller is None:
                 count = self.refusals.refused(address, time.monotonic())
                 self._count("invalid_token")
@@ -371,15 +375,8 @@ class BearerAuth:
                                "in %.0f s%s)", scope["method"], scope["path"], address, count,
                                GUESS_WINDOW_S, "; now slowed" if count == GUESSES_ALLOWED
                                else "")
-                sent = bool(presented)
-                await send_json(send, 401, (
-                    "this service did not accept the token sent (wrong, rotated or removed)"
-                    if sent else "this service needs a token: send 'Authorization: Bearer "
-                    "<token>'") + ". To fix: set RAYTRAIN_TOKEN (or --token) to a current token "
-                    "from the service's state directory (tokens.json), or ask its operator "
-                    "for one (raytrain token add NAME)",
-                    {b"www-authenticate": b'Bearer realm="raytrain"'
-                     + (b', error="invalid_token"' if sent else b"")})
+                await _refuse(send, "this service did not accept the token sent (wrong, "
+                              "rotated or removed)", b', error="invalid_token"')
                 return
         scope.setdefault("state", {})["caller"] = caller
         await self.app(scope, receive, send)
@@ -387,6 +384,13 @@ class BearerAuth:
     def _count(self, reason: str) -> None:
         if self.refused is not None:
             self.refused.labels(reason).inc()
+
+
+async def _refuse(send: Any, why: str, error: bytes) -> None:
+    await send_json(send, 401, why + ". To fix: set RAYTRAIN_TOKEN (or --token) to a current "
+                    "token from the service's state directory (tokens.json), or ask its "
+                    "operator for one (raytrain token add NAME)",
+                    {b"www-authenticate": b'Bearer realm="raytrain"' + error})
 
 
 def _bearer(scope: dict) -> str:

@@ -50,7 +50,8 @@ def request_latency() -> Histogram:
 def auth_refusals() -> Counter:
     """Requests refused by the token check, by reason (one app's; serve.auth)."""
     return Counter(f"{PREFIX}http_auth_refusals", "Requests refused for want of a valid token: "
-                   "invalid_token (401), slowed (429: the address guessed too often).",
+                   "missing_token (401), invalid_token (401), slowed (429: the address "
+                   "guessed too often).",
                    ["reason"], registry=None)
 
 

@@ -320,6 +320,10 @@ def test_guessing_is_slowed_and_seen_but_the_token_holder_gets_in(
                if line.startswith("raytrain_http_auth_refusals_total{")}
     assert refused['reason="invalid_token"'] == codes.count(401)
     assert refused['reason="slowed"'] >= codes.count(429)
+    # ... and a request with no token is no guess: always the plain 401, never slowed
+    with served(tmp_path / "again") as (url, token):
+        bare = [httpx.get(f"{url}/v1/jobs").status_code for _ in range(GUESSES_ALLOWED + 5)]
+        assert bare == [401] * len(bare)
     logged = [r.getMessage() for r in caplog.records if "no valid token" in r.getMessage()]
     assert len(logged) == codes.count(401) and all("from 127.0.0.1" in m for m in logged)
     assert not any("rt_guess" in m or token in m for m in caplog.messages)
