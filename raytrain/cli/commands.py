@@ -291,6 +291,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     rows = []
     for path, name in zip(paths, trace_names(paths)):
         trace = load_trace(path, name)
+        mismatch = priced_as_another_kind(path.name, offer, catalog.offers)
+        if mismatch:
+            err.print(f"[yellow]warning:[/yellow] {mismatch}", highlight=False,
+                      soft_wrap=True)
         for notice in notices:
             job = TraceJob(trace, offer, args.nodes, args.work_hours * 3600,
                            args.deadline_hours * 3600 if args.deadline_hours else None,
@@ -306,6 +310,30 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         rows, f"{args.nodes} x {offer.instance_type}, {args.work_hours:g} h of work, deadline "
         f"{args.deadline_hours:g} h, {args.starts} start times per trace", policy.name))
     return 0
+
+
+# What a trace's file name may say of the capacity it recorded, and the catalog's GPU kinds
+# that capacity is.
+TRACE_KINDS = {"a100": ("a100",), "v100": ("v100",), "p3": ("v100",), "g4dn": ("t4",),
+               "t4": ("t4",), "h100": ("h100",), "p5": ("h100",), "l40s": ("l40s",),
+               "g6e": ("l40s",), "4090": ("rtx4090",)}
+
+
+def priced_as_another_kind(trace_file: str, offer: Any, offers: list[Any]) -> str | None:
+    """Why a trace whose name says it recorded other GPUs than `offer`'s is worth a warning:
+    its preemptions are replayed at `offer`'s prices (None when the name says nothing, or
+    the same kind)."""
+    said = [kinds for word, kinds in TRACE_KINDS.items() if word in trace_file.lower()]
+    if not said or any(offer.gpu_kind.startswith(k) for kinds in said for k in kinds):
+        return None
+    kinds = said[0]
+    matching = sorted({o.instance_type for o in offers if o.gpu_kind.startswith(kinds)
+                       and o.spot_usd_per_hour and o.on_demand_usd_per_hour})
+    fix = (f"--instance {matching[0]} for that capacity's prices" if matching else
+           "--instance with an offer of that kind (the catalog has none with both prices)")
+    return (f"{trace_file} looks like {kinds[0]} capacity, but it is priced as "
+            f"{offer.instance_type} ({offer.gpu_kind}, --instance). To fix: {fix}, or keep "
+            "it to replay its preemptions at these prices on purpose")
 
 
 def cmd_status(args: argparse.Namespace) -> int:

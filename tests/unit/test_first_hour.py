@@ -251,3 +251,20 @@ def test_the_readmes_plan_and_offers_examples_run_as_written() -> None:
         assert ran.returncode == 0, (argv, ran.stderr[-1500:])
         if argv[1] == "offers":
             assert "decision:" in ran.stdout and "no offer" not in ran.stdout, ran.stdout
+
+
+def test_a_trace_of_other_gpus_is_said_to_be_priced_as_the_instance() -> None:
+    """`simulate --trace` with an A100 trace prices it as --instance (p3.2xlarge): said, with
+    the fix; a trace of the instance's own kind, or a name that says nothing, is quiet."""
+    from raytrain.catalog.files import snapshot
+    from raytrain.cli.commands import priced_as_another_kind
+
+    offers = snapshot().offers
+    p3 = next(o for o in offers if o.instance_type == "p3.2xlarge")
+    said = priced_as_another_kind("a100x1-east1b.txt", p3, offers)
+    assert said is not None and "priced as p3.2xlarge" in said and "To fix" in said
+    g4dn = priced_as_another_kind("g4dn-trace.csv", p3, offers)
+    assert g4dn is not None and "--instance g4dn.xlarge" in g4dn
+    assert priced_as_another_kind("p3-trace.csv", p3, offers) is None
+    assert priced_as_another_kind("v100x1-east1c.txt", p3, offers) is None
+    assert priced_as_another_kind("my-fleet.csv", p3, offers) is None
