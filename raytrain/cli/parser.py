@@ -41,7 +41,8 @@ from raytrain.spec import (
 )
 
 TOKEN_HELP = ("API token (default: $RAYTRAIN_TOKEN, or for a service on this machine the "
-              "operator token in $RAYTRAIN_STATE_DIR or ~/.raytrain)")
+              "operator token in its state directory: $RAYTRAIN_STATE_DIR, else the one "
+              "`serve` noted for that port, else ~/.raytrain)")
 
 
 def build_parser() -> argparse.ArgumentParser:
