@@ -2,7 +2,7 @@
 only an excerpt of what was sent), the job manager away (503 with Retry-After, nothing
 changed), and the job manager's refusals as HTTP errors.
 
-    api.add_exception_handler(RequestValidationError, validation_error)
+    api.add_exception_handler(RequestValidationError, refused_submit(manager))
     return unwrap(await manager.submit.remote(document, caller, key))
 """
 
@@ -29,8 +29,30 @@ def excerpt(value: Any) -> Any:
     return value if len(text) <= EXCERPT_CHARS else text[:EXCERPT_CHARS] + "..."
 
 
-async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    """422 with each bad field's path and message, and only an excerpt of its input."""
+def refused_submit(manager: Any) -> Any:
+    """The handler of a refused request: 422 with each bad field's path, message with its
+    fix, and only an excerpt of its input. For POST /v1/jobs it first asks `manager` whether
+    the job's resources alone could ever start here: if not, that comes first (the other
+    errors' fixes would not make it run)."""
+
+    async def handler(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = field_errors(request, exc)
+        if request.method == "POST" and request.url.path == "/v1/jobs":
+            try:
+                document = json.loads(await request.body())
+            except ValueError:
+                document = None
+            if isinstance(document, dict):
+                first = await manager.capacity_refusal.remote(document.get("resources"))
+                if first is not None:
+                    errors = [{**first, "loc": ["body", *first["loc"]]}, *errors]
+        return JSONResponse(status_code=422, content={"detail": errors})
+
+    return handler
+
+
+def field_errors(request: Request, exc: RequestValidationError) -> list[Any]:
+    """Each bad field's path, message with its fix, and an excerpt of its input."""
     errors = []
     route = request.scope.get("route")
     bodies = getattr(getattr(route, "dependant", None), "body_params", None) or []
@@ -42,7 +64,7 @@ async def validation_error(request: Request, exc: RequestValidationError) -> JSO
         if "input" in error:
             error["input"] = excerpt(error["input"])
         errors.append(error)
-    return JSONResponse(status_code=422, content={"detail": jsonable_encoder(errors)})
+    return jsonable_encoder(errors)
 
 
 async def manager_away(request: Request, exc: Exception) -> JSONResponse:

@@ -37,7 +37,7 @@ from raytrain.catalog.files import snapshot
 from raytrain.core.planner import NothingFits
 from raytrain.core.resolve import rank_plans
 from raytrain.errors import SpecError
-from raytrain.serve.answers import manager_away, unwrap, validation_error
+from raytrain.serve.answers import manager_away, refused_submit, unwrap
 from raytrain.serve.auth import BearerAuth
 from raytrain.serve.dashboard import ASSETS, PAGES, add_pages
 from raytrain.serve.feeds import Feeds, ManagerAway
@@ -129,7 +129,7 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
     streams = StreamLimits()
     feeds = Feeds(manager, EVENT_POLL_S,
                   on_change=cache.heard_of_change if cache is not None else None)
-    api.add_exception_handler(RequestValidationError, validation_error)
+    api.add_exception_handler(RequestValidationError, refused_submit(manager))
     api.add_exception_handler(StarletteHTTPException, allow_every_method)
     api.add_exception_handler(RayActorError, manager_away)
     api.add_exception_handler(GetTimeoutError, manager_away)

@@ -31,14 +31,16 @@ from dataclasses import asdict
 from typing import Any
 
 import ray
+from pydantic import ValidationError
 from ray.actor import ActorHandle
 
 from raytrain.catalog.files import load_cpu_profile
 from raytrain.cloud.object_store import is_remote, join, open_store
 from raytrain.core import lifecycle as lc
+from raytrain.core.capacity import never_fits
 from raytrain.core.resolve import plan_summary
 from raytrain.core.tally import Tally, snapshot
-from raytrain.errors import SpecError, StoreError
+from raytrain.errors import FieldError, SpecError, StoreError
 from raytrain.models.registry import resolve_factory
 from raytrain.serve.admission import (
     admission_refusal,
@@ -65,6 +67,7 @@ from raytrain.serve.store import STORE_FILE, JobStore
 from raytrain.spec import (
     JobSpec,
     JobStatus,
+    ResourcesSpec,
     ServiceConfig,
     check_imports_allowed,
     parse_job_spec,
@@ -206,6 +209,22 @@ class JobManager:
         logger.info("job %s submitted by %s: %s", job.id, caller or "an open service",
                     spec.name)
         return {"ok": job.model_dump(mode="json")}
+
+    def capacity_refusal(self, resources: Any) -> dict[str, Any] | None:
+        """For a job refused for other fields: whether its `resources` section alone could
+        never start on this fixed cluster (a field error to give first: following the other
+        errors' advice would not make it run). None if it could, or it is not known here."""
+        try:
+            section = ResourcesSpec.model_validate(resources or {})
+        except ValidationError:
+            return None  # its own errors are among the others
+        if self.provisioner.enabled:
+            return None  # what can be bought depends on the whole job: submit decides
+        reason = never_fits(section.num_workers, {"CPU": section.cpus_per_worker,
+                                                  "GPU": section.gpus_per_worker},
+                            self.cluster.node_resources())
+        return None if reason is None else FieldError(("resources", "num_workers"),
+                                                      reason).to_json()
 
     def resume(self, job_id: str, caller: str | None = None, budget_usd: float | None = None,
                key: str | None = None) -> dict[str, Any]:

@@ -391,3 +391,21 @@ def test_a_factory_that_cannot_be_imported_is_refused_at_submit_and_nothing_star
     service.tick()
     assert service.cluster.runs == {} and service.cluster.requests == {}  # nothing started
     assert service.request("POST", "/v1/jobs", json=good).status_code == 202
+
+
+def test_a_job_that_can_never_start_here_is_told_so_first(tmp_path: Path) -> None:
+    """100,000 workers on a 4-CPU cluster, with a batch that does not divide among them: the
+    capacity refusal comes first, not a batch-size fix that would lead to it next."""
+    service = Service(tmp_path)
+    document = small_job(num_workers=100_000)
+    answer = service.request("POST", "/v1/jobs", json=document)
+    assert answer.status_code == 422, answer.text
+    first, *rest = answer.json()["detail"]
+    assert first["loc"] == ["body", "resources", "num_workers"]
+    assert "can never start here" in first["msg"] and "To fix" in first["msg"]
+    assert rest and any("global_batch_size" in str(e["loc"]) for e in rest)
+    # what fits the cluster but has other errors gets those alone
+    fits = {**small_job(), "training": {**small_job()["training"], "global_batch_size": 7}}
+    answer = service.request("POST", "/v1/jobs", json=fits)
+    assert answer.status_code == 422
+    assert all("never start" not in e["msg"] for e in answer.json()["detail"])
