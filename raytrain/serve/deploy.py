@@ -35,7 +35,7 @@ from raytrain.errors import RaytrainError
 from raytrain.serve.app import APP_NAME
 from raytrain.serve.auth import operator_token
 from raytrain.serve.front import serve_app
-from raytrain.serve.manager import find_manager
+from raytrain.serve.manager_actor import find_manager
 from raytrain.spec import ServiceConfig
 
 logger = logging.getLogger(__name__)

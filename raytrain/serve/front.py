@@ -161,7 +161,7 @@ class RaytrainAPI:
     """A Serve replica serving the API over the service's job manager actor on host:port."""
 
     def __init__(self, config: dict[str, Any], host: str, port: int) -> None:
-        from raytrain.serve.manager import get_or_create_manager
+        from raytrain.serve.manager_actor import get_or_create_manager
 
         config_ = ServiceConfig.model_validate(config)
         load_cpu_profile(config_.state_path)  # POST /v1/plans plans CPU jobs with it too

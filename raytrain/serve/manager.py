@@ -26,20 +26,16 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
-from dataclasses import asdict
 from typing import Any
 
-import ray
 from pydantic import ValidationError
-from ray.actor import ActorHandle
 
 from raytrain.catalog.files import load_cpu_profile
-from raytrain.cloud.object_store import is_remote, join, open_store
+from raytrain.cloud.object_store import is_remote, open_store
 from raytrain.core import lifecycle as lc
 from raytrain.core.capacity import never_fits
 from raytrain.core.resolve import plan_summary
-from raytrain.core.tally import Tally, snapshot
+from raytrain.core.tally import Tally
 from raytrain.errors import FieldError, SpecError, StoreError
 from raytrain.models.registry import resolve_factory
 from raytrain.serve.admission import (
@@ -53,31 +49,27 @@ from raytrain.serve.auth import token_digests
 from raytrain.serve.durable import RETRY_AFTER_S, DurableRecords, service_id
 from raytrain.serve.events import EventLog
 from raytrain.serve.history import History, point_of
+from raytrain.serve.manager_reads import JobReads, not_found
 from raytrain.serve.provisioning import Provisioner
 from raytrain.serve.ray_cluster import (
-    HEAD_NODE_RESOURCE,
-    MANAGER_NAME,
-    NAMESPACE,
     RayCluster,
     RunHandle,
 )
-from raytrain.serve.reads import Versions, list_cursor
+from raytrain.serve.reads import Versions
 from raytrain.serve.scheduler import Scheduler
 from raytrain.serve.store import STORE_FILE, JobStore
 from raytrain.spec import (
     JobSpec,
-    JobStatus,
     ResourcesSpec,
     ServiceConfig,
     check_imports_allowed,
     parse_job_spec,
 )
-from raytrain.train.worker_logs import read_stored_logs
 
 logger = logging.getLogger(__name__)
 
 
-class JobManager:
+class JobManager(JobReads):
     def __init__(self, config: dict[str, Any], cluster: RayCluster | None = None,
                  schedule: bool = True) -> None:
         self.config = ServiceConfig.model_validate(config)
@@ -232,7 +224,7 @@ class JobManager:
         with self.lock:
             record = self.records.get(job_id)
             if record is None:
-                return _not_found(job_id)
+                return not_found(job_id)
             unwritable = self._unwritable()
             if unwritable is not None:
                 return unwritable
@@ -246,58 +238,16 @@ class JobManager:
             if job_id is not None:
                 record = self.records.get(job_id)
                 if record is None:
-                    return _not_found(job_id)
+                    return not_found(job_id)
                 spec_json = record.status.spec.model_dump(mode="json")
         spec = JobSpec.model_validate(spec_json) if spec_json is not None else None
         return self.provisioner.offers(spec, policy, keep)
-
-    def list_jobs(self, limit: int | None = None, after: str | None = None,
-                  states: list[str] | None = None) -> dict[str, Any]:
-        """Jobs oldest first as a JSON array (text): at most `limit` of them after the cursor
-        `after` (the previous page's `next`), only in `states` if given; `next` is None on
-        the last page."""
-        with self.lock:
-            jobs = sorted((r.status for r in self.records.values()
-                           if not states or r.status.state.value in states), key=_cursor)
-            if after:
-                jobs = [job for job in jobs if _cursor(job) > after]
-            page = jobs if limit is None else jobs[:limit]
-            more = limit is not None and len(jobs) > limit
-            return {"jobs": "[" + ",".join(self._json(job.id) for job in page) + "]",
-                    "next": _cursor(page[-1]) if more else None}
-
-    def get_job(self, job_id: str) -> str | None:
-        """The job's status as JSON text; None for no such job."""
-        with self.lock:
-            return self._json(job_id) if job_id in self.records else None
-
-    def changes(self, epoch: str | None, since: int, timeout_s: float) -> dict[str, Any]:
-        """serve.reads.Versions.changes over the statuses as JSON text (None: deleted),
-        waiting up to timeout_s for a change after `since`."""
-        deadline = time.monotonic() + timeout_s
-        with self.lock:
-            while not self._versions.changed(epoch, since) and \
-                    self._changed.wait(max(0.0, deadline - time.monotonic())):
-                pass
-            return self._versions.changes(epoch, since, self.records, self._json)
-
-    def history(self, job_id: str) -> str | None:
-        """The job's progress points as JobHistory's JSON text; None for no such job."""
-        with self.lock:
-            return self._history.json(job_id) if job_id in self.records else None
-
-    def _json(self, job_id: str) -> str:
-        """A job's status as JSON, encoded once per change (reads far outnumber changes)."""
-        text = self._encoded.get(job_id)
-        if text is None:
-            text = self._encoded[job_id] = self.records[job_id].status.model_dump_json()
-        return text
 
     def cancel(self, job_id: str, caller: str | None = None) -> dict[str, Any]:
         with self.lock:
             record = self.records.get(job_id)
             if record is None:
-                return _not_found(job_id)
+                return not_found(job_id)
             unwritable = self._unwritable()
             if unwritable is not None:
                 return unwritable
@@ -309,13 +259,6 @@ class JobManager:
             logger.info("job %s cancelled by %s (was running: %s)", job_id,
                         caller or "an open service", record.run is not None)
             return {"ok": self.records[job_id].status.model_dump(mode="json")}
-
-    def metrics(self) -> dict[str, Any]:
-        """What /metrics shows: the tally, and each job's series while it is active or
-        within the retention window after it ended."""
-        with self.lock:
-            return snapshot(self.tally, [r.status for r in self.records.values()],
-                            self.cluster.now(), self.config.metrics_retention_s)
 
     def token_digests(self) -> dict[str, str] | None:
         """{token name: sha256 of the token} for the API's check; None when the service runs
@@ -335,18 +278,6 @@ class JobManager:
             self._mirrored_digests = merged
         return merged
 
-    def ready(self) -> dict[str, Any]:
-        """Readiness: this actor answers, its scheduler runs, and its store takes a real
-        write now, with nothing waiting to be written."""
-        with self.lock:
-            why = self._store.writable()
-        answer = {"ready": why is None, "status": why or "ready", "jobs": len(self.records),
-                  "store": str(self._store.db.path)}
-        if self._store.mirror is not None:
-            answer["storage"] = str(self._store.mirror)
-            answer["storage_status"] = self._store.mirror_degraded or "ok"
-        return answer
-
     def _unwritable(self) -> dict[str, Any] | None:
         """The 503 answer while the job store does not take writes (serve.durable)."""
         if self._store.flush():
@@ -356,28 +287,12 @@ class JobManager:
                 f"{RETRY_AFTER_S} s; the operator frees the service's state directory "
                 "(disk space, permissions)"}
 
-    def logs(self, job_id: str, offsets: dict[int, int] | None, rank: int | None,
-             max_bytes: int) -> dict[str, Any]:
-        """Each worker's output, by rank, from the given offsets (default: the tail)."""
-        with self.lock:
-            record = self.records.get(job_id)
-            if record is None:
-                return _not_found(job_id)
-            state = record.status.state.value
-        try:
-            chunks = read_stored_logs(join(self.config.job_uri(job_id), "logs"), offsets, rank,
-                                      max_bytes)
-        except StoreError as exc:
-            return {"error": "unavailable", "retry_after": RETRY_AFTER_S, "detail": str(exc)}
-        return {"ok": {"job_id": job_id, "state": state,
-                       "ranks": [asdict(chunk) for chunk in chunks]}}
-
     def delete(self, job_id: str) -> dict[str, Any]:
         """Forget an ended job: its record, events, checkpoints and logs."""
         with self.lock:
             record = self.records.get(job_id)
             if record is None:
-                return _not_found(job_id)
+                return not_found(job_id)
             job = record.status
             refused = deletion_refusal(record, [r.status for r in self.records.values()])
             if refused is not None:
@@ -397,25 +312,6 @@ class JobManager:
             logger.error("job %s deleted, but not its files: %s", job_id, exc)
         logger.info("job %s deleted with its checkpoints and logs (%s)", job_id, root)
         return {"ok": job.model_dump(mode="json")}
-
-    def wait_events(self, job_id: str, after_seq: int,
-                    timeout_s: float) -> list[dict[str, Any]] | None:
-        """Events with seq > after_seq, waiting up to timeout_s for one; None for no such job."""
-        deadline = time.monotonic() + timeout_s  # a real wait, whatever the cluster's clock
-        with self.lock:
-            while True:
-                log = self._events.get(job_id)
-                if log is None:
-                    return None
-                if not log.events:  # a record reloaded after a restart has no history
-                    return log.replay(self.records[job_id].status, self.cluster.now())
-                fresh = log.after(after_seq)
-                if fresh:
-                    return fresh
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return []
-                self._changed.wait(remaining)
 
     def shutdown(self) -> None:
         """Stop scheduling and every running job (used when the service that started us stops)."""
@@ -487,37 +383,3 @@ class JobManager:
             except Exception:  # keep scheduling whatever one job did
                 logger.exception("scheduler pass failed")
             self._stopping.wait(self.config.scheduler_interval_s)
-
-
-def _not_found(job_id: str) -> dict[str, Any]:
-    return {"error": "not_found", "detail": f"no job with id {job_id!r}"}
-
-
-def _cursor(job: JobStatus) -> str:
-    return list_cursor(job.created_at, job.id)
-
-
-JobManagerActor = ray.remote(JobManager)
-
-
-def get_or_create_manager(config: ServiceConfig) -> ActorHandle:
-    """The service's job manager: the running one, or a new one on the head node."""
-    return JobManagerActor.options(
-        name=MANAGER_NAME,
-        namespace=NAMESPACE,
-        lifetime="detached",
-        get_if_exists=True,
-        # Ray restarts a lost manager (its process killed, its node's worker crashed): the new
-        # one reloads the store, reclaims what the old one's runs held, and resumes their jobs.
-        max_restarts=-1,
-        num_cpus=0,
-        max_concurrency=64,
-        resources={HEAD_NODE_RESOURCE: 0.001},
-    ).remote(config.model_dump(mode="json"))
-
-
-def find_manager() -> ActorHandle | None:
-    try:
-        return ray.get_actor(MANAGER_NAME, namespace=NAMESPACE)
-    except ValueError:
-        return None
