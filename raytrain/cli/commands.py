@@ -99,7 +99,11 @@ def _follow(client: Client, job_id: str, json_output: bool = False) -> JobStatus
     started = time.monotonic()
     with JobProgressView(job_id) as view:
         status = client.job(job_id).wait(on_event=view.update)
-    (err if json_output else out).print(summary_table(status, time.monotonic() - started))
+    console = err if json_output else out
+    console.print(summary_table(status, time.monotonic() - started))
+    if status.checkpoint:  # whole, on one line however narrow the terminal: to copy
+        console.print(f"checkpoint path: {status.checkpoint.path}", soft_wrap=True,
+                      highlight=False)
     return status
 
 
@@ -342,6 +346,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         _print_json(job.model_dump(mode="json"))
     else:
         out.print(status_table(job))
+        if job.checkpoint:  # whole, on one line however narrow the terminal: to copy
+            out.print(f"checkpoint path: {job.checkpoint.path}", soft_wrap=True,
+                      highlight=False)
     return 0
 
 

@@ -95,6 +95,8 @@ def jobs_table(jobs: Sequence[JobStatus]) -> Table:
 
 def status_table(job: JobStatus) -> Table:
     table = Table(show_header=False, box=None)
+    table.add_column("what", no_wrap=True)
+    table.add_column("value", overflow="fold")  # paths are copied: fold, never cut
     p, r, plan = job.progress, job.resources, job.plan
     rows = [
         ("id", job.id),

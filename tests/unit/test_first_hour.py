@@ -268,3 +268,26 @@ def test_a_trace_of_other_gpus_is_said_to_be_priced_as_the_instance() -> None:
     assert priced_as_another_kind("p3-trace.csv", p3, offers) is None
     assert priced_as_another_kind("v100x1-east1c.txt", p3, offers) is None
     assert priced_as_another_kind("my-fleet.csv", p3, offers) is None
+
+
+def test_a_checkpoint_path_is_never_cut_on_an_80_column_terminal() -> None:
+    """`raytrain status`'s table on an 80-column terminal folds a long checkpoint path: it is
+    never cut with an ellipsis (cmd_status then prints it once more whole, on one line)."""
+    import io
+
+    from rich.console import Console
+
+    from raytrain.cli.views import status_table
+    from raytrain.spec import JobStatus
+    from tests.unit.test_api import small_job
+
+    path = "s3://bucket/" + "a-long-prefix-" * 8 + "job/checkpoints/step_000000150"
+    job = JobStatus.model_validate({"id": "j", "state": "SUCCEEDED", "spec": small_job(),
+                                    "created_at": 0.0,
+                                    "checkpoint": {"step": 150, "path": path}})
+    drawn = io.StringIO()
+    Console(file=drawn, width=80).print(status_table(job))
+    assert "…" not in drawn.getvalue() and "..." not in drawn.getvalue()
+    folded = "".join(line.strip().removeprefix("checkpoint").strip()
+                     for line in drawn.getvalue().splitlines())
+    assert path in folded
