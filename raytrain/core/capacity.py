@@ -58,8 +58,11 @@ def never_fits(num_workers: int, per_worker: Mapping[str, float],
     """
     wanted = {k: v for k, v in per_worker.items() if v > 0}
     room = 0
-    for node in nodes:
-        room += min((int(node.get(k, 0.0) // v + 1e-9) for k, v in wanted.items()), default=0)
+    for node in nodes:  # each node's room, counted no further than the group needs (a tiny
+        # ask would hold more workers than a float can count)
+        room += min((min(num_workers, int(node.get(k, 0.0) / v + 1e-9))
+                     if node.get(k, 0.0) / v < num_workers else num_workers
+                     for k, v in wanted.items()), default=0)
     if room >= num_workers:
         return None
     total = {k: sum(node.get(k, 0.0) for node in nodes) for k in wanted}

@@ -42,10 +42,14 @@ def refused_submit(manager: Any) -> Any:
                 document = json.loads(await request.body())
             except ValueError:
                 document = None
+            first = None
             if isinstance(document, dict):
-                first = await manager.capacity_refusal.remote(document.get("resources"))
-                if first is not None:
-                    errors = [{**first, "loc": ["body", *first["loc"]]}, *errors]
+                try:
+                    first = await manager.capacity_refusal.remote(document.get("resources"))
+                except Exception as exc:  # the field errors alone, rather than a 500
+                    logger.warning("capacity check of a refused job failed: %r", exc)
+            if first is not None:
+                errors = [{**first, "loc": ["body", *first["loc"]]}, *errors]
         return JSONResponse(status_code=422, content={"detail": errors})
 
     return handler

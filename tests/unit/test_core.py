@@ -147,3 +147,14 @@ def test_lr_batch_scale_rules() -> None:
     assert lr_batch_scale("linear", 1024, 256) == 4.0
     assert lr_batch_scale("sqrt", 1024, 256) == 2.0
     assert lr_batch_scale("linear", 1024, None) == 1.0
+
+
+def test_a_tiny_ask_per_worker_is_counted_without_overflow() -> None:
+    """A worker asking 1e-300 CPU fits anywhere; counting how many a node holds must not
+    overflow (the API's 422 path asks this of any schema-valid resources)."""
+    from raytrain.core.capacity import never_fits
+
+    assert never_fits(4, {"CPU": 1e-300}, [{"CPU": 2.0}]) is None
+    assert never_fits(100_000, {"CPU": 5e-324}, [{"CPU": 2.0}]) is None
+    assert never_fits(3, {"CPU": 0.3}, [{"CPU": 0.9}]) is None  # 0.9 // 0.3 is 2.0 in floats
+    assert "room for 2" in never_fits(4, {"CPU": 1.0}, [{"CPU": 2.0}])
