@@ -101,10 +101,15 @@ def _follow(client: Client, job_id: str, json_output: bool = False) -> JobStatus
         status = client.job(job_id).wait(on_event=view.update)
     console = err if json_output else out
     console.print(summary_table(status, time.monotonic() - started))
-    if status.checkpoint:  # whole, on one line however narrow the terminal: to copy
-        console.print(f"checkpoint path: {status.checkpoint.path}", soft_wrap=True,
-                      highlight=False)
+    _print_checkpoint_path(console, status)
     return status
+
+
+def _print_checkpoint_path(console: Any, job: JobStatus) -> None:
+    """The job's checkpoint path whole, on one line however narrow the terminal: to copy."""
+    if job.checkpoint:
+        console.print(f"checkpoint path: {job.checkpoint.path}", soft_wrap=True,
+                      highlight=False)
 
 
 def _follow_or_leave(client: Client, job_id: str, json_output: bool = False) -> JobStatus:
@@ -346,9 +351,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         _print_json(job.model_dump(mode="json"))
     else:
         out.print(status_table(job))
-        if job.checkpoint:  # whole, on one line however narrow the terminal: to copy
-            out.print(f"checkpoint path: {job.checkpoint.path}", soft_wrap=True,
-                      highlight=False)
+        _print_checkpoint_path(out, job)
     return 0
 
 

@@ -58,11 +58,9 @@ def never_fits(num_workers: int, per_worker: Mapping[str, float],
     """
     wanted = {k: v for k, v in per_worker.items() if v > 0}
     room = 0
-    for node in nodes:  # each node's room, counted no further than the group needs (a tiny
-        # ask would hold more workers than a float can count)
-        room += min((min(num_workers, int(node.get(k, 0.0) / v + 1e-9))
-                     if node.get(k, 0.0) / v < num_workers else num_workers
-                     for k, v in wanted.items()), default=0)
+    for node in nodes:
+        room += min((_holds(node.get(k, 0.0) / v, num_workers) for k, v in wanted.items()),
+                    default=0)
     if room >= num_workers:
         return None
     total = {k: sum(node.get(k, 0.0) for node in nodes) for k in wanted}
@@ -72,6 +70,12 @@ def never_fits(num_workers: int, per_worker: Mapping[str, float],
             f"{len(nodes)} node(s) hold {has} in all, room for {room} such worker(s). To fix: "
             f"ask for at most {room} workers or less per worker, or run the service on a "
             "cluster that autoscales (raytrain serve --cluster-config)")
+
+
+def _holds(share: float, most: int) -> int:
+    """How many whole workers a node's `share` (its resource over one worker's ask) holds,
+    counted no further than `most` (a tiny ask would hold more than a float can count)."""
+    return most if share >= most else int(share + 1e-9)
 
 
 @dataclass(frozen=True)

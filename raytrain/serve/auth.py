@@ -128,14 +128,19 @@ def read_tokens(state_dir: Path) -> dict[str, str]:
 def write_tokens(state_dir: Path, tokens: dict[str, str]) -> Path:
     """Replace the file atomically, readable by its owner only."""
     path = tokens_path(state_dir)
+    _write_private_json(path, tokens)
+    return path
+
+
+def _write_private_json(path: Path, document: dict[str, str]) -> None:
+    """Replace `path` with `document` atomically, readable by its owner only."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
     descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "w") as out:
-        out.write(json.dumps(tokens, indent=1, sort_keys=True) + "\n")
+        out.write(json.dumps(document, indent=1, sort_keys=True) + "\n")
     os.chmod(partial, 0o600)
     partial.replace(path)
-    return path
 
 
 def new_token() -> str:
@@ -255,29 +260,24 @@ def remember_service(port: int, state_dir: Path) -> None:
     """Note, for clients on this machine, which state directory the service on `port` keeps
     its tokens in (SERVICES_FILE in ~/.raytrain, owner-only): a second shell then needs
     neither --state-dir nor RAYTRAIN_STATE_DIR."""
-    path = Path(DEFAULT_STATE_DIR).expanduser() / SERVICES_FILE
-    try:
-        known = json.loads(path.read_text())
-        known = known if isinstance(known, dict) else {}
-    except (OSError, ValueError):
-        known = {}
+    known = _remembered_services()
     known[str(port)] = str(state_dir.expanduser().resolve())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as out:
-        out.write(json.dumps(known, indent=1, sort_keys=True) + "\n")
-    partial.replace(path)
+    _write_private_json(Path(DEFAULT_STATE_DIR).expanduser() / SERVICES_FILE, known)
 
 
 def remembered_state_dir(port: int) -> Path | None:
     """The state directory the service last started on `port` of this machine used."""
+    found = _remembered_services().get(str(port))
+    return Path(found) if isinstance(found, str) else None
+
+
+def _remembered_services() -> dict[str, str]:
+    """{port: state directory} as `remember_service` noted them ({} if none or unreadable)."""
     try:
         known = json.loads((Path(DEFAULT_STATE_DIR).expanduser() / SERVICES_FILE).read_text())
     except (OSError, ValueError):
-        return None
-    found = known.get(str(port)) if isinstance(known, dict) else None
-    return Path(found) if isinstance(found, str) else None
+        return {}
+    return known if isinstance(known, dict) else {}
 
 
 def client_token(url: str, state_dir: str | Path | None = None) -> str | None:
