@@ -183,7 +183,7 @@ def evaluate_option(offer: Offer, market: str, nodes: int, tokens_per_s: float, 
     interval = checkpoint_interval_s(policy, whole_per_s, costs, offer)
     if max_interval_s is not None and interval is not None:
         interval = min(interval, max_interval_s)
-    start_s = 0.0 if held else costs.ready_for(offer.id) + costs.restart_s
+    start_s = 0.0 if held else costs.ready_for(offer.id, market) + costs.restart_s
     work_s = goal.tokens_left / tokens_per_s
     if groups > 1 and rate_per_s:  # group losses slow it a little: fold them into the work
         slowed = 1.0 - (rate_per_s - whole_per_s) * costs.group_loss_s(offer, groups)
@@ -362,7 +362,7 @@ def _account(best: Option, policy: PolicySpec, notes: list[str],
         text += (f", {best.preemptions_per_hour:.3g} preemptions/h, checkpoint every "
                  f"{best.checkpoint_interval_s or 0:.0f} s")
     text += f"; by {policy.objective} ({policy.name})"
-    text += f"; {(costs or policy_costs(policy)).describe(best.offer.id)}"
+    text += f"; {(costs or policy_costs(policy)).describe(best.offer.id, best.market)}"
     return text + ("; " + "; ".join(notes) if notes else "")
 
 

@@ -7,8 +7,9 @@ service's measurements where it has them, the policy file's assumptions until th
   cover for the job to lose nothing);
 - `restart_s`: from capacity in hand to the first training step (measured on every start of
   the job's worker group);
-- `ready_s`: from asking for nodes to their being up, per offer (measured by the service
-  across jobs, kept with its tally).
+- `ready_s`: from asking for nodes to their being up, per offer and market (measured by the
+  service across jobs, kept with its tally): a spot request's includes waiting for capacity
+  the market does not have, which an on-demand request of the same offer does not wait for.
 
 A preemption that stops the whole group costs ready_s + restart_s, plus the work since the
 last checkpoint unless the offer's notice (its cloud's seconds and share, raytrain.catalog)
@@ -32,19 +33,24 @@ class Costs:
     durable_s: float
     restart_s: float
     default_ready_s: float
-    ready_s: Mapping[str, float] = field(default_factory=dict)  # measured, per offer id
-    measured: frozenset[str] = frozenset()  # "checkpoint", "restart", "ready:<offer id>"
+    ready_s: Mapping[str, float] = field(default_factory=dict)  # measured, per ready_key
+    measured: frozenset[str] = frozenset()  # "checkpoint", "restart", "ready:<ready_key>"
     review_s: float = 300.0  # how long a change can go unnoticed (the service's reviews)
     group_stall_s: float = 5.0  # elastic: survivors' stall when a group leaves or joins
     replace_s: float | None = None  # elastic: loss to replacement training (None: new node
     # ready + restart)
 
-    def ready_for(self, offer_id: str) -> float:
-        return self.ready_s.get(offer_id, self.default_ready_s)
+    def ready_for(self, offer_id: str, market: str = "spot") -> float:
+        key = ready_key(offer_id, market)
+        return self.ready_s.get(key, self.ready_s.get(offer_id, self.default_ready_s))
+
+    def ready_measured(self, offer_id: str, market: str = "spot") -> bool:
+        return bool({f"ready:{ready_key(offer_id, market)}", f"ready:{offer_id}"}
+                    & self.measured)
 
     def lost_per_preemption_s(self, offer: Offer) -> float:
-        """What one preemption of a rigid group costs besides lost work: a new node, and the
-        start of the group on it."""
+        """What one preemption of a rigid group costs besides lost work: a new spot node,
+        and the start of the group on it."""
         return self.ready_for(offer.id) + self.restart_s
 
     def group_loss_s(self, offer: Offer, groups: int) -> float:
@@ -55,15 +61,22 @@ class Costs:
             self.lost_per_preemption_s(offer)
         return 2 * self.group_stall_s + replace_s / groups
 
-    def describe(self, offer_id: str | None = None) -> str:
+    def describe(self, offer_id: str | None = None, market: str = "spot") -> str:
         """The figures with where each comes from, for a decision's reason."""
-        def said(name: str, value: float, key: str) -> str:
-            return f"{name} {value:.3g} s {'measured' if key in self.measured else 'assumed'}"
-        parts = [said("checkpoint", self.checkpoint_s, "checkpoint"),
-                 said("restart", self.restart_s, "restart")]
+        def said(name: str, value: float, measured: bool) -> str:
+            return f"{name} {value:.3g} s {'measured' if measured else 'assumed'}"
+        parts = [said("checkpoint", self.checkpoint_s, "checkpoint" in self.measured),
+                 said("restart", self.restart_s, "restart" in self.measured)]
         if offer_id is not None:
-            parts.append(said("nodes ready", self.ready_for(offer_id), f"ready:{offer_id}"))
+            parts.append(said(f"{market} nodes ready", self.ready_for(offer_id, market),
+                              self.ready_measured(offer_id, market)))
         return ", ".join(parts)
+
+
+def ready_key(offer_id: str, market: str) -> str:
+    """The key of an offer's measured node-ready time in one market (a tally kept before
+    markets were told apart has bare offer ids: `Costs.ready_for` still reads those)."""
+    return f"{offer_id}@{market}"
 
 
 def policy_costs(policy: PolicySpec, review_s: float = 300.0) -> Costs:
@@ -84,7 +97,7 @@ def job_costs(policy: PolicySpec, job: JobStatus | None,
               review_s: float = 300.0) -> Costs:
     """The costs the policy prices `job` with: its measured checkpoint stall, durable time
     and restart where it has them, the service's measured node-ready time per offer
-    (`ready`: offer id -> (samples, total seconds)), else the policy's assumptions."""
+    (`ready`: ready_key -> (samples, total seconds)), else the policy's assumptions."""
     measured: set[str] = set()
     costs = policy_costs(policy)
     checkpoint, durable, restart = costs.checkpoint_s, costs.durable_s, costs.restart_s
@@ -113,15 +126,15 @@ def job_costs(policy: PolicySpec, job: JobStatus | None,
 
 
 def costs_shown(costs: Costs, policy: PolicySpec, job: JobStatus,
-                offer_id: str | None) -> JobCosts:
+                offer_id: str | None, market: str = "spot") -> JobCosts:
     """The job's status's view of the costs: each figure assumed, measured and used."""
     figures = job.costs
 
     def figure(old: CostFigure, assumed: float, used: float) -> CostFigure:
         return old.model_copy(update={"assumed_s": assumed, "used_s": used})
 
-    ready_used = costs.ready_for(offer_id) if offer_id else policy.ready_s
-    ready_measured = f"ready:{offer_id}" in costs.measured
+    ready_used = costs.ready_for(offer_id, market) if offer_id else policy.ready_s
+    ready_measured = offer_id is not None and costs.ready_measured(offer_id, market)
     return JobCosts(
         checkpoint_stall_s=figure(figures.checkpoint_stall_s, policy.checkpoint_cost_s,
                                   costs.checkpoint_s),

@@ -51,7 +51,7 @@ from raytrain.core.autoscale import (
     interval_moved,
     options,
 )
-from raytrain.core.costs import Costs, costs_shown, job_costs
+from raytrain.core.costs import Costs, costs_shown, job_costs, ready_key
 from raytrain.core.engine import CapacityEngine, EngineEvent, Missing
 from raytrain.core.lifecycle import CapacityDecided
 from raytrain.core.offers import offers_response
@@ -350,8 +350,11 @@ class Provisioner:
         return min((o.expected_cost_usd for o in found), default=None)
 
     def _shown(self, costs: Costs, job: JobStatus, decision: Decision) -> JobCosts:
-        offer = decision.option.offer.id if decision.option else job.resources.offer
-        return costs_shown(costs, self.policy_for(job.spec), job, offer)
+        if decision.option is not None:
+            offer, market = decision.option.offer.id, decision.option.market
+        else:
+            offer, market = job.resources.offer, job.resources.market
+        return costs_shown(costs, self.policy_for(job.spec), job, offer, market)
 
     def _decide(self, job: JobStatus, now: float, event: EngineEvent, missing: Missing,
                 current: Option | None = None) -> Decided:
@@ -397,13 +400,19 @@ class Provisioner:
 
     def nodes_up(self, job_id: str, now: float) -> None:
         """The job's nodes are all up: the time since they were asked for is a measured
-        node-ready time for the offer (the policy's ready_s from now on)."""
+        node-ready time for the offer in its market (the policy's ready_s from now on), up to
+        the policy's capacity_wait_s: a longer wait is capacity the market did not have,
+        which the capacity-missing rule prices (waiting or moving), not the time a cloud
+        takes to bring up nodes it has. Counted whole, one start that waited hours for a
+        fleet to come back would price every later preemption at those hours."""
         placement = self.placements.get(job_id)
         if placement is None or not placement.asked_at:
             return
-        offer = placement.option.offer.id
-        count, total = self.ready.get(offer, (0, 0.0))
-        self.ready[offer] = (count + 1, total + max(0.0, now - placement.asked_at))
+        key = ready_key(placement.option.offer.id, placement.option.market)
+        count, total = self.ready.get(key, (0, 0.0))
+        waited = min(max(0.0, now - placement.asked_at),
+                     self.policy_for(placement.spec).capacity_wait_s)
+        self.ready[key] = (count + 1, total + waited)
         placement.asked_at = 0.0
 
     def _send(self, job_id: str, placement: Placement, now: float) -> None:

@@ -22,6 +22,7 @@ from raytrain.core.autoscale import (
     redecide,
     with_history,
 )
+from raytrain.core.costs import job_costs, ready_key
 from raytrain.core.planner import ModelDims, Workload, fastest
 from raytrain.core.throughput import planner_throughput
 from raytrain.errors import SpecError
@@ -231,3 +232,24 @@ def test_count_traces_become_events(tmp_path: Path) -> None:
     (tmp_path / "bad.csv").write_text("a;b;c\n")
     with pytest.raises(SpecError, match="To fix"):
         load_trace(tmp_path / "bad.csv")
+
+
+def test_a_spot_wait_for_capacity_does_not_price_the_on_demand_fallback() -> None:
+    """Node-ready times are measured per market: a spot request's includes waiting for
+    capacity the market lacked, which an on-demand request of the same offer never waits
+    for. Keyed per offer alone, the on-demand fallback would be priced with the spot wait
+    (and a job near its regret cap sent to on-demand for good)."""
+    market, goal, policy = _spot_and_on_demand(rate=0.05)
+    through = planner_throughput(LLAMA_8B, Workload(global_batch=128))
+    fixed = lambda o, nodes: through(o, nodes) if nodes == 2 else None  # noqa: E731
+    waited = job_costs(policy, None, {ready_key(market.id, "spot"): (1, 3000.0)})
+    spot, on_demand = (next(o for o in options(goal, [market], fixed, policy, costs=waited)
+                            if o.market == m) for m in ("spot", "on-demand"))
+    plain = job_costs(policy, None)
+    assert on_demand.expected_s == next(o for o in options(goal, [market], fixed, policy,
+                                                           costs=plain)
+                                        if o.market == "on-demand").expected_s
+    assert spot.expected_s - on_demand.expected_s > 3000 - policy.ready_s - 1
+    assert waited.ready_measured(market.id, "spot")
+    assert not waited.ready_measured(market.id, "on-demand")
+    assert "spot nodes ready 3e+03 s measured" in waited.describe(market.id)

@@ -76,3 +76,24 @@ def test_missing_capacity_is_waited_for_while_a_deadline_leaves_time_in_hand(
         placement, decided = provisioner.capacity_missing(status, 700.0)
         assert decided.decision.action == action and placement.option.market == market
         assert ((SPOT_ID, "spot") in placement.missing) == (action == "switch")
+
+
+def test_a_node_ready_time_counts_a_wait_for_capacity_only_up_to_capacity_wait_s(
+        tmp_path: Path) -> None:
+    """Nodes that came hours after they were asked for (the market had none, and a deadline
+    left time to wait) are a capacity wait, which the capacity-missing rule prices; the
+    node-ready time the policy prices every later preemption with takes at most
+    capacity_wait_s of it. Counted whole, one long wait made spot look unusable for the rest
+    of the job (the replay of the g4dn trace paid on-demand for it). The market is part of
+    the key: an on-demand start never waits for spot capacity."""
+    provisioner, _ = service(tmp_path)
+    spec = JobSpec.model_validate(job(steps=100_000))
+    status = JobStatus.model_validate({"id": "j", "state": "PENDING",
+                                       "spec": spec.model_dump(mode="json"), "created_at": 0.0})
+    placement, _ = provisioner.place(status, 10.0)
+    assert placement is not None and placement.option.market == "spot"
+    provisioner.nodes_up("j", 10.0 + 3 * 3600.0)
+    wait_s = provisioner.policy_for(spec).capacity_wait_s
+    assert provisioner.ready == {f"{SPOT_ID}@spot": (1, wait_s)}
+    assert provisioner.costs_for(status).ready_for(SPOT_ID, "on-demand") == \
+        provisioner.policy_for(spec).ready_s

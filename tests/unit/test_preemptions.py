@@ -92,13 +92,14 @@ def test_five_preemptions_of_both_kinds_then_a_move_end_as_an_uninterrupted_run(
     # The spot exposure the policy's rate is estimated from outlives the service.
     count, node_hours = manager.provisioner.history["local/here/cpu-1"]
     assert count == 5 and node_hours > 0
-    ready = manager.provisioner.ready["local/here/cpu-1"]  # nodes asked for to nodes up
+    # Nodes asked for to nodes up, per market: the spot runs' own, the move's on-demand apart.
+    ready = manager.provisioner.ready["local/here/cpu-1@spot"]
     assert ready[0] >= 6
     again = JobManager(config.model_dump(mode="json"), cluster=TrainingRay(cpus=1),
                        schedule=False)
     assert again.provisioner.history["local/here/cpu-1"] == (count, node_hours)
-    assert again.provisioner.ready["local/here/cpu-1"] == ready
+    assert again.provisioner.ready["local/here/cpu-1@spot"] == ready
     # ... and a decision after the restart prices with what was measured before it.
-    assert "ready:local/here/cpu-1" in again.provisioner.costs_for(final).measured
+    assert "ready:local/here/cpu-1@spot" in again.provisioner.costs_for(final).measured
     reference = run_single(JobSpec.model_validate(job()), tmp_path / "reference")
     assert final.result.final_loss == pytest.approx(reference.result["final_loss"], abs=1e-5)
