@@ -1,0 +1,137 @@
+"""Replica groups as plain processes, no Ray: each spawned process is one group of one
+worker training a job over torchft (a Lighthouse in the caller's process, gloo between the
+groups). Files in one folder are the signals and the records: start-G, notice-G, kill-G and
+slow are the caller's; ready-G, steps-G.txt (each step a group trains, with the time its
+forward and backward ended), losses-G.json, result-G.json and events.jsonl the groups'.
+tests/unit/test_elastic_training.py and benchmarks/group_throughput.py drive it."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+
+def group_main(group: int, lighthouse: str, folder: str, job: dict[str, Any],
+               groups: int) -> None:
+    """One replica group, one process (spawned): train, recording what it sees."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ.setdefault("RUST_LOG", "error")
+    import torch
+    from torch.distributed import TCPStore
+
+    from raytrain.core.resolve import job_layout
+    from raytrain.spec import JobSpec
+    from raytrain.train.elastic import GroupEvents, GroupSetup, train_group
+    from raytrain.train.loop import WorkerInfo
+    from raytrain.train.progress import NullSink
+
+    torch.set_num_threads(1)
+    out = Path(folder)
+    while not (out / f"start-{group}").exists():  # imported and waiting: a node's boot
+        time.sleep(0.01)
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    spec = JobSpec.model_validate(job)
+    layout = job_layout(spec)
+
+    class Sink(NullSink):
+        losses: dict[int, float] = {}
+
+        def progress(self, payload: dict[str, Any]) -> None:
+            self.losses[payload["step"]] = payload["loss"]
+            (out / f"losses-{group}.json").write_text(json.dumps(self.losses))
+            # Until the caller has seen the first two groups in one quorum: the first to start
+            # waits for the other to be about to train, then steps slowly until it has joined.
+            while (out / "slow").exists() and len(list(out.glob("ready-*"))) < 2:
+                time.sleep(0.02)
+            if (out / "slow").exists():
+                time.sleep(0.2)
+
+        def finished(self, result: dict[str, Any]) -> None:
+            (out / f"result-{group}.json").write_text(json.dumps(result))
+
+    class Notice:
+        noticed_at = None
+
+        @property
+        def stop_requested(self) -> bool:
+            return (out / f"notice-{group}").exists()
+
+        def take_checkpoint_request(self) -> bool:
+            return False
+
+    class Events(GroupEvents):
+        def report(self, index: int, state: str, step: int, redone_steps: int = 0,
+                   stall_s: float | None = None) -> None:
+            with open(out / "events.jsonl", "a") as handle:
+                handle.write(json.dumps({"group": index, "state": state, "step": step,
+                                         "redone": redone_steps, "stall_s": stall_s,
+                                         "by": group}) + "\n")
+
+    (out / f"ready-{group}").touch()
+    setup = GroupSetup(lighthouse, "127.0.0.1", store.port, "g", groups, timeout_s=30)
+    train_group(spec, layout, WorkerInfo.single_process(), group, setup, Sink(),
+                out / f"checkpoints-{group}", Notice(), Events(), progress_interval_s=0.0,
+                die_when=lambda step: _stepped(out, group, step)
+                or (out / f"kill-{group}").exists())
+
+
+def _stepped(folder: Path, group: int, step: int) -> bool:
+    """Record that `group` trains `step` (a step of the quorum it is in), and when."""
+    with open(folder / f"steps-{group}.txt", "a") as handle:
+        handle.write(f"{step} {time.time():.6f}\n")
+    return False
+
+
+def step_times(folder: Path, group: int) -> list[tuple[int, float]]:
+    """(step, time its forward and backward ended) for each step `group` trained."""
+    path = folder / f"steps-{group}.txt"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [(int(step), float(at)) for step, at in (line.split() for line in lines
+                                                   if len(line.split()) == 2)]
+
+
+def steps_of(folder: Path, group: int) -> set[int]:
+    return {step for step, _ in step_times(folder, group)}
+
+
+def wait_for_a_step_together(folder: Path, groups: tuple[int, int], timeout_s: float = 120.0
+                             ) -> int:
+    """The first step both groups trained in one quorum."""
+    deadline = time.monotonic() + timeout_s
+    while not (common := steps_of(folder, groups[0]) & steps_of(folder, groups[1])):
+        assert time.monotonic() < deadline, f"groups {groups} never trained a step together"
+        time.sleep(0.02)
+    return min(common)
+
+
+def progress(folder: Path) -> int:
+    steps = [0]
+    for path in folder.glob("losses-*.json"):
+        try:
+            steps += [int(k) for k in json.loads(path.read_text())]
+        except (OSError, ValueError):
+            pass
+    return max(steps)
+
+
+def wait_for_step(folder: Path, step: int, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while progress(folder) < step:
+        assert time.monotonic() < deadline, f"no group reached step {step}"
+        time.sleep(0.05)
+
+
+def wait_for_event(folder: Path, group: int, state: str, timeout_s: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not any(e["group"] == group and e["state"] == state for e in events(folder)):
+        assert time.monotonic() < deadline, (group, state, events(folder))
+        time.sleep(0.02)
+
+
+def events(folder: Path) -> list[dict[str, Any]]:
+    path = folder / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() \
+        else []
