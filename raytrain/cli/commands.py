@@ -64,6 +64,7 @@ from raytrain.core.simulate import as_runs
 from raytrain.errors import FieldError, RaytrainError, SpecError
 from raytrain.serve.auth import default_state_dir
 from raytrain.spec import (
+    JobSpec,
     JobState,
     JobStatus,
     PlanRequest,
@@ -71,6 +72,7 @@ from raytrain.spec import (
     load_job_spec,
     spec_error_from_validation,
 )
+from raytrain.spec.hf_config import gpt_config_from_hf
 from raytrain.spec.job import read_document
 
 out = Console()
@@ -173,7 +175,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         node_shape = read_document(Path(args.shape_file), "--shape-file")
     try:
         request = PlanRequest(
-            spec=load_job_spec(args.file), gpus=args.gpus, accelerator=args.gpu,
+            spec=_plan_spec(args), gpus=args.gpus, accelerator=args.gpu,
             usd_per_gpu_hour=args.price, keep=args.top, precision=args.precision,
             layout=parse_layout(args.layout) if args.layout else None, shape=args.shape,
             node_shape=node_shape)
@@ -199,6 +201,36 @@ def cmd_plan(args: argparse.Namespace) -> int:
                   "`raytrain calibrate` measures this machine's, for predictions that hold "
                   "here", highlight=False, soft_wrap=True)
     return 0
+
+
+def _plan_spec(args: argparse.Namespace) -> JobSpec:
+    """The job `plan` ranks: the spec file's, with --model-config's model in place of its
+    own; without a file, that model at --seq-len and --global-batch in bf16."""
+    if args.model_config is None:
+        if args.file is None:
+            raise SpecError([FieldError(("file",), "nothing to plan. To fix: give a job spec "
+                                        "file, or --model-config config.json")], "plan")
+        if args.seq_len is not None or args.global_batch is not None:
+            raise SpecError([FieldError(("seq_len",), "--seq-len and --global-batch shape a "
+                                        "--model-config without a spec. To fix: set "
+                                        "data.seq_len and training.global_batch_size in the "
+                                        "spec")], "plan")
+        return load_job_spec(args.file)
+    path = Path(args.model_config)
+    gpt = gpt_config_from_hf(read_document(path, "--model-config"), str(path))
+    if args.file is not None:
+        document = load_job_spec(args.file).model_dump(mode="json", exclude_unset=True)
+    else:
+        seq_len = args.seq_len or min(4096, gpt.max_seq_len)
+        document = {"data": {"seq_len": seq_len},
+                    "training": {"global_batch_size": args.global_batch or 512,
+                                 "micro_batch_size": 1, "precision": "bf16"},
+                    "resources": {"num_workers": args.gpus or 8}}
+    document["model"] = {"kind": "gpt", "gpt": gpt.model_dump(mode="json")}
+    try:
+        return JobSpec.model_validate(document)
+    except ValidationError as exc:
+        raise spec_error_from_validation(exc, str(path), JobSpec) from None
 
 
 def _refresh_runpod(catalog: Any) -> Any:

@@ -146,7 +146,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     planning = command("plan", "rank the parallel layouts of a job spec on some hardware "
                        "(offline)", json_flag=True)
-    planning.add_argument("file")
+    planning.add_argument("file", nargs="?", help="the job spec (optional with "
+                          "--model-config)")
+    planning.add_argument("--model-config", help="a Hugging Face config.json whose model "
+                          "shape is planned (hidden_size, num_hidden_layers, ...), in place "
+                          "of the spec's model")
+    planning.add_argument("--seq-len", type=whole(at_least=2),
+                          help="tokens per sequence, without a spec (default 4096, or the "
+                          "model's longest if shorter)")
+    planning.add_argument("--global-batch", type=whole(at_least=1),
+                          help="sequences per optimizer step, without a spec (default 512)")
     planning.add_argument("--gpus", type=whole(at_least=1, at_most=1_000_000),
                           help="devices (default: resources.num_workers)")
     planning.add_argument("--gpu", help="device kind, e.g. h100-sxm, rtx4090 (default: "
@@ -156,9 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     planning.add_argument("--top", type=whole(at_least=1), default=10,
                           help="plans to show (default 10)")
     planning.add_argument("--layout", help="evaluate this layout only: "
-                          "dp_replicate=D,dp_shard=S,tp=T,pp=P[,vp=V][,mb=B][,recompute=full]"
-                          "[,rs_once=1] (degrees left out are 1; their product is the device "
-                          "count)")
+                          "dp_replicate=D,dp_shard=S,tp=T,pp=P[,vp=V][,mb=B]"
+                          "[,recompute=full|selective][,rs_once=1] (degrees left out are 1; "
+                          "their product is the device count)")
     planning.add_argument("--shape", help="node shape: p4d, p4de, p5, p5e, dgx-a100, "
                           "dgx-h100, ... or an offer, e.g. runpod/secure/8x-rtx4090")
     planning.add_argument("--shape-file", help="YAML describing your own node: gpu, "

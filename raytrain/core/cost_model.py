@@ -36,22 +36,29 @@ class ModelDims:
     num_kv_heads: int | None = None
     gated_mlp: bool = False
     position_rows: int = 0  # learned position embeddings (the built-in GPT); 0 for RoPE
+    tied_embeddings: bool = False  # the head's weight is the embeddings' (counted once)
+    built_in: bool = False  # the built-in GPT (its vocabulary and positions shard under tp)
 
     @staticmethod
     def from_gpt(num_layers: int, dim: int, num_heads: int, ffn_dim: int, vocab_size: int,
-                 seq_len: int, max_seq_len: int) -> ModelDims:
+                 seq_len: int, max_seq_len: int, num_kv_heads: int | None = None,
+                 gated_mlp: bool = False, rotary: bool = False,
+                 tied_embeddings: bool = False) -> ModelDims:
+        """The built-in GPT's dimensions (raytrain.spec.GPTConfig's fields)."""
         return ModelDims(num_layers, dim, num_heads, ffn_dim, vocab_size, seq_len,
-                         position_rows=max_seq_len)
+                         num_kv_heads, gated_mlp, 0 if rotary else max_seq_len,
+                         tied_embeddings, built_in=True)
 
     def layout_shape(self) -> ModelShape:
         """What the layout check needs of the model. Tensor parallelism shards the built-in
-        GPT's vocabulary and learned positions too (it has position rows); other models the
-        planner is given (published Llama-style runs) are checked by heads, MLP and layers."""
-        built_in = self.position_rows > 0
+        GPT's vocabulary and learned positions too; other models the planner is given
+        (published runs, a user's config) are checked by heads, MLP and layers."""
+        built_in = self.built_in
         return ModelShape(num_layers=self.num_layers, num_heads=self.num_heads,
                           hidden_dim=self.ffn_dim, num_kv_heads=self.num_kv_heads,
                           vocab_size=self.vocab_size if built_in else None,
-                          max_seq_len=self.position_rows if built_in else None)
+                          max_seq_len=self.position_rows if built_in and self.position_rows
+                          else None, tied_embeddings=self.tied_embeddings)
 
     @property
     def kv_dim(self) -> int:
@@ -73,11 +80,13 @@ class ModelDims:
 
     @property
     def params(self) -> int:
-        return self.num_layers * self.block_params + self.embedding_params + self.head_params
+        shared = self.vocab_size * self.dim if self.tied_embeddings else 0
+        return self.num_layers * self.block_params + self.embedding_params + self.head_params \
+            - shared
 
     @property
     def flops_per_token(self) -> float:
-        dense = self.params - self.embedding_params
+        dense = self.num_layers * self.block_params + self.head_params  # tied or not
         return 6.0 * dense + 12.0 * self.num_layers * self.dim * self.seq_len
 
     @property
@@ -108,6 +117,7 @@ class Workload:
     attention: str = "flash"  # flash (scaled_dot_product_attention) | unfused
     fused_elementwise: bool = False  # norms, activations fused (torch.compile, Megatron)
     grad_reduce_bytes: int = 4  # bytes per gradient value data parallelism all-reduces
+    data_parallel_only: bool = False  # a model of the user's own: DDP or FSDP, no tp or pp
     kernels: KernelModel = KERNELS  # how fast kernels run (raytrain.core.kernels, fitted)
 
     @property
@@ -140,6 +150,8 @@ def rank_params(dims: ModelDims, pp: int, v: int, rank: int) -> tuple[int, int, 
         held += len(layers[stage]) * dims.block_params
         held += dims.embedding_params if stage == 0 else 0
         held += dims.head_params if stage == stages - 1 else 0
+    if dims.tied_embeddings and 0 in mine and stages - 1 in mine:  # one table for both
+        held -= dims.vocab_size * dims.dim
     return held, count, (stages - 1) in mine
 
 

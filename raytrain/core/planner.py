@@ -184,9 +184,11 @@ def candidates(dims: ModelDims, work: Workload, world: int,
 
     found = []
     for tp in divisors(world):
-        if tp > work.max_tp or not trains(Layout(tp=tp)):
+        if tp > work.max_tp or not trains(Layout(tp=tp)) or work.data_parallel_only and tp > 1:
             continue
         for pp in divisors(world // tp):
+            if work.data_parallel_only and pp > 1:
+                continue
             dp = world // (tp * pp)
             if work.global_batch % dp:
                 continue

@@ -44,15 +44,23 @@ from raytrain.spec.layout import Layout, check_layout, divisors
 
 def planner_inputs(spec: JobSpec, gpus: int | None = None, accelerator: str | None = None
                    ) -> tuple[ModelDims, Workload, str, int]:
-    """What the planner needs to know of a job (built-in GPT only)."""
-    gpt = spec.model.gpt
+    """What the planner needs to know of a job: the built-in GPT's dimensions, or an
+    imported model's stated shape (model.shape), which trains data parallel only."""
+    gpt = spec.model.planned_shape
+    if gpt is None:
+        raise SpecError([FieldError(("model", "shape"), (
+            "the planner needs the model's dimensions. To fix: state them as model.shape, "
+            "or pick a strategy yourself"))])
     dims = ModelDims.from_gpt(gpt.num_layers, gpt.dim, gpt.num_heads, gpt.hidden_dim,
-                              gpt.vocab_size, spec.data.seq_len, gpt.max_seq_len)
+                              gpt.vocab_size, spec.data.seq_len, gpt.max_seq_len,
+                              gpt.num_kv_heads, gpt.mlp == "swiglu", gpt.positions == "rotary",
+                              gpt.tie_embeddings)
     work = Workload(
         global_batch=spec.training.global_batch_size,
         precision="fp32" if spec.training.precision == "fp32" else "bf16",
-        recompute_options=("full",) if spec.parallel.activation_checkpointing else ("none",),
+        recompute_options=(spec.parallel.recompute_mode,),
         micro_batch_options=(spec.training.micro_batch_size,),
+        data_parallel_only=spec.model.kind != "gpt",
     )
     kind = accelerator or spec.resources.device_kind or "cpu"
     return dims, work, kind, gpus or spec.resources.num_workers
@@ -70,7 +78,8 @@ def job_layout(spec: JobSpec) -> Layout:
         best = plan(dims, work, kind, count, keep=1)[0].candidate
     except NothingFits as exc:
         fixes = "; ".join(exc.suggestions)
-        raise SpecError([FieldError(here, f"{exc}" + (f" To fix: {fixes}" if fixes else ""))]
+        said = fixes and "To fix" not in str(exc)
+        raise SpecError([FieldError(here, f"{exc}" + (f" To fix: {fixes}" if said else ""))]
                         ) from None
     layout = replace(best, sequence_parallel=spec.parallel.sequence_parallel)
     problems = spec.layout_problems(layout)
@@ -83,7 +92,7 @@ def job_layout(spec: JobSpec) -> Layout:
 def predicted(spec: JobSpec, layout: Layout) -> Plan | None:
     """The planner's figures for `layout`, when the model is the built-in GPT and the device
     kind is known."""
-    if spec.model.kind != "gpt" or spec.resources.device_kind is None:
+    if spec.model.planned_shape is None or spec.resources.device_kind is None:
         return None
     dims, work, kind, _ = planner_inputs(spec)
     shape = with_cpu_share(node_shape(kind), spec.resources.cpus_per_worker)
@@ -210,8 +219,7 @@ def chosen_layout(choice: LayoutChoice, spec: JobSpec, dims: ModelDims, work: Wo
                 "use data-parallel degrees whose product divides global_batch_size"))))
     if errors:
         raise SpecError(errors, "plan request")
-    recompute = choice.recompute or ("full" if spec.parallel.activation_checkpointing
-                                     else "none")
+    recompute = choice.recompute or spec.parallel.recompute_mode
     layout = Layout(choice.dp_replicate, choice.dp_shard, choice.tp, choice.pp,
                     choice.virtual_stages, micro, batch // (dp * micro), recompute,
                     schedule="interleaved_1f1b" if choice.virtual_stages > 1 else "1f1b",

@@ -114,7 +114,7 @@ def job_throughput(spec: JobSpec) -> Throughput:
 
 
 def _planned_throughput(spec: JobSpec) -> Layouts:
-    if spec.model.kind != "gpt":
+    if spec.model.planned_shape is None:
         assumed = fixed_devices(flops_throughput(1e3), spec.resources.num_workers)
         return lambda offer, nodes: (fit := assumed(offer, nodes)) and (fit[0], fit[1], None)
     dims, work, _, _ = planner_inputs(spec)

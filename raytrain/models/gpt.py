@@ -6,6 +6,9 @@ tensor parallel apply to them by name), blocks kept in a `ModuleDict` keyed by l
 the whole model, so checkpoints line up), and every top-level part optional in `forward`
 (a stage without the embedding takes hidden states in; one without the head returns them).
 Attention reshapes with -1 heads, so it runs unchanged on a tensor-parallel shard of heads.
+GPT-2's choices are the defaults; Llama's are options (GPTConfig): grouped-query attention
+(`num_kv_heads`), the SwiGLU MLP (`mlp`, a third matrix `w3`), rotary positions
+(`positions`) and tied embeddings (`tie_embeddings`). The norms are RMSNorm in both.
 
 Initial weights depend only on the seed and each parameter's name (`init_weights`), not on
 which other parameters a rank holds or in what order they are created. So a pipeline stage,
@@ -35,20 +38,53 @@ class Attention(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.head_dim = config.dim // config.num_heads
+        kv_dim = config.kv_heads * self.head_dim
         self.wq = nn.Linear(config.dim, config.dim, bias=False)
-        self.wk = nn.Linear(config.dim, config.dim, bias=False)
-        self.wv = nn.Linear(config.dim, config.dim, bias=False)
+        self.wk = nn.Linear(config.dim, kv_dim, bias=False)
+        self.wv = nn.Linear(config.dim, kv_dim, bias=False)
         self.wo = nn.Linear(config.dim, config.dim, bias=False)
+        self.rope_theta = config.rope_theta if config.positions == "rotary" else None
+        self.selective = False  # recompute the attention core (scores) in the backward pass
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
-        # -1 heads: under tensor parallelism each rank holds only its share of the heads.
+        # -1 heads: under tensor parallelism each rank holds only its share of the heads
+        # (of the query heads and of the key/value heads alike, so the groups stay whole).
         q, k, v = (
             w(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
             for w in (self.wq, self.wk, self.wv)
         )
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.rope_theta is not None:
+            cos, sin = rotary_tables(seq, self.head_dim, self.rope_theta, x.device)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if self.selective and torch.is_grad_enabled():
+            out = checkpoint(_attention_core, q, k, v, use_reentrant=False)
+        else:
+            out = _attention_core(q, k, v)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
+def _attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                          enable_gqa=q.shape[1] != k.shape[1])
+
+
+def rotary_tables(seq: int, head_dim: int, theta: float, device: torch.device
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of each position's angles, [seq, head_dim] (each half repeated): the
+    rotary embedding of Su et al. as Hugging Face's Llama applies it (rotate_half)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32,
+                                            device=device) / head_dim)
+    angles = torch.outer(torch.arange(seq, dtype=torch.float32, device=device), inv_freq)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [batch, heads, seq, head_dim] rotated by each position's angles."""
+    first, second = x.chunk(2, dim=-1)
+    turned = torch.cat((-second, first), dim=-1)
+    return (x * cos + turned * sin).to(x.dtype)
 
 
 class FeedForward(nn.Module):
@@ -56,8 +92,13 @@ class FeedForward(nn.Module):
         super().__init__()
         self.w1 = nn.Linear(config.dim, config.hidden_dim, bias=False)
         self.w2 = nn.Linear(config.hidden_dim, config.dim, bias=False)
+        # SwiGLU's gate (Shazeer 2020), as Llama's w3
+        self.w3 = nn.Linear(config.dim, config.hidden_dim, bias=False) \
+            if config.mlp == "swiglu" else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.w3 is not None:
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
         return self.w2(F.gelu(self.w1(x)))
 
 
@@ -86,12 +127,15 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(config.vocab_size, config.dim)
-        self.pos_embeddings: nn.Embedding | None = nn.Embedding(config.max_seq_len, config.dim)
+        self.pos_embeddings: nn.Embedding | None = nn.Embedding(config.max_seq_len, config.dim) \
+            if config.positions == "learned" else None
         self.layers = nn.ModuleDict(
             {str(i): TransformerBlock(config) for i in range(config.num_layers)}
         )
         self.norm: nn.RMSNorm | None = nn.RMSNorm(config.dim)
         self.output: nn.Linear | None = nn.Linear(config.dim, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
         self.seed = seed
         if self.output.weight.device.type != "meta":
             self.init_weights()
@@ -103,6 +147,7 @@ class GPT(nn.Module):
         Each parameter is drawn from its own generator, seeded by the model seed and the
         parameter's name, on the CPU; a sharded parameter (DTensor) keeps its own slice.
         """
+        self.tie_weights()
         residual_std = 0.02 / math.sqrt(2 * self.config.num_layers)
         for name, param in self.named_parameters():
             if param.dim() < 2:
@@ -114,6 +159,15 @@ class GPT(nn.Module):
             )
             full = torch.normal(0.0, std, size=tuple(param.shape), generator=generator)
             _copy_into(param, full)
+
+    def tie_weights(self) -> None:
+        """The head's weight is the token embeddings' (tie_embeddings), again after
+        anything that replaced either parameter (`to_empty` from the meta device, tensor
+        parallelism's sharding of each)."""
+        if self.config.tie_embeddings and self.output is not None and \
+                self.tok_embeddings is not None and \
+                self.output.weight is not self.tok_embeddings.weight:
+            self.output.weight = self.tok_embeddings.weight
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.tok_embeddings is not None:

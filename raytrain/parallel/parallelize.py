@@ -7,7 +7,8 @@ Order of application, fixed (torchtitan's order, for the same reasons):
 2. Tensor parallel (+ sequence parallel) on each stage: attention and MLP matmuls column-
    then row-wise, embeddings row-wise, the head column-wise; with sequence parallel the norms
    and residual stream stay split along the sequence between blocks.
-3. Activation checkpointing per block (recompute in the backward pass).
+3. Activation checkpointing per block, or of each attention core (selective), recomputed in
+   the backward pass.
 4. Data parallel: FSDP2 `fully_shard` per block and per stage (HSDP over a (replicate, shard)
    mesh when both degrees are set, and whenever data parallel meets tensor or pipeline
    parallel: see Layout.data_parallel_wrapper); otherwise DDP over the replicate group, with
@@ -86,10 +87,11 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bo
     top: dict[str, Any] = {}
     if model.tok_embeddings is not None:
         top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
-        # Positions: rows of the table, output [seq, dim] split like the tokens' output.
-        top["pos_embeddings"] = RowwiseParallel(
-            input_layouts=Replicate(), output_layouts=Shard(0) if sequence_parallel else Replicate()
-        )
+        if model.pos_embeddings is not None:
+            # Positions: rows of the table, output [seq, dim] split like the tokens' output.
+            top["pos_embeddings"] = RowwiseParallel(
+                input_layouts=Replicate(),
+                output_layouts=Shard(0) if sequence_parallel else Replicate())
     if model.output is not None:
         if sequence_parallel:
             top["norm"] = SequenceParallel()
@@ -105,6 +107,8 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bo
             "feed_forward.w1": ColwiseParallel(),
             "feed_forward.w2": RowwiseParallel(output_layouts=seq),
         }
+        if block.feed_forward.w3 is not None:
+            plan["feed_forward.w3"] = ColwiseParallel()
         if sequence_parallel:
             plan.update({
                 "attention_norm": SequenceParallel(),
@@ -117,6 +121,8 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bo
                 ),
             })
         parallelize_module(block, tp_mesh, plan)
+    # Tied embeddings: both sharded alike (rows of the [vocab, dim] table); one parameter again.
+    model.tie_weights()
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool) -> None:
@@ -220,7 +226,7 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
     scaler = torch.amp.GradScaler(device.type) if training.precision == "fp16" else None
     if layout.world_size == 1:
         model = build_model(spec.model, seed=training.seed).to(device)
-        _set_recompute(model, layout.recompute != "none")
+        _set_recompute(model, layout.recompute)
         return ParallelModel(layout, device, [model], [model], precision=training.precision,
                              scaler=scaler)
 
@@ -240,7 +246,7 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
                 apply_tensor_parallel(part, mesh["tp"], layout.sequence_parallel)
         else:  # a user model: data parallel only (the spec rejects anything else)
             part = build_model(spec.model, seed=training.seed).to(device)
-        _set_recompute(part, layout.recompute != "none")
+        _set_recompute(part, layout.recompute)
         if wrapper == "fsdp":
             dp_mesh = (mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1
                        else mesh["dp_shard"])
@@ -288,10 +294,13 @@ def _on_meta(module: nn.Module) -> bool:
     return any(p.device.type == "meta" for p in module.parameters())
 
 
-def _set_recompute(model: nn.Module, on: bool) -> None:
+def _set_recompute(model: nn.Module, mode: str) -> None:
+    """'full': each block recomputed from its input; 'selective': each attention core."""
     for module in model.modules():
         if hasattr(module, "recompute"):
-            module.recompute = on
+            module.recompute = mode == "full"
+        if hasattr(module, "selective"):
+            module.selective = mode == "selective"
 
 
 def clip_grad_norm(model: ParallelModel, max_norm: float | None) -> torch.Tensor:

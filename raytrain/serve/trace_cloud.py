@@ -82,7 +82,7 @@ def heal_seconds(spec: JobSpec, offer: Offer) -> float:
     """How long a replacement replica group takes to fetch the job's state from a live one:
     its weights and AdamW's two moments in fp32 (12 bytes a parameter), over one node's
     network."""
-    if spec.model.kind != "gpt":
+    if spec.model.planned_shape is None:
         return 0.0
     dims = planner_inputs(spec)[0]
     return 12.0 * dims.params / (offer.network_gbps * 1e9 / 8)

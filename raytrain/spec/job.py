@@ -92,9 +92,9 @@ class JobSpec(Strict):
 
     def _stated(self) -> tuple[Layout | None, list[Problem]]:
         parallel, training = self.parallel, self.training
-        recompute = "full" if parallel.activation_checkpointing else "none"
+        recompute = parallel.recompute_mode
         if parallel.strategy == "auto":
-            if self.model.kind != "gpt":  # dimensions unknown: data parallel over the workers
+            if self.model.planned_shape is None:  # unknown: data parallel over the workers
                 return self._with_batch(Layout(dp_replicate=self.resources.num_workers,
                                                recompute=recompute)), []
             if self.resources.device_kind is None:
@@ -138,8 +138,10 @@ class JobSpec(Strict):
         shape = ModelShape()
         if self.model.kind == "gpt":
             gpt = self.model.gpt
-            shape = ModelShape(gpt.num_layers, gpt.num_heads, gpt.hidden_dim, None,
-                               gpt.vocab_size, gpt.max_seq_len)
+            shape = ModelShape(gpt.num_layers, gpt.num_heads, gpt.hidden_dim, gpt.num_kv_heads,
+                               gpt.vocab_size,
+                               gpt.max_seq_len if gpt.positions == "learned" else None,
+                               gpt.tie_embeddings)
         problems = check_layout(layout, shape, self.data.seq_len, self.model.kind == "gpt")
         if parallel.compression != "none" and layout.data_parallel_wrapper != "ddp":
             problems.append(Problem(

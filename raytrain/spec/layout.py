@@ -150,6 +150,7 @@ class ModelShape:
     num_kv_heads: int | None = None  # grouped-query attention; None: as many as num_heads
     vocab_size: int | None = None
     max_seq_len: int | None = None
+    tied_embeddings: bool = False
 
 
 @dataclass(frozen=True)
@@ -251,6 +252,13 @@ def check_layout(
             f"({layout.describe()}) has none to hold back (a pipeline reduces once per step "
             "already). To fix: set it to false, or use strategy 'fsdp' (or 'hybrid' with "
             "dp_shard > 1) without pp",
+        ))
+    if layout.pp > 1 and shape.tied_embeddings:
+        problems.append(Problem(
+            ("parallel", "pp"),
+            "model.gpt.tie_embeddings shares the token embeddings with the output head, "
+            "which a pipeline puts on its first and last stages. To fix: set "
+            "tie_embeddings to false, or use a layout without pp",
         ))
     if layout.tp > 1:
         if not built_in_model:

@@ -29,9 +29,8 @@ class LayoutChoice(Strict):
     micro_batch_size: int | None = Field(
         None, ge=1, le=1_000_000,
         description="Sequences per micro-batch on each rank; default training.micro_batch_size.")
-    recompute: Literal["none", "full"] | None = Field(
-        None, description="Activation recomputation; default the spec's "
-        "parallel.activation_checkpointing.")
+    recompute: Literal["none", "selective", "full"] | None = Field(
+        None, description="Activation recomputation; default the spec's parallel.recompute.")
     reduce_scatter_once: bool | None = Field(
         None, description=FIELD_DOCS["reduce_scatter_once"] + " Default the spec's "
         "parallel.reduce_scatter_once.")
@@ -117,12 +116,12 @@ class PlanRequest(Strict):
                     ("layout",), f"the degrees' product is {devices:,} devices, more than "
                     f"the planner takes ({MAX_DEVICES:,}). To fix: use smaller degrees",
                     devices)])
-        if self.spec.model.kind != "gpt":
+        if self.spec.model.planned_shape is None:
             raise_if_any("PlanRequest", [field_error(
-                ("spec", "model", "kind"),
-                "the planner needs the model's dimensions: it plans the built-in GPT. To "
-                "fix: describe your model as model.gpt, or pick a strategy yourself",
-                self.spec.model.kind,
+                ("spec", "model", "shape"),
+                "the planner needs the model's dimensions. To fix: state them as model.shape "
+                "(or plan with `raytrain plan --model-config config.json`), or pick a "
+                "strategy yourself", None,
             )])
         return self
 

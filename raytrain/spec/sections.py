@@ -29,23 +29,50 @@ class GPTConfig(Strict):
     )
     max_seq_len: int = Field(128, ge=2, le=4_194_304,
                              description="Longest sequence the model accepts.")
+    # Llama-style blocks (Llama, Mistral, Qwen); the defaults are GPT's.
+    num_kv_heads: int | None = Field(
+        None, ge=1, le=4_096, description="Key/value heads (grouped-query attention); must "
+        "divide num_heads. Default: num_heads (multi-head attention).")
+    mlp: Literal["gelu", "swiglu"] = Field(
+        "gelu", description="'gelu': w2(gelu(w1 x)); 'swiglu': the gated w2(silu(w1 x) * w3 x) "
+        "of Llama (three matrices of ffn_dim).")
+    positions: Literal["learned", "rotary"] = Field(
+        "learned", description="'learned': a table of max_seq_len positions added to the "
+        "token embeddings; 'rotary': rotary embeddings on queries and keys (no table).")
+    rope_theta: float = Field(10_000.0, gt=1, le=1e9,
+                              description="Rotary embeddings' base (positions 'rotary').")
+    tie_embeddings: bool = Field(
+        False, description="The output head shares the token embeddings' weights.")
 
     @model_validator(mode="after")
     def _heads_divide_dim(self) -> GPTConfig:
+        errors = []
         if self.dim % self.num_heads:
-            raise_if_any(
-                "GPTConfig",
-                [
-                    field_error(
-                        ("num_heads",),
-                        f"num_heads={self.num_heads} must divide dim={self.dim}. To fix: pick "
-                        f"num_heads from the divisors of {self.dim}, e.g. "
-                        f"{_nearest_divisor(self.dim, self.num_heads)}",
-                        self.num_heads,
-                    )
-                ],
-            )
+            errors.append(field_error(
+                ("num_heads",),
+                f"num_heads={self.num_heads} must divide dim={self.dim}. To fix: pick "
+                f"num_heads from the divisors of {self.dim}, e.g. "
+                f"{_nearest_divisor(self.dim, self.num_heads)}",
+                self.num_heads,
+            ))
+        elif self.positions == "rotary" and (self.dim // self.num_heads) % 2:
+            errors.append(field_error(
+                ("positions",),
+                f"rotary positions rotate pairs of each head's {self.dim // self.num_heads} "
+                "values, an odd number. To fix: make dim / num_heads even, or use positions "
+                "'learned'", self.positions))
+        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
+            errors.append(field_error(
+                ("num_kv_heads",),
+                f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads} "
+                "(each key/value head serves a group of query heads). To fix: pick one of "
+                f"{divisors(self.num_heads)}", self.num_kv_heads))
+        raise_if_any("GPTConfig", errors)
         return self
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
 
     @property
     def hidden_dim(self) -> int:
@@ -75,14 +102,26 @@ class ModelSpec(Strict):
         description="Keyword arguments passed to the factory (at most 64; the whole request "
         "body is limited to 1 MiB)."
     )
+    shape: GPTConfig | None = Field(
+        None, description="For kind 'import': the model's dimensions in model.gpt's terms "
+        "(`raytrain plan --model-config` reads them from a Hugging Face config.json), so "
+        "strategy 'auto' plans its data-parallel layout (DDP or FSDP, by memory) and the "
+        "policy prices it; null: planned as data parallel over the workers, priced by an "
+        "assumed speed.")
 
     @model_validator(mode="after")
     def _factory_matches_kind(self) -> ModelSpec:
         errors = _factory_errors(self.kind == "import", self.factory)
-        unused = ("factory", "options") if self.kind == "gpt" else ("gpt",)
+        unused = ("factory", "options", "shape") if self.kind == "gpt" else ("gpt",)
         errors += _unused_fields(self, unused, "model.kind")
         raise_if_any("ModelSpec", errors)
         return self
+
+    @property
+    def planned_shape(self) -> GPTConfig | None:
+        """The dimensions the planner prices: the built-in GPT's, or an imported model's
+        stated shape (None: not known)."""
+        return self.gpt if self.kind == "gpt" else self.shape
 
 
 class DataSpec(Strict):
@@ -290,7 +329,14 @@ class ParallelSpec(Strict):
         True, description="With tp > 1, also split norms and residuals along the sequence."
     )
     activation_checkpointing: bool = Field(
-        False, description="Recompute each block's activations in the backward pass."
+        False, description="Recompute each block's activations in the backward pass (the "
+        "same as recompute 'full')."
+    )
+    recompute: Literal["none", "selective", "full"] | None = Field(
+        None, description="Activation recomputation in the backward pass: 'full' recomputes "
+        "each block from its input, 'selective' only the attention core (its scores, the "
+        "largest activations for the least compute); default 'full' with "
+        "activation_checkpointing, else 'none'."
     )
     reduce_scatter_once: bool = Field(
         False, description="FSDP2 without a pipeline, with several micro-batches per step: "
@@ -323,6 +369,20 @@ class ParallelSpec(Strict):
         "groups are alive; with fewer, the job checkpoints (or, without a notice, goes back "
         "to its latest checkpoint) and resumes on new capacity.",
     )
+
+    @model_validator(mode="after")
+    def _one_recompute(self) -> ParallelSpec:
+        if self.activation_checkpointing and self.recompute not in (None, "full"):
+            raise_if_any("ParallelSpec", [field_error(
+                ("recompute",), f"recompute '{self.recompute}' contradicts "
+                "activation_checkpointing: true (which is recompute 'full'). To fix: remove "
+                "activation_checkpointing and keep recompute", self.recompute)])
+        return self
+
+    @property
+    def recompute_mode(self) -> str:
+        """The recomputation the spec asks for: none, selective or full."""
+        return self.recompute or ("full" if self.activation_checkpointing else "none")
 
 
 def accelerator_errors(accelerator: str | None, loc: tuple[str, ...] = ("accelerator",)

@@ -242,9 +242,11 @@ def test_the_readmes_plan_and_offers_examples_run_as_written() -> None:
     """Each `raytrain plan` / `raytrain offers` line of the README that names a shipped file
     runs from the repository's root as written (subprocesses), and the offers one ranks."""
     root = Path(__file__).resolve().parents[2]
-    lines = [line.split("#")[0].split() for line in (root / "README.md").read_text().splitlines()
-             if line.startswith(("raytrain plan examples/", "raytrain offers examples/"))]
-    assert len(lines) >= 5
+    lines = [line.split("#")[0].split() for line in
+             (root / "README.md").read_text().splitlines()
+             if line.strip().startswith(("raytrain plan examples/", "raytrain offers examples/",
+                                         "raytrain plan --model-config examples/"))]
+    assert len(lines) >= 6
     for argv in lines:
         ran = subprocess.run([sys.executable, "-m", "raytrain.cli", *argv[1:]], cwd=root,
                              capture_output=True, text=True, timeout=120)
