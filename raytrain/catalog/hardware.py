@@ -4,7 +4,8 @@ Figures are public specifications (dense, i.e. without 2:4 sparsity) except the 
 which is this project's CI machine as measured by benchmarks/calibrate_cpu.py. Bandwidths are
 per direction, per GPU, in bytes/s; `efficiency` is the fraction of a link's bandwidth that
 NCCL-style ring collectives reach in practice (bus bandwidth over link bandwidth), and
-`latency_s` the fixed cost of one collective step on it.
+`latency_s` the fixed cost of one collective on it (of each of its ring's steps on gloo,
+whose steps do not overlap: `latency_per_step`).
 
 Where a GPU's link is PCIe without peer-to-peer (RTX 4090: the driver does not allow P2P
 between 4090s), GPU-to-GPU traffic is staged through host memory: half the PCIe bandwidth at
@@ -92,6 +93,9 @@ class Link:
     # Cost of a reduce-scatter over an all-gather of the same size: 1 where the backend has
     # one (NCCL); gloo has none and torch falls back to an all-reduce.
     reduce_scatter_factor: float = 1.0
+    # Whether each of a ring's n - 1 steps pays the latency: gloo's do (measured on CPU);
+    # NCCL pipelines its rings and trees, so a collective pays about one.
+    latency_per_step: bool = False
 
 
 @dataclass(frozen=True)
@@ -103,25 +107,33 @@ class NodeShape:
     inter: Link  # between nodes, per GPU (the node's network shared by its GPUs)
 
 
+MiB = 2**20
+# Device memory is what the device reports (nvidia-smi's total, which CUDA's own total
+# matches), not the marketed "80 GB" (80e9 bytes, 7% less than an H100 reports): 81,559 MiB
+# on an H100, 81,920 and 40,960 on A100s, 46,068 on an L40S, 15,360 on a T4 (Modal's
+# table, modal-labs/modal-client#2797), 24,564 on an RTX 4090, 143,771 on an H200. What the
+# CUDA context, NCCL and the allocator keep of it is GPUKind.runtime_reserve_bytes.
 GPUS: dict[str, GPUKind] = {
-    "rtx4090": GPUKind("rtx4090", 165 * TB, 82.6 * TB, 24 * GB, 1.008 * TB, sms=128),
-    "l40s": GPUKind("l40s", 362 * TB, 91.6 * TB, 48 * GB, 0.864 * TB, sms=142),
-    "a100-80gb-sxm": GPUKind("a100-80gb-sxm", 312 * TB, 19.5 * TB, 80 * GB, 2.039 * TB,
+    "rtx4090": GPUKind("rtx4090", 165 * TB, 82.6 * TB, 24_564 * MiB, 1.008 * TB, sms=128),
+    "l40s": GPUKind("l40s", 362 * TB, 91.6 * TB, 46_068 * MiB, 0.864 * TB, sms=142),
+    "a100-80gb-sxm": GPUKind("a100-80gb-sxm", 312 * TB, 19.5 * TB, 81_920 * MiB, 2.039 * TB,
                                gemm_efficiency=0.859, sms=108),
-    "a100-40gb-sxm": GPUKind("a100-40gb-sxm", 312 * TB, 19.5 * TB, 40 * GB, 1.555 * TB,
+    "a100-40gb-sxm": GPUKind("a100-40gb-sxm", 312 * TB, 19.5 * TB, 40_960 * MiB, 1.555 * TB,
                                gemm_efficiency=0.859, sms=108),
     # `achievable` on GPUs: only for models whose dimensions are unknown (a whole step's
     # share of peak, H100's from torchtitan's Llama 3.1 8B run on 8 H100s, eager, bf16).
-    "h100-sxm": GPUKind("h100-sxm", 989 * TB, 67 * TB, 80 * GB, 3.35 * TB, achievable=0.364,
+    "h100-sxm": GPUKind("h100-sxm", 989 * TB, 67 * TB, 81_559 * MiB, 3.35 * TB,
+                        achievable=0.364,
                         calibration="torchtitan Llama 3.1 8B, 8x H100, FSDP, eager",
                         gemm_efficiency=0.801, sms=132),
-    "h100-pcie": GPUKind("h100-pcie", 756 * TB, 51 * TB, 80 * GB, 2.0 * TB, achievable=0.364,
+    "h100-pcie": GPUKind("h100-pcie", 756 * TB, 51 * TB, 81_559 * MiB, 2.0 * TB,
+                         achievable=0.364,
                          calibration="as h100-sxm", gemm_efficiency=0.801, sms=114),
-    "h200": GPUKind("h200", 989 * TB, 67 * TB, 141 * GB, 4.8 * TB, achievable=0.364,
+    "h200": GPUKind("h200", 989 * TB, 67 * TB, 143_771 * MiB, 4.8 * TB, achievable=0.364,
                     calibration="as h100-sxm", gemm_efficiency=0.801, sms=132),
     # The GPUs of the spot fleets whose preemption traces the simulator replays (p3, g4dn).
     "v100-16gb": GPUKind("v100-16gb", 125 * TB, 15.7 * TB, 16 * GB, 0.9 * TB, sms=80),
-    "t4": GPUKind("t4", 65 * TB, 8.1 * TB, 16 * GB, 0.32 * TB, sms=40),
+    "t4": GPUKind("t4", 65 * TB, 8.1 * TB, 15_360 * MiB, 0.32 * TB, sms=40),
     # This machine: one thread per rank; FLOP/s and fixed costs of fp32 training steps of the
     # benchmark GPT and a tiny one (so `achievable` is 1), memory bandwidth (fused AdamW) and
     # the rate of copies into fresh buffers with every core busy, by benchmarks/calibrate_cpu.py
@@ -154,12 +166,12 @@ LINKS: dict[str, Link] = {
     # gloo between processes on this machine, measured by benchmarks/calibrate_cpu.py (the
     # run recorded in BENCHMARKS.md; ten runs ranged 0.72-1.02 GB/s, 0.33-1.24 ms, 1.5-2.3x).
     "gloo-local": Link("gloo-local", 0.96 * GB, 1.14e-3, efficiency=1.0,
-                       reduce_scatter_factor=2.13),
+                       reduce_scatter_factor=2.13, latency_per_step=True),
     # The same between twice as many processes as cores (4 ranks on 2 cores), measured the
     # same way: a rank waiting on gloo leaves its core to another, so it is neither the
     # 2-process figure nor half of it.
     "gloo-local-shared": Link("gloo-local-shared", 0.59 * GB, 1.27e-3, efficiency=1.0,
-                              reduce_scatter_factor=1.79),
+                              reduce_scatter_factor=1.79, latency_per_step=True),
 }
 
 NODE_SHAPES: dict[str, NodeShape] = {

@@ -130,7 +130,13 @@ def _collective_s(nbytes: float, ranks: int, link: Link) -> float:
     if ranks <= 1:
         return 0.0
     share = (ranks - 1) / ranks
-    return nbytes * share / (link.bandwidth * link.efficiency) + link.latency_s * (ranks - 1)
+    return nbytes * share / (link.bandwidth * link.efficiency) + _latency_s(link, ranks)
+
+
+def _latency_s(link: Link, ranks: int) -> float:
+    """The fixed cost of one collective over `ranks`: one latency (NCCL pipelines its steps),
+    or one per ring step where each waits for the last (gloo)."""
+    return link.latency_s * (ranks - 1 if link.latency_per_step else 1)
 
 
 def _link_for_span(span: int, shape: NodeShape) -> Link:
@@ -293,11 +299,12 @@ def step_time(dims: ModelDims, work: Workload, c: Layout,
     overlap = gpu.overlaps_communication
     if c.data_parallel_wrapper == "fsdp":
         groups = layers_here + 1  # one FSDP unit per block, one at the root
+        # One collective per unit: the bytes of all of them, and each one's latency.
         gather = _collective_s(held * work.act_bytes, c.dp_shard, shard_link) + \
-            shard_link.latency_s * (groups - 1) * (c.dp_shard - 1)
+            _latency_s(shard_link, c.dp_shard) * (groups - 1)
         # Each unit's fixed cost (its hooks, collectives' set-up), once per microbatch.
         units = groups * gpu.fsdp_unit_overhead_s
-        scatter = _collective_s(held * 4, c.dp_shard, shard_link) * \
+        scatter = _collective_s(held * work.grad_reduce_bytes, c.dp_shard, shard_link) * \
             shard_link.reduce_scatter_factor + shard_link.latency_s * (groups - 1)
         # What FSDP2 copies around its collectives (torch 2.13, _fsdp_collectives.py), per
         # all-gather: the local shard in and the whole unit out into the parameters (with one

@@ -328,7 +328,8 @@ def test_node_shapes_are_the_machines_as_sold() -> None:
                for name in ("p4d", "p4de", "p5", "p5e", "dgx-a100", "dgx-h100")}
     assert per_gpu == pytest.approx({"p4d": 50, "p4de": 50, "p5": 400, "p5e": 400,
                                      "dgx-a100": 200, "dgx-h100": 400})  # Gbit/s per GPU
-    assert NODE_SHAPES["p4d"].gpu.memory_bytes == 40e9
+    # Memory as the device reports it (nvidia-smi's MiB), not the "40 GB" it is sold as.
+    assert NODE_SHAPES["p4d"].gpu.memory_bytes == 40_960 * 2**20
     assert node_shape("a100-80gb-sxm").inter.bandwidth == NODE_SHAPES["p4de"].inter.bandwidth
     # Data parallel across 4 nodes waits on the network: p4d's 400 Gbit/s, not p5's 3,200.
     spec, choice = gpt_job(), LayoutChoice(dp_replicate=32, micro_batch_size=2)
