@@ -61,6 +61,7 @@ def planner_inputs(spec: JobSpec, gpus: int | None = None, accelerator: str | No
         recompute_options=(spec.parallel.recompute_mode,),
         micro_batch_options=(spec.training.micro_batch_size,),
         data_parallel_only=spec.model.kind != "gpt",
+        grad_reduce_bytes=2 if spec.parallel.grad_reduce_dtype == "bf16" else 4,
     )
     kind = accelerator or spec.resources.device_kind or "cpu"
     return dims, work, kind, gpus or spec.resources.num_workers

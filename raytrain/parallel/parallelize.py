@@ -35,7 +35,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
@@ -125,13 +125,18 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bo
     model.tie_weights()
 
 
-def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool) -> None:
-    """FSDP2 per transformer block (one all-gather each), then the rest at the root."""
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool,
+               reduce_dtype: torch.dtype | None = None) -> None:
+    """FSDP2 per transformer block (one all-gather each), then the rest at the root;
+    `reduce_dtype`: the gradients' dtype in the reduce-scatter (None: the parameters')."""
+    policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
     layers = getattr(model, "layers", None)
     if isinstance(layers, nn.ModuleDict):
         for block in layers.values():
-            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
+                        mp_policy=policy)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
+                mp_policy=policy)
 
 
 def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -250,7 +255,9 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
         if wrapper == "fsdp":
             dp_mesh = (mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1
                        else mesh["dp_shard"])
-            apply_fsdp(part, dp_mesh, reshard_after_forward=layout.pp == 1)
+            apply_fsdp(part, dp_mesh, reshard_after_forward=layout.pp == 1,
+                       reduce_dtype=torch.bfloat16 if parallel.grad_reduce_dtype == "bf16"
+                       else None)
         if isinstance(part, GPT) and _on_meta(part):
             part.to_empty(device=device)
             part.init_weights()
@@ -262,7 +269,7 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
                 device_ids=[device.index] if device.type == "cuda" else None,
             )
             register_compression(
-                runner, parallel.compression, mesh["dp_replicate"].get_group(),
+                runner, parallel.ddp_compression, mesh["dp_replicate"].get_group(),
                 powersgd_rank=parallel.powersgd_rank, topk_ratio=parallel.topk_ratio,
                 topk_error_feedback=parallel.topk_error_feedback,
             )

@@ -332,6 +332,10 @@ class ParallelSpec(Strict):
         False, description="Recompute each block's activations in the backward pass (the "
         "same as recompute 'full')."
     )
+    grad_reduce_dtype: Literal["fp32", "bf16"] = Field(
+        "fp32", description="The dtype data parallelism reduces gradients in: fp32 (exact), "
+        "or bf16 (half the traffic, at bf16's precision): FSDP2's reduce_dtype, or DDP's bf16 "
+        "compression hook. The planner prices the traffic it sends.")
     recompute: Literal["none", "selective", "full"] | None = Field(
         None, description="Activation recomputation in the backward pass: 'full' recomputes "
         "each block from its input, 'selective' only the attention core (its scores, the "
@@ -369,6 +373,21 @@ class ParallelSpec(Strict):
         "groups are alive; with fewer, the job checkpoints (or, without a notice, goes back "
         "to its latest checkpoint) and resumes on new capacity.",
     )
+
+    @model_validator(mode="after")
+    def _one_reduce_dtype(self) -> ParallelSpec:
+        if self.grad_reduce_dtype == "bf16" and self.compression not in ("none", "bf16"):
+            raise_if_any("ParallelSpec", [field_error(
+                ("grad_reduce_dtype",), f"bf16 gradient reduction and compression "
+                f"'{self.compression}' are two ways of sending gradients; a job uses one. To "
+                "fix: drop grad_reduce_dtype, or set compression to none",
+                self.grad_reduce_dtype)])
+        return self
+
+    @property
+    def ddp_compression(self) -> str:
+        """The DDP hook the job's gradients cross replicas with."""
+        return "bf16" if self.grad_reduce_dtype == "bf16" else self.compression
 
     @model_validator(mode="after")
     def _one_recompute(self) -> ParallelSpec:

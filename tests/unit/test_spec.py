@@ -94,6 +94,18 @@ def test_shipped_examples_parse() -> None:
         ({"parallel": {"strategy": "auto"}, "resources": {"gpus_per_worker": 1}},
          "resources.accelerator", "strategy 'auto' plans for a GPU kind"),
         ({"resources": {"accelerator": "tpu-v9"}}, "resources.accelerator", "use one of"),
+        # Llama-style options and the ways of reducing and recomputing
+        ({"model": {"gpt": {"num_heads": 4, "num_kv_heads": 3}}}, "model.gpt.num_kv_heads",
+         "must divide num_heads"),
+        ({"model": {"gpt": {"dim": 12, "num_heads": 4, "positions": "rotary"}},
+          "data": {"seq_len": 8}}, "model.gpt.positions", "odd number"),
+        ({"parallel": {"strategy": "pipeline"}, "model": {"gpt": {"tie_embeddings": True}}},
+         "parallel.pp", "tie_embeddings to false"),
+        ({"parallel": {"compression": "powersgd", "grad_reduce_dtype": "bf16"}},
+         "parallel.grad_reduce_dtype", "a job uses one"),
+        ({"parallel": {"activation_checkpointing": True, "recompute": "selective"}},
+         "parallel.recompute", "contradicts"),
+        ({"model": {"gpt": {}, "shape": {"dim": 64}}}, "model.shape", "means nothing"),
     ],
 )
 def test_bad_input_names_the_field(document: dict, path: str, words: str) -> None:
