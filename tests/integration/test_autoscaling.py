@@ -32,7 +32,7 @@ from tests.integration.conftest import wait_for
 from tests.integration.test_service import job_spec
 from tests.unit.test_training import run_single
 
-pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray"), pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")

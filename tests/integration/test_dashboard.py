@@ -29,7 +29,7 @@ expect = playwright_api.expect
 # Each check waits for what the page fetches: seconds on a busy 2-core machine, not 5.
 expect.set_options(timeout=30_000)
 
-pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray"), pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(420)]
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -16,7 +16,7 @@ import pytest
 from raytrain.serve.auth import read_tokens
 from tests.integration.conftest import free_port
 
-pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray"), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 BIN = Path(sys.executable).parent
 

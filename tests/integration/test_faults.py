@@ -31,7 +31,7 @@ from tests.integration.conftest import (
 from tests.integration.test_service import cpus_free, job_spec
 from tests.unit.test_training import run_single
 
-pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray"), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(autouse=True)

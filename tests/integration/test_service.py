@@ -20,7 +20,7 @@ from raytrain import Client, JobState
 from raytrain.cli import main as cli_main
 from tests.integration.conftest import Service
 
-pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray"), pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 
 ROOT = Path(__file__).resolve().parents[2]
 
