@@ -91,8 +91,8 @@ def job_layout(spec: JobSpec) -> Layout:
 
 
 def predicted(spec: JobSpec, layout: Layout) -> Plan | None:
-    """The planner's figures for `layout`, when the model is the built-in GPT and the device
-    kind is known."""
+    """The planner's figures for `layout`, when the model's dimensions (the built-in GPT's,
+    or an imported model's model.shape) and the device kind are known."""
     if spec.model.planned_shape is None or spec.resources.device_kind is None:
         return None
     dims, work, kind, _ = planner_inputs(spec)
