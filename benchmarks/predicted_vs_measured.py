@@ -8,6 +8,7 @@ what the status shows as plan.measured_step_s); beside it, the same reports' tok
 into seconds per step (saves included: what the job's throughput pays).
 
     python -m benchmarks.predicted_vs_measured [--steps N] [--calibrated STATE_DIR]
+        [--example examples/llama-style.yaml]
 
 With --calibrated, the service plans with the CPU profile `raytrain calibrate` stored in
 STATE_DIR (e.g. ~/.raytrain) instead of the catalog's.
@@ -24,7 +25,8 @@ from raytrain import Client, load_job_spec
 from raytrain.core.calibration import steady_step_s
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = ("examples/demo.yaml", "examples/job.json", "examples/hybrid.yaml")
+EXAMPLES = ("examples/demo.yaml", "examples/job.json", "examples/hybrid.yaml",
+            "examples/llama-style.yaml")
 
 
 def main() -> None:
@@ -33,12 +35,14 @@ def main() -> None:
                         help="train each example this many steps (default: its own)")
     parser.add_argument("--calibrated", type=Path, metavar="STATE_DIR",
                         help="plan with the CPU profile `raytrain calibrate` stored there")
+    parser.add_argument("--example", action="append", choices=EXAMPLES,
+                        help="only this example (repeatable; default: all)")
     args = parser.parse_args()
     url, token, _ = start(prefix="raytrain-pvm-", profile_from=args.calibrated)
     client = Client(url, token=token)
     rows = []
     try:
-        for example in EXAMPLES:
+        for example in args.example or EXAMPLES:
             spec = load_job_spec(ROOT / example)
             if args.steps:
                 spec = spec.model_copy(update={"training": spec.training.model_copy(

@@ -32,6 +32,9 @@ def test_shipped_examples_parse() -> None:
     assert load_job_spec(ROOT / "examples" / "job.json").name == "curl-job"
     hybrid = load_job_spec(ROOT / "examples" / "hybrid.yaml")
     assert hybrid.stated_layout().describe() == "tp2 pp2 1f1b mb4x4 sequence parallel"
+    llama = load_job_spec(ROOT / "examples" / "llama-style.yaml")
+    assert (llama.model.gpt.mlp, llama.model.gpt.kv_heads, llama.parallel.recompute_mode) == \
+        ("swiglu", 2, "selective")
 
 
 @pytest.mark.parametrize(
