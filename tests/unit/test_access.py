@@ -389,3 +389,45 @@ def test_a_second_shell_finds_the_token_with_only_the_state_dir_or_nothing(
     monkeypatch.setenv("RAYTRAIN_STATE_DIR", str(state))
     assert auth.client_token("http://127.0.0.1:8124") == operator
     assert auth.client_token("http://192.0.2.1:8123") is None  # never sent elsewhere
+
+
+def test_the_serve_terminal_reads_the_operator_token_again_after_a_rotation(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`raytrain serve`'s foreground lines go on after `raytrain token rotate operator`: the
+    watcher, refused its old token, reads tokens.json again. Started with the old token, it
+    prints the job submitted after the rotation; without the re-read it goes silent for good
+    and the job's line never comes (the test fails)."""
+    import signal
+
+    from raytrain.cli.service_commands import _watch_until_signal
+
+    config = ServiceConfig(state_dir=str(tmp_path))
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    submitted: list[str] = []
+    with served(tmp_path) as (url, old):
+
+        def rotate_then_submit() -> None:
+            time.sleep(1.0)  # the watcher has listed with the old token
+            new = set_token(tmp_path, "operator", "rotate")
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # the service takes the new file in seconds
+                answer = httpx.post(f"{url}/v1/jobs", json=small_job(),
+                                    headers={"Authorization": f"Bearer {new}"})
+                if answer.status_code == 202:
+                    submitted.append(answer.json()["id"])
+                    break
+                time.sleep(0.2)
+            time.sleep(3.0)  # a few of the watcher's passes
+            os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C in the serve terminal
+
+        helper = threading.Thread(target=rotate_then_submit)
+        helper.start()
+        try:
+            _watch_until_signal(url, lambda: operator_token(config), interval_s=0.2)
+        finally:
+            helper.join(60)
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+        assert old != operator_token(config) and submitted
+    printed = capsys.readouterr().err
+    assert f"job {submitted[0]}" in printed, printed
