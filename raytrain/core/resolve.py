@@ -77,11 +77,8 @@ def job_layout(spec: JobSpec) -> Layout:
     dims, work, kind, count = planner_inputs(spec)
     try:
         best = plan(dims, work, kind, count, keep=1)[0].candidate
-    except NothingFits as exc:
-        fixes = "; ".join(exc.suggestions)
-        said = fixes and "To fix" not in str(exc)
-        raise SpecError([FieldError(here, f"{exc}" + (f" To fix: {fixes}" if said else ""))]
-                        ) from None
+    except NothingFits as exc:  # its message carries its suggestions ("To fix: ...")
+        raise SpecError([FieldError(here, str(exc))]) from None
     layout = replace(best, sequence_parallel=spec.parallel.sequence_parallel)
     problems = spec.layout_problems(layout)
     if problems:
