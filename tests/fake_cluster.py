@@ -36,7 +36,7 @@ from raytrain.catalog.files import DEFAULT_POLICY_DIR
 from raytrain.cloud.runpod import pod_env
 from raytrain.cloud.runpod_provider import NODE_ID_ENV
 from raytrain.serve.auth import OPERATOR, read_tokens
-from raytrain.serve.deploy import kill_all, terminate_family
+from raytrain.serve.detached import kill_all, terminate_family
 from tests.imds_server import MetadataServer
 from tests.integration.conftest import free_port, wait_for
 from tests.runpod_api import FakeRunPod

@@ -184,15 +184,7 @@ def _watch_until_signal(url: str, token: Callable[[], str | None],
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from raytrain.serve.deploy import (
-        DetachedService,
-        connect_ray,
-        deploy,
-        detached_service_running,
-        lower_detached_daemons,
-        start_detached_head,
-        undeploy,
-    )
+    from raytrain.serve.detached import DetachedService, detached_service_running
 
     config = _service_config(args)
     _require_resolvable(args.host)
@@ -210,6 +202,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _require_free_port(args.host, args.port)
     _check_storage(config)
     import ray
+
+    from raytrain.serve.deploy import (
+        connect_ray,
+        deploy,
+        lower_detached_daemons,
+        start_detached_head,
+        undeploy,
+    )
 
     head_pid = temp_dir = None
     address = args.address
@@ -261,9 +261,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from raytrain.serve.deploy import stop_detached
+    from raytrain.serve.detached import recorded_service
 
     state_dir = default_state_dir(args.state_dir)
+    recorded_service(state_dir)  # nothing to stop: say so before Ray is imported
+    from raytrain.serve.deploy import stop_detached
+
     with err.status("stopping the detached service"):
         what = stop_detached(state_dir)
     err.print(f"stopped {what}", highlight=False)

@@ -13,17 +13,14 @@ cluster would end with the process): it starts a head node as its own process gr
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
@@ -34,6 +31,12 @@ from ray import serve
 from raytrain.errors import RaytrainError
 from raytrain.serve.app import APP_NAME
 from raytrain.serve.auth import operator_token
+from raytrain.serve.detached import (
+    SERVICE_RECORD,
+    head_process,
+    recorded_service,
+    terminate_family,
+)
 from raytrain.serve.front import serve_app
 from raytrain.serve.manager_actor import find_manager
 from raytrain.spec import ServiceConfig
@@ -156,58 +159,6 @@ def undeploy(stop_jobs: bool) -> None:
             ray.kill(manager, no_restart=True)
 
 
-SERVICE_RECORD = "service.json"
-
-
-@dataclass(frozen=True)
-class DetachedService:
-    """What `serve --detach` started, for `raytrain stop`."""
-
-    url: str
-    address: str  # the Ray cluster's GCS address
-    head_pid: int | None  # the `ray start --head --block` process we started, if any
-    temp_dir: str | None  # that head's Ray temp dir
-    started_at: float
-
-    def save(self, state_dir: Path) -> Path:
-        state_dir.mkdir(parents=True, exist_ok=True)
-        path = state_dir / SERVICE_RECORD
-        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
-        return path
-
-    @staticmethod
-    def load(state_dir: Path) -> DetachedService | None:
-        try:
-            return DetachedService(**json.loads((state_dir / SERVICE_RECORD).read_text()))
-        except (OSError, ValueError, TypeError):
-            return None
-
-
-def _head_process(record: DetachedService) -> psutil.Process | None:
-    """The head process the record names, if it still runs (and is still that process)."""
-    if record.head_pid is None:
-        return None
-    try:
-        proc = psutil.Process(record.head_pid)
-        if "ray" in " ".join(proc.cmdline()) and proc.create_time() <= record.started_at + 5:
-            return proc
-    except psutil.Error:
-        pass
-    return None
-
-
-def detached_service_running(state_dir: Path) -> DetachedService | None:
-    """The detached service recorded in `state_dir`, if it still answers."""
-    record = DetachedService.load(state_dir)
-    if record is None:
-        return None
-    try:
-        httpx.get(f"{record.url}/healthz", timeout=2.0)
-        return record
-    except httpx.HTTPError:
-        return record if _head_process(record) is not None else None
-
-
 def start_detached_head(num_cpus: int | None, log_path: Path, timeout_s: float = 120.0
                         ) -> tuple[str, int, str]:
     """Start a local Ray head node that outlives this process; return (address, pid,
@@ -257,40 +208,10 @@ def lower_detached_daemons(head_pid: int) -> None:
         pass
 
 
-def terminate_family(proc: psutil.Process, timeout_s: float = 30.0) -> None:
-    """SIGTERM a process and its children, then SIGKILL what is left after timeout_s."""
-    try:
-        family = [proc, *proc.children(recursive=True)]
-    except psutil.Error:
-        return
-    for member in family:
-        try:
-            member.send_signal(signal.SIGTERM)
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(family, timeout=timeout_s)
-    kill_all(alive)
-
-
-def kill_all(procs: list[psutil.Process]) -> None:
-    """SIGKILL each process and wait for them (up to 10 s)."""
-    for proc in procs:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(procs, timeout=10)
-
-
 def stop_detached(state_dir: Path) -> str:
     """Stop what `serve --detach` recorded in `state_dir`; say what was stopped."""
-    record = DetachedService.load(state_dir)
-    if record is None:
-        raise RaytrainError(
-            f"nothing to stop: no service started with `raytrain serve --detach` is recorded "
-            f"in {state_dir / SERVICE_RECORD}. To fix: pass the --state-dir it was started "
-            "with")
-    head = _head_process(record)
+    record = recorded_service(state_dir)
+    head = head_process(record)
     stopped = []
     # Ray's daemons and actors take 10-30 s to leave on SIGTERM. Once the job manager has
     # saved every job, nothing of ours is left in them, so they get a short grace; when it
