@@ -82,6 +82,9 @@ class FakeRay:
         return frozenset(node for node, resources in self.nodes.items()
                          if not wanted or wanted & set(resources))
 
+    def prepare_requests(self) -> None:
+        self.calls.append(("prepare_requests",))
+
     def request_nodes(self, job_id: str, bundles: list[dict[str, float]]) -> None:
         self.requests[job_id] = bundles
         self.calls.append(("request", job_id, len(bundles)))

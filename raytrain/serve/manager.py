@@ -374,6 +374,11 @@ class JobManager(JobReads):
     # -------------------------------------------------------------------- scheduling
 
     def _schedule_forever(self) -> None:
+        if self.provisioner.enabled:
+            try:
+                self.cluster.prepare_requests()
+            except Exception:  # the first request will try again
+                logger.exception("could not start Ray's autoscaling coordinator")
         while not self._stopping.is_set():
             try:
                 with self.lock:  # records kept while the disk was failing (serve.durable)

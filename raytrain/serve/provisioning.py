@@ -110,23 +110,29 @@ REQUEST_EXPIRE_S = 180.0  # as Ray Train's own requests
 REQUEST_REFRESH_S = 60.0
 
 
+def coordinator() -> Any:
+    """Ray's autoscaling coordinator actor, started if it is not running (without waiting
+    for it: its process imports Ray Data, 10-40 s on a small head node)."""
+    from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+        get_or_create_autoscaling_coordinator,
+    )
+
+    return get_or_create_autoscaling_coordinator()
+
+
 def coordinator_request(job_id: str, bundles: list[dict[str, float]]) -> None:
     """Ask Ray's autoscaling coordinator for `bundles` for the job ([] withdraws)."""
     from ray.data._internal.cluster_autoscaler.base_autoscaling_coordinator import (
         ResourceRequestPriority,
     )
-    from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
-        get_or_create_autoscaling_coordinator,
-    )
 
-    coordinator = get_or_create_autoscaling_coordinator()
     requester = f"raytrain-job-{job_id}"
     if bundles:
-        coordinator.request_resources.remote(
+        coordinator().request_resources.remote(
             requester_id=requester, resources=bundles, expire_after_s=REQUEST_EXPIRE_S,
             priority=ResourceRequestPriority.HIGH)
     else:
-        coordinator.cancel_request.remote(requester)
+        coordinator().cancel_request.remote(requester)
 
 
 @dataclass
