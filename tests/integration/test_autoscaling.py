@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+import torch
 
 from raytrain.client import Client
 from raytrain.spec import JobSpec, JobState
@@ -43,14 +44,27 @@ def fake_cluster() -> Iterator[FakeCluster]:
         yield cluster
 
 
+def elastic_job(steps: int) -> dict:
+    """The job: two workers, one replica group on each pod; a micro-batch of 8, so that a
+    group's step is one micro-batch (two while it trains alone)."""
+    document = job_spec(steps=steps, checkpoint_every=steps, name="elastic")
+    document["training"]["micro_batch_size"] = 8
+    return document
+
+
 @functools.lru_cache(maxsize=None)
 def _reference_final_loss(steps: int) -> float:
-    """The job of `job_spec(steps)` uninterrupted, in one process (every layout matches it to
-    1e-5; the checkpoint interval does not change the losses)."""
-    one = JobSpec.model_validate({**job_spec(steps=steps, checkpoint_every=steps),
-                                  "resources": {"num_workers": 1}})
-    with tempfile.TemporaryDirectory() as root:
-        sink = run_single(one, Path(root))
+    """The job uninterrupted, in one process (every layout matches it to 1e-5; the
+    checkpoint interval does not change the losses). On one thread: it runs while the
+    cluster starts pods and worker groups on this machine's two cores."""
+    one = JobSpec.model_validate({**elastic_job(steps), "resources": {"num_workers": 1}})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with tempfile.TemporaryDirectory() as root:
+            sink = run_single(one, Path(root))
+    finally:
+        torch.set_num_threads(threads)
     assert sink.result is not None
     return sink.result["final_loss"]
 
@@ -76,7 +90,7 @@ def test_replica_groups_outlive_a_notice_and_a_loss_and_the_job_trains_as_if_nei
     # The uninterrupted run's loss (one process), while the cluster starts the job.
     reference = ThreadPoolExecutor(1).submit(_reference_final_loss, steps)
     assert fake_cluster.worker_node_types() == []  # nothing bought yet
-    job = client.submit(job_spec(steps=steps, checkpoint_every=steps, name="elastic"))
+    job = client.submit(elastic_job(steps))
 
     def groups(state: str = "training") -> list[str] | None:
         status = client.get(job.id)
