@@ -44,8 +44,8 @@ def nothing_left_behind(service: Service) -> Iterator[None]:
 
 def test_a_cancel_while_the_worker_group_starts_frees_everything(service: Service) -> None:
     """Cancelled while the worker group is still starting, a job ends CANCELLED with no held
-    CPU and no placement group left behind. (A cancel once training runs is in
-    test_dashboard.py, through the page.)"""
+    CPU and no placement group left behind. (A cancel once training runs is the README's
+    second snippet, test_service.py.)"""
     client = Client(service.url)
     starting = client.submit(job_spec(steps=100_000, name="cancel-while-starting"))
     wait_for(lambda: starting.status().state == JobState.PROVISIONING, 60, "PROVISIONING")

@@ -18,7 +18,7 @@ import yaml
 
 from raytrain import Client, JobState
 from raytrain.cli import main as cli_main
-from tests.integration.conftest import Service
+from tests.integration.conftest import NUM_CPUS, Service, train_worker_pids, wait_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 
@@ -131,6 +131,9 @@ def test_the_readme_trains_the_demo_to_success_streaming_progress_then_cancels_o
     out = capsys.readouterr().out
     assert "SUCCEEDED" in out and "rank 0:" in out
     assert namespace["job"].wait().state == JobState.CANCELLED
+    # The cancel stopped the workers and freed their CPUs.
+    wait_for(lambda: not train_worker_pids(), 60, "the training workers to exit")
+    wait_for(lambda: cpus_free() >= NUM_CPUS, 60, "the CPUs to be free again")
 
 
 def check_the_demo_succeeded(service: Service, job: Any,
