@@ -94,7 +94,7 @@ def test_the_checkpoint_interval_minimises_the_expected_time(
     assert optimal_interval_s(cost_s, 0.0) is None
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(
     st.sampled_from([(2, 512, 8), (12, 2048, 16), (32, 4096, 32)]),
     st.lists(st.sampled_from(["rtx4090", "l40s", "h100-sxm", "a100-80gb-sxm"]), min_size=1,

@@ -66,7 +66,7 @@ def test_a_job_checkpoints_resumes_and_is_retained_in_a_bucket(endpoint: str,
 
 
 def test_uploads_killed_at_random_points_leave_nothing_loadable(endpoint: str) -> None:
-    """20 saves, each stopped dead after a seeded number of bucket writes (objects are
+    """10 saves, each stopped dead after a seeded number of bucket writes (objects are
     atomic in S3, so a killed process leaves exactly such a prefix of its writes): the latest
     committed checkpoint is always a whole one, and the next save still succeeds. Without
     the commit marker (a checkpoint counted once its shards are there) it fails."""
@@ -99,7 +99,7 @@ def test_uploads_killed_at_random_points_leave_nothing_loadable(endpoint: str) -
     manager.save(1, [model], [optimizer], {"samples_seen": 1})
     saved = {1: _model()[0]}
     killed = 0
-    for attempt in range(20):
+    for attempt in range(10):
         step = 2 + attempt
         model, optimizer = _model(seed=step)
         dying = CheckpointManager(root, 0, keep=2, asynchronous=False)
@@ -114,7 +114,7 @@ def test_uploads_killed_at_random_points_leave_nothing_loadable(endpoint: str) -
         loaded, loaded_optimizer = _model(seed=999)
         meta = CheckpointManager(root, 0).load(latest, [loaded], [loaded_optimizer])
         assert _same(loaded, saved[meta["step"]])
-    assert 10 <= killed < 20
+    assert 5 <= killed < 10  # most killed part-way, some whole (seeded: 8 and 2)
     model, optimizer = _model(seed=77)
     CheckpointManager(root, 0, keep=2).save(50, [model], [optimizer], {}, wait=True)
     assert committed_steps(open_store(root))[-1] == 50
