@@ -431,3 +431,28 @@ def test_the_serve_terminal_reads_the_operator_token_again_after_a_rotation(
         assert old != operator_token(config) and submitted
     printed = capsys.readouterr().err
     assert f"job {submitted[0]}" in printed, printed
+
+
+def test_the_operator_token_is_written_before_the_service_answers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A script that waits for /healthz and then reads tokens.json must find the token:
+    deploy() writes it before Serve starts the app (which answers /healthz at once). Serve
+    is replaced by a stand-in that records whether tokens.json existed when the app was
+    started; moving the token after serve.run makes this fail."""
+    from raytrain.serve import deploy
+
+    seen: dict[str, bool] = {}
+
+    class Serve:
+        def start(self, **_: Any) -> None:
+            pass
+
+        def run(self, *_: Any, **__: Any) -> None:
+            seen["token"] = bool(read_tokens(tmp_path).get(auth.OPERATOR))
+            raise RuntimeError("stop here")  # the rest needs a cluster
+
+    monkeypatch.setattr(deploy, "serve", Serve())
+    monkeypatch.setattr(deploy, "serve_app", lambda *_: None)
+    with pytest.raises(RuntimeError, match="stop here"):
+        deploy.deploy(ServiceConfig(state_dir=str(tmp_path)), "127.0.0.1", free_port())
+    assert seen == {"token": True}
