@@ -268,10 +268,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What the `server` extra installs (pyproject.toml): a client-only install lacks them.
+SERVER_PACKAGES = frozenset({"torch", "ray", "fastapi", "starlette", "uvicorn", "numpy",
+                             "psutil", "boto3", "botocore", "prometheus_client", "torchft"})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in SERVER_PACKAGES:
+            raise
+        message = (f"`raytrain {args.command}` runs the service or training on this machine, "
+                   f"and this install has the client only (no module named {exc.name!r}). To "
+                   "fix: pip install 'raytrain[server]' (with torch==2.13.0 on a machine "
+                   "without a GPU)")
+        err.print(f"[red]error:[/red] {escape(message)}", highlight=False)
+        return 1
     except SpecError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         return 2
