@@ -21,10 +21,10 @@ def start(prefix: str, profile_from: Path | None = None, **config: Any
     service plans with."""
     import shutil
 
-    from raytrain.catalog.files import PROFILE_FILE
     from raytrain.serve.auth import operator_token
     from raytrain.serve.deploy import connect_ray, deploy
     from raytrain.spec import ServiceConfig
+    from raytrain.spec.files import PROFILE_FILE
     from tests.http_service import free_port
 
     state = Path(tempfile.mkdtemp(prefix=prefix))

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from raytrain.catalog.files import TRACES_DIR, load_policies, snapshot
 from raytrain.catalog.traces import load_trace
 from raytrain.serve.replay import (
     Market,
@@ -31,6 +30,7 @@ from raytrain.serve.replay import (
 )
 from raytrain.serve.simulation import NO_NOTICE, _rigid
 from raytrain.serve.trace_cloud import CloudTimes
+from raytrain.spec.files import TRACES_DIR, load_policies, snapshot
 
 HOUR = 3600.0
 TRACES = [("bamboo/p3-trace.csv", "p3.2xlarge"), ("bamboo/g4dn-trace.csv", "g4dn.xlarge")]

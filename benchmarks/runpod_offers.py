@@ -8,10 +8,10 @@ policy's choice. Pure arithmetic on the catalog and the planner: no cloud is cal
 
 from __future__ import annotations
 
-from raytrain.catalog.files import load_policies, snapshot
 from raytrain.core.autoscale import choose, options
 from raytrain.core.throughput import job_goal, job_throughput
 from raytrain.spec import JobSpec
+from raytrain.spec.files import load_policies, snapshot
 
 JOBS = {
     "demo-size (GPT 2 x 128, 150 steps)": {

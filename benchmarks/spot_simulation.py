@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from raytrain.catalog.files import TRACES_DIR, load_policies, snapshot
 from raytrain.catalog.traces import load_trace
 from raytrain.core.simulate import STRATEGIES, Summary
 from raytrain.serve.replay import Market
@@ -38,6 +37,7 @@ from raytrain.serve.simulation import (
     simulate_trace,
 )
 from raytrain.spec import PolicySpec
+from raytrain.spec.files import TRACES_DIR, load_policies, snapshot
 
 RUNS = [  # trace file, the offer its fleet is priced as, its cloud's notice (seconds, share)
     ("bamboo/p3-trace.csv", "p3.2xlarge", None),

@@ -32,11 +32,11 @@ from typing import Any, Iterator
 import psutil
 import yaml
 
-from raytrain.catalog.files import DEFAULT_POLICY_DIR
 from raytrain.cloud.runpod import pod_env
 from raytrain.cloud.runpod_provider import NODE_ID_ENV
-from raytrain.serve.auth import OPERATOR, read_tokens
 from raytrain.serve.detached import kill_all, terminate_family
+from raytrain.spec.files import DEFAULT_POLICY_DIR
+from raytrain.tokens import OPERATOR, read_tokens
 from tests.imds_server import MetadataServer
 from tests.integration.conftest import free_port, wait_for
 from tests.runpod_api import FakeRunPod

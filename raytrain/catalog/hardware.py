@@ -277,9 +277,10 @@ CPU_PROFILE_FIELDS = ("fp32_flops", "block_overhead_s", "step_overhead_s")
 
 def install_cpu_profile(figures: dict[str, float], calibration: str) -> GPUKind:
     """Plan CPU jobs with this machine's measured figures (of CPU_PROFILE_FIELDS, as
-    raytrain.catalog.files.load_cpu_profile checks a stored profile) in place of the catalog's,
+    raytrain.spec.files.load_cpu_profile checks a stored profile) in place of the catalog's,
     from now on in this process; returns the new `cpu` kind."""
     rate = figures.get("fp32_flops", GPUS["cpu"].fp32_flops)
-    GPUS["cpu"] = replace(GPUS["cpu"], **figures, bf16_flops=rate, calibration=calibration)
+    GPUS["cpu"] = replace(GPUS["cpu"], **figures,  # type: ignore[arg-type]  # floats only
+                          bf16_flops=rate, calibration=calibration)
     NODE_SHAPES["cpu-local"] = replace(NODE_SHAPES["cpu-local"], gpu=GPUS["cpu"])
     return GPUS["cpu"]

@@ -1,11 +1,7 @@
-"""Instance offers as the planner sees them: an offer's node shape, and spot interruption
-rates from the bands providers publish.
+"""Prices and rates as the catalog states them: spot interruption rates from the bands
+providers publish, and the one conversion of an hourly price into dollars. (An offer's node
+shape, which needs the validated Offer, is raytrain.core.shapes.)
 
-The offers themselves are data (`raytrain/catalog/offers.yaml`, refreshed from AWS by
-raytrain.cloud.aws) validated by `raytrain.spec.Offer`; this module only turns them into the
-values the planner and the policy compute with.
-
-    shape = node_shape_of(offer)            # NodeShape for raytrain.core.planner.plan
     band_rate(">20%")                       # interruptions per node-hour
     usd_for(98.32, seconds=1800, units=2)   # two nodes for half an hour: $98.32
 """
@@ -13,9 +9,6 @@ values the planner and the policy compute with.
 from __future__ import annotations
 
 import math
-
-from raytrain.catalog.hardware import GPUS, LINKS, NodeShape, network_link
-from raytrain.spec import Offer
 
 HOURS_PER_MONTH = 730.0
 
@@ -38,25 +31,3 @@ def usd_for(usd_per_hour: float, seconds: float, units: float = 1.0) -> float:
     """The price of `units` of capacity (nodes, devices) held for `seconds`: the one place
     raytrain turns an hourly price into dollars, for bills, plans and simulations alike."""
     return usd_per_hour * units * max(0.0, seconds) / 3600
-
-
-def shape_key(offer: Offer) -> tuple[str, int, str, float, bool]:
-    """What of an offer the planner sees; offers that differ only in price share it."""
-    return (offer.gpu_kind, offer.gpus_per_node, offer.intra_link, offer.network_gbps,
-            offer.rdma)
-
-
-def node_shape_of(offer: Offer) -> NodeShape:
-    """The planner's view of one node of the offer: its GPUs, their link, and its network."""
-    return shape_from_key(shape_key(offer))
-
-
-def shape_from_key(key: tuple[str, int, str, float, bool]) -> NodeShape:
-    gpu_kind, gpus_per_node, intra_link, network_gbps, rdma = key
-    return NodeShape(
-        name=f"{gpus_per_node}x{gpu_kind}",
-        gpu=GPUS[gpu_kind],
-        gpus_per_node=gpus_per_node,
-        intra=LINKS[intra_link],
-        inter=network_link(network_gbps, gpus_per_node, rdma),
-    )

@@ -129,7 +129,8 @@ def _parse(lines: list[str]) -> tuple[list[TraceEvent], float]:
 
 
 def _from_json_lines(lines: list[str]) -> tuple[list[TraceEvent], float]:
-    events, last = [], 0.0
+    events: list[TraceEvent] = []
+    last = 0.0
     for line in lines:
         t_ms, kind, detail = json.loads(line)
         t = float(t_ms) / 1000

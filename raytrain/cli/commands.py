@@ -31,17 +31,6 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from raytrain.catalog.files import (
-    DEFAULT_POLICY,
-    EXAMPLES_DIR,
-    TRACES_DIR,
-    load_cpu_profile,
-    load_offers,
-    load_policies,
-    save_offers,
-    snapshot,
-    unknown_policy,
-)
 from raytrain.catalog.traces import load_trace, trace_names
 from raytrain.cli.progress_view import JobProgressView
 from raytrain.cli.views import (
@@ -62,7 +51,6 @@ from raytrain.core.planner import NothingFits
 from raytrain.core.resolve import rank_plans
 from raytrain.core.simulate import as_runs
 from raytrain.errors import FieldError, RaytrainError, SpecError
-from raytrain.serve.auth import default_state_dir
 from raytrain.spec import (
     JobSpec,
     JobState,
@@ -72,8 +60,20 @@ from raytrain.spec import (
     load_job_spec,
     spec_error_from_validation,
 )
+from raytrain.spec.files import (
+    DEFAULT_POLICY,
+    EXAMPLES_DIR,
+    TRACES_DIR,
+    load_cpu_profile,
+    load_offers,
+    load_policies,
+    save_offers,
+    snapshot,
+    unknown_policy,
+)
 from raytrain.spec.hf_config import gpt_config_from_hf
 from raytrain.spec.job import read_document
+from raytrain.tokens import default_state_dir
 
 out = Console()
 # Errors and warnings are not broken into lines at 80 columns when stderr is not a terminal:

@@ -22,17 +22,7 @@ from rich.markup import escape
 from raytrain.cli.commands import _follow, err, out
 from raytrain.client import Client
 from raytrain.errors import FieldError, NotAuthorizedError, RaytrainError, SpecError
-from raytrain.serve.auth import (
-    OPERATOR,
-    STATE_DIR_ENV,
-    default_state_dir,
-    is_loopback,
-    operator_token,
-    read_tokens,
-    remember_service,
-    set_token,
-    tokens_path,
-)
+from raytrain.serve.auth import operator_token
 from raytrain.spec import (
     JobState,
     JobStatus,
@@ -40,6 +30,16 @@ from raytrain.spec import (
     load_job_spec,
     parse_job_spec,
     spec_error_from_validation,
+)
+from raytrain.tokens import (
+    OPERATOR,
+    STATE_DIR_ENV,
+    default_state_dir,
+    is_loopback,
+    read_tokens,
+    remember_service,
+    set_token,
+    tokens_path,
 )
 
 
@@ -100,7 +100,7 @@ def _read_yaml(path: Path, what: str) -> dict[str, Any]:
 
 def _require_resolvable(host: str) -> None:
     """Fail when --host names nothing, before it is taken for a port in use."""
-    from raytrain.serve.auth import host_addresses
+    from raytrain.tokens import host_addresses
 
     try:
         host_addresses(host)
@@ -319,8 +319,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     """Run the reference jobs on the embedded service, solve this machine's CPU profile
     from their measured steps (raytrain.core.calibration), store it in the state directory:
     the service and `raytrain plan` plan CPU jobs with it from then on."""
-    from raytrain.catalog.files import save_cpu_profile
     from raytrain.core.calibration import reference_jobs, solve_profile, steady_step_s
+    from raytrain.spec.files import save_cpu_profile
 
     jobs = [parse_job_spec(document) for document in reference_jobs(args.steps)]
     measured = []

@@ -218,7 +218,7 @@ def options(goal: Goal, offers: Iterable[Offer], throughput: Throughput, policy:
                 found.append(evaluate_option(
                     offer, market, nodes, fit[0], fit[1], goal, policy, observed, costs,
                     held == (offer.id, market, nodes),
-                    groups=fit[2] if len(fit) > 2 else 1))  # type: ignore[misc]
+                    groups=fit[2] if len(fit) > 2 else 1))
     found.sort(key=lambda o: (o.expected_cost_usd, o.expected_s))
     return found
 

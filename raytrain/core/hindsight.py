@@ -107,7 +107,7 @@ def hindsight(trace: Trace, job: SimJob, start_s: float = 0.0) -> SimResult:
 
 
 def _follow(trace: Trace, job: SimJob, start_s: float, dt: float, idle: np.ndarray,
-            od: np.ndarray, ends: np.ndarray, grid: tuple[int, int, int, int],
+            od: np.ndarray, ends: np.ndarray, grid: tuple[int, int, int, int, int],
             prices: tuple[float, float]) -> SimResult:
     """Walk the solved tables from the start and bill the schedule they choose."""
     work, boot, restart, save, last = grid

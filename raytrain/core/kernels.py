@@ -42,8 +42,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from raytrain.catalog.hardware import GPUKind
+
+if TYPE_CHECKING:  # cost_model imports this module
+    from raytrain.core.cost_model import ModelDims, Workload
 
 TILE = 128
 
@@ -96,8 +100,8 @@ def linear_s(m: float, k: float, n: float, gpu: GPUKind, flops: float, value_byt
 
 
 @lru_cache(maxsize=65536)  # the planner's search asks for the same few ranks many times
-def microbatch_compute_s(dims, work, gpu: GPUKind, c: MicrobatchShape, layers: int, head: bool,
-                         flops_per_token: float) -> float:
+def microbatch_compute_s(dims: ModelDims, work: Workload, gpu: GPUKind, c: MicrobatchShape,
+                         layers: int, head: bool, flops_per_token: float) -> float:
     """One micro-batch's forward and backward through `layers` blocks (plus the head when the
     rank holds it) on one device. `flops_per_token` is the rank's share that cost_model
     counts, used as it stands for a device without a GEMM model (the CPU)."""

@@ -41,7 +41,7 @@ def offers_response(catalog: OfferCatalog, policy: PolicySpec | None = None,
     decision = choose(goal, catalog.offers, throughput, policy, observed)
     rows = [OfferRow(
         rank=i, offer=o.offer.id, instance_type=o.offer.instance_type,
-        gpu_kind=o.offer.gpu_kind, market=o.market, nodes=o.nodes,  # type: ignore[arg-type]
+        gpu_kind=o.offer.gpu_kind, market=o.market, nodes=o.nodes,
         gpus=o.nodes * o.offer.gpus_per_node, usd_per_hour=o.usd_per_hour,
         tokens_per_s=o.tokens_per_s, layout=o.layout, preemptions_per_hour=o.preemptions_per_hour,
         checkpoint_interval_s=o.checkpoint_interval_s, expected_hours=o.expected_hours,

@@ -157,7 +157,7 @@ def evaluate(dims: ModelDims, work: Workload, c: Layout, shape: NodeShape,
 
 def _reason(plan: Plan, gpu: str) -> str:
     parts = {k: v for k, v in plan.breakdown.items() if k not in ("total", "compute")}
-    worst = max(parts, key=parts.get) if parts else "compute"
+    worst = max(parts, key=lambda k: parts[k]) if parts else "compute"
     share = plan.breakdown["compute"] / plan.breakdown["total"]
     cost = f"; ${plan.usd_per_million_tokens:.3g}/M tokens" \
         if plan.usd_per_million_tokens is not None else ""

@@ -27,8 +27,8 @@ from raytrain.catalog.hardware import (
     node_shape,
     with_cpu_share,
 )
-from raytrain.catalog.shapes import node_shape_of
 from raytrain.core.planner import ModelDims, NothingFits, Plan, Workload, evaluate, plan
+from raytrain.core.shapes import node_shape_of
 from raytrain.errors import FieldError, SpecError
 from raytrain.spec import (
     JobSpec,
@@ -170,8 +170,9 @@ def request_shape(request: PlanRequest, offers: Sequence[Offer] = ()) -> NodeSha
     or implies by its device kind."""
     custom, name = request.node_shape, request.shape
     if custom is not None:
+        # The spec holds exactly one of the two (NodeShapeSpec's check).
         intra = LINKS[custom.intra_link] if custom.intra_link else Link(
-            "custom", custom.intra_gbytes_per_s * 1e9, 15e-6)
+            "custom", (custom.intra_gbytes_per_s or 0.0) * 1e9, 15e-6)
         shape = NodeShape(custom.name, GPUS[custom.gpu], custom.gpus_per_node, intra,
                           network_link(custom.inter_gbits_per_gpu * custom.gpus_per_node,
                                        custom.gpus_per_node, custom.rdma))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import cast
 
 from raytrain.catalog.shapes import usd_for
 from raytrain.core.autoscale import Observed, checkpoint_interval_s, with_history
@@ -176,11 +177,12 @@ def uniform_progress_move(state: _State, job: SimJob, now: float,
     """The market Uniform Progress moves to now, or None to stay (module doc). Progress
     counts what a checkpoint holds, plus the unsaved work while running. It leaves on-demand
     only for spot that is there (`spot_there`), as the paper's rule does."""
-    if job.deadline_s is None or state.pending_market is not None:
+    deadline = job.deadline_s
+    if deadline is None or state.pending_market is not None:
         return None
 
     def expected(t: float) -> float:
-        return job.work_s * min(t, job.deadline_s) / job.deadline_s
+        return job.work_s * min(t, deadline) / deadline
 
     restart = job.ready_s + job.restart_s
     if state.market == "on-demand":
@@ -253,6 +255,6 @@ def as_runs(rows: list[Summary]) -> dict[str, list[dict[str, object]]]:
         on_demand = strategies.get("on-demand", {}).get("mean_cost_usd")
         for figures in strategies.values():
             figures["saving_vs_on_demand"] = None if not on_demand else \
-                round(1.0 - float(figures["mean_cost_usd"]) / float(on_demand), 4)
+                round(1.0 - cast(float, figures["mean_cost_usd"]) / cast(float, on_demand), 4)
     return {"runs": [{"trace": trace, "notice_s": notice, "strategies": strategies}
                      for (trace, notice), strategies in runs.items()]}

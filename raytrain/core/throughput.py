@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import lru_cache
-from typing import Callable, Iterable
+from typing import Callable, Iterable, TypeVar
 
 from raytrain.catalog.hardware import GPUS
-from raytrain.catalog.shapes import shape_from_key, shape_key
 from raytrain.core.autoscale import Goal, Throughput
 from raytrain.core.elastic import elastic_groups
 from raytrain.core.planner import ModelDims, Workload, evaluate, fastest
 from raytrain.core.resolve import planner_inputs
+from raytrain.core.shapes import shape_from_key, shape_key
 from raytrain.spec import JobSpec, Layout, Offer
 
 
@@ -35,6 +35,7 @@ def planner_throughput(dims: ModelDims, work: Workload) -> Throughput:
 
 # tokens/s, the layout described, and the layout; None: nothing fits.
 Layouts = Callable[[Offer, int], "tuple[float, str, Layout | None] | None"]
+Fit = TypeVar("Fit")  # what a throughput function gives for an option it can run
 
 
 def _planner_layouts(dims: ModelDims, work: Workload) -> Layouts:
@@ -60,7 +61,8 @@ def flops_throughput(tokens_per_s_per_pflops: float) -> Throughput:
     return throughput
 
 
-def fixed_devices(throughput: Throughput, devices: int) -> Throughput:
+def fixed_devices(throughput: Callable[[Offer, int], Fit | None], devices: int
+                  ) -> Callable[[Offer, int], Fit | None]:
     """Only node counts that give exactly `devices` devices (a job whose layout is fixed)."""
     return lambda offer, nodes: (throughput(offer, nodes)
                                  if nodes * offer.gpus_per_node == devices else None)
@@ -116,7 +118,12 @@ def job_throughput(spec: JobSpec) -> Throughput:
 def _planned_throughput(spec: JobSpec) -> Layouts:
     if spec.model.planned_shape is None:
         assumed = fixed_devices(flops_throughput(1e3), spec.resources.num_workers)
-        return lambda offer, nodes: (fit := assumed(offer, nodes)) and (fit[0], fit[1], None)
+
+        def no_layout(offer: Offer, nodes: int) -> tuple[float, str, Layout | None] | None:
+            fit = assumed(offer, nodes)
+            return None if fit is None else (float(fit[0]), str(fit[1]), None)
+
+        return no_layout
     dims, work, _, _ = planner_inputs(spec)
     own = spec.stated_layout()
     if own is None:  # strategy 'auto': the best layout for each option's devices

@@ -33,7 +33,6 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from raytrain import __version__
-from raytrain.catalog.files import snapshot
 from raytrain.core.planner import NothingFits
 from raytrain.core.resolve import rank_plans
 from raytrain.errors import SpecError
@@ -71,6 +70,7 @@ from raytrain.spec import (
     PlanResponse,
     ResumeRequest,
 )
+from raytrain.spec.files import snapshot
 
 APP_NAME = "raytrain"
 SHIPPED_OFFERS = snapshot().offers  # the shapes POST /v1/plans may name by offer

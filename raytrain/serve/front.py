@@ -35,13 +35,13 @@ import uvicorn
 from ray import serve
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from raytrain.catalog.files import load_cpu_profile
 from raytrain.errors import RaytrainError
 from raytrain.serve.app import build_app
 from raytrain.serve.http_limits import MAX_HEAD_BYTES, MAX_HEADERS, MAX_READ_AHEAD
 from raytrain.serve.ray_cluster import HEAD_NODE_RESOURCE
 from raytrain.serve.reads import POLL_S
 from raytrain.spec import ServiceConfig
+from raytrain.spec.files import load_cpu_profile
 
 START_TIMEOUT_S = 60.0  # generous: a busy head node starts slowly
 GRACE_S = 5

@@ -30,7 +30,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from raytrain.catalog.files import load_cpu_profile
 from raytrain.cloud.object_store import is_remote, open_store
 from raytrain.core import lifecycle as lc
 from raytrain.core.capacity import never_fits
@@ -65,6 +64,7 @@ from raytrain.spec import (
     check_imports_allowed,
     parse_job_spec,
 )
+from raytrain.spec.files import load_cpu_profile
 
 logger = logging.getLogger(__name__)
 

@@ -36,13 +36,6 @@ from typing import Any, Callable
 
 import yaml
 
-from raytrain.catalog.files import (
-    CACHE_FILE,
-    load_offers,
-    load_policies,
-    parse_offers,
-    unknown_policy,
-)
 from raytrain.core.autoscale import (
     Decision,
     Observed,
@@ -70,6 +63,13 @@ from raytrain.spec import (
     PolicySpec,
     Resources,
     ServiceConfig,
+)
+from raytrain.spec.files import (
+    CACHE_FILE,
+    load_offers,
+    load_policies,
+    parse_offers,
+    unknown_policy,
 )
 
 logger = logging.getLogger(__name__)

@@ -167,7 +167,7 @@ class JobSpec(Strict):
 
     def import_paths(self) -> list[tuple[tuple[str, ...], str]]:
         """Every user import path in the spec, with its field path."""
-        found = []
+        found: list[tuple[tuple[str, ...], str]] = []
         if self.model.kind == "import" and self.model.factory:
             found.append((("model", "factory"), self.model.factory))
         if self.data.kind == "import" and self.data.factory:

@@ -13,7 +13,7 @@ import httpx
 import psutil
 import pytest
 
-from raytrain.serve.auth import read_tokens
+from raytrain.tokens import read_tokens
 from tests.integration.conftest import free_port
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]

@@ -20,6 +20,7 @@ import httpx
 import pytest
 from fastapi import HTTPException
 
+from raytrain import tokens
 from raytrain.client import Client
 from raytrain.errors import NotAuthorizedError, ServiceUnreachableError
 from raytrain.serve import auth
@@ -27,15 +28,12 @@ from raytrain.serve.auth import (
     GUESSES_ALLOWED,
     SLOWED_CHECK_EVERY_S,
     caller_of,
-    client_token,
     digest,
-    is_loopback,
     operator_token,
-    read_tokens,
-    set_token,
 )
 from raytrain.serve.http_limits import MAX_BODY_BYTES, MAX_STREAMS_PER_JOB, StreamLimits
 from raytrain.spec import JobStatus, ServiceConfig
+from raytrain.tokens import client_token, is_loopback, read_tokens, set_token
 from tests.http_service import free_port, served
 from tests.unit.test_api import Service, small_job
 
@@ -379,16 +377,16 @@ def test_a_second_shell_finds_the_token_with_only_the_state_dir_or_nothing(
                            env={**os.environ, "RAYTRAIN_STATE_DIR": str(state)},
                            capture_output=True, text=True, timeout=60)
     assert added.returncode == 0, added.stderr
-    assert auth.read_tokens(state)["alice"] == added.stdout.strip()
+    assert tokens.read_tokens(state)["alice"] == added.stdout.strip()
     assert not (home / ".raytrain" / "tokens.json").exists()
-    operator = auth.set_token(state, "operator")
-    assert auth.client_token("http://127.0.0.1:8123") is None  # nothing known of it yet
-    auth.remember_service(8123, state)  # what `raytrain serve --state-dir D` does
-    assert auth.client_token("http://127.0.0.1:8123") == operator
-    assert auth.client_token("http://127.0.0.1:8124") is None  # another service
+    operator = tokens.set_token(state, "operator")
+    assert tokens.client_token("http://127.0.0.1:8123") is None  # nothing known of it yet
+    tokens.remember_service(8123, state)  # what `raytrain serve --state-dir D` does
+    assert tokens.client_token("http://127.0.0.1:8123") == operator
+    assert tokens.client_token("http://127.0.0.1:8124") is None  # another service
     monkeypatch.setenv("RAYTRAIN_STATE_DIR", str(state))
-    assert auth.client_token("http://127.0.0.1:8124") == operator
-    assert auth.client_token("http://192.0.2.1:8123") is None  # never sent elsewhere
+    assert tokens.client_token("http://127.0.0.1:8124") == operator
+    assert tokens.client_token("http://192.0.2.1:8123") is None  # never sent elsewhere
 
 
 def test_the_serve_terminal_reads_the_operator_token_again_after_a_rotation(
@@ -448,7 +446,7 @@ def test_the_operator_token_is_written_before_the_service_answers(
             pass
 
         def run(self, *_: Any, **__: Any) -> None:
-            seen["token"] = bool(read_tokens(tmp_path).get(auth.OPERATOR))
+            seen["token"] = bool(read_tokens(tmp_path).get(tokens.OPERATOR))
             raise RuntimeError("stop here")  # the rest needs a cluster
 
     monkeypatch.setattr(deploy, "serve", Serve())

@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raytrain.catalog.files import DEFAULT_POLICY_DIR, TRACES_DIR, load_policies, snapshot
-from raytrain.catalog.shapes import band_rate, node_shape_of
+from raytrain.catalog.shapes import band_rate
 from raytrain.catalog.traces import load_trace
 from raytrain.core.autoscale import (
     Goal,
@@ -24,9 +23,11 @@ from raytrain.core.autoscale import (
 )
 from raytrain.core.costs import job_costs, ready_key
 from raytrain.core.planner import ModelDims, Workload, fastest
+from raytrain.core.shapes import node_shape_of
 from raytrain.core.throughput import planner_throughput
 from raytrain.errors import SpecError
 from raytrain.spec import Offer, PolicySpec
+from raytrain.spec.files import DEFAULT_POLICY_DIR, TRACES_DIR, load_policies, snapshot
 
 TRACES = TRACES_DIR
 POLICIES = load_policies()

@@ -12,9 +12,9 @@ from typing import Any, Iterator
 import pytest
 from moto.server import ThreadedMotoServer
 
-from raytrain.catalog.files import load_offers, save_offers, snapshot
 from raytrain.catalog.hardware import CATALOG_VERSION
 from raytrain.cloud.aws import Clients, refresh
+from raytrain.spec.files import load_offers, save_offers, snapshot
 
 NOW = 1_796_000_000.0  # 2026-11-30
 SPOT_PRICES = {"us-east-1a": "31.10", "us-east-1b": "29.85", "us-east-1c": "33.00"}

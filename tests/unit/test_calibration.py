@@ -9,7 +9,6 @@ import json
 import pytest
 
 from raytrain.catalog import hardware
-from raytrain.catalog.files import PROFILE_FILE, load_cpu_profile, save_cpu_profile
 from raytrain.core.calibration import (
     _predict,
     _with,
@@ -19,6 +18,7 @@ from raytrain.core.calibration import (
 )
 from raytrain.errors import SpecError
 from raytrain.spec import parse_job_spec
+from raytrain.spec.files import PROFILE_FILE, load_cpu_profile, save_cpu_profile
 
 SPECS = [parse_job_spec(job) for job in reference_jobs(steps=20)]
 

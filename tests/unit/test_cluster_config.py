@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import yaml
 
-from raytrain.catalog.files import snapshot
 from raytrain.cloud.cluster import check_cluster_config, node_type_bindings, validate_with_ray
 from raytrain.errors import SpecError
 from raytrain.serve.provisioning import Provisioner
 from raytrain.spec import JobSpec, JobState, JobStatus, ServiceConfig
+from raytrain.spec.files import snapshot
 from tests.unit.support import gpt_1b_job
 
 REPO = Path(__file__).resolve().parents[2]

@@ -24,9 +24,11 @@ from raytrain.spec.layout import (
 PACKAGE = Path(__file__).resolve().parents[2] / "raytrain"
 
 
-def _imports(folder: Path) -> list[tuple[str, str]]:
+def _imports(folder: Path, only: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """(module file, imported name) for each import in `folder`'s modules (or only those
+    named, at its top)."""
     found = []
-    for module in folder.rglob("*.py"):
+    for module in [folder / name for name in only] if only else folder.rglob("*.py"):
         for node in ast.walk(ast.parse(module.read_text())):
             if isinstance(node, ast.Import):
                 found += [(module.name, alias.name) for alias in node.names]
@@ -41,7 +43,7 @@ def _allowed(name: str, prefixes: tuple[str, ...]) -> bool:
 
 
 def test_core_imports_only_stdlib_spec_and_the_catalogs_values() -> None:
-    # Decisions only: no Ray, torch, boto3, httpx or files (catalog.files reads them). numpy
+    # Decisions only: no Ray, torch, boto3, httpx or files (spec.files reads them). numpy
     # is array arithmetic, no effects: the hindsight-optimal schedule's tables.
     allowed = ("raytrain.spec", "raytrain.core", "raytrain.errors", "raytrain.catalog.hardware",
                "raytrain.catalog.shapes", "raytrain.catalog.spot_trace", "numpy")
@@ -50,10 +52,27 @@ def test_core_imports_only_stdlib_spec_and_the_catalogs_values() -> None:
 
 
 def test_spec_is_data_and_validation_and_imports_nothing_from_core() -> None:
-    allowed = ("raytrain.spec", "raytrain.errors", "raytrain.catalog.hardware", "pydantic",
-               "pydantic_core", "yaml")
+    allowed = ("raytrain.spec", "raytrain.errors", "raytrain.catalog.hardware",
+               "raytrain.catalog.shapes", "pydantic", "pydantic_core", "yaml")
     for module, name in _imports(PACKAGE / "spec"):
         assert _allowed(name, allowed), f"spec/{module} imports {name}"
+
+
+def test_the_catalog_imports_nothing_after_it() -> None:
+    """The first layer: GPU kinds, links, shapes, prices and traces, from the standard
+    library and YAML only (reading them into spec's documents is raytrain.spec.files)."""
+    allowed = ("raytrain.catalog", "raytrain.errors", "yaml")
+    for module, name in _imports(PACKAGE / "catalog"):
+        assert _allowed(name, allowed), f"catalog/{module} imports {name}"
+
+
+def test_the_client_imports_nothing_of_the_service() -> None:
+    """`pip install raytrain` is the client: it finds its token in raytrain.tokens, not in the
+    service's modules."""
+    allowed = ("raytrain.errors", "raytrain.spec", "raytrain.tokens", "raytrain.catalog",
+               "httpx")
+    for module, name in _imports(PACKAGE, only=("client.py", "tokens.py")):
+        assert _allowed(name, allowed), f"{module} imports {name}"
 
 
 @st.composite

@@ -17,13 +17,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import raytrain.errors as errors
-from raytrain.catalog.files import load_policies, snapshot
 from raytrain.cli import main
 from raytrain.cli.views import duration_text, usd_text
 from raytrain.cloud.interruption import watch_endpoint
 from raytrain.core.offers import offers_response
 from raytrain.errors import FieldError, SpecError
 from raytrain.spec import load_job_spec, parse_job_spec
+from raytrain.spec.files import load_policies, snapshot
 from raytrain.train.worker_logs import READ_BYTES, captured_output, read_logs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -223,7 +223,7 @@ def test_plan_says_whose_cpu_figures_it_used_and_finds_them_through_the_state_di
     """`raytrain plan --gpu cpu` (a subprocess) reads the profile `raytrain calibrate` stored
     in $RAYTRAIN_STATE_DIR, and says which figures it planned with; without one, it says so
     and suggests calibrating."""
-    from raytrain.catalog.files import PROFILE_FILE
+    from raytrain.spec.files import PROFILE_FILE
 
     demo = str(Path(__file__).resolve().parents[2] / "examples" / "demo.yaml")
     (tmp_path / PROFILE_FILE).write_text(json.dumps({"figures": {"fp32_flops": 3e10}}))
@@ -258,8 +258,8 @@ def test_the_readmes_plan_and_offers_examples_run_as_written() -> None:
 def test_a_trace_of_other_gpus_is_said_to_be_priced_as_the_instance() -> None:
     """`simulate --trace` with an A100 trace prices it as --instance (p3.2xlarge): said, with
     the fix; a trace of the instance's own kind, or a name that says nothing, is quiet."""
-    from raytrain.catalog.files import snapshot
     from raytrain.cli.commands import priced_as_another_kind
+    from raytrain.spec.files import snapshot
 
     offers = snapshot().offers
     p3 = next(o for o in offers if o.instance_type == "p3.2xlarge")

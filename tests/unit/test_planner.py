@@ -24,7 +24,6 @@ from benchmarks.planner_published import (
     time_one_trillion,
 )
 from benchmarks.published_runs import published_runs
-from raytrain.catalog.files import snapshot
 from raytrain.catalog.hardware import GPUS, NODE_SHAPES, GiB, GPUKind, node_shape
 from raytrain.core.cost_model import loss_bytes_per_logit
 from raytrain.core.kernels import KERNELS
@@ -43,6 +42,7 @@ from raytrain.core.resolve import planner_inputs, rank_plans
 from raytrain.errors import SpecError
 from raytrain.parallel.parallelize import _cross_entropy
 from raytrain.spec import JobSpec, LayoutChoice, PlanRequest, spec_error_from_validation
+from raytrain.spec.files import snapshot
 from tests.unit.support import gpt_1b_job
 
 

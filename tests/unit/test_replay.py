@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from raytrain.catalog.files import TRACES_DIR, load_policies, snapshot
 from raytrain.catalog.traces import Trace, TraceEvent, load_trace, trace_names
 from raytrain.cli import main as cli_main
 from raytrain.core.fleet import replay
@@ -27,6 +26,7 @@ from raytrain.serve.replay import (
 )
 from raytrain.serve.simulation import NO_NOTICE, TraceJob, check_trace_job
 from raytrain.serve.trace_cloud import CloudTimes
+from raytrain.spec.files import TRACES_DIR, load_policies, snapshot
 
 HOUR = 3600.0
 COST_FIRST = load_policies()["cost-first"]

@@ -14,7 +14,6 @@ import pytest
 import yaml
 from ray.autoscaler.tags import TAG_RAY_NODE_KIND, TAG_RAY_NODE_STATUS, TAG_RAY_USER_NODE_TYPE
 
-from raytrain.catalog.files import load_policies, snapshot
 from raytrain.cloud import runpod
 from raytrain.cloud.cluster import check_cluster_config, node_type_bindings, validate_with_ray
 from raytrain.cloud.runpod import (
@@ -29,6 +28,7 @@ from raytrain.cloud.runpod_provider import RunPodNodeProvider
 from raytrain.core.autoscale import options
 from raytrain.core.throughput import job_goal, job_throughput
 from raytrain.spec import JobSpec
+from raytrain.spec.files import load_policies, snapshot
 from tests.runpod_api import FakeRunPod
 from tests.unit.support import gpt_1b_job
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from raytrain.catalog.files import load_policies, snapshot
 from raytrain.cli import main as cli_main
 from raytrain.core.autoscale import Goal, Observed, choose, options, redecide
 from raytrain.core.fleet import SimJob, SimResult, Trace, TraceEvent
@@ -19,6 +18,7 @@ from raytrain.core.simulate import STRATEGIES, _State, uniform_progress, uniform
 from raytrain.core.tally import Tally
 from raytrain.serve.store import JobStore
 from raytrain.spec import JobStatus
+from raytrain.spec.files import load_policies, snapshot
 from tests.unit.test_api import small_job
 from tests.unit.test_autoscale import offer
 

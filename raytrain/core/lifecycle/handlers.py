@@ -108,7 +108,7 @@ def launched(c: Change, event: Launched) -> None:
     if event.plan is not None and event.plan != old:  # bought capacity: its own layout
         same = old is not None and old.layout == event.plan.layout
         c.job.plan = event.plan.model_copy(
-            update={"measured_step_s": old.measured_step_s if same else None})
+            update={"measured_step_s": old.measured_step_s if same and old else None})
     c.passed, c.leaving = 0, None
     if c.job.state != JobState.RECOVERING:
         c.move(JobState.PROVISIONING, "starting the worker group")
@@ -234,7 +234,7 @@ def group_changed(c: Change, event: GroupChanged) -> None:
     if old.state == event.state and (not event.nodes or sorted(event.nodes) == old.nodes):
         return  # told again (every group reports what it sees): one record is enough
     job.groups[event.group] = GroupStatus(
-        index=event.group, state=event.state,  # type: ignore[arg-type]
+        index=event.group, state=event.state,
         nodes=sorted(event.nodes or old.nodes), since=c.now)
     if event.nodes:
         c.set_run(group_nodes={**run.group_nodes, event.group: event.nodes})

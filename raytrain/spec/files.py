@@ -3,7 +3,8 @@ policies, the spot traces and this machine's measured CPU profile (`raytrain cal
 All but the last ship inside the package (catalog/offers.yaml,
 catalog/policies/, catalog/spot-traces/, examples/), so any install finds them from any
 directory; `policies/`, `examples/` and `data/spot-traces/` at the top of a checkout point
-here. Files only; the decisions over them are in raytrain.core.
+here. Files only; the decisions over them are in raytrain.core. (In spec/, not catalog/:
+it makes spec's documents of the data, and the catalog imports nothing after it.)
 
     catalog = load_offers(Path("~/.raytrain"))       # the refreshed cache, else the snapshot
     policies = load_policies()                        # {"cost-first": PolicySpec, ...}
@@ -34,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 CACHE_FILE = "offers.json"
 PROFILE_FILE = "cpu-profile.json"
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1] / "catalog"  # the shipped data
 DEFAULT_POLICY_DIR = PACKAGE_DIR / "policies"
 TRACES_DIR = PACKAGE_DIR / "spot-traces"
 EXAMPLES_DIR = PACKAGE_DIR.parent / "examples"
@@ -43,7 +44,7 @@ DEFAULT_POLICY = "cost-first"
 
 def snapshot() -> OfferCatalog:
     """The offers shipped with this version of raytrain."""
-    text = resources.files(__package__).joinpath("offers.yaml").read_text()
+    text = resources.files("raytrain.catalog").joinpath("offers.yaml").read_text()
     document = yaml.safe_load(text)
     return parse_offers({**document, "source": "snapshot", "version": CATALOG_VERSION},
                         "the shipped offer snapshot")
