@@ -60,6 +60,7 @@ class FakeCluster:
         self.token = read_tokens(root / "state")[OPERATOR]  # written as the service started
         self._probe: subprocess.Popen | None = None
         self._answers: queue.Queue[str | None] = queue.Queue()
+        self._booting = threading.Lock()  # one pod's `ray start` at a time (start_pod)
 
     def close(self) -> None:
         if self._probe is not None:
@@ -105,11 +106,29 @@ class FakeCluster:
         wait_for(lambda: node_id not in self.worker_nodes(), 60, "the node to go")
 
     def start_pod(self, pod: dict[str, Any]) -> None:
-        """What RunPod's machine does with a new pod: run its command with its environment."""
+        """What RunPod's machine does with a new pod: run its command with its environment.
+
+        Pods share this host, so they boot one after another (in a thread: RunPod answers
+        the create at once): Ray nodes on one host name their sockets by counting the files
+        already there (ray/_private/node.py), and two `ray start` at once can take the same
+        name, the second raylet then aborting ("bind: Address already in use"), which the
+        autoscaler sees as a node lost a few seconds after its launch."""
+        threading.Thread(target=self._boot, args=(pod,), daemon=True).start()
+
+    def _boot(self, pod: dict[str, Any]) -> None:
         env = {**os.environ, **pod_env(pod), "RAY_AUTH_MODE": "disabled"}
-        self.started[pod["id"]] = subprocess.Popen(
-            pod["dockerStartCmd"], env=env, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, start_new_session=True)
+        sockets = self.root / "ray" / "session_latest" / "sockets"
+        with self._booting:
+            if pod["id"] not in self.runpod.pods:
+                return  # terminated before it booted
+            before = set(sockets.glob("plasma_store*"))
+            proc = self.started[pod["id"]] = subprocess.Popen(
+                pod["dockerStartCmd"], env=env, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, start_new_session=True)
+            deadline = time.monotonic() + 60
+            while set(sockets.glob("plasma_store*")) == before and proc.poll() is None \
+                    and time.monotonic() < deadline:
+                time.sleep(0.2)
 
     def stop_pod(self, pod: dict[str, Any], hard: bool = False) -> None:
         """A terminated pod's container is stopped as `docker stop` stops one: SIGTERM to its
