@@ -98,11 +98,15 @@ def train_group(spec: JobSpec, layout: Layout, worker: WorkerInfo, group: int,
     units = inner.grad_accum_steps  # a micro-batch for each of the group's data ranks
     checkpoints = CheckpointManager(checkpoint_root, worker.rank, keep=training.keep_checkpoints,
                                     world_size=worker.world_size, on_durable=sink.checkpoint)
-    start_step, first_loss = 0, None
+    start_step, first_loss, last_loss = 0, None, float("nan")
     latest = checkpoints.latest() or training.resume_from
     if latest is not None:
         meta = checkpoints.load(latest, model.parts, optimizers)
         start_step, first_loss = meta["step"], meta.get("first_loss")
+        last_loss = meta.get("loss", last_loss)
+    # A replacement that boots after the others finished finds the last checkpoint: the job's
+    # end was reported by the group that trained its last step, not by this one.
+    ended_before = start_step >= training.steps
 
     def state_dict() -> dict[str, Any]:
         model_state, optim_state, _ = _state(model.parts, optimizers)
@@ -129,7 +133,7 @@ def train_group(spec: JobSpec, layout: Layout, worker: WorkerInfo, group: int,
     failed, failed_since = 0, None  # uncommitted steps, and when the first of them began
     saved_at = time.monotonic()
     leaving = preempted = stopped = False
-    loss_value, alive = float("nan"), 1
+    loss_value, alive = last_loss, 1
     try:
         while manager.current_step() < training.steps:
             began = time.monotonic()
@@ -198,7 +202,8 @@ def train_group(spec: JobSpec, layout: Layout, worker: WorkerInfo, group: int,
               "checkpointed_at": time.time() if preempted and not leaving else None,
               "steps": steps, "train_wall_s": time.monotonic() - meter.started_at,
               "tokens_per_s": 0.0}
-    if worker.rank == 0 and (not leaving or alive == 1):  # a group that left is not the job
+    # A group that left, or came after the end, is not the job's end.
+    if worker.rank == 0 and not ended_before and (not leaving or alive == 1):
         sink.finished(result)
     return result
 
