@@ -24,6 +24,7 @@ from tests.elastic_groups import (
     wait_for_event,
     wait_for_step,
 )
+from tests.unit.support import RecordingSink
 from tests.unit.test_training import run_single
 
 STEPS = 60
@@ -101,3 +102,35 @@ def test_groups_leave_die_and_join_and_train_exactly_as_one_process(tmp_path: Pa
     (tmp_path / "stalls.json").write_text(json.dumps(found))
     print("events:", json.dumps(found))
 
+
+
+@pytest.mark.timeout(120)
+def test_a_group_that_boots_after_the_last_step_leaves_the_end_to_the_others(
+        tmp_path: Path) -> None:
+    """A replacement bought for a node lost near the end can boot when the job is done: it
+    finds the final checkpoint and trains no step. It must not report the job's end (it did,
+    with a NaN loss the status carried as null, which the client could not read); its own
+    figures carry the checkpoint's loss."""
+    from torch.distributed import TCPStore
+    from torchft.coordination import LighthouseServer
+
+    from raytrain.core.resolve import job_layout
+    from raytrain.train.elastic import GroupSetup, train_group
+    from raytrain.train.loop import WorkerInfo
+
+    os.environ.setdefault("RUST_LOG", "error")
+    spec = JobSpec.model_validate(JOB)
+    finished = run_single(spec, tmp_path / "checkpoints")  # the job, done: its last checkpoint
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1)
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    sink = RecordingSink()
+    try:
+        result = train_group(spec, job_layout(spec), WorkerInfo.single_process(), 1,
+                             GroupSetup(lighthouse.address(), "127.0.0.1", store.port, "late",
+                                        2, timeout_s=10), sink, tmp_path / "checkpoints",
+                             progress_interval_s=0.0)
+    finally:
+        lighthouse.shutdown()
+    assert sink.result is None  # the end is the group's that trained the last step
+    assert result["steps"] == STEPS
+    assert result["final_loss"] == pytest.approx(finished.losses()[STEPS], abs=1e-6)
