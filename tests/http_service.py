@@ -6,6 +6,9 @@ the API at a rate a Ray cluster on this machine could not take (the fuzzer's hun
 
     with served(tmp_path) as (url, token):
         httpx.get(f"{url}/v1/jobs", headers={"Authorization": f"Bearer {token}"})
+
+`served_training` is the same app over a scheduling job manager whose runs train for real,
+each in a thread (tests/fake_ray.TrainingRay): for the browser and the degraded-store tests.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from raytrain.serve.auth import operator_token
 from raytrain.serve.front import Front
 from raytrain.serve.manager import JobManager
 from raytrain.spec import ServiceConfig
-from tests.fake_ray import FakeRay
+from tests.fake_ray import FakeRay, TrainingRay
 
 # The status copy's long-poll: short, since stopping waits for the thread that holds it.
 POLL_S = 1.0
@@ -45,5 +48,25 @@ def served(state_dir: Path, port: int | None = None, **config: Any) -> Iterator[
     try:
         yield f"http://127.0.0.1:{front.sock.getsockname()[1]}", operator_token(service_config)
     finally:
+        front.stop()
+        manager.shutdown()
+
+
+@contextmanager
+def served_training(state_dir: Path, cluster: TrainingRay, **config: Any
+                    ) -> Iterator[tuple[str, str]]:
+    """The API over a job manager that schedules on its own thread, on `cluster`, whose runs
+    train in threads of this process; (its URL, the operator token). The cluster's held run,
+    if any, is let go before the service stops."""
+    service_config = ServiceConfig(state_dir=str(state_dir), **config)
+    manager = cluster.manager = JobManager(service_config.model_dump(mode="json"),
+                                           cluster=cluster)
+    app = build_app(InProcess(manager), service_config.open_metrics, service_config.auth,
+                    cached_reads=0.2)
+    front = Front(app, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{front.sock.getsockname()[1]}", operator_token(service_config)
+    finally:
+        cluster.go.set()
         front.stop()
         manager.shutdown()

@@ -23,12 +23,8 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from raytrain.serve.app import InProcess, build_app
-from raytrain.serve.auth import operator_token
-from raytrain.serve.front import Front
-from raytrain.serve.manager import JobManager
-from raytrain.spec import ServiceConfig
 from tests.fake_ray import TrainingRay
+from tests.http_service import served_training
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 expect = playwright_api.expect
@@ -65,17 +61,9 @@ resources: {num_workers: 8, accelerator: h100-sxm, gpus_per_worker: 1}
 def service(tmp_path: Path) -> Iterator[tuple[str, str, TrainingRay]]:
     """The app `raytrain serve` deploys, on 127.0.0.1, over the real job manager and
     scheduler; each run trains in a thread here. (Its URL, the operator token, the cluster.)"""
-    config = ServiceConfig(state_dir=str(tmp_path / "state"), scheduler_interval_s=0.1)
     cluster = TrainingRay(cpus=2, hold_at=HOLD_AT)
-    manager = cluster.manager = JobManager(config.model_dump(mode="json"), cluster=cluster)
-    front = Front(build_app(InProcess(manager), auth=True, cached_reads=0.2), "127.0.0.1", 0)
-    try:
-        yield (f"http://127.0.0.1:{front.sock.getsockname()[1]}", operator_token(config),
-               cluster)
-    finally:
-        cluster.go.set()
-        front.stop()
-        manager.shutdown()
+    with served_training(tmp_path / "state", cluster, scheduler_interval_s=0.1) as (url, token):
+        yield url, token, cluster
     assert not cluster.errors, cluster.errors
 
 

@@ -16,13 +16,9 @@ from typing import Iterator
 import httpx
 import pytest
 
-from raytrain.serve.app import InProcess, build_app
-from raytrain.serve.auth import operator_token
-from raytrain.serve.front import Front
-from raytrain.serve.manager import JobManager
 from raytrain.serve.store import JobStore
-from raytrain.spec import ServiceConfig
 from tests.fake_ray import TrainingRay
+from tests.http_service import served_training
 from tests.unit.test_preemptions import job
 
 
@@ -58,14 +54,10 @@ def test_an_unwritable_store_degrades_the_service_and_fails_no_job(
     """Without the buffer (serve.durable) the job's next report raises in rank 0 and the job
     ends FAILED; without the real write probe /readyz stays 200."""
     state, paths = frozen_state
-    config = ServiceConfig(state_dir=str(state), scheduler_interval_s=0.05)
     cluster = TrainingRay(cpus=1, hold_at=40)
-    manager = cluster.manager = JobManager(config.model_dump(mode="json"), cluster=cluster)
-    front = Front(build_app(InProcess(manager), auth=True, cached_reads=0.2), "127.0.0.1", 0)
-    url = f"http://127.0.0.1:{front.sock.getsockname()[1]}"
-    client = httpx.Client(base_url=url, timeout=30, headers={
-        "Authorization": f"Bearer {operator_token(config)}"})
-    try:
+    with served_training(state, cluster, scheduler_interval_s=0.05) as (url, token), \
+            httpx.Client(base_url=url, timeout=30,
+                         headers={"Authorization": f"Bearer {token}"}) as client:
         document = job(steps=120)
         job_id = client.post("/v1/jobs", json=document).json()["id"]
         assert cluster.held.wait(120), "the job did not reach step 40"
@@ -98,10 +90,6 @@ def test_an_unwritable_store_degrades_the_service_and_fails_no_job(
             assert time.monotonic() < deadline
             time.sleep(0.1)
         assert client.post("/v1/jobs", json=document).status_code == 202  # writes again
-    finally:
-        client.close()
-        front.stop()
-        manager.shutdown()
     kept = {status.id: status for status, _ in JobStore(state / "jobs.db").load_all()}
     assert kept[job_id].state.value == "SUCCEEDED"
     assert kept[job_id].result.steps == 120 and kept[job_id].checkpoint.step == 120
