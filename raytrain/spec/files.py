@@ -35,10 +35,10 @@ logger = logging.getLogger(__name__)
 
 CACHE_FILE = "offers.json"
 PROFILE_FILE = "cpu-profile.json"
-PACKAGE_DIR = Path(__file__).resolve().parents[1] / "catalog"  # the shipped data
-DEFAULT_POLICY_DIR = PACKAGE_DIR / "policies"
-TRACES_DIR = PACKAGE_DIR / "spot-traces"
-EXAMPLES_DIR = PACKAGE_DIR.parent / "examples"
+CATALOG_DIR = Path(__file__).resolve().parents[1] / "catalog"  # the shipped data
+DEFAULT_POLICY_DIR = CATALOG_DIR / "policies"
+TRACES_DIR = CATALOG_DIR / "spot-traces"
+EXAMPLES_DIR = CATALOG_DIR.parent / "examples"
 DEFAULT_POLICY = "cost-first"
 
 
