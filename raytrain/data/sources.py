@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from raytrain.errors import FieldError, SpecError
-from raytrain.models.registry import resolve_factory
+from raytrain.models.factories import resolve_factory
 from raytrain.spec import DataSpec
 
 

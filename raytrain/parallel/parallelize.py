@@ -36,12 +36,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-)
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -59,8 +53,10 @@ from raytrain.spec import JobSpec
 from raytrain.spec.layout import Layout, stage_layers, stages_of_rank
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
-             "interleaved_1f1b": ScheduleInterleaved1F1B}
+# torch.distributed.pipelining imports torch._dynamo (0.7 s a process here): only a pipelined
+# layout pays for it, not every data-parallel worker's start.
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
+             "interleaved_1f1b": "ScheduleInterleaved1F1B"}
 
 
 def gpt_stage(model: GPT, stage: int, num_stages: int) -> GPT:
@@ -283,12 +279,15 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
         precision=training.precision, scaler=scaler,
     )
     if layout.pp > 1:
+        from torch.distributed import pipelining
+
+        PipelineStage = pipelining.PipelineStage
         pp_group = mesh["pp"].get_group()
         stages = [
             PipelineStage(runner, stage, layout.num_stages, device, group=pp_group)
             for runner, stage in zip(runners, stage_ids)
         ]
-        schedule_cls = SCHEDULES[layout.schedule]
+        schedule_cls = getattr(pipelining, SCHEDULES[layout.schedule])
         model.schedule = schedule_cls(
             stages if layout.schedule == "interleaved_1f1b" else stages[0],
             n_microbatches=layout.microbatches,

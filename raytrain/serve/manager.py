@@ -36,7 +36,7 @@ from raytrain.core.capacity import never_fits
 from raytrain.core.resolve import plan_summary
 from raytrain.core.tally import Tally
 from raytrain.errors import FieldError, SpecError, StoreError
-from raytrain.models.registry import resolve_factory
+from raytrain.models.factories import resolve_factory
 from raytrain.serve.admission import (
     admission_refusal,
     check_paths_on_head_node,
