@@ -129,18 +129,24 @@ LIVE_MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
 def run(parallel: dict, ranks: int, steps: int, global_batch: int, micro_batch: int,
         device: str, model: dict | None = None, live: bool = False,
         spec: dict | None = None, script: Path = HERE) -> dict[str, Any]:
-    """One torchrun of the loop; step time (median over steady steps) and peak memory (with
-    `live`, of live memory only: see the module docstring). `spec`: the job document to run
-    instead of `document(...)`'s; `script`: another worker with this one's `--worker` and
-    record (benchmarks/gpu_truth.py's reference loop)."""
+    """One torchrun of the loop (one plain process for one rank); step time (median over
+    steady steps) and peak memory (with `live`, of live memory only: see the module
+    docstring). `spec`: the job document to run instead of `document(...)`'s; `script`:
+    another worker with this one's `--worker` and record (benchmarks/gpu_truth.py's
+    reference loop)."""
     with tempfile.TemporaryDirectory() as tmp:
         spec_path = Path(tmp, "spec.json")
         spec_path.write_text(json.dumps(spec or document(
             parallel, ranks, steps, global_batch, micro_batch, device, model)))
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
-                   str(ranks), "--master_port", "29541", str(script), "--worker",
-                   str(spec_path), tmp, device]
+        worker = [str(script), "--worker", str(spec_path), tmp, device]
         env = {**os.environ, "OMP_NUM_THREADS": "1", **(LIVE_MEMORY_ENV if live else {})}
+        if ranks == 1:  # the same worker without torchrun's agent (a process importing torch)
+            command = [sys.executable, *worker]
+            env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT="29541")
+        else:
+            command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+                       str(ranks), "--master_port", "29541", *worker]
         subprocess.run(command, check=True, env=env,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         records = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(ranks)]
