@@ -106,6 +106,11 @@ def check_paths_on_head_node(spec: JobSpec) -> None:
                 f"{spec.data.path} is not a readable file on the service's node"
                 f"{' (it does not exist)' if not path.exists() else ''}. To fix: give the "
                 "absolute path of a token file on storage every node mounts"))])
+        tokens = path.stat().st_size // {"uint16": 2, "uint32": 4}[spec.data.dtype]
+        if tokens < spec.data.seq_len + 1:  # no window to train on: found here, not by a worker
+            raise SpecError([FieldError(("data", "path"), (
+                f"{spec.data.path} holds {tokens} tokens, fewer than seq_len + 1 = "
+                f"{spec.data.seq_len + 1}. To fix: lower data.seq_len or give a longer file"))])
 
 
 def check_fits_the_cluster(spec: JobSpec, nodes: Any) -> None:

@@ -214,25 +214,44 @@ def test_a_stopped_job_goes_on_as_a_new_job_from_its_checkpoint(
     assert gone.status_code == 200
 
 
-def test_a_cancel_while_the_group_starts_stops_it_and_frees_its_group(
+def test_a_cancel_while_the_group_starts_stops_it_at_once_and_frees_its_capacity(
         service: Service) -> None:
+    """A group that has not started has nothing to save: its runner is stopped at the
+    cancel (not when the start it would abandon is over), and the next job starts on the
+    capacity at once. A group that comes up all the same is told to stop."""
     job_id = service.request("POST", "/v1/jobs", json=small_job()).json()["id"]
     service.tick()
     assert service.request("DELETE", f"/v1/jobs/{job_id}").json()["state"] == "CANCELLED"
-    # the group comes up after the cancel: told to stop at once
+    assert ("stop", job_id, None) in service.cluster.calls
     assert service.manager.worker_group_started(
         job_id, 0, {"placement_group": "pg-7", "accelerator": "cpu", "nodes": 1}) == -1
     assert service.manager.report_progress(job_id, 1, progress(1)) == {"stop": True}
-    # it does not leave within its grace: killed, its placement group removed
-    service.cluster.advance(lc.CANCEL_GRACE_S + 1)
-    service.tick()
-    assert ("stop", job_id, "pg-7") in service.cluster.calls
     events = service.events(job_id)
     assert [e["type"] for e in events][-1] == "end"
     assert [e["data"]["state"] for e in events if e["type"] == "state"] == [
         "PENDING", "PROVISIONING", "CANCELLED"]
-    # the capacity it held is free again: the next job starts
+    # the capacity it held is free again: the next job starts without waiting
     next_id = service.request("POST", "/v1/jobs", json=small_job(num_workers=4)).json()["id"]
+    service.tick()
+    assert service.state(next_id) == "PROVISIONING"
+
+
+def test_a_cancelled_running_group_that_does_not_leave_is_killed_after_its_grace(
+        service: Service) -> None:
+    job_id = service.request("POST", "/v1/jobs", json=small_job()).json()["id"]
+    service.tick()
+    attempt = service.manager.worker_group_started(
+        job_id, 0, {"placement_group": "pg-7", "accelerator": "cpu", "nodes": 1})
+    assert attempt == 1
+    assert service.request("DELETE", f"/v1/jobs/{job_id}").json()["state"] == "CANCELLED"
+    assert service.manager.report_progress(job_id, 1, progress(1)) == {"stop": True}
+    assert not [c for c in service.cluster.calls if c[0] == "stop"]  # it may still save
+    next_id = service.request("POST", "/v1/jobs", json=small_job(num_workers=4)).json()["id"]
+    service.tick()
+    assert service.state(next_id) == "PENDING"  # its CPUs are counted until it goes
+    service.cluster.advance(lc.CANCEL_GRACE_S + 1)
+    service.tick()
+    assert ("stop", job_id, "pg-7") in service.cluster.calls
     service.tick()
     assert service.state(next_id) == "PROVISIONING"
 
@@ -391,6 +410,31 @@ def test_a_factory_that_cannot_be_imported_is_refused_at_submit_and_nothing_star
     service.tick()
     assert service.cluster.runs == {} and service.cluster.requests == {}  # nothing started
     assert service.request("POST", "/v1/jobs", json=good).status_code == 202
+
+
+def test_a_token_file_that_is_missing_or_too_short_is_refused_at_submit(
+        tmp_path: Path) -> None:
+    """A token file the service's node cannot read, or one with no window of seq_len + 1
+    tokens: 422 naming data.path with the fix, before a worker group starts."""
+    service = Service(tmp_path)
+    short = tmp_path / "three-tokens.bin"
+    short.write_bytes(bytes(6))  # 3 uint16 tokens
+    enough = tmp_path / "enough.bin"
+    enough.write_bytes(bytes(2 * 33))  # 33 uint16 tokens: one window of seq_len 32
+    for path, said in ((tmp_path / "missing.bin", "does not exist"),
+                       (short, "holds 3 tokens, fewer than seq_len + 1 = 33")):
+        document = {**small_job(), "data": {"kind": "token_file", "path": str(path),
+                                            "seq_len": 32}}
+        answer = service.request("POST", "/v1/jobs", json=document)
+        assert answer.status_code == 422, answer.text
+        [error] = answer.json()["detail"]
+        assert error["loc"][-2:] == ["data", "path"] and said in error["msg"], error
+        assert "To fix" in error["msg"]
+    service.tick()
+    assert service.cluster.runs == {}  # nothing started
+    document = {**small_job(), "data": {"kind": "token_file", "path": str(enough),
+                                        "seq_len": 32}}
+    assert service.request("POST", "/v1/jobs", json=document).status_code == 202
 
 
 def test_a_job_that_can_never_start_here_is_told_so_first(tmp_path: Path) -> None:

@@ -30,7 +30,6 @@ from typing import Any, Callable
 from raytrain.core.lifecycle import handlers as on
 from raytrain.core.lifecycle.values import (
     CANCEL_GRACE_S,
-    CANCEL_STARTING_GRACE_S,
     HOLDS,
     NOTICE_GRACE_S,
     PROGRESS_SAVE_INTERVAL_S,
@@ -72,7 +71,7 @@ from raytrain.core.lifecycle.values import (
 
 __all__ = [
     "TRANSITIONS", "HOLDS", "PROGRESS_SAVE_INTERVAL_S", "CANCEL_GRACE_S",
-    "CANCEL_STARTING_GRACE_S", "NOTICE_GRACE_S", "allowed", "enter", "Run", "Record", "waiting",
+"NOTICE_GRACE_S", "allowed", "enter", "Run", "Record", "waiting",
     "noticed_nodes_present", "Submitted", "Queued", "Passed", "CapacityDecided", "Launched",
     "NodesHeld", "GroupStarted", "GroupChanged", "Replace", "ProgressReported",
     "CheckpointCommitted", "FinalReport", "RunEnded",

@@ -10,7 +10,6 @@ from typing import Any
 from raytrain.catalog.shapes import usd_for
 from raytrain.core.lifecycle.values import (
     CANCEL_GRACE_S,
-    CANCEL_STARTING_GRACE_S,
     NOTICE_GRACE_S,
     PROGRESS_SAVE_INTERVAL_S,
     CancelRequested,
@@ -385,11 +384,17 @@ def stop_overdue(c: Change, event: StopOverdue) -> None:
 
 
 def cancel(c: Change, event: CancelRequested) -> None:
-    if c.run is not None:
+    if c.run is not None and c.run.attempt == 0:
+        # Its group never started (Ray Train starting it, or its nodes still booting): no
+        # step to finish, no checkpoint to save. Stopping the runner stops Ray Train's
+        # start, and Ray removes the placement group with the runner's controller, so its
+        # capacity is free in seconds rather than after the start it would abandon.
+        c.effects.append(StopRunner(hard=True, placement_group=None))
+        c.run = None
+    elif c.run is not None:
         # Rank 0 reads the stop in the reply to its next report and every rank leaves at the
         # same step; the run keeps its resources counted until the group is gone.
-        grace = CANCEL_GRACE_S if c.run.placement_group else CANCEL_STARTING_GRACE_S
-        c.set_run(stop_by=c.now + grace)
+        c.set_run(stop_by=c.now + CANCEL_GRACE_S)
     c.job.finished_at = c.now
     c.move(JobState.CANCELLED, "cancelled by request")
     c.end()

@@ -50,11 +50,10 @@ HOLDS: dict[JobState, tuple[str, ...]] = {
 # Records are saved on every state change and checkpoint, and at least this often while
 # progress comes in (a report a second at most).
 PROGRESS_SAVE_INTERVAL_S = 5.0
-# How long a cancelled worker group has to leave on its own before it is killed: once it
-# runs, rank 0 reads the stop at its next report; while it still starts, it stops as soon as
-# it is up (GroupStarted answers -1), which can take Ray Train's whole start timeout.
+# How long a cancelled worker group has to leave on its own before it is killed: rank 0
+# reads the stop at its next report. A group that has not started yet has nothing to save:
+# it is stopped at once (its placement group goes with the runner that asked for it).
 CANCEL_GRACE_S = 20.0
-CANCEL_STARTING_GRACE_S = 120.0
 # After an interruption notice the instance goes within two minutes; wait that long at most
 # for the noticed nodes to leave before resuming on the same node type.
 NOTICE_GRACE_S = 150.0
