@@ -251,6 +251,6 @@ def _ip(pod: dict[str, Any], public: bool) -> str:
 
 
 def _this_machines_ip() -> str:
-    import ray._private.services as services
+    from ray.util import get_node_ip_address
 
-    return services.get_node_ip_address()
+    return get_node_ip_address()

@@ -6,7 +6,8 @@ record the lifecycle returns and carries out its effects: events on the job's st
 (serve.events), writes to the durable store (serve.store), withdrawing node requests
 (serve.provisioning) and stopping runners (serve.ray_cluster). The scheduling pass is
 serve.scheduler. Nothing here calls Ray or reads the time of day directly: both go through
-the cluster adaptor, which tests replace with a recording fake (tests/fake_ray.py).
+the cluster adaptor (the Protocol serve.cluster.Cluster), which tests replace with a recording
+fake (tests/fake_ray.py).
 
 The actor outlives the Serve app (it is detached), so redeploying the HTTP layer loses
 nothing. If the actor itself is lost, Ray starts a new one, which reloads every record from
@@ -45,15 +46,13 @@ from raytrain.serve.admission import (
     resumed,
 )
 from raytrain.serve.auth import token_digests
+from raytrain.serve.cluster import Cluster
 from raytrain.serve.durable import RETRY_AFTER_S, DurableRecords, service_id
 from raytrain.serve.events import EventLog
 from raytrain.serve.history import History, point_of
 from raytrain.serve.manager_reads import JobReads, not_found
 from raytrain.serve.provisioning import Provisioner
-from raytrain.serve.ray_cluster import (
-    RayCluster,
-    RunHandle,
-)
+from raytrain.serve.ray_cluster import RayCluster
 from raytrain.serve.reads import Versions
 from raytrain.serve.scheduler import Scheduler
 from raytrain.serve.store import STORE_FILE, JobStore
@@ -70,11 +69,11 @@ logger = logging.getLogger(__name__)
 
 
 class JobManager(JobReads):
-    def __init__(self, config: dict[str, Any], cluster: RayCluster | None = None,
+    def __init__(self, config: dict[str, Any], cluster: Cluster[Any] | None = None,
                  schedule: bool = True) -> None:
         self.config = ServiceConfig.model_validate(config)
         load_cpu_profile(self.config.state_path)  # this machine's, if `raytrain calibrate` ran
-        self.cluster = cluster if cluster is not None else RayCluster()
+        self.cluster: Cluster[Any] = cluster if cluster is not None else RayCluster()
         self.lock = threading.RLock()
         self._changed = threading.Condition(self.lock)
         if self.config.storage_endpoint:  # this process's stores, and (ray_cluster) the runs'
@@ -94,7 +93,7 @@ class JobManager(JobReads):
         self._versions = Versions()  # of each status, for the replicas' copies (changes())
         self._events = {job.id: EventLog.reloaded(seq) for job, seq in loaded}
         self._history = History(db)  # each job's progress points, for charts
-        self.handles: dict[str, RunHandle] = {}  # each running job's runner
+        self.handles: dict[str, Any] = {}  # each running job's runner (the adaptor's handle)
         self.provisioner = Provisioner(self.config, request=self.cluster.request_nodes,
                                        history=self.tally.spot,  # counted as jobs are billed
                                        ready=self.tally.ready)  # added to as nodes come up

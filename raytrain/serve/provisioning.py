@@ -110,6 +110,12 @@ REQUEST_EXPIRE_S = 180.0  # as Ray Train's own requests
 REQUEST_REFRESH_S = 60.0
 
 
+# Ray's autoscaling coordinator is private (ray.data._internal) and the one private Ray API
+# the service must use: Ray's public `ray.autoscaler.sdk.request_resources` keeps one request
+# for the whole cluster, which each caller overwrites, and Ray Train's elastic scaling and Ray
+# Data send theirs through this coordinator, which merges every requester's with an expiry.
+# Asking around it would cancel theirs, and theirs ours. tests/unit/test_ray_private.py
+# fails when Ray changes what is used here.
 def coordinator() -> Any:
     """Ray's autoscaling coordinator actor, started if it is not running (without waiting
     for it: its process imports Ray Data, 10-40 s on a small head node)."""

@@ -2,9 +2,9 @@
 see which runners returned and how, stop one, read the cluster's nodes and resources, ask
 the autoscaler for nodes, and reclaim what a lost manager's runs left behind.
 
-The job manager takes a `RayCluster` (or any object with these methods: tests pass a
-recording fake, tests/fake_ray.py) and never calls Ray itself, so its bookkeeping is tested
-in-process and only this module needs a real cluster.
+`RayCluster` implements the job manager's adaptor, the Protocol serve.cluster.Cluster (tests
+pass a recording fake of it, tests/fake_ray.py); the manager never calls Ray itself, so its
+bookkeeping is tested in-process and only this module needs a real cluster.
 
     cluster = RayCluster()
     handle = cluster.launch(job_id, spec_json, layout_json, ckpt_root, run_root,
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import ray
-from ray._raylet import PlacementGroupID
+from ray import PlacementGroupID
 from ray.actor import ActorHandle
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 

@@ -1,5 +1,5 @@
 """A simulated cloud and its training workers behind the job manager's cluster adaptor (the
-interface of raytrain.serve.ray_cluster.RayCluster), on a simulated clock: what a trace replay
+Protocol raytrain.serve.cluster.Cluster), on a simulated clock: what a trace replay
 (raytrain.serve.replay) runs the live job manager, scheduler, provisioner and lifecycle on.
 
 - Capacity: a spot node type's capacity comes and goes as its trace says; an on-demand one's
@@ -180,6 +180,9 @@ class TraceCloud:
         wanted = set(with_resources)
         up = frozenset(n.id for n in self._up() if not wanted or n.kind.name in wanted)
         return up if wanted else up | {HEAD}
+
+    def prepare_requests(self) -> None:
+        pass  # requests are taken as they come
 
     def request_nodes(self, job_id: str, bundles: list[dict[str, float]]) -> None:
         self.requests[job_id] = bundles

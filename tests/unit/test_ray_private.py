@@ -1,0 +1,66 @@
+"""The private Ray APIs raytrain still uses, each where no public one does the job (the
+comment at each use says why), checked against the installed Ray: a Ray upgrade that moves
+or changes one fails here, not in a cluster. Everything else raytrain calls is Ray's public
+API (`ray.PlacementGroupID`, `ray.util.get_node_ip_address`, ...)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# module -> the names raytrain takes from it
+PRIVATE_USES = {
+    "ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator":
+        {"get_or_create_autoscaling_coordinator"},
+    "ray.data._internal.cluster_autoscaler.base_autoscaling_coordinator":
+        {"ResourceRequestPriority"},
+    "ray.autoscaler._private.util": {"prepare_config", "validate_config"},
+}
+
+
+def test_raytrain_uses_no_private_ray_module_but_the_listed_ones() -> None:
+    """Every import in raytrain/, those inside functions too."""
+    used: dict[str, set[str]] = {}
+    for path in (ROOT / "raytrain").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and _private(node.module):
+                used.setdefault(node.module, set()).update(a.name for a in node.names)
+            elif isinstance(node, ast.Import):
+                assert not [a.name for a in node.names if _private(a.name)], path
+    assert used == PRIVATE_USES
+
+
+def _private(module: str) -> bool:
+    parts = module.split(".")
+    return parts[0] == "ray" and any(part.startswith("_") for part in parts)
+
+
+def test_the_autoscaling_coordinator_takes_what_raytrain_sends() -> None:
+    from ray.data._internal.cluster_autoscaler.base_autoscaling_coordinator import (
+        ResourceRequestPriority,
+    )
+    from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+        _AutoscalingCoordinatorActor,
+        get_or_create_autoscaling_coordinator,
+    )
+
+    assert callable(get_or_create_autoscaling_coordinator)
+    request = inspect.signature(_AutoscalingCoordinatorActor.request_resources).parameters
+    assert {"requester_id", "resources", "expire_after_s", "priority"} <= set(request)
+    assert list(inspect.signature(_AutoscalingCoordinatorActor.cancel_request).parameters) == [
+        "self", "requester_id"]
+    assert ResourceRequestPriority.HIGH.value > ResourceRequestPriority.MEDIUM.value
+
+
+def test_rays_config_check_refuses_a_bad_cluster_config() -> None:
+    import pytest
+
+    from raytrain.cloud.cluster import validate_with_ray
+
+    good = {"cluster_name": "c", "max_workers": 1,
+            "provider": {"type": "local", "head_ip": "127.0.0.1"},
+            "auth": {"ssh_user": "root"}}
+    with pytest.raises(Exception):
+        validate_with_ray({**good, "max_workers": "many"}, fill_defaults=False)
