@@ -45,6 +45,7 @@ logger = logging.getLogger(__name__)
 HEARTBEAT_TIMEOUT_MS = 3000  # a group silent this long is out of the quorum (a lost node)
 FINISH_GRACE_S = 30.0  # once the job is done, how long the other groups have to end
 POLL_S = 5.0
+LEAVING_REPORT_TIMEOUT_S = 10.0  # of the notice's ~120 s: the group leaves regardless
 REPLACEMENT_WAIT_S = 3600.0
 
 
@@ -109,7 +110,15 @@ class _Reporting:
         asked = self.watcher.stop_requested
         if asked and not self.told:
             self.told = True
-            self.manager.report_group.remote(self.job_id, self.attempt, self.group, "leaving")
+            # Told before the group leaves the quorum, so that the service hears "leaving"
+            # before a survivor can report the group gone (a lost node, without notice).
+            try:
+                ray.get(self.manager.report_group.remote(self.job_id, self.attempt,
+                                                         self.group, "leaving"),
+                        timeout=LEAVING_REPORT_TIMEOUT_S)
+            except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+                logger.warning("the service did not take this group's notice in time; it "
+                               "leaves all the same")
         return asked
 
     @property

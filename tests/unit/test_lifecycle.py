@@ -305,6 +305,23 @@ def test_an_elastic_run_loses_a_group_trains_on_and_the_replacement_joins() -> N
     assert ended.record.status.groups == []
 
 
+def test_a_groups_notice_told_after_a_survivor_saw_it_go_still_counts_as_a_notice() -> None:
+    """The leaving group's "leaving" and a survivor's "gone" come from different processes;
+    when "gone" arrives first, the later "leaving" marks that preemption as noticed (and buys
+    the replacement), and the group stays gone."""
+    record, _ = drive(record_in(), lc.Submitted(),
+                      lc.CapacityDecided(decision(interval_s=600.0), BOUGHT, "requested"),
+                      lc.Launched(run(groups=2)), lc.GroupStarted(0, "pg-1"))
+    gone = lc.step(record, lc.GroupChanged(1, 1, "gone", step=41, stall_s=2.0), NOW + 12)
+    assert not gone.record.status.preemption_log[-1].notice
+    told = lc.step(gone.record, lc.GroupChanged(1, 1, "leaving", frozenset({"n2"}), 40),
+                   NOW + 13)
+    job = told.record.status
+    assert job.groups[1].state == "gone" and job.preemptions == 1
+    assert job.preemption_log[-1].notice and job.lost_steps == 0
+    assert lc.Replace(leaving=1) in told.effects
+
+
 def test_a_durable_checkpoint_that_grows_old_is_a_warning_until_the_next_commits() -> None:
     """The policy checkpoints every 600 s; with the uploads failing, a report 3 intervals
     after the last commit carries a warning, and the next commit clears it."""

@@ -8,13 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from raytrain.catalog.shapes import usd_for
-from raytrain.core.lifecycle.values import (
-    CANCEL_GRACE_S,
-    NOTICE_GRACE_S,
-    PROGRESS_SAVE_INTERVAL_S,
+from raytrain.core.lifecycle.events import (
     CancelRequested,
     CapacityDecided,
-    Change,
     CheckpointCommitted,
     FinalReport,
     GroupChanged,
@@ -24,16 +20,18 @@ from raytrain.core.lifecycle.values import (
     Passed,
     ProgressReported,
     Queued,
-    Rebuy,
-    Replace,
     Reviewed,
-    Run,
-    RunEnded,
     ServiceRestarted,
     ServiceStopping,
     StopOverdue,
-    StopRunner,
     Submitted,
+)
+from raytrain.core.lifecycle.values import (
+    CANCEL_GRACE_S,
+    PROGRESS_SAVE_INTERVAL_S,
+    Change,
+    Replace,
+    StopRunner,
     checkpoint_every_s,
     enter,
     stale_checkpoint_warning,
@@ -43,7 +41,6 @@ from raytrain.spec import (
     CostFigure,
     DecisionRecord,
     GroupStatus,
-    JobResult,
     JobState,
     PreemptionRecord,
     Progress,
@@ -232,6 +229,9 @@ def group_changed(c: Change, event: GroupChanged) -> None:
     old = job.groups[event.group]
     if old.state == event.state and (not event.nodes or sorted(event.nodes) == old.nodes):
         return  # told again (every group reports what it sees): one record is enough
+    if event.state == "leaving" and old.state == "gone":
+        _noticed_late(c, event.group)
+        return
     job.groups[event.group] = GroupStatus(
         index=event.group, state=event.state,
         nodes=sorted(event.nodes or old.nodes), since=c.now)
@@ -267,6 +267,20 @@ def group_changed(c: Change, event: GroupChanged) -> None:
     c.save = True
 
 
+def _noticed_late(c: Change, group: int) -> None:
+    """A group's "leaving" came after a survivor reported it gone (the two reports race from
+    different processes): it left on its notice. Its preemption says so, and its
+    replacement is bought as on any notice."""
+    log = c.job.preemption_log
+    for i in range(len(log) - 1, -1, -1):
+        if log[i].group == group:
+            if not log[i].notice:
+                log[i] = log[i].model_copy(update={"notice": True})
+                c.save = True
+            break
+    c.effects.append(Replace(leaving=1))
+
+
 def _sampled(figure: CostFigure, value_s: float, mean: bool = False) -> CostFigure:
     """A measured figure with one more sample: the mean of them all, or the latest."""
     n = figure.samples
@@ -278,103 +292,6 @@ def _sampled(figure: CostFigure, value_s: float, mean: bool = False) -> CostFigu
 def final_report(c: Change, event: FinalReport) -> None:
     if c.run is not None and event.attempt == c.run.attempt:
         c.set_run(result=dict(event.result))
-
-
-def run_ended(c: Change, event: RunEnded) -> None:
-    run = c.run
-    if run is None:
-        return
-    c.effects.append(StopRunner())
-    c.job.groups = []  # the run's replica groups are gone with it
-    if c.job.state.is_terminal:  # a cancelled job already has its end
-        c.run = None
-        return
-    c.bill()
-    error = event.error
-    if error is None and not run.result:
-        error = "training ended without a final report"
-    if error is None and run.over_budget and (run.result or {}).get("preempted"):
-        saved = c.job.checkpoint.step if c.job.checkpoint else 0
-        error = (f"budget reached: ${c.job.cost_usd:,.2f} spent of ${run.budget_usd:,.2f}; "
-                 f"stopped with a checkpoint at step {saved}, which is kept with the job. To "
-                 "fix: go on from it with a larger budget (raytrain resume "
-                 f"{c.job.id} --budget-usd N)")
-    if not recovered(c, run, error, event.alive):
-        finish(c, run, error)
-    c.run = None
-
-
-def recovered(c: Change, run: Run, error: str | None, alive: frozenset[str]) -> bool:
-    """On bought capacity, the manager (not Ray Train) restarts a stopped worker group: after
-    a notice (the workers checkpointed and stopped), after a node loss without one (a
-    preemption too: it never uses the failure budget), or after an error worth another try.
-    True if the job goes on."""
-    job, result = c.job, run.result or {}
-    if run.over_budget:
-        return False  # stopped for its budget: a retry would spend past it
-    preempted = error is None and bool(result.get("preempted"))
-    if preempted and run.moving_to:
-        c.move(JobState.RECOVERING, f"moving to {run.moving_to} from step "
-               f"{result.get('steps')}, as the policy decided")
-        return True
-    if preempted:
-        notice = True
-    elif error is not None and run.nodes_at_launch - alive:
-        notice = False
-    elif error is not None and worth_retrying(c, run, error):
-        job.restarts += 1
-        c.move(JobState.RECOVERING, f"restarting after an error "
-               f"({job.restarts} of {job.spec.training.max_restarts}): {error}")
-        return True
-    else:
-        return False
-    saved = job.checkpoint.step if job.checkpoint else None
-    # After a notice the workers say where they stopped; after a loss, the last report (sent
-    # about once a second) is all there is: a lower bound.
-    reached = int(result.get("steps") or max(job.progress.step, run.progress_step, saved or 0))
-    noticed, durable = result.get("noticed_at"), result.get("checkpointed_at")
-    record = PreemptionRecord(
-        time=c.now, notice=notice, reached_step=reached, checkpoint_step=saved,
-        lost_steps=max(0, reached - (saved or 0)),
-        notice_to_checkpoint_s=durable - noticed if noticed and durable else None,
-        before=run.describe)
-    job.preemptions += 1
-    job.preemption_log.append(record)
-    job.lost_steps += record.lost_steps
-    c.effects.append(Rebuy(run.nodes_at_launch))  # on bought nodes: decide where it resumes
-    if notice:  # the noticed nodes go within two minutes: do not start on them again
-        c.leaving = (c.now + NOTICE_GRACE_S, run.nodes_at_launch)
-    c.emit("preemption", record.model_dump(mode="json"))
-    c.move(JobState.RECOVERING, (
-        f"preempted {'after a notice' if notice else 'without notice'} at step {reached}; "
-        f"resuming from step {saved or 0} on the policy's next-best capacity"))
-    return True
-
-
-def worth_retrying(c: Change, run: Run, error: str) -> bool:
-    """Retry a failed run only if another try could go differently: not when it failed before
-    its first training step (building the model, data or layout fails the same way every
-    time), not when the same error ends a run at the same step twice, and not past
-    training.max_restarts."""
-    failed_at = max(run.progress_step, c.job.progress.step)
-    previous, c.last_failure = c.last_failure, (error, failed_at)
-    if run.progress_step < 0 or previous == (error, failed_at):
-        return False
-    return c.job.restarts < c.job.spec.training.max_restarts
-
-
-def finish(c: Change, run: Run, error: str | None) -> None:
-    job = c.job
-    job.finished_at = c.now
-    if error is None:
-        assert run.result is not None
-        job.result = JobResult.model_validate({k: run.result[k] for k in JobResult.model_fields})
-        c.move(JobState.SUCCEEDED, "finished")
-    else:
-        job.error = error
-        c.move(JobState.FAILED, (f"failed; each worker's output is in `raytrain logs {job.id}` "
-                                 f"(GET /v1/jobs/{job.id}/logs)"))
-    c.end()
 
 
 def stop_overdue(c: Change, event: StopOverdue) -> None:
