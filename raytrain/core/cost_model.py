@@ -270,6 +270,51 @@ def loss_bytes_per_logit(work: Workload, c: Layout, in_flight: int = 1) -> float
     return kept * in_flight + 8
 
 
+def _fsdp_s(dims: ModelDims, work: Workload, c: Layout, shape: NodeShape, compute_mb: float,
+            layers_here: int, held: float) -> tuple[float, float]:
+    """FSDP's seconds not hidden behind compute: per micro-batch, and once per step."""
+    gpu, overlap = shape.gpu, shape.gpu.overlaps_communication
+    shard_link = _link_for_span(c.tp * c.dp_shard, shape)
+    fsdp_mb = dp_step = 0.0
+    groups = layers_here + 1  # one FSDP unit per block, one at the root
+    # One collective per unit: the bytes of all of them, and each one's latency.
+    gather = _collective_s(held * work.act_bytes, c.dp_shard, shard_link) + \
+        _latency_s(shard_link, c.dp_shard) * (groups - 1)
+    # Each unit's fixed cost (its hooks, collectives' set-up), once per microbatch.
+    units = groups * gpu.fsdp_unit_overhead_s
+    scatter = _collective_s(held * work.grad_reduce_bytes, c.dp_shard, shard_link) * \
+        shard_link.reduce_scatter_factor + shard_link.latency_s * (groups - 1)
+    # What FSDP2 copies around its collectives (torch 2.13, _fsdp_collectives.py), per
+    # all-gather: the local shard in and the whole unit out into the parameters (with one
+    # shard, HSDP's replicas, no collective: the unit out only); per reduce-scatter: the
+    # gradients into one buffer (chunk-cat) and divided there, the reduced shard out (one
+    # shard: copied; else the collective writes it) and added to the sharded gradient.
+    # They run on the compute stream (CPU: the rank's thread).
+    n = c.dp_shard
+    gather_copies = (1 + 1 / n if n > 1 else 1.0) * work.act_bytes
+    scatter_copies = (2 + 1 / n + (1 if n == 1 else 0)) * 4
+    if c.pp > 1:
+        traffic = gather + scatter
+        hidden = c.microbatches * compute_mb if overlap else 0.0
+        dp_step += max(0.0, traffic - hidden) + (traffic / groups if overlap else 0.0)
+        dp_step += held * (gather_copies + scatter_copies) / gpu.copy_bandwidth + units
+    else:
+        # Blocks are gathered for forward and again for backward; the root is not
+        # resharded after forward (FSDP2 keeps it for the backward that follows).
+        regathered = 1 - root_params(dims, c) / held
+        # reduce_scatter_once: one reduce-scatter (and its copies) per step, on the last
+        # micro-batch, and each micro-batch's gradients added into the unsharded ones.
+        once = c.reduce_scatter_once
+        per_mb = (1 + regathered) * gather + (0.0 if once else scatter)
+        hidden = compute_mb if overlap else 0.0
+        fsdp_mb = max(0.0, per_mb - hidden) + (per_mb / groups if overlap else 0.0)
+        fsdp_mb += held * ((1 + regathered) * gather_copies + (4 if once else scatter_copies)) \
+            / gpu.copy_bandwidth + units
+        if once:
+            dp_step += scatter + held * scatter_copies / gpu.copy_bandwidth
+    return fsdp_mb, dp_step
+
+
 def step_time(dims: ModelDims, work: Workload, c: Layout,
               shape: NodeShape) -> dict[str, float]:
     """Seconds per optimizer step, by part (compute, tp, pp, bubble, dp, optimizer, total)."""
@@ -293,47 +338,9 @@ def step_time(dims: ModelDims, work: Workload, c: Layout,
         message = act_bytes_mb / c.tp
         pp_mb = 2 * (message / (pp_link.bandwidth * pp_link.efficiency) + pp_link.latency_s)
     held = stage_params(dims, c.pp, c.virtual_stages) / c.tp
-    shard_link = _link_for_span(c.tp * c.dp_shard, shape)
-    fsdp_mb = 0.0
-    dp_step = 0.0
+    fsdp_mb, dp_step = (_fsdp_s(dims, work, c, shape, compute_mb, layers_here, held)
+                        if c.data_parallel_wrapper == "fsdp" else (0.0, 0.0))
     overlap = gpu.overlaps_communication
-    if c.data_parallel_wrapper == "fsdp":
-        groups = layers_here + 1  # one FSDP unit per block, one at the root
-        # One collective per unit: the bytes of all of them, and each one's latency.
-        gather = _collective_s(held * work.act_bytes, c.dp_shard, shard_link) + \
-            _latency_s(shard_link, c.dp_shard) * (groups - 1)
-        # Each unit's fixed cost (its hooks, collectives' set-up), once per microbatch.
-        units = groups * gpu.fsdp_unit_overhead_s
-        scatter = _collective_s(held * work.grad_reduce_bytes, c.dp_shard, shard_link) * \
-            shard_link.reduce_scatter_factor + shard_link.latency_s * (groups - 1)
-        # What FSDP2 copies around its collectives (torch 2.13, _fsdp_collectives.py), per
-        # all-gather: the local shard in and the whole unit out into the parameters (with one
-        # shard, HSDP's replicas, no collective: the unit out only); per reduce-scatter: the
-        # gradients into one buffer (chunk-cat) and divided there, the reduced shard out (one
-        # shard: copied; else the collective writes it) and added to the sharded gradient.
-        # They run on the compute stream (CPU: the rank's thread).
-        n = c.dp_shard
-        gather_copies = (1 + 1 / n if n > 1 else 1.0) * work.act_bytes
-        scatter_copies = (2 + 1 / n + (1 if n == 1 else 0)) * 4
-        if c.pp > 1:
-            traffic = gather + scatter
-            hidden = c.microbatches * compute_mb if overlap else 0.0
-            dp_step += max(0.0, traffic - hidden) + (traffic / groups if overlap else 0.0)
-            dp_step += held * (gather_copies + scatter_copies) / gpu.copy_bandwidth + units
-        else:
-            # Blocks are gathered for forward and again for backward; the root is not
-            # resharded after forward (FSDP2 keeps it for the backward that follows).
-            regathered = 1 - root_params(dims, c) / held
-            # reduce_scatter_once: one reduce-scatter (and its copies) per step, on the last
-            # micro-batch, and each micro-batch's gradients added into the unsharded ones.
-            once = c.reduce_scatter_once
-            per_mb = (1 + regathered) * gather + (0.0 if once else scatter)
-            hidden = compute_mb if overlap else 0.0
-            fsdp_mb = max(0.0, per_mb - hidden) + (per_mb / groups if overlap else 0.0)
-            fsdp_mb += held * ((1 + regathered) * gather_copies + (4 if once else scatter_copies)) \
-                / gpu.copy_bandwidth + units
-            if once:
-                dp_step += scatter + held * scatter_copies / gpu.copy_bandwidth
     if c.dp_replicate > 1:
         replicate_link = _link_for_span(c.world_size // c.pp, shape)
         grads = held / c.dp_shard * work.grad_reduce_bytes

@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import cast
+from typing import Callable, cast
 
 from raytrain.catalog.shapes import usd_for
-from raytrain.core.autoscale import Observed, checkpoint_interval_s, with_history
+from raytrain.catalog.spot_trace import TraceEvent
+from raytrain.core.autoscale import Observed, with_history
 from raytrain.core.costs import Costs
 from raytrain.core.fleet import SimJob, SimResult, Trace, notice_given, replay
+from raytrain.core.interval import checkpoint_interval_s
 from raytrain.spec import PolicySpec
 
 STRATEGIES = ("on-demand", "spot", "failover", "uniform-progress", "policy-rigid", "policy",
@@ -97,27 +99,10 @@ def uniform_progress(trace: Trace, job: SimJob, policy: PolicySpec, start_s: flo
     state.interval_s = young_interval()
     while now < horizon and state.done_s < job.work_s:
         while index < len(events) and events[index].time_s <= now:
-            event = events[index]
             index += 1
-            if event.kind == "add":
-                alive.add(event.node)
-                continue
-            alive.discard(event.node)
-            if state.market != "spot" or event.node not in state.held:
-                continue
-            result.preemptions += 1
-            noticed = job.notice_s >= job.checkpoint_cost_s and notice_given(
-                event.node, event.time_s, job.notice_share)
-            if noticed and state.checkpointing_left_s <= 0 and state.restart_left_s <= 0 \
-                    and state.waiting_since is None:
-                state.saved_s = state.done_s  # checkpointed on the notice
-            result.lost_work_s += state.done_s - state.saved_s
-            state.done_s = state.saved_s
-            state.since_checkpoint_s = state.checkpointing_left_s = 0.0
-            state.held.discard(event.node)
-            state.waiting_since, state.restart_left_s = now, 0.0
-            observed = with_history(observed, offer.id, 1, 0.0)
-            state.interval_s = young_interval()
+            if _node_event(events[index - 1], now, alive, state, job, result):
+                observed = with_history(observed, offer.id, 1, 0.0)
+                state.interval_s = young_interval()
         if state.market == "spot" and state.waiting_since is not None:
             free = sorted(alive - state.held)[: n - len(state.held)]
             state.held.update(free)
@@ -138,38 +123,71 @@ def uniform_progress(trace: Trace, job: SimJob, policy: PolicySpec, start_s: flo
                     _out_of_slack(job, now, state.saved_s)
             else:
                 state.pending_market = market  # leave at the checkpoint taken now
-        # Advance one step, billing what is up.
-        dt = job.step_s
-        if state.market == "on-demand":
-            booting = max(0.0, state.restart_left_s - job.restart_s)  # not up yet
-            bill = usd_for(od_usd, max(0.0, dt - booting), n)
-            result.on_demand_s += dt
-        else:
-            booting = state.booting if state.restart_left_s > job.restart_s else 0
-            state.booting = booting
-            bill = usd_for(spot_usd, dt, len(state.held) - booting)
-            observed = with_history(observed, offer.id, 0, len(state.held) * dt / 3600)
-        result.cost_usd += bill
-        if state.waiting_since is None:
-            if state.restart_left_s > 0:
-                state.restart_left_s -= dt
-            elif state.checkpointing_left_s > 0:
-                state.checkpointing_left_s -= dt
-                if state.checkpointing_left_s <= 0:
-                    state.saved_s = state.done_s
-                    if state.pending_market is not None:
-                        move(state.pending_market)
-                        state.pending_market = None
-            else:
-                state.done_s += dt
-                state.since_checkpoint_s += dt
-                if state.since_checkpoint_s >= state.interval_s and state.done_s < job.work_s:
-                    state.since_checkpoint_s = 0.0
-                    state.checkpointing_left_s = job.checkpoint_cost_s
-        now += dt
+        observed = _advance(state, job, result, observed, (spot_usd, od_usd), n, offer.id,
+                            move)
+        now += job.step_s
     result.finished_s = now if state.done_s >= job.work_s else math.inf
     result.met_deadline = job.deadline_s is None or result.finished_s <= job.deadline_s
     return result
+
+
+def _node_event(event: TraceEvent, now: float, alive: set[str], state: _State, job: SimJob,
+                result: SimResult) -> bool:
+    """Apply one trace event to the run; True when it took a node the run held (a
+    preemption: the work since the last checkpoint is lost unless a notice saved it)."""
+    if event.kind == "add":
+        alive.add(event.node)
+        return False
+    alive.discard(event.node)
+    if state.market != "spot" or event.node not in state.held:
+        return False
+    result.preemptions += 1
+    noticed = job.notice_s >= job.checkpoint_cost_s and notice_given(
+        event.node, event.time_s, job.notice_share)
+    if noticed and state.checkpointing_left_s <= 0 and state.restart_left_s <= 0 \
+            and state.waiting_since is None:
+        state.saved_s = state.done_s  # checkpointed on the notice
+    result.lost_work_s += state.done_s - state.saved_s
+    state.done_s = state.saved_s
+    state.since_checkpoint_s = state.checkpointing_left_s = 0.0
+    state.held.discard(event.node)
+    state.waiting_since, state.restart_left_s = now, 0.0
+    return True
+
+
+def _advance(state: _State, job: SimJob, result: SimResult, observed: Observed,
+             prices: tuple[float, float], n: int, offer_id: str,
+             move: Callable[[str], None]) -> Observed:
+    """One step of job.step_s: bill what is up, then restart, checkpoint or train."""
+    spot_usd, od_usd = prices
+    dt = job.step_s
+    if state.market == "on-demand":
+        booting = max(0.0, state.restart_left_s - job.restart_s)  # not up yet
+        bill = usd_for(od_usd, max(0.0, dt - booting), n)
+        result.on_demand_s += dt
+    else:
+        booting = state.booting if state.restart_left_s > job.restart_s else 0
+        state.booting = booting
+        bill = usd_for(spot_usd, dt, len(state.held) - booting)
+        observed = with_history(observed, offer_id, 0, len(state.held) * dt / 3600)
+    result.cost_usd += bill
+    if state.waiting_since is None:
+        if state.restart_left_s > 0:
+            state.restart_left_s -= dt
+        elif state.checkpointing_left_s > 0:
+            state.checkpointing_left_s -= dt
+            if state.checkpointing_left_s <= 0:
+                state.saved_s = state.done_s
+                if state.pending_market is not None:
+                    move(state.pending_market)
+                    state.pending_market = None
+        else:
+            state.done_s += dt
+            state.since_checkpoint_s += dt
+            if state.since_checkpoint_s >= state.interval_s and state.done_s < job.work_s:
+                state.since_checkpoint_s = 0.0
+                state.checkpointing_left_s = job.checkpoint_cost_s
+    return observed
 
 
 def uniform_progress_move(state: _State, job: SimJob, now: float,

@@ -149,3 +149,11 @@ def job_goal(spec: JobSpec, steps_done: int = 0, elapsed_s: float = 0.0,
     markets = ("spot", "on-demand") if capacity.market == "auto" else (capacity.market,)
     tokens = max(1, spec.training.steps - steps_done) * spec.tokens_per_step
     return Goal(tokens, deadline, budget, capacity.max_usd_per_hour, markets)
+
+
+def limit_nodes(throughput: Throughput, limits: dict[tuple[str, str], int]) -> Throughput:
+    """`throughput`, but None for more nodes than an (offer id, market)'s limit (offers here
+    are priced in one market each)."""
+    return lambda offer, nodes: (None if nodes > limits.get((offer.id, offer.markets()[0]),
+                                                             10**9)
+                                 else throughput(offer, nodes))

@@ -26,6 +26,7 @@ from raytrain.spec.job import (
     spec_error_from_validation,
 )
 from raytrain.spec.layout import Layout, ModelShape, Problem
+from raytrain.spec.model import GPTConfig, ModelSpec
 from raytrain.spec.offers import (
     DecisionRecord,
     NodeTypeBinding,
@@ -48,9 +49,7 @@ from raytrain.spec.plans import (
 from raytrain.spec.sections import (
     CapacitySpec,
     DataSpec,
-    GPTConfig,
     Market,
-    ModelSpec,
     ParallelSpec,
     ResourcesSpec,
     TrainingSpec,

@@ -58,3 +58,40 @@ def raise_if_any(title: str, errors: list[InitErrorDetails]) -> None:
 
 class Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def unused_fields(section: Strict, names: tuple[str, ...], kind_field: str
+                  ) -> list[InitErrorDetails]:
+    """Errors for fields set to something other than their default that mean nothing for the
+    section's kind: a value that would be stored and shown but never used is refused, not
+    silently kept. (A dumped spec carries every default, so defaults must pass.)"""
+    kind = getattr(section, "kind")
+    fields = type(section).model_fields
+    return [field_error(
+        (name,),
+        f"{name} means nothing for {kind_field} {kind!r}. To fix: remove {name}, or choose "
+        f"the kind that uses it",
+        "(omitted)",
+    ) for name in names if name in section.model_fields_set
+        and getattr(section, name) != fields[name].get_default(call_default_factory=True)]
+
+
+def factory_errors(needed: bool, factory: str | None) -> list[InitErrorDetails]:
+    if needed and not factory:
+        return [
+            field_error(
+                ("factory",),
+                "kind 'import' needs a factory. To fix: set factory to 'package.module:callable'",
+                factory,
+            )
+        ]
+    if factory and not IMPORT_PATH.match(factory):
+        return [
+            field_error(
+                ("factory",),
+                f"{factory!r} is not an import path. To fix: write it as "
+                "'package.module:callable'",
+                factory,
+            )
+        ]
+    return []

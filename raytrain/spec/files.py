@@ -29,7 +29,7 @@ from raytrain.catalog.hardware import (
 )
 from raytrain.catalog.shapes import band_rate
 from raytrain.errors import FieldError, SpecError
-from raytrain.spec import OfferCatalog, PolicySpec, spec_error_from_validation
+from raytrain.spec import OfferCatalog, PolicySpec, ServiceConfig, spec_error_from_validation
 
 logger = logging.getLogger(__name__)
 
@@ -158,3 +158,25 @@ def load_policies(policy_dir: Path | None = None) -> dict[str, PolicySpec]:
                                         f"name. To fix: name it {path.stem!r}")], f"policy {path}")
         found[policy.name] = policy
     return found
+
+
+def offers_path(config: ServiceConfig) -> Path:
+    """The file the service's offers come from: its offers_file, else the refresh cache."""
+    if config.offers_file:
+        return Path(config.offers_file).expanduser()
+    return config.state_path / CACHE_FILE
+
+
+def catalog_stamp(config: ServiceConfig) -> float | None:
+    """When the offers the service reads last changed (None: the shipped snapshot)."""
+    path = offers_path(config)
+    return path.stat().st_mtime if path.exists() else None
+
+
+def catalog_for(config: ServiceConfig) -> OfferCatalog:
+    """The offers the service uses: its offers_file, else the refreshed cache, else the
+    shipped snapshot."""
+    if config.offers_file:
+        path = offers_path(config)
+        return parse_offers({**yaml.safe_load(path.read_text()), "source": "file"}, str(path))
+    return load_offers(config.state_path)

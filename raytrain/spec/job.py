@@ -23,10 +23,10 @@ from raytrain.spec.layout import (
     check_layout,
     resolve_layout,
 )
+from raytrain.spec.model import ModelSpec
 from raytrain.spec.sections import (
     CapacitySpec,
     DataSpec,
-    ModelSpec,
     ParallelSpec,
     ResourcesSpec,
     TrainingSpec,

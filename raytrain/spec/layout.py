@@ -260,6 +260,15 @@ def check_layout(
             "which a pipeline puts on its first and last stages. To fix: set "
             "tie_embeddings to false, or use a layout without pp",
         ))
+    problems += _tensor_problems(layout, shape, seq_len, built_in_model)
+    problems += _pipeline_problems(layout, shape, built_in_model)
+    return problems
+
+
+def _tensor_problems(layout: Layout, shape: ModelShape, seq_len: int, built_in_model: bool
+                     ) -> list[Problem]:
+    """What stops tensor parallelism: a model it cannot cut, sizes tp does not divide."""
+    problems: list[Problem] = []
     if layout.tp > 1:
         if not built_in_model:
             problems.append(_needs_built_in("tp", "tensor parallelism", "its plan cuts "
@@ -286,6 +295,13 @@ def check_layout(
                     f"ranks. To fix: make seq_len a multiple of {layout.tp}, or set "
                     "sequence_parallel to false",
                 ))
+    return problems
+
+
+def _pipeline_problems(layout: Layout, shape: ModelShape, built_in_model: bool
+                       ) -> list[Problem]:
+    """What stops a pipeline: its schedule and stages against the model and the batch."""
+    problems: list[Problem] = []
     if layout.virtual_stages > 1 and layout.schedule != "interleaved_1f1b":
         problems.append(Problem(
             ("parallel", "virtual_stages"),

@@ -1,5 +1,6 @@
-"""The sections of a job spec (model, data, training, parallel, resources, capacity): each
-validates itself; what must agree across sections is raytrain.spec.job.JobSpec's.
+"""The sections of a job spec (data, training, parallel, resources, capacity; the model's is
+raytrain.spec.model): each validates itself; what must agree across sections is
+raytrain.spec.job.JobSpec's.
 """
 
 from __future__ import annotations
@@ -10,118 +11,13 @@ from pydantic import Field, model_validator
 from pydantic_core import InitErrorDetails
 
 from raytrain.catalog.hardware import GPUS
-from raytrain.spec._base import IMPORT_PATH, Strict, field_error, raise_if_any
-from raytrain.spec.layout import divisors
-
-
-class GPTConfig(Strict):
-    """Dimensions of the built-in GPT-style decoder."""
-
-    vocab_size: int = Field(256, ge=2, le=1_000_000, description="Number of token ids.")
-    # Upper bounds: several times the largest published dense models (dim 25,600, 128
-    # layers), so a typo or a hostile request cannot make validation or the planner spin.
-    dim: int = Field(128, ge=8, le=131_072, description="Model (residual stream) width.")
-    num_layers: int = Field(2, ge=1, le=2_048, description="Number of transformer blocks.")
-    num_heads: int = Field(4, ge=1, le=4_096,
-                           description="Attention heads per block; must divide dim.")
-    ffn_dim: int | None = Field(
-        None, ge=1, le=1_048_576, description="Hidden width of each MLP; default 4 x dim."
-    )
-    max_seq_len: int = Field(128, ge=2, le=4_194_304,
-                             description="Longest sequence the model accepts.")
-    # Llama-style blocks (Llama, Mistral, Qwen); the defaults are GPT's.
-    num_kv_heads: int | None = Field(
-        None, ge=1, le=4_096, description="Key/value heads (grouped-query attention); must "
-        "divide num_heads. Default: num_heads (multi-head attention).")
-    mlp: Literal["gelu", "swiglu"] = Field(
-        "gelu", description="'gelu': w2(gelu(w1 x)); 'swiglu': the gated w2(silu(w1 x) * w3 x) "
-        "of Llama (three matrices of ffn_dim).")
-    positions: Literal["learned", "rotary"] = Field(
-        "learned", description="'learned': a table of max_seq_len positions added to the "
-        "token embeddings; 'rotary': rotary embeddings on queries and keys (no table).")
-    rope_theta: float = Field(10_000.0, gt=1, le=1e9,
-                              description="Rotary embeddings' base (positions 'rotary').")
-    tie_embeddings: bool = Field(
-        False, description="The output head shares the token embeddings' weights.")
-
-    @model_validator(mode="after")
-    def _heads_divide_dim(self) -> GPTConfig:
-        errors = []
-        if self.dim % self.num_heads:
-            errors.append(field_error(
-                ("num_heads",),
-                f"num_heads={self.num_heads} must divide dim={self.dim}. To fix: pick "
-                f"num_heads from the divisors of {self.dim}, e.g. "
-                f"{_nearest_divisor(self.dim, self.num_heads)}",
-                self.num_heads,
-            ))
-        elif self.positions == "rotary" and (self.dim // self.num_heads) % 2:
-            errors.append(field_error(
-                ("positions",),
-                f"rotary positions rotate pairs of each head's {self.dim // self.num_heads} "
-                "values, an odd number. To fix: make dim / num_heads even, or use positions "
-                "'learned'", self.positions))
-        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
-            errors.append(field_error(
-                ("num_kv_heads",),
-                f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads} "
-                "(each key/value head serves a group of query heads). To fix: pick one of "
-                f"{divisors(self.num_heads)}", self.num_kv_heads))
-        raise_if_any("GPTConfig", errors)
-        return self
-
-    @property
-    def kv_heads(self) -> int:
-        return self.num_kv_heads or self.num_heads
-
-    @property
-    def hidden_dim(self) -> int:
-        return self.ffn_dim if self.ffn_dim is not None else 4 * self.dim
-
-
-def _nearest_divisor(n: int, near: int) -> int:
-    return min(divisors(n), key=lambda d: (abs(d - near), d))
-
-
-class ModelSpec(Strict):
-    """Which model to train: the built-in GPT, or the user's own by import path."""
-
-    kind: Literal["gpt", "import"] = Field(
-        "gpt", description="'gpt' for the built-in decoder, 'import' for a user factory."
-    )
-    gpt: GPTConfig = Field(default_factory=GPTConfig, description="Built-in GPT dimensions.")
-    factory: str | None = Field(
-        None,
-        max_length=256,
-        description="For kind 'import': 'package.module:callable' returning an nn.Module that "
-        "maps int64 tokens [batch, seq] to logits [batch, seq, vocab]. Only packages the "
-        "operator allows (service config allowed_import_packages) are accepted.",
-    )
-    options: dict[str, Any] = Field(
-        default_factory=dict, max_length=64,
-        description="Keyword arguments passed to the factory (at most 64; the whole request "
-        "body is limited to 1 MiB)."
-    )
-    shape: GPTConfig | None = Field(
-        None, description="For kind 'import': the model's dimensions in model.gpt's terms "
-        "(`raytrain plan --model-config` reads them from a Hugging Face config.json), so "
-        "strategy 'auto' plans its data-parallel layout (DDP or FSDP, by memory) and the "
-        "policy prices it; null: planned as data parallel over the workers, priced by an "
-        "assumed speed.")
-
-    @model_validator(mode="after")
-    def _factory_matches_kind(self) -> ModelSpec:
-        errors = _factory_errors(self.kind == "import", self.factory)
-        unused = ("factory", "options", "shape") if self.kind == "gpt" else ("gpt",)
-        errors += _unused_fields(self, unused, "model.kind")
-        raise_if_any("ModelSpec", errors)
-        return self
-
-    @property
-    def planned_shape(self) -> GPTConfig | None:
-        """The dimensions the planner prices: the built-in GPT's, or an imported model's
-        stated shape (None: not known)."""
-        return self.gpt if self.kind == "gpt" else self.shape
+from raytrain.spec._base import (
+    Strict,
+    factory_errors,
+    field_error,
+    raise_if_any,
+    unused_fields,
+)
 
 
 class DataSpec(Strict):
@@ -153,7 +49,7 @@ class DataSpec(Strict):
 
     @model_validator(mode="after")
     def _source_is_complete(self) -> DataSpec:
-        errors = _factory_errors(self.kind == "import", self.factory)
+        errors = factory_errors(self.kind == "import", self.factory)
         if self.kind == "token_file" and not self.path:
             errors.append(
                 field_error(
@@ -166,46 +62,9 @@ class DataSpec(Strict):
         unused = {"synthetic": ("path", "dtype", "factory", "options"),
                   "token_file": ("seed", "factory", "options"),
                   "import": ("path", "dtype", "seed")}[self.kind]
-        errors += _unused_fields(self, unused, "data.kind")
+        errors += unused_fields(self, unused, "data.kind")
         raise_if_any("DataSpec", errors)
         return self
-
-
-def _unused_fields(section: Strict, names: tuple[str, ...], kind_field: str
-                   ) -> list[InitErrorDetails]:
-    """Errors for fields set to something other than their default that mean nothing for the
-    section's kind: a value that would be stored and shown but never used is refused, not
-    silently kept. (A dumped spec carries every default, so defaults must pass.)"""
-    kind = getattr(section, "kind")
-    fields = type(section).model_fields
-    return [field_error(
-        (name,),
-        f"{name} means nothing for {kind_field} {kind!r}. To fix: remove {name}, or choose "
-        f"the kind that uses it",
-        "(omitted)",
-    ) for name in names if name in section.model_fields_set
-        and getattr(section, name) != fields[name].get_default(call_default_factory=True)]
-
-
-def _factory_errors(needed: bool, factory: str | None) -> list[InitErrorDetails]:
-    if needed and not factory:
-        return [
-            field_error(
-                ("factory",),
-                "kind 'import' needs a factory. To fix: set factory to 'package.module:callable'",
-                factory,
-            )
-        ]
-    if factory and not IMPORT_PATH.match(factory):
-        return [
-            field_error(
-                ("factory",),
-                f"{factory!r} is not an import path. To fix: write it as "
-                "'package.module:callable'",
-                factory,
-            )
-        ]
-    return []
 
 
 class TrainingSpec(Strict):

@@ -15,13 +15,12 @@ from raytrain.core.autoscale import (
     Goal,
     Observed,
     choose,
-    expected_time_s,
-    optimal_interval_s,
     options,
     redecide,
     with_history,
 )
 from raytrain.core.costs import job_costs, ready_key
+from raytrain.core.interval import expected_time_s, optimal_interval_s
 from raytrain.core.planner import ModelDims, Workload, fastest
 from raytrain.core.shapes import node_shape_of
 from raytrain.core.throughput import planner_throughput
