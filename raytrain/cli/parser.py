@@ -1,5 +1,6 @@
 """The `raytrain` command line: its arguments and the dispatch to each command (commands.py
-talks to a service, service_commands.py starts and stops one). Exit codes: 0 success, 1 the
+talks to a service, service_commands.py starts and stops one, offline_commands.py plans,
+prices and replays without one). Exit codes: 0 success, 1 the
 job or service failed, 2 bad input, 130 interrupted.
 """
 
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from typing import Callable, Sequence
 
 from rich.markup import escape
 
@@ -18,15 +19,13 @@ from raytrain.cli.commands import (
     cmd_delete,
     cmd_list,
     cmd_logs,
-    cmd_offers,
-    cmd_plan,
     cmd_resume,
-    cmd_simulate,
     cmd_status,
     cmd_submit,
     err,
 )
 from raytrain.cli.flags import existing_file, notice_seconds, number, port, whole
+from raytrain.cli.offline_commands import cmd_offers, cmd_plan, cmd_simulate
 from raytrain.cli.service_commands import (
     cmd_calibrate,
     cmd_demo,
@@ -69,14 +68,28 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--json", action="store_true", help="print JSON instead of a table")
         return p
 
-    def with_service(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--state-dir", help="job store and checkpoints (default "
-                       "$RAYTRAIN_STATE_DIR, else ~/.raytrain)")
-        p.add_argument("--config", metavar="YAML", help="a service config file (ServiceConfig); "
-                       "flags given override it")
-        p.add_argument("--allow-import", action="append", metavar="PACKAGE",
-                       help="allow jobs to import factories from PACKAGE (repeatable)")
+    add_service_commands(command)
+    add_job_commands(command)
+    add_offline_commands(command)
+    return parser
 
+
+# A subcommand's parser: command(name, help_text, json_flag=False, of_a_service=True).
+Command = Callable[..., argparse.ArgumentParser]
+
+
+def with_service(p: argparse.ArgumentParser) -> None:
+    """The flags of a command that runs the service itself."""
+    p.add_argument("--state-dir", help="job store and checkpoints (default "
+                   "$RAYTRAIN_STATE_DIR, else ~/.raytrain)")
+    p.add_argument("--config", metavar="YAML", help="a service config file (ServiceConfig); "
+                   "flags given override it")
+    p.add_argument("--allow-import", action="append", metavar="PACKAGE",
+                   help="allow jobs to import factories from PACKAGE (repeatable)")
+
+
+def add_service_commands(command: Command) -> None:
+    """demo, calibrate, serve, token and stop: the service on this machine."""
     demo = command("demo", "train the demo job on an embedded local Ray", of_a_service=False)
     demo.add_argument("--spec", default=str(DEMO_SPEC),
                       help="job spec (default: examples/demo.yaml)")
@@ -139,11 +152,52 @@ def build_parser() -> argparse.ArgumentParser:
                       "with (default $RAYTRAIN_STATE_DIR, else ~/.raytrain)")
     stop.set_defaults(func=cmd_stop)
 
+
+def add_job_commands(command: Command) -> None:
+    """submit, status, list, cancel, resume, delete and logs: jobs on a service."""
     submit = command("submit", "queue a job from a YAML/JSON file", json_flag=True)
     submit.add_argument("file")
     submit.add_argument("--follow", action="store_true", help="show progress until the job ends")
     submit.set_defaults(func=cmd_submit)
 
+    status = command("status", "one job's status", json_flag=True)
+    status.add_argument("id")
+    status.set_defaults(func=cmd_status)
+
+    listing = command("list", "all jobs, oldest first", json_flag=True)
+    listing.add_argument("--state", action="append", type=str.upper,
+                         choices=[state.value for state in JobState],
+                         help="only jobs in this state (repeatable)")
+    listing.set_defaults(func=cmd_list)
+
+    cancel = command("cancel", "cancel a job", json_flag=True)
+    cancel.add_argument("id")
+    cancel.set_defaults(func=cmd_cancel)
+
+    resume = command("resume", "go on from a failed or cancelled job's latest checkpoint, as a "
+                     "new job", json_flag=True)
+    resume.add_argument("id")
+    resume.add_argument("--budget-usd", type=float, default=None,
+                        help="the new job's budget (default: the old job's)")
+    resume.set_defaults(func=cmd_resume)
+
+    delete = command("delete", "forget an ended job and delete its checkpoints and logs",
+                     json_flag=True)
+    delete.add_argument("id")
+    delete.add_argument("--yes", action="store_true",
+                        help="delete without asking (needed when no one can be asked)")
+    delete.set_defaults(func=cmd_delete)
+
+    logs = command("logs", "each worker's output of a job, by rank")
+    logs.add_argument("id")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing new output "
+                      "until the job ends")
+    logs.add_argument("--rank", type=whole(at_least=0), help="only this rank")
+    logs.set_defaults(func=cmd_logs)
+
+
+def add_plan_command(command: Command) -> None:
+    """plan: rank layouts, or evaluate one, offline."""
     planning = command("plan", "rank the parallel layouts of a job spec on some hardware "
                        "(offline)", json_flag=True)
     planning.add_argument("file", nargs="?", help="the job spec (optional with "
@@ -180,6 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "else ~/.raytrain)")
     planning.set_defaults(func=cmd_plan)
 
+
+def add_offline_commands(command: Command) -> None:
+    """plan, offers and simulate: no service needed."""
+    add_plan_command(command)
     offering = command("offers", "instance offers and prices; with a job file, the policy's "
                        "ranking", json_flag=True)
     offering.add_argument("file", nargs="?", help="a job spec to rank the offers for")
@@ -230,42 +288,6 @@ def build_parser() -> argparse.ArgumentParser:
     simulating.add_argument("--state-dir", help="offer cache (default $RAYTRAIN_STATE_DIR, "
                             "else ~/.raytrain)")
     simulating.set_defaults(func=cmd_simulate)
-
-    status = command("status", "one job's status", json_flag=True)
-    status.add_argument("id")
-    status.set_defaults(func=cmd_status)
-
-    listing = command("list", "all jobs, oldest first", json_flag=True)
-    listing.add_argument("--state", action="append", type=str.upper,
-                         choices=[state.value for state in JobState],
-                         help="only jobs in this state (repeatable)")
-    listing.set_defaults(func=cmd_list)
-
-    cancel = command("cancel", "cancel a job", json_flag=True)
-    cancel.add_argument("id")
-    cancel.set_defaults(func=cmd_cancel)
-
-    resume = command("resume", "go on from a failed or cancelled job's latest checkpoint, as a "
-                     "new job", json_flag=True)
-    resume.add_argument("id")
-    resume.add_argument("--budget-usd", type=float, default=None,
-                        help="the new job's budget (default: the old job's)")
-    resume.set_defaults(func=cmd_resume)
-
-    delete = command("delete", "forget an ended job and delete its checkpoints and logs",
-                     json_flag=True)
-    delete.add_argument("id")
-    delete.add_argument("--yes", action="store_true",
-                        help="delete without asking (needed when no one can be asked)")
-    delete.set_defaults(func=cmd_delete)
-
-    logs = command("logs", "each worker's output of a job, by rank")
-    logs.add_argument("id")
-    logs.add_argument("--follow", "-f", action="store_true", help="keep printing new output "
-                      "until the job ends")
-    logs.add_argument("--rank", type=whole(at_least=0), help="only this rank")
-    logs.set_defaults(func=cmd_logs)
-    return parser
 
 
 # What the `server` extra installs (pyproject.toml): a client-only install lacks them.

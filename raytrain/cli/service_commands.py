@@ -71,7 +71,7 @@ def _service_config(args: argparse.Namespace) -> ServiceConfig:
     cluster_path = getattr(args, "cluster_config", None)
     if cluster_path:
         from raytrain.cloud.cluster import load_cluster_config, node_type_bindings
-        from raytrain.serve.provisioning import catalog_for
+        from raytrain.spec.files import catalog_for
 
         bindings = node_type_bindings(load_cluster_config(Path(cluster_path)),
                                       catalog_for(config))

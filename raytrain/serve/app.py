@@ -28,6 +28,7 @@ from urllib.parse import urlencode
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from prometheus_client import Counter, Histogram
 from pydantic import StringConstraints
 from ray.exceptions import GetTimeoutError, RayActorError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -134,6 +135,26 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
     api.add_exception_handler(RayActorError, manager_away)
     api.add_exception_handler(GetTimeoutError, manager_away)
 
+    job_routes(api, manager)
+    output_routes(api, manager)
+    event_routes(api, manager, feeds, streams)
+    planning_routes(api, manager)
+    probe_routes(api, manager, auth, latency, refused)
+
+    api.add_middleware(JSONBodies)
+    if cache is not None:
+        api.add_middleware(CachedReads, cache=cache, route=get_job_route(api),
+                           list_route=route_of(api, "/v1/jobs", "GET"))
+    # Added after the above, so it runs before them: a request without a token is refused
+    # before its body is read, and before any answer from memory.
+    api.add_middleware(BearerAuth, digests=lambda: manager.token_digests.remote(),
+                       open_paths=open_paths | PAGES, open_prefixes=(ASSETS,), refused=refused)
+    api.add_middleware(RequestLatency, histogram=latency)  # outermost: times a 401 too
+    return api
+
+
+def job_routes(api: FastAPI, manager: Any) -> None:
+    """Submit, list, read, cancel, resume and delete jobs."""
     @api.post("/v1/jobs", status_code=202, response_model=JobStatus,
               responses=errors(400, 409, 413, 422, 429))
     async def submit(spec: JobSpec, request: Request, idempotency_key: str = Header(  # type: ignore[assignment]  # noqa: E501
@@ -187,6 +208,10 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
         return unwrap(await manager.resume.remote(job_id, _caller(request), body.budget_usd,
                                                    idempotency_key))
 
+
+
+def output_routes(api: FastAPI, manager: Any) -> None:
+    """What a job left: its progress history and its workers' output."""
     @api.get("/v1/jobs/{job_id}/history", response_model=JobHistory,
              responses=errors(404, 422))
     async def history(job_id: str) -> Response:
@@ -210,6 +235,10 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
         return unwrap(await manager.logs.remote(job_id, offsets or None, rank,
                                                       max_bytes))
 
+
+
+def event_routes(api: FastAPI, manager: Any, feeds: Feeds, streams: StreamLimits) -> None:
+    """Each job's event stream (Server-Sent Events), one slot per stream."""
     @api.get("/v1/jobs/{job_id}/events", response_class=StreamingResponse,
              responses=event_stream())
     async def events(job_id: str, after: int = Query(
@@ -251,6 +280,10 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
 
         return SlotStream(stream(), release, media_type="text/event-stream")
 
+
+
+def planning_routes(api: FastAPI, manager: Any) -> None:
+    """Plans and offers: nothing submitted."""
     @api.post("/v1/plans", response_model=PlanResponse, responses=errors(400, 413, 422))
     async def plans(request: PlanRequest) -> PlanResponse:
         """Rank every feasible layout of the job on the hardware asked about, or evaluate the
@@ -280,6 +313,11 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
         return unwrap(await manager.offers.remote(
             request.spec.model_dump(mode="json"), request.policy, request.keep))
 
+
+
+def probe_routes(api: FastAPI, manager: Any, auth: bool, latency: Histogram, refused: Counter
+                 ) -> None:
+    """Liveness, readiness and metrics: open to probes (metrics as configured)."""
     @api.get("/healthz")
     async def healthz() -> dict[str, Any]:
         """Liveness: this process answers. Readiness is /readyz. `auth`: whether the other
@@ -314,16 +352,6 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
                                         request.headers.get("accept"), refused)
         return Response(body, media_type=content_type)
 
-    api.add_middleware(JSONBodies)
-    if cache is not None:
-        api.add_middleware(CachedReads, cache=cache, route=get_job_route(api),
-                           list_route=route_of(api, "/v1/jobs", "GET"))
-    # Added after the above, so it runs before them: a request without a token is refused
-    # before its body is read, and before any answer from memory.
-    api.add_middleware(BearerAuth, digests=lambda: manager.token_digests.remote(),
-                       open_paths=open_paths | PAGES, open_prefixes=(ASSETS,), refused=refused)
-    api.add_middleware(RequestLatency, histogram=latency)  # outermost: times a 401 too
-    return api
 
 
 def get_job_route(api: FastAPI) -> Any:

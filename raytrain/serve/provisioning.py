@@ -9,13 +9,10 @@ land on exactly those nodes. If the nodes do not come within the policy's capaci
 that offer and market are marked unavailable for the job and the policy decides again. When
 the job ends its request is withdrawn and the autoscaler lets the idle nodes go.
 
-Requests go through the autoscaling coordinator actor Ray 2.60 itself uses (Ray Train asks
-it for a starting worker group, Ray Data for its operators): it merges every requester's
-bundles into the one `request_resources` call the autoscaler reads, which a direct call would
-overwrite (and be overwritten by). The service's request covers a job from the decision until
-its worker group has started, and again from a preemption until it resumes; while the group
-runs, Ray Train's own request holds the nodes, so the two never count a node twice. Requests
-expire unless refreshed, so a lost job manager cannot hold nodes forever.
+Requests go to the autoscaler through the cluster adaptor (serve.ray_cluster says how and
+why). They cover a job from the decision until its worker group has started, and again from
+a preemption until it resumes (while the group runs, Ray Train's own request holds the
+nodes); they expire unless refreshed, so a lost job manager cannot hold nodes forever.
 
     provisioner = Provisioner(config, request=cluster.request_nodes)
     placement, decided = provisioner.place(job, now)
@@ -34,23 +31,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
-
 from raytrain.core.autoscale import (
     Decision,
     Observed,
     Option,
     decision_record,
-    interval_moved,
     options,
 )
 from raytrain.core.costs import Costs, costs_shown, job_costs, ready_key
 from raytrain.core.engine import CapacityEngine, EngineEvent, Missing
+from raytrain.core.interval import interval_moved
 from raytrain.core.lifecycle import CapacityDecided
 from raytrain.core.offers import offers_response
 from raytrain.core.resolve import plan_summary
 from raytrain.core.spending import within_service_limits
-from raytrain.core.throughput import device_mismatch, job_goal, job_throughput
+from raytrain.core.throughput import device_mismatch, job_goal, job_throughput, limit_nodes
 from raytrain.errors import FieldError, SpecError
 from raytrain.serve.admission import check_fits_the_cluster
 from raytrain.spec import (
@@ -64,13 +59,7 @@ from raytrain.spec import (
     Resources,
     ServiceConfig,
 )
-from raytrain.spec.files import (
-    CACHE_FILE,
-    load_offers,
-    load_policies,
-    parse_offers,
-    unknown_policy,
-)
+from raytrain.spec.files import catalog_for, catalog_stamp, load_policies, unknown_policy
 
 logger = logging.getLogger(__name__)
 
@@ -106,45 +95,15 @@ class Placement:
 # The placement the job has now (None: nothing fits), and the decision made by this call.
 Decided = tuple[Placement | None, CapacityDecided | None]
 
-REQUEST_EXPIRE_S = 180.0  # as Ray Train's own requests
-REQUEST_REFRESH_S = 60.0
-
-
-# Ray's autoscaling coordinator is private (ray.data._internal) and the one private Ray API
-# the service must use: Ray's public `ray.autoscaler.sdk.request_resources` keeps one request
-# for the whole cluster, which each caller overwrites, and Ray Train's elastic scaling and Ray
-# Data send theirs through this coordinator, which merges every requester's with an expiry.
-# Asking around it would cancel theirs, and theirs ours. tests/unit/test_ray_private.py
-# fails when Ray changes what is used here.
-def coordinator() -> Any:
-    """Ray's autoscaling coordinator actor, started if it is not running (without waiting
-    for it: its process imports Ray Data, 10-40 s on a small head node)."""
-    from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
-        get_or_create_autoscaling_coordinator,
-    )
-
-    return get_or_create_autoscaling_coordinator()
-
-
-def coordinator_request(job_id: str, bundles: list[dict[str, float]]) -> None:
-    """Ask Ray's autoscaling coordinator for `bundles` for the job ([] withdraws)."""
-    from ray.data._internal.cluster_autoscaler.base_autoscaling_coordinator import (
-        ResourceRequestPriority,
-    )
-
-    requester = f"raytrain-job-{job_id}"
-    if bundles:
-        coordinator().request_resources.remote(
-            requester_id=requester, resources=bundles, expire_after_s=REQUEST_EXPIRE_S,
-            priority=ResourceRequestPriority.HIGH)
-    else:
-        coordinator().cancel_request.remote(requester)
+REQUEST_REFRESH_S = 60.0  # requests are sent again this often (they expire: ray_cluster)
 
 
 @dataclass
 class Provisioner:
     config: ServiceConfig
-    request: Callable[[str, list[dict[str, float]]], None] = coordinator_request
+    # Sends the job's node request to the autoscaler ([] withdraws): the cluster
+    # adaptor's request_nodes.
+    request: Callable[[str, list[dict[str, float]]], None]
     catalog: OfferCatalog = field(init=False)
     policies: dict[str, PolicySpec] = field(init=False)
     placements: dict[str, Placement] = field(default_factory=dict)
@@ -156,7 +115,7 @@ class Provisioner:
 
     def __post_init__(self) -> None:
         self.catalog = catalog_for(self.config)
-        self._catalog_stamp = _catalog_stamp(self.config)
+        self._catalog_stamp = catalog_stamp(self.config)
         self._bound = self._bound_offers()
         folder = Path(self.config.policy_dir).expanduser() if self.config.policy_dir else None
         self.policies = load_policies(folder)
@@ -203,7 +162,7 @@ class Provisioner:
         offers, node_type = self._bound
         reason = device_mismatch(spec, offers)
         if reason is None:
-            throughput = _limit_nodes(job_throughput(spec), self.config, node_type)
+            throughput = limit_nodes(job_throughput(spec), self._node_limits(node_type))
             goal = replace(job_goal(spec), deadline_s=None, budget_usd=None,
                            max_usd_per_hour=None)
             found = options(goal, offers, throughput, self.policy_for(spec))
@@ -317,7 +276,7 @@ class Provisioner:
 
     def reload_if_changed(self) -> bool:
         """Read the offers again if their file changed (a refresh, or an operator's edit)."""
-        stamp = _catalog_stamp(self.config)
+        stamp = catalog_stamp(self.config)
         if stamp == self._catalog_stamp:
             return False
         self._catalog_stamp = stamp
@@ -336,7 +295,7 @@ class Provisioner:
         spec, policy = job.spec, self.policy_for(job.spec)
         costs = self.costs_for(job)
         offers, node_type = self._bound
-        throughput = _limit_nodes(job_throughput(spec), self.config, node_type)
+        throughput = limit_nodes(job_throughput(spec), self._node_limits(node_type))
         engine = CapacityEngine(policy, offers, throughput, self.history, current, missing,
                                 job.preemptions, costs)
         goal = job_goal(spec, job.checkpoint.step if job.checkpoint else 0,
@@ -356,7 +315,7 @@ class Provisioner:
     def _reference_usd(self, job: JobStatus, costs: Costs) -> float | None:
         """On-demand from the start: the regret cap's reference (None: no on-demand offer)."""
         offers, node_type = self._bound
-        throughput = _limit_nodes(job_throughput(job.spec), self.config, node_type)
+        throughput = limit_nodes(job_throughput(job.spec), self._node_limits(node_type))
         found = options(job_goal(job.spec), offers, throughput, self.policy_for(job.spec),
                         markets=("on-demand",), costs=costs)
         return min((o.expected_cost_usd for o in found), default=None)
@@ -427,41 +386,12 @@ class Provisioner:
         self.ready[key] = (count + 1, total + waited)
         placement.asked_at = 0.0
 
+    def _node_limits(self, node_type: dict[tuple[str, str], str]) -> dict[tuple[str, str], int]:
+        """Each (offer, market)'s node limit: its node type's max_workers."""
+        return {key: self.config.node_types[name].max_nodes or 10**9
+                for key, name in node_type.items()}
+
     def _send(self, job_id: str, placement: Placement, now: float) -> None:
         placement.sent_at = now
         count = placement.nodes + placement.extra
         self.request(job_id, [{placement.node_type: 1.0}] * count)
-
-
-def _limit_nodes(throughput: Callable[[Offer, int], tuple[float, str] | None],
-                 config: ServiceConfig, node_type: dict[tuple[str, str], str]
-                 ) -> Callable[[Offer, int], tuple[float, str] | None]:
-    """No more nodes than the node type's max_workers (offers here are priced in one
-    market each: their node type's)."""
-    limits = {key: config.node_types[name].max_nodes or 10**9
-              for key, name in node_type.items()}
-    return lambda offer, nodes: (None if nodes > limits.get((offer.id, offer.markets()[0]),
-                                                             10**9)
-                                 else throughput(offer, nodes))
-
-
-def _offers_path(config: ServiceConfig) -> Path:
-    """The file the service's offers come from: its offers_file, else the refresh cache."""
-    if config.offers_file:
-        return Path(config.offers_file).expanduser()
-    return config.state_path / CACHE_FILE
-
-
-def _catalog_stamp(config: ServiceConfig) -> float | None:
-    """When the offers the service reads last changed (None: the shipped snapshot)."""
-    path = _offers_path(config)
-    return path.stat().st_mtime if path.exists() else None
-
-
-def catalog_for(config: ServiceConfig) -> OfferCatalog:
-    """The offers the service uses: its offers_file, else the refreshed cache, else the
-    shipped snapshot."""
-    if config.offers_file:
-        path = _offers_path(config)
-        return parse_offers({**yaml.safe_load(path.read_text()), "source": "file"}, str(path))
-    return load_offers(config.state_path)

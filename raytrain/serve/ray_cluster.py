@@ -140,14 +140,10 @@ class RayCluster:
     def prepare_requests(self) -> None:
         """Start what `request_nodes` asks through now, not at the first job's request: on a
         small head its start delayed the first purchase by 20-40 s."""
-        from raytrain.serve.provisioning import coordinator
-
         coordinator()
 
     def request_nodes(self, job_id: str, bundles: list[dict[str, float]]) -> None:
         """Ask Ray's autoscaling coordinator for `bundles` for the job ([] withdraws)."""
-        from raytrain.serve.provisioning import coordinator_request
-
         coordinator_request(job_id, bundles)
 
     def reclaim_runners(self) -> None:
@@ -175,6 +171,41 @@ class RayCluster:
                 remove_placement_group(PlacementGroup(PlacementGroupID.from_hex(group_id)))
                 logger.warning("reclaimed placement group %s (%s), held by no run of this "
                                "service", group_id, group["bundles"])
+
+
+REQUEST_EXPIRE_S = 180.0  # as Ray Train's own requests
+
+
+# Ray's autoscaling coordinator is private (ray.data._internal) and the one private Ray API
+# the service must use: Ray's public `ray.autoscaler.sdk.request_resources` keeps one request
+# for the whole cluster, which each caller overwrites, and Ray Train's elastic scaling and Ray
+# Data send theirs through this coordinator, which merges every requester's with an expiry.
+# Asking around it would cancel theirs, and theirs ours. tests/unit/test_ray_private.py
+# fails when Ray changes what is used here.
+def coordinator() -> Any:
+    """Ray's autoscaling coordinator actor, started if it is not running (without waiting
+    for it: its process imports Ray Data, 10-40 s on a small head node)."""
+    from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+        get_or_create_autoscaling_coordinator,
+    )
+
+    return get_or_create_autoscaling_coordinator()
+
+
+def coordinator_request(job_id: str, bundles: list[dict[str, float]]) -> None:
+    """Ask Ray's autoscaling coordinator for `bundles` for the job ([] withdraws)."""
+    from ray.data._internal.cluster_autoscaler.base_autoscaling_coordinator import (
+        ResourceRequestPriority,
+    )
+
+    requester = f"raytrain-job-{job_id}"
+    if bundles:
+        coordinator().request_resources.remote(
+            requester_id=requester, resources=bundles, expire_after_s=REQUEST_EXPIRE_S,
+            priority=ResourceRequestPriority.HIGH)
+    else:
+        coordinator().cancel_request.remote(requester)
+
 
 
 def describe_failure(exc: BaseException) -> str:

@@ -11,8 +11,9 @@ import yaml
 from raytrain.core.autoscale import options
 from raytrain.core.engine import CapacityEngine, EngineEvent
 from raytrain.core.throughput import job_goal, job_throughput
-from raytrain.serve.provisioning import Provisioner, catalog_for
+from raytrain.serve.provisioning import Provisioner
 from raytrain.spec import JobSpec, JobStatus, ServiceConfig
+from raytrain.spec.files import catalog_for
 from tests.unit.test_preemptions import OFFER, job
 
 SPOT_ID = "local/here/cpu-1"

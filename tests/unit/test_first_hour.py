@@ -258,7 +258,7 @@ def test_the_readmes_plan_and_offers_examples_run_as_written() -> None:
 def test_a_trace_of_other_gpus_is_said_to_be_priced_as_the_instance() -> None:
     """`simulate --trace` with an A100 trace prices it as --instance (p3.2xlarge): said, with
     the fix; a trace of the instance's own kind, or a name that says nothing, is quiet."""
-    from raytrain.cli.commands import priced_as_another_kind
+    from raytrain.cli.offline_commands import priced_as_another_kind
     from raytrain.spec.files import snapshot
 
     offers = snapshot().offers
