@@ -43,11 +43,10 @@ from raytrain.core.batching import BatchPlan
 from raytrain.core.elastic import share_of_step
 from raytrain.core.schedule import lr_multiplier, peak_learning_rate
 from raytrain.core.step_rules import after_step
-from raytrain.data.sources import build_source
-from raytrain.parallel.parallelize import build_parallel_model, clip_grad_norm
+from raytrain.parallel.parallelize import ParallelModel, clip_grad_norm
 from raytrain.spec import JobSpec, Layout
 from raytrain.train.checkpoint import CheckpointManager, _state
-from raytrain.train.loop import NoNotices, Notices, WorkerInfo, _vocab_size, build_optimizer
+from raytrain.train.loop import NoNotices, Notices, WorkerInfo, _build, _resume, _save
 from raytrain.train.progress import ProgressMeter, ProgressSink
 
 logger = logging.getLogger(__name__)
@@ -86,44 +85,19 @@ def train_group(spec: JobSpec, layout: Layout, worker: WorkerInfo, group: int,
     until the job's last step, its node's notice, or the service's stop; the final figures.
     `die_when(step)`: die mid-step when it says so, as with a node lost without notice (the
     fault tests)."""
-    from torchft import Manager, ProcessGroupGloo
 
     notices, events = notices or NoNotices(), events or GroupEvents()
     training = spec.training
-    torch.manual_seed(training.seed)
-    model = build_parallel_model(spec, layout, worker.device)
-    optimizers = [build_optimizer(part, spec) for part in model.parts]
-    source = build_source(spec.data, _vocab_size(spec))
-    inner = BatchPlan(training.global_batch_size, training.micro_batch_size, layout.dp)
+    model, optimizers, source, inner = _build(spec, layout, worker)
     units = inner.grad_accum_steps  # a micro-batch for each of the group's data ranks
     checkpoints = CheckpointManager(checkpoint_root, worker.rank, keep=training.keep_checkpoints,
                                     world_size=worker.world_size, on_durable=sink.checkpoint)
-    start_step, first_loss, last_loss = 0, None, float("nan")
-    latest = checkpoints.latest() or training.resume_from
-    if latest is not None:
-        meta = checkpoints.load(latest, model.parts, optimizers)
-        start_step, first_loss = meta["step"], meta.get("first_loss")
-        last_loss = meta.get("loss", last_loss)
+    start_step, first_loss, last_loss = _resume(checkpoints, spec, model, optimizers, worker)
     # A replacement that boots after the others finished finds the last checkpoint: the job's
     # end was reported by the group that trained its last step, not by this one.
     ended_before = start_step >= training.steps
 
-    def state_dict() -> dict[str, Any]:
-        model_state, optim_state, _ = _state(model.parts, optimizers)
-        return {"model": _local(model_state), "optim": _local(optim_state)}
-
-    def load_state_dict(state: dict[str, Any]) -> None:
-        _load_local(model.parts, optimizers, state)
-
-    timeout = timedelta(seconds=setup.timeout_s)
-    manager = Manager(
-        pg=ProcessGroupGloo(timeout=timeout), min_replica_size=1, use_async_quorum=False,
-        load_state_dict=load_state_dict, state_dict=state_dict, timeout=timeout,
-        quorum_timeout=timeout, connect_timeout=timeout, rank=worker.rank,
-        world_size=worker.world_size, store_addr=setup.store_addr,
-        store_port=setup.store_port, lighthouse_addr=setup.lighthouse,
-        replica_id=f"{setup.replica_prefix}{group}",
-        heartbeat_interval=timedelta(seconds=setup.heartbeat_s))
+    manager = _torchft_manager(setup, worker, group, model, optimizers)
     manager.load_state_dict({"step": start_step, "batches_committed": 0})
     sink.started(start_step)
     meter = ProgressMeter(training.steps, spec.tokens_per_step, start_step, time.monotonic,
@@ -137,38 +111,19 @@ def train_group(spec: JobSpec, layout: Layout, worker: WorkerInfo, group: int,
     try:
         while manager.current_step() < training.steps:
             began = time.monotonic()
-            manager.start_quorum()  # synchronous: a group behind heals here, before the step
-            quorum_s = time.monotonic() - began
-            step = manager.current_step()  # after healing: the step the others are at
-            alive, me = manager.num_participants(), manager.participating_rank()
-            mine = share_of_step(units, alive, me) if me is not None else []
+            step, alive, me, mine, quorum_s = _quorum(manager, units)
             loss_sum = _forward_backward(model, source, inner, step, mine, units, layout,
                                          worker)
             if die_when is not None and die_when(step):
                 _die()
-            # The loss, the service's flags, and which groups took part: one all-reduce.
-            flags = torch.zeros(3 + setup.groups, dtype=torch.float64)
-            flags[:3] = torch.tensor([loss_sum, float(me == 0 and sink.should_stop()),
-                                      float(me == 0 and sink.should_move())])
-            flags[3 + group] = 1.0
-            works = [manager.allreduce(p.grad.to_local() if isinstance(p.grad, DTensor)
-                                       else p.grad, reduce_op=dist.ReduceOp.SUM)
-                     for p in params] + [manager.allreduce(flags, reduce_op=dist.ReduceOp.SUM)]
-            for work in works:
-                work.wait()
+            flags = _reduce(manager, params, loss_sum, me == 0, sink, setup.groups, group)
             if not manager.should_commit():  # a group died mid-step: do it again
                 failed += 1
                 failed_since = failed_since or began
                 continue
-            now_members = {g for g in range(setup.groups) if flags[3 + g] > 0}
-            if members is not None and now_members != members:  # each reports: a new leader
-                # knows no history, and the service keeps one record of each change
-                stall = quorum_s if failed_since is None else began + quorum_s - failed_since
-                for gone in sorted(members - now_members):
-                    events.report(gone, "gone", step, failed, stall)
-                for back in sorted(now_members - members):
-                    events.report(back, "training", step, 0, quorum_s)
-            members = now_members
+            stall = quorum_s if failed_since is None else began + quorum_s - failed_since
+            members = _report_members(events, members, flags, setup.groups, step, failed, stall,
+                                      quorum_s)
             failed, failed_since = 0, None
             _optimizer_step(model, optimizers, spec, step)
             steps_done = step + 1
@@ -181,31 +136,104 @@ def train_group(spec: JobSpec, layout: Layout, worker: WorkerInfo, group: int,
             rule = after_step(steps_done, training.steps, training.checkpoint_every_steps,
                               time.monotonic() - saved_at, interval, stop_asked, False,
                               move_asked or (leaving and alive == 1))
-            if me == 0 and rule.checkpoint:  # a stop or the last step waits for it
-                stall_s = checkpoints.save(steps_done, model.parts, optimizers, {
-                    "samples_seen": inner.samples_consumed(steps_done),
-                    "first_loss": meter.first_loss, "loss": loss_value,
-                    "world_size": worker.world_size, "layout": layout.describe()},
-                    wait=rule.stop or leaving or steps_done >= training.steps)
-                if stall_s is not None:
-                    saved_at = time.monotonic()
+            if me == 0 and rule.checkpoint and _save(  # a stop or the last step waits for it
+                    checkpoints, steps_done, model, optimizers, {
+                        "samples_seen": inner.samples_consumed(steps_done),
+                        "first_loss": meter.first_loss, "loss": loss_value,
+                        "world_size": worker.world_size, "layout": layout.describe()},
+                    meter, wait=rule.stop or leaving or steps_done >= training.steps):
+                saved_at = time.monotonic()
             if rule.stop or leaving:
                 stopped, preempted = True, rule.preempted or leaving
                 break
         checkpoints.flush()
     finally:
         manager.shutdown(wait=False)
-    steps = manager.current_step()
-    result = {"first_loss": meter.first_loss if meter.first_loss is not None else loss_value,
-              "final_loss": loss_value, "stopped": stopped, "preempted": preempted,
-              "left": leaving, "noticed_at": notices.noticed_at,
-              "checkpointed_at": time.time() if preempted and not leaving else None,
-              "steps": steps, "train_wall_s": time.monotonic() - meter.started_at,
-              "tokens_per_s": 0.0}
+    result = _group_result(meter, loss_value, stopped, preempted, leaving, notices,
+                           manager.current_step())
     # A group that left, or came after the end, is not the job's end.
     if worker.rank == 0 and not ended_before and (not leaving or alive == 1):
         sink.finished(result)
     return result
+
+
+def _group_result(meter: ProgressMeter, loss_value: float, stopped: bool, preempted: bool,
+                  leaving: bool, notices: Notices, steps: int) -> dict[str, Any]:
+    """The group's final figures (`left`: it left on its node's notice)."""
+    return {"first_loss": meter.first_loss if meter.first_loss is not None else loss_value,
+            "final_loss": loss_value, "stopped": stopped, "preempted": preempted,
+            "left": leaving, "noticed_at": notices.noticed_at,
+            "checkpointed_at": time.time() if preempted and not leaving else None,
+            "steps": steps, "tokens_per_s": 0.0,
+            "train_wall_s": time.monotonic() - meter.started_at}
+
+
+def _quorum(manager: Any, units: int) -> tuple[int, int, int | None, list[int], float]:
+    """Join the step's quorum (synchronous: a group behind heals here, before the step): the
+    step the others are at, the groups in the quorum, this group's place among them and its
+    share of the step's units, and the seconds the quorum took."""
+    began = time.monotonic()
+    manager.start_quorum()
+    quorum_s = time.monotonic() - began
+    alive, me = manager.num_participants(), manager.participating_rank()
+    mine = share_of_step(units, alive, me) if me is not None else []
+    return manager.current_step(), alive, me, mine, quorum_s
+
+
+def _reduce(manager: Any, params: list[torch.Tensor], loss_sum: float, leader: bool,
+            sink: ProgressSink, groups: int, group: int) -> torch.Tensor:
+    """Sum the gradients over the groups in the quorum, with the loss, the service's flags
+    (stop, move: the leader's) and which groups took part in one more all-reduce of
+    [loss, stop, move, group 0, group 1, ...]."""
+    flags = torch.zeros(3 + groups, dtype=torch.float64)
+    flags[:3] = torch.tensor([loss_sum, float(leader and sink.should_stop()),
+                              float(leader and sink.should_move())])
+    flags[3 + group] = 1.0
+    works = [manager.allreduce(p.grad.to_local() if isinstance(p.grad, DTensor)
+                               else p.grad, reduce_op=dist.ReduceOp.SUM)
+             for p in params] + [manager.allreduce(flags, reduce_op=dist.ReduceOp.SUM)]
+    for work in works:
+        work.wait()
+    return flags
+
+
+def _torchft_manager(setup: GroupSetup, worker: WorkerInfo, group: int, model: ParallelModel,
+                     optimizers: list[torch.optim.Optimizer]) -> Any:
+    """torchft's Manager for this group's rank: its quorum through the job's Lighthouse, and
+    the group's state (this rank's shards) for healing a peer, or being healed."""
+    from torchft import Manager, ProcessGroupGloo
+
+    def state_dict() -> dict[str, Any]:
+        model_state, optim_state, _ = _state(model.parts, optimizers)
+        return {"model": _local(model_state), "optim": _local(optim_state)}
+
+    def load_state_dict(state: dict[str, Any]) -> None:
+        _load_local(model.parts, optimizers, state)
+
+    timeout = timedelta(seconds=setup.timeout_s)
+    return Manager(
+        pg=ProcessGroupGloo(timeout=timeout), min_replica_size=1, use_async_quorum=False,
+        load_state_dict=load_state_dict, state_dict=state_dict, timeout=timeout,
+        quorum_timeout=timeout, connect_timeout=timeout, rank=worker.rank,
+        world_size=worker.world_size, store_addr=setup.store_addr,
+        store_port=setup.store_port, lighthouse_addr=setup.lighthouse,
+        replica_id=f"{setup.replica_prefix}{group}",
+        heartbeat_interval=timedelta(seconds=setup.heartbeat_s))
+
+
+def _report_members(events: GroupEvents, members: set[int] | None, flags: torch.Tensor,
+                    groups: int, step: int, failed: int, stall_s: float, quorum_s: float
+                    ) -> set[int]:
+    """The groups in this committed step (from the all-reduced flags); those that went and
+    came back since the last one are reported. Every group reports: a new leader knows no
+    history, and the service keeps one record of each change."""
+    now_members = {g for g in range(groups) if flags[3 + g] > 0}
+    if members is not None:
+        for gone in sorted(members - now_members):
+            events.report(gone, "gone", step, failed, stall_s)
+        for back in sorted(now_members - members):
+            events.report(back, "training", step, 0, quorum_s)
+    return now_members
 
 
 def _forward_backward(model: Any, source: Any, plan: BatchPlan, step: int, mine: list[int],

@@ -32,7 +32,7 @@ from torch import nn
 from raytrain.core.batching import BatchPlan
 from raytrain.core.resolve import job_layout
 from raytrain.core.schedule import lr_multiplier, peak_learning_rate
-from raytrain.core.step_rules import after_step
+from raytrain.core.step_rules import StepRule, after_step
 from raytrain.data.sources import TokenSource, build_source
 from raytrain.parallel.parallelize import ParallelModel, build_parallel_model, clip_grad_norm
 from raytrain.spec import JobSpec
@@ -186,30 +186,12 @@ def train(
     notices = notices or NoNotices()
     training = spec.training
     layout = layout or job_layout(spec)
-    if layout.world_size != worker.world_size:
-        raise ValueError(
-            f"the job's layout ({layout.describe()}) needs {layout.world_size} ranks, but "
-            f"{worker.world_size} were started"
-        )
-    torch.manual_seed(training.seed)
-    model = build_parallel_model(spec, layout, worker.device)
-    optimizers = [build_optimizer(part, spec) for part in model.parts]
-    source = build_source(spec.data, _vocab_size(spec))
-    plan = BatchPlan(training.global_batch_size, training.micro_batch_size, layout.dp)
+    model, optimizers, source, plan = _build(spec, layout, worker)
     checkpoints = CheckpointManager(
         checkpoint_root, worker.rank, keep=training.keep_checkpoints,
         world_size=worker.world_size, on_durable=sink.checkpoint if worker.rank == 0 else None)
 
-    start_step, first_loss, loss_value = 0, None, float("nan")
-    latest = checkpoints.latest()
-    if latest is None and training.resume_from:  # a resumed job, before its own checkpoint
-        latest = training.resume_from
-    if latest is not None:
-        meta = checkpoints.load(latest, model.parts, optimizers)
-        start_step, first_loss = meta["step"], meta.get("first_loss")
-        loss_value = meta.get("loss", loss_value)  # the result, if nothing is left to run
-        if worker.rank == 0:
-            logger.info("resumed from %s at step %d", latest, start_step)
+    start_step, first_loss, loss_value = _resume(checkpoints, spec, model, optimizers, worker)
     sink.started(start_step)
 
     meter = ProgressMeter(
@@ -233,46 +215,100 @@ def train(
         checkpoint_due = after_step(steps_done, training.steps, training.checkpoint_every_steps,
                                     0.0, None).checkpoint
         if sync.due(forced=checkpoint_due or steps_done == last_step):
-            interval_s = sink.checkpoint_every_s() if worker.rank == 0 else None
-            asked = after_step(steps_done, training.steps, training.checkpoint_every_steps,
-                               time.monotonic() - saved_at, interval_s)
-            synced = sync.reduce(loss_sum, worker.rank == 0 and sink.should_stop(),
-                                 notices.take_checkpoint_request() or asked.checkpoint,
-                                 notices.stop_requested or (worker.rank == 0
-                                                            and sink.should_move()))
-            rule = after_step(steps_done, training.steps, training.checkpoint_every_steps,
-                              0.0, None, synced.stop, synced.checkpoint, synced.preempt)
-            loss_value, preempted = synced.loss, rule.preempted
+            rule, loss_value = _agree(steps_done, loss_sum, sync, sink, notices,
+                                      worker.rank == 0, spec, time.monotonic() - saved_at)
+            preempted = rule.preempted
             stopped = rule.stop
             checkpoint_due = checkpoint_due or rule.checkpoint
             if meter.record(steps_done, loss_value) and worker.rank == 0:
                 sink.progress(meter.snapshot())
-        if checkpoint_due:
-            # A notice, a stop or the last step waits for the save to be durable; a periodic
-            # one goes on behind training (skipped if the last one is still being stored).
-            urgent = stopped or steps_done == last_step or notices.stop_requested
-            save_s = checkpoints.save(
-                steps_done,
-                model.parts,
-                optimizers,
-                {
-                    "samples_seen": plan.samples_consumed(steps_done),
-                    "first_loss": meter.first_loss,
-                    "loss": loss_value,
-                    "world_size": worker.world_size,
-                    "layout": asdict(layout),
-                },
-                wait=urgent,
-            )
-            if save_s is not None:
-                saved_at = time.monotonic()
-                meter.saved(save_s)
+        # A notice, a stop or the last step waits for the save to be durable; a periodic
+        # one goes on behind training (skipped if the last one is still being stored).
+        if checkpoint_due and _save(checkpoints, steps_done, model, optimizers, {
+                "samples_seen": plan.samples_consumed(steps_done),
+                "first_loss": meter.first_loss, "loss": loss_value,
+                "world_size": worker.world_size, "layout": asdict(layout),
+        }, meter, wait=stopped or steps_done == last_step or notices.stop_requested):
+            saved_at = time.monotonic()
         if stopped:
             if worker.rank == 0:
                 logger.info("stopping at step %d: %s", steps_done,
                             "the node is being taken" if preempted else "the service asked")
             break
     checkpoints.flush()  # a periodic save still being stored (the last one waited)
+    result = _result(spec, worker, meter, notices, steps_done - start_step, steps_done,
+                     loss_value, stopped, preempted)
+    if worker.rank == 0:
+        sink.finished(result)
+    return result
+
+
+def _build(spec: JobSpec, layout: Layout, worker: WorkerInfo
+           ) -> tuple[ParallelModel, list[torch.optim.Optimizer], TokenSource, BatchPlan]:
+    """This rank's part of the model, its optimizers, the data and the batch plan."""
+    if layout.world_size != worker.world_size:
+        raise ValueError(
+            f"the job's layout ({layout.describe()}) needs {layout.world_size} ranks, but "
+            f"{worker.world_size} were started"
+        )
+    training = spec.training
+    torch.manual_seed(training.seed)
+    model = build_parallel_model(spec, layout, worker.device)
+    optimizers = [build_optimizer(part, spec) for part in model.parts]
+    source = build_source(spec.data, _vocab_size(spec))
+    return model, optimizers, source, BatchPlan(training.global_batch_size,
+                                                training.micro_batch_size, layout.dp)
+
+
+def _save(checkpoints: CheckpointManager, steps_done: int, model: ParallelModel,
+          optimizers: list[torch.optim.Optimizer], meta: dict[str, Any], meter: ProgressMeter,
+          wait: bool) -> bool:
+    """Checkpoint this step; True if a save was made (a periodic one is skipped while the
+    last is still being stored)."""
+    save_s = checkpoints.save(steps_done, model.parts, optimizers, meta, wait=wait)
+    if save_s is not None:
+        meter.saved(save_s)
+    return save_s is not None
+
+
+def _agree(steps_done: int, loss_sum: torch.Tensor, sync: LossSync, sink: ProgressSink,
+           notices: Notices, rank0: bool, spec: JobSpec, since_save_s: float
+           ) -> tuple[StepRule, float]:
+    """At a step where ranks sync: what every rank does next (stop, checkpoint, leave), from
+    what each heard (rank 0: the service; every rank: its node's notices), and the loss."""
+    training = spec.training
+    interval_s = sink.checkpoint_every_s() if rank0 else None
+    asked = after_step(steps_done, training.steps, training.checkpoint_every_steps,
+                       since_save_s, interval_s)
+    synced = sync.reduce(loss_sum, rank0 and sink.should_stop(),
+                         notices.take_checkpoint_request() or asked.checkpoint,
+                         notices.stop_requested or (rank0 and sink.should_move()))
+    rule = after_step(steps_done, training.steps, training.checkpoint_every_steps, 0.0, None,
+                      synced.stop, synced.checkpoint, synced.preempt)
+    return rule, synced.loss
+
+
+def _resume(checkpoints: CheckpointManager, spec: JobSpec, model: ParallelModel,
+            optimizers: list[torch.optim.Optimizer], worker: WorkerInfo
+            ) -> tuple[int, float | None, float]:
+    """Load the job's latest checkpoint (or, for a resumed job before its own first, the one
+    it resumes from): the step to go on from, the first loss, and the last loss (the result,
+    if nothing is left to run)."""
+    latest = checkpoints.latest()
+    if latest is None and spec.training.resume_from:
+        latest = spec.training.resume_from
+    if latest is None:
+        return 0, None, float("nan")
+    meta = checkpoints.load(latest, model.parts, optimizers)
+    if worker.rank == 0:
+        logger.info("resumed from %s at step %d", latest, meta["step"])
+    return meta["step"], meta.get("first_loss"), meta.get("loss", float("nan"))
+
+
+def _result(spec: JobSpec, worker: WorkerInfo, meter: ProgressMeter, notices: Notices,
+            steps_run: int, steps_done: int, loss_value: float, stopped: bool, preempted: bool
+            ) -> dict[str, Any]:
+    """The run's final figures, as rank 0 reports them."""
     noticed_at = notices.noticed_at
     if preempted and worker.world_size > 1:  # the earliest notice of any rank's node
         earliest = torch.tensor(noticed_at or float("inf"), dtype=torch.float64,
@@ -280,7 +316,6 @@ def train(
         dist.all_reduce(earliest, op=dist.ReduceOp.MIN)
         noticed_at = float(earliest) if float(earliest) != float("inf") else None
     wall_s = time.monotonic() - meter.started_at
-    steps_run = steps_done - start_step
     result = {
         "first_loss": meter.first_loss if meter.first_loss is not None else loss_value,
         "final_loss": loss_value,
@@ -293,8 +328,6 @@ def train(
         "train_wall_s": wall_s,
         "tokens_per_s": steps_run * spec.tokens_per_step / wall_s if wall_s > 0 else 0.0,
     }
-    if worker.rank == 0:
-        sink.finished(result)
     return result
 
 
