@@ -83,6 +83,26 @@ def batch_plans(draw: st.DrawFn) -> BatchPlan:
     return BatchPlan(micro * dp * accum, micro, dp)
 
 
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 80
+
+
+def test_no_module_or_function_outgrows_what_one_reading_holds() -> None:
+    """Modules of at most 400 lines and functions of at most 80, in raytrain/: past that a
+    module is two and a function does two things."""
+    too_long = []
+    for module in PACKAGE.rglob("*.py"):
+        text = module.read_text()
+        name = module.relative_to(PACKAGE.parent)
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            too_long.append(f"{name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    too_long.append(f"{name}:{node.lineno} {node.name}: {length} lines")
+    assert too_long == []
+
+
 @given(batch_plans(), st.integers(0, 1000))
 def test_each_step_reads_its_global_batch_exactly_once(plan: BatchPlan, step: int) -> None:
     seen = [
