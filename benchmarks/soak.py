@@ -164,17 +164,17 @@ def main() -> None:
     ends = time.monotonic() + 300
     while time.monotonic() < ends and any(not j.state.is_terminal for j in client.list()):
         time.sleep(1)
-    # A cancelled group has CANCEL_GRACE_S to leave once it runs, CANCEL_STARTING_GRACE_S
-    # while it still starts; then the manager removes it. Wait that long at most, and say how
+    # A cancelled group has CANCEL_GRACE_S to leave once it runs (one still starting is
+    # stopped at once); then the manager removes it. Wait that long at most, and say how
     # long it took: a group still there after that is a leak.
-    from raytrain.core.lifecycle import CANCEL_STARTING_GRACE_S
+    from raytrain.core.lifecycle import CANCEL_GRACE_S
 
     def live_groups() -> list[str]:
         return [g for g, info in ray.util.placement_group_table().items()
                 if info["state"] != "REMOVED"]
 
     all_ended = time.monotonic()
-    give_up = all_ended + CANCEL_STARTING_GRACE_S + 60
+    give_up = all_ended + CANCEL_GRACE_S + 60
     while live_groups() and time.monotonic() < give_up:
         time.sleep(1)
     leaked = live_groups()
