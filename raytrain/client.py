@@ -42,8 +42,9 @@ from raytrain.spec import (
     JobSpec,
     JobStatus,
     OffersResponse,
-    load_job_spec,
+    parse_job_spec,
 )
+from raytrain.spec.job import read_document
 from raytrain.tokens import client_token
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -100,10 +101,21 @@ class Client:
         """Queue a job from a JobSpec, a plain document, or a YAML/JSON file path. A timed-out
         or cut request is retried with the same Idempotency-Key (a new one each call unless
         given), so it never queues the job twice."""
-        if isinstance(spec, (str, Path)):
-            spec = load_job_spec(spec)
-        body = spec.model_dump(mode="json") if isinstance(spec, JobSpec) else spec
         headers = {"Idempotency-Key": idempotency_key or uuid.uuid4().hex}
+        if isinstance(spec, (str, Path)):
+            document = read_document(Path(spec), "job spec")
+            try:
+                spec = parse_job_spec(document)
+            except SpecError as here:
+                # The service knows what the file cannot tell (the cluster's room): its
+                # answer names every problem, a job that could never start there first.
+                # Without a service to ask, the file's own.
+                try:
+                    answer = self._request("POST", "/v1/jobs", json=document, headers=headers)
+                except ServiceUnreachableError:
+                    raise here from None
+                return Job(self, JobStatus.model_validate(answer).id)
+        body = spec.model_dump(mode="json") if isinstance(spec, JobSpec) else spec
         answer = self._request("POST", "/v1/jobs", json=body, headers=headers)
         return Job(self, JobStatus.model_validate(answer).id)
 

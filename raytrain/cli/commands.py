@@ -24,6 +24,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -39,7 +40,6 @@ from raytrain.errors import RaytrainError
 from raytrain.spec import (
     JobState,
     JobStatus,
-    load_job_spec,
 )
 from raytrain.spec.files import EXAMPLES_DIR
 
@@ -97,7 +97,7 @@ def _follow_or_leave(client: Client, job_id: str, json_output: bool = False) -> 
 
 def cmd_submit(args: argparse.Namespace) -> int:
     client = _client(args)
-    job = client.submit(load_job_spec(args.file))
+    job = client.submit(Path(args.file))
     if args.json and not args.follow:
         print_json(job.status().model_dump(mode="json"))
         return 0

@@ -293,3 +293,25 @@ def test_a_checkpoint_path_is_never_cut_on_an_80_column_terminal() -> None:
     folded = "".join(line.strip().removeprefix("checkpoint").strip()
                      for line in drawn.getvalue().splitlines())
     assert path in folded
+
+
+def test_the_cli_says_first_that_a_job_from_a_file_can_never_start_there(tmp_path: Path) -> None:
+    """100,000 workers with a batch that does not divide among them, from a file, against a
+    64-CPU service: the CLI shows the service's answer, the capacity refusal first, not the
+    batch-size fix the file alone would give (which would lead to it next). Without a service
+    to ask, the file's own errors."""
+    import yaml
+
+    from tests.http_service import served
+    from tests.unit.test_api import small_job
+
+    huge = tmp_path / "huge.yaml"
+    huge.write_text(yaml.safe_dump(small_job(num_workers=100_000)))
+    with served(tmp_path / "state") as (url, token):
+        answer = run_cli("--server", url, "--token", token, "submit", str(huge))
+    assert answer.returncode == 2, answer.stderr
+    assert "can never start here" in answer.stderr and "global_batch_size" in answer.stderr
+    assert answer.stderr.index("can never start here") < answer.stderr.index("global_batch_size")
+    alone = run_cli("--server", "http://127.0.0.1:9", "submit", str(huge))
+    assert alone.returncode == 2 and "global_batch_size" in alone.stderr
+    assert "can never start" not in alone.stderr
