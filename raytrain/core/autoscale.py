@@ -28,6 +28,7 @@ from raytrain.catalog.shapes import usd_for
 from raytrain.core.costs import Costs, notice_coverage, policy_costs
 from raytrain.core.interval import checkpoint_interval_s, expected_time_s
 from raytrain.spec import DecisionRecord, Offer, PolicySpec
+from raytrain.spec.offers import Action
 
 # tokens/s and a description of the layout for an offer and a node count (and, optionally,
 # the replica groups that can train on without each other there); None: nothing fits.
@@ -99,7 +100,7 @@ class Option:
 
 @dataclass(frozen=True)
 class Decision:
-    action: str  # start | stay | switch | wait
+    action: Action
     option: Option | None
     reason: str
     at_checkpoint: bool = False  # switch at the next checkpoint rather than now

@@ -16,10 +16,11 @@ from __future__ import annotations
 import math
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from raytrain.catalog.traces import Trace
 from raytrain.core.elastic import groups_of
-from raytrain.core.fleet import SimResult
+from raytrain.core.fleet import SimJob, SimResult
 from raytrain.core.hindsight import elastic_bound, hindsight
 from raytrain.core.simulate import STRATEGIES, Summary, summarize, uniform_progress
 from raytrain.errors import FieldError, SpecError
@@ -97,37 +98,69 @@ def simulate_trace(job: TraceJob, policy: PolicySpec, starts: int,
     return rows
 
 
+@dataclass(frozen=True)
+class Start:
+    """One start time of a trace job, as each strategy sees it: the job as the service runs
+    it (`scenario`, on its own markets `own`) and as the trace-level strategies do
+    (`outside`: Uniform Progress and the oracle)."""
+
+    job: TraceJob
+    policy: PolicySpec
+    start: float
+    spec: JobSpec
+    scenario: Scenario
+    own: tuple[Market, Market]
+    outside: SimJob
+
+
+def _uniform_progress(s: Start) -> SimResult:
+    return uniform_progress(s.job.trace, s.outside, s.policy, s.start)
+
+
+def _oracle(s: Start) -> SimResult:
+    """The cheaper bound: the rigid hindsight schedule, or (with replica groups) training on
+    survivors."""
+    rigid = hindsight(s.job.trace, s.outside, s.start)
+    if groups_of(s.spec, s.spec.parallel.dp_replicate or s.job.nodes, s.job.nodes) <= 1:
+        return rigid
+    return min((rigid, elastic_bound(s.job.trace, s.outside, s.start)),
+               key=lambda r: r.cost_usd)
+
+
+def _replayed(strategy: str) -> Callable[[Start], SimResult]:
+    """A strategy the live service runs (raytrain.serve.replay): the policy, elastic or
+    rigid, on every market it may buy; a baseline policy, rigid, on the job's own."""
+    ours = strategy in ("policy", "policy-rigid")
+
+    def run(s: Start) -> SimResult:
+        markets = s.own + s.job.alternatives if ours else s.own
+        spec = s.spec if strategy == "policy" else _rigid(s.spec)
+        replayed = replay_job(with_policy(replace(s.scenario, markets=markets, spec=spec),
+                                          s.policy.name if ours else strategy), s.start)
+        return as_sim_result(replayed, strategy, s.job.trace.name, s.start,
+                             s.outside.deadline_s)
+    return run
+
+
+# Each strategy of the tables by name (raytrain.core.simulate.STRATEGIES, in its order).
+STRATEGY_RUNS: dict[str, Callable[[Start], SimResult]] = {
+    "uniform-progress": _uniform_progress, "oracle": _oracle,
+    **{name: _replayed(name) for name in (*BASELINES, "policy-rigid", "policy")},
+}
+
+
 def _one_start(args: tuple[TraceJob, PolicySpec, float, tuple[str, ...]]
                ) -> dict[str, SimResult]:
     job, policy, start, strategies = args
     spec = job.spec or gpt_job(job.offer, job.nodes, job.work_s, job.deadline_s, policy.name)
     policies = baseline_policies(policy, job.fixed_interval_s)
     own = (Market(job.offer, "spot", job.trace), Market(job.offer, "on-demand"))
-    scenario = Scenario(spec, own, policies, job.times, job.notice)
     seconds, share = job.notice or job.offer.notice
     outside = replace(sim_job(spec, job.offer, job.times, seconds, job.fixed_interval_s),
                       notice_share=share)
-    found: dict[str, SimResult] = {}
-    for strategy in strategies:
-        if strategy == "uniform-progress":
-            found[strategy] = uniform_progress(job.trace, outside, policy, start)
-        elif strategy == "oracle":  # the cheaper bound: rigid, or training on survivors
-            rigid = hindsight(job.trace, outside, start)
-            found[strategy] = rigid
-            if groups_of(spec, spec.parallel.dp_replicate or job.nodes, job.nodes) > 1:
-                bound = elastic_bound(job.trace, outside, start)
-                found[strategy] = min((rigid, bound), key=lambda r: r.cost_usd)
-        else:
-            ours = strategy in ("policy", "policy-rigid")
-            name = policy.name if ours else strategy
-            assert ours or strategy in BASELINES, strategy
-            markets = own + job.alternatives if ours else own
-            replayed = replay_job(with_policy(replace(
-                scenario, markets=markets, spec=_rigid(spec) if strategy != "policy" else spec),
-                name), start)
-            found[strategy] = as_sim_result(replayed, strategy, job.trace.name, start,
-                                            outside.deadline_s)
-    return found
+    at = Start(job, policy, start, spec, Scenario(spec, own, policies, job.times, job.notice),
+               own, outside)
+    return {strategy: STRATEGY_RUNS[strategy](at) for strategy in strategies}
 
 
 def _rigid(spec: JobSpec) -> JobSpec:

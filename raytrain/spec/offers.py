@@ -251,10 +251,15 @@ class NodeTypeBinding(Strict):
     max_nodes: int = Field(0, ge=0, description="The node type's max_workers; 0: no limit.")
 
 
+# What a capacity decision does: start on an option, stay where the job is, switch to
+# another option, or wait (nothing holds the job now).
+Action = Literal["start", "stay", "switch", "wait"]
+
+
 class DecisionRecord(Record):
     time: float = Field(description="Unix time of the decision.")
     event: str = Field(description="What prompted it: submit, preemption, deadline, ...")
-    action: str = Field(description="start, stay, switch, wait.")
+    action: Action = Field(description="start, stay, switch, wait.")
     offer: str | None = Field(None, description="The chosen offer's id.")
     market: str | None = Field(None, description="spot or on-demand, when it buys.")
     nodes: int = Field(0, description="Nodes it buys or holds.")

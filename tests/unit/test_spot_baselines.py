@@ -166,6 +166,12 @@ def test_with_no_time_in_hand_the_policy_takes_no_preemption_risk() -> None:
     assert spot_then.expected_s * 1.1 <= 7.0 * HOUR  # spot was expected in time too
 
 
+def test_every_strategy_of_the_tables_has_a_run_and_every_run_a_strategy() -> None:
+    from raytrain.serve.simulation import STRATEGY_RUNS
+
+    assert sorted(STRATEGY_RUNS) == sorted(STRATEGIES) and len(STRATEGIES) == 7
+
+
 def test_simulate_json_has_every_strategy_per_trace_and_notice(
         capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["simulate", "--json", "--starts", "2", "--notice-s", "0",
