@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from raytrain.spec import JobSpec
 from tests.elastic_groups import (
@@ -134,3 +135,45 @@ def test_a_group_that_boots_after_the_last_step_leaves_the_end_to_the_others(
     assert sink.result is None  # the end is the group's that trained the last step
     assert result["steps"] == STEPS
     assert result["final_loss"] == pytest.approx(finished.losses()[STEPS], abs=1e-6)
+
+
+def test_a_heal_hands_over_weights_and_optimizer_state_exactly() -> None:
+    """What a live group sends a healing one (its model and optimizer state, as local
+    tensors) gives the healed group the same weights to the bit, and the next step keeps
+    them equal: an optimizer without state yet (a fresh group) is filled, not stepped."""
+    from raytrain.core.resolve import job_layout
+    from raytrain.train.elastic import (
+        _forward_backward,
+        _load_local,
+        _local,
+        _optimizer_step,
+        _state,
+    )
+    from raytrain.train.loop import WorkerInfo, _build
+
+    spec = JobSpec.model_validate(JOB)
+    layout, worker = job_layout(spec), WorkerInfo.single_process()
+    live, fresh = _build(spec, layout, worker), _build(spec, layout, worker)
+    units = live[3].grad_accum_steps
+
+    def step(group: tuple[Any, ...], index: int) -> None:
+        model, optimizers, source, plan = group
+        for param in model.parameters():
+            param.grad = None
+        _forward_backward(model, source, plan, index, list(range(units)), units, layout,
+                          worker)
+        _optimizer_step(model, optimizers, spec, index)
+
+    def same() -> bool:
+        return all(torch.equal(a, b) for a, b in zip(live[0].parameters(),
+                                                      fresh[0].parameters()))
+
+    step(live, 0)
+    assert not same()
+    model_state, optim_state, _ = _state(live[0].parts, live[1])
+    _load_local(fresh[0].parts, fresh[1], {"model": _local(model_state),
+                                           "optim": _local(optim_state)})
+    assert same()
+    step(live, 1)
+    step(fresh, 1)
+    assert same()
