@@ -209,7 +209,6 @@ def job_routes(api: FastAPI, manager: Any) -> None:
                                                    idempotency_key))
 
 
-
 def output_routes(api: FastAPI, manager: Any) -> None:
     """What a job left: its progress history and its workers' output."""
     @api.get("/v1/jobs/{job_id}/history", response_model=JobHistory,
@@ -234,7 +233,6 @@ def output_routes(api: FastAPI, manager: Any) -> None:
         offsets = {int(r): int(byte) for r, _, byte in (p.partition(":") for p in offset)}
         return unwrap(await manager.logs.remote(job_id, offsets or None, rank,
                                                       max_bytes))
-
 
 
 def event_routes(api: FastAPI, manager: Any, feeds: Feeds, streams: StreamLimits) -> None:
@@ -281,7 +279,6 @@ def event_routes(api: FastAPI, manager: Any, feeds: Feeds, streams: StreamLimits
         return SlotStream(stream(), release, media_type="text/event-stream")
 
 
-
 def planning_routes(api: FastAPI, manager: Any) -> None:
     """Plans and offers: nothing submitted."""
     @api.post("/v1/plans", response_model=PlanResponse, responses=errors(400, 413, 422))
@@ -312,7 +309,6 @@ def planning_routes(api: FastAPI, manager: Any) -> None:
         """The policy's ranking for a job spec, nothing submitted."""
         return unwrap(await manager.offers.remote(
             request.spec.model_dump(mode="json"), request.policy, request.keep))
-
 
 
 def probe_routes(api: FastAPI, manager: Any, auth: bool, latency: Histogram, refused: Counter
@@ -351,7 +347,6 @@ def probe_routes(api: FastAPI, manager: Any, auth: bool, latency: Histogram, ref
         body, content_type = exposition(await manager.metrics.remote(), latency,
                                         request.headers.get("accept"), refused)
         return Response(body, media_type=content_type)
-
 
 
 def get_job_route(api: FastAPI) -> Any:

@@ -207,7 +207,6 @@ def coordinator_request(job_id: str, bundles: list[dict[str, float]]) -> None:
         coordinator().cancel_request.remote(requester)
 
 
-
 def describe_failure(exc: BaseException) -> str:
     """The root cause of a failed fit: a raytrain error's own message when a worker raised one
     (it says how to fix it), else the last lines of the worker's error, not Ray's whole

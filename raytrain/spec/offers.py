@@ -79,7 +79,6 @@ class Offer(Strict):
         return [m for m in ("spot", "on-demand") if self.usd_per_hour(m) is not None]
 
 
-
 class OfferCatalog(Record):
     version: str = Field(
         CATALOG_VERSION, description="The catalog these offers belong to (raytrain.catalog: "

@@ -46,7 +46,7 @@ from raytrain.core.step_rules import after_step
 from raytrain.parallel.parallelize import ParallelModel, clip_grad_norm
 from raytrain.spec import JobSpec, Layout
 from raytrain.train.checkpoint import CheckpointManager, _state
-from raytrain.train.loop import NoNotices, Notices, WorkerInfo, _build, _resume, _save
+from raytrain.train.loop import NoNotices, Notices, WorkerInfo, build_rank, resume_rank, save_step
 from raytrain.train.progress import ProgressMeter, ProgressSink
 
 logger = logging.getLogger(__name__)
@@ -85,14 +85,13 @@ def train_group(spec: JobSpec, layout: Layout, worker: WorkerInfo, group: int,
     until the job's last step, its node's notice, or the service's stop; the final figures.
     `die_when(step)`: die mid-step when it says so, as with a node lost without notice (the
     fault tests)."""
-
     notices, events = notices or NoNotices(), events or GroupEvents()
     training = spec.training
-    model, optimizers, source, inner = _build(spec, layout, worker)
+    model, optimizers, source, inner = build_rank(spec, layout, worker)
     units = inner.grad_accum_steps  # a micro-batch for each of the group's data ranks
     checkpoints = CheckpointManager(checkpoint_root, worker.rank, keep=training.keep_checkpoints,
                                     world_size=worker.world_size, on_durable=sink.checkpoint)
-    start_step, first_loss, last_loss = _resume(checkpoints, spec, model, optimizers, worker)
+    start_step, first_loss, last_loss = resume_rank(checkpoints, spec, model, optimizers, worker)
     # A replacement that boots after the others finished finds the last checkpoint: the job's
     # end was reported by the group that trained its last step, not by this one.
     ended_before = start_step >= training.steps
@@ -136,7 +135,7 @@ def train_group(spec: JobSpec, layout: Layout, worker: WorkerInfo, group: int,
             rule = after_step(steps_done, training.steps, training.checkpoint_every_steps,
                               time.monotonic() - saved_at, interval, stop_asked, False,
                               move_asked or (leaving and alive == 1))
-            if me == 0 and rule.checkpoint and _save(  # a stop or the last step waits for it
+            if me == 0 and rule.checkpoint and save_step(  # a stop or the last step waits for it
                     checkpoints, steps_done, model, optimizers, {
                         "samples_seen": inner.samples_consumed(steps_done),
                         "first_loss": meter.first_loss, "loss": loss_value,

@@ -186,12 +186,12 @@ def train(
     notices = notices or NoNotices()
     training = spec.training
     layout = layout or job_layout(spec)
-    model, optimizers, source, plan = _build(spec, layout, worker)
+    model, optimizers, source, plan = build_rank(spec, layout, worker)
     checkpoints = CheckpointManager(
         checkpoint_root, worker.rank, keep=training.keep_checkpoints,
         world_size=worker.world_size, on_durable=sink.checkpoint if worker.rank == 0 else None)
 
-    start_step, first_loss, loss_value = _resume(checkpoints, spec, model, optimizers, worker)
+    start_step, first_loss, loss_value = resume_rank(checkpoints, spec, model, optimizers, worker)
     sink.started(start_step)
 
     meter = ProgressMeter(
@@ -224,7 +224,7 @@ def train(
                 sink.progress(meter.snapshot())
         # A notice, a stop or the last step waits for the save to be durable; a periodic
         # one goes on behind training (skipped if the last one is still being stored).
-        if checkpoint_due and _save(checkpoints, steps_done, model, optimizers, {
+        if checkpoint_due and save_step(checkpoints, steps_done, model, optimizers, {
                 "samples_seen": plan.samples_consumed(steps_done),
                 "first_loss": meter.first_loss, "loss": loss_value,
                 "world_size": worker.world_size, "layout": asdict(layout),
@@ -243,7 +243,7 @@ def train(
     return result
 
 
-def _build(spec: JobSpec, layout: Layout, worker: WorkerInfo
+def build_rank(spec: JobSpec, layout: Layout, worker: WorkerInfo
            ) -> tuple[ParallelModel, list[torch.optim.Optimizer], TokenSource, BatchPlan]:
     """This rank's part of the model, its optimizers, the data and the batch plan."""
     if layout.world_size != worker.world_size:
@@ -260,7 +260,7 @@ def _build(spec: JobSpec, layout: Layout, worker: WorkerInfo
                                                 training.micro_batch_size, layout.dp)
 
 
-def _save(checkpoints: CheckpointManager, steps_done: int, model: ParallelModel,
+def save_step(checkpoints: CheckpointManager, steps_done: int, model: ParallelModel,
           optimizers: list[torch.optim.Optimizer], meta: dict[str, Any], meter: ProgressMeter,
           wait: bool) -> bool:
     """Checkpoint this step; True if a save was made (a periodic one is skipped while the
@@ -288,7 +288,7 @@ def _agree(steps_done: int, loss_sum: torch.Tensor, sync: LossSync, sink: Progre
     return rule, synced.loss
 
 
-def _resume(checkpoints: CheckpointManager, spec: JobSpec, model: ParallelModel,
+def resume_rank(checkpoints: CheckpointManager, spec: JobSpec, model: ParallelModel,
             optimizers: list[torch.optim.Optimizer], worker: WorkerInfo
             ) -> tuple[int, float | None, float]:
     """Load the job's latest checkpoint (or, for a resumed job before its own first, the one

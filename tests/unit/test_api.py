@@ -370,7 +370,6 @@ def test_the_streams_of_one_job_share_one_wait_on_the_manager(service: Service) 
     assert [after for _, after, _ in waits] in ([-1], [-1, 1])
 
 
-
 def test_a_plan_for_one_layout_on_a_named_shape_or_the_field_that_stops_it(
         service: Service) -> None:
     """POST /v1/plans with a layout and a shape evaluates that layout there; one that cannot

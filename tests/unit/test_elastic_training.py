@@ -104,7 +104,6 @@ def test_groups_leave_die_and_join_and_train_exactly_as_one_process(tmp_path: Pa
     print("events:", json.dumps(found))
 
 
-
 @pytest.mark.timeout(120)
 def test_a_group_that_boots_after_the_last_step_leaves_the_end_to_the_others(
         tmp_path: Path) -> None:
@@ -149,11 +148,11 @@ def test_a_heal_hands_over_weights_and_optimizer_state_exactly() -> None:
         _optimizer_step,
         _state,
     )
-    from raytrain.train.loop import WorkerInfo, _build
+    from raytrain.train.loop import WorkerInfo, build_rank
 
     spec = JobSpec.model_validate(JOB)
     layout, worker = job_layout(spec), WorkerInfo.single_process()
-    live, fresh = _build(spec, layout, worker), _build(spec, layout, worker)
+    live, fresh = build_rank(spec, layout, worker), build_rank(spec, layout, worker)
     units = live[3].grad_accum_steps
 
     def step(group: tuple[Any, ...], index: int) -> None:

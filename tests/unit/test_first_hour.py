@@ -183,7 +183,6 @@ def test_worker_output_is_kept_by_rank_bounded_and_read_from_offsets(tmp_path: P
     assert len(tail.text) <= 10 and tail.skipped > 0
 
 
-
 def test_an_error_keeps_its_path_and_command_on_one_line(tmp_path: Path) -> None:
     """stderr is not a terminal here: an error is not broken at 80 columns, so the path and
     the command in it can be copied or grepped whole."""
