@@ -103,8 +103,9 @@ def cancel_what_is_left(service: Service) -> None:
                     pass  # it ended meanwhile
 
 
-# The package's, not the session's: its Ray cluster (idle, 3% of this machine's two cores)
-# stops when the integration tests end, before the unit tests run.
+# The package's, not the session's: its Ray cluster (idle, about 3% of this machine's two
+# cores: benchmarks/idle_cluster_cpu.py) stops when the integration tests end, before the unit
+# tests run.
 @pytest.fixture(scope="package")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     import ray
