@@ -348,12 +348,24 @@ _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 def _state(
     parts: list[nn.Module], optimizers: list[torch.optim.Optimizer]
 ) -> tuple[dict[str, Any], dict[str, Any], list[tuple[list[str], list[str]]]]:
-    """Model and optimizer state of all parts, merged by name, and which names each part owns."""
+    """Model and optimizer state of all parts, merged by name, and which names each part owns.
+
+    Reading leaves every optimizer as it was. torch fills an optimizer that has not stepped
+    yet by stepping it once with a learning rate of 0 (get_state_dict's _init_optim_state),
+    and AdamW counts that step: its next real step would correct its moments' bias as for
+    step 2. So a fresh optimizer is put back to fresh, and its state reads as a fresh one's
+    (step 0, zero moments: what AdamW does with it is what it does with no state). A group
+    asked for its state before its first step (torchft's first quorum) trained wrong."""
     model_state: dict[str, Any] = {}
     optim_state: dict[str, Any] = {}
     keys = []
     for part, optimizer in zip(parts, optimizers, strict=True):
+        fresh = not optimizer.state
         part_model, part_optim = get_state_dict(part, optimizer, options=_OPTIONS)
+        if fresh:
+            optimizer.state.clear()
+            part_optim = {k: torch.zeros_like(v) if k.endswith(".step") else v
+                          for k, v in part_optim.items()}
         model_state.update(part_model)
         optim_state.update(part_optim)
         keys.append((list(part_model), list(part_optim)))

@@ -176,3 +176,35 @@ def test_a_heal_hands_over_weights_and_optimizer_state_exactly() -> None:
     step(live, 1)
     step(fresh, 1)
     assert same()
+
+
+def test_a_heal_before_the_first_step_leaves_both_groups_training_as_one_process() -> None:
+    """torchft's first quorum has every other group take the first one's state before step 0
+    (its init_sync). Reading an optimizer that has not stepped must not change it: torch's
+    reader steps it once with a learning rate of 0, which AdamW counts, and both groups then
+    trained step 0 with the wrong bias correction (loss 4.1117 for 4.0906 at step 2 in the
+    replica groups' test, whenever the first two groups met in one quorum). This test fails
+    with `_state` reading the optimizer as torch leaves it."""
+    from raytrain.core.resolve import job_layout
+    from raytrain.train.checkpoint import _state
+    from raytrain.train.elastic import _forward_backward, _load_local, _local, _optimizer_step
+    from raytrain.train.loop import WorkerInfo, build_rank
+
+    spec = JobSpec.model_validate(JOB)
+    layout, worker = job_layout(spec), WorkerInfo.single_process()
+    untouched, sender, receiver = (build_rank(spec, layout, worker) for _ in range(3))
+    units = untouched[3].grad_accum_steps
+    model_state, optim_state, _ = _state(sender[0].parts, sender[1])
+    _load_local(receiver[0].parts, receiver[1], {"model": _local(model_state),
+                                                 "optim": _local(optim_state)})
+    losses: dict[str, list[float]] = {}
+    for name, (model, optimizers, source, plan) in (("untouched", untouched),
+                                                     ("sender", sender),
+                                                     ("receiver", receiver)):
+        for index in range(2):
+            for param in model.parameters():
+                param.grad = None
+            losses.setdefault(name, []).append(_forward_backward(
+                model, source, plan, index, list(range(units)), units, layout, worker))
+            _optimizer_step(model, optimizers, spec, index)
+    assert losses["sender"] == losses["untouched"] == losses["receiver"]
