@@ -62,7 +62,7 @@ LAYOUT_KEYS = {"dp_replicate": "dp_replicate", "dp_shard": "dp_shard", "tp": "tp
                "vp": "virtual_stages", "virtual_stages": "virtual_stages",
                "mb": "micro_batch_size", "micro_batch_size": "micro_batch_size",
                "recompute": "recompute", "rs_once": "reduce_scatter_once",
-               "reduce_scatter_once": "reduce_scatter_once"}
+               "reduce_scatter_once": "reduce_scatter_once", "zero2": "zero2"}
 
 
 def parse_layout(text: str) -> dict[str, Any]:

@@ -214,8 +214,10 @@ def _rank_memory(dims: ModelDims, work: Workload, c: Layout, rank: int) -> float
             # (current and prefetched), and the unit being reduced has its whole fp32
             # gradient as the reduce-scatter's input; with the reduce-scatter held to the
             # last micro-batch, every unit's whole fp32 gradient stays until then.
+            # ZeRO-2 (zero2): every unit stays gathered from its forward to its backward, so
+            # at the backward's start the whole model's parameters are.
             root_held = root_params(dims, c)
-            state += (root_held + 2 * block_held) * param_bytes
+            state += (held if c.zero2 else root_held + 2 * block_held) * param_bytes
             state += held * 4 if c.reduce_scatter_once else max(root_held, block_held) * 4
     elif c.data_parallel_wrapper == "ddp":
         state += held * 4  # gradient buckets
@@ -300,8 +302,9 @@ def _fsdp_s(dims: ModelDims, work: Workload, c: Layout, shape: NodeShape, comput
         dp_step += held * (gather_copies + scatter_copies) / gpu.copy_bandwidth + units
     else:
         # Blocks are gathered for forward and again for backward; the root is not
-        # resharded after forward (FSDP2 keeps it for the backward that follows).
-        regathered = 1 - root_params(dims, c) / held
+        # resharded after forward (FSDP2 keeps it for the backward that follows); with
+        # zero2 no unit is, so the backward gathers nothing again.
+        regathered = 0.0 if c.zero2 else 1 - root_params(dims, c) / held
         # reduce_scatter_once: one reduce-scatter (and its copies) per step, on the last
         # micro-batch, and each micro-batch's gradients added into the unsharded ones.
         once = c.reduce_scatter_once

@@ -209,6 +209,9 @@ def candidates(dims: ModelDims, work: Workload, world: int,
                             # collectives for unsharded gradients; the ranking decides.
                             if shard > 1 and pp == 1 and local // mb > 1:
                                 found.append(replace(layout, reduce_scatter_once=True))
+                            # ZeRO-2: parameters kept gathered through the step's backward.
+                            if shard > 1 and pp == 1:
+                                found.append(replace(layout, zero2=True))
     return found
 
 

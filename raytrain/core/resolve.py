@@ -224,7 +224,8 @@ def chosen_layout(choice: LayoutChoice, spec: JobSpec, dims: ModelDims, work: Wo
                     schedule="interleaved_1f1b" if choice.virtual_stages > 1 else "1f1b",
                     sequence_parallel=spec.parallel.sequence_parallel,
                     reduce_scatter_once=spec.parallel.reduce_scatter_once
-                    if choice.reduce_scatter_once is None else choice.reduce_scatter_once)
+                    if choice.reduce_scatter_once is None else choice.reduce_scatter_once,
+                    zero2=spec.parallel.zero2 if choice.zero2 is None else choice.zero2)
     problems = check_layout(layout, dims.layout_shape(), dims.seq_len, True)
     if problems:
         raise SpecError([FieldError(("layout", p.field[-1]), p.message) for p in problems],

@@ -124,15 +124,20 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bo
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool,
                reduce_dtype: torch.dtype | None = None) -> None:
     """FSDP2 per transformer block (one all-gather each), then the rest at the root;
-    `reduce_dtype`: the gradients' dtype in the reduce-scatter (None: the parameters')."""
+    `reduce_dtype`: the gradients' dtype in the reduce-scatter (None: the parameters').
+
+    The root (embeddings, final norm, head) is never resharded after forward: the backward
+    starts with the head at once. That is FSDP2's own default for the root, but only when no
+    `reshard_after_forward` is given; given True, torch 2.13 reshards the root too and
+    gathers it again for the backward (measured: tests/unit/test_parallel.py's gathered
+    bytes)."""
     policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
     layers = getattr(model, "layers", None)
     if isinstance(layers, nn.ModuleDict):
         for block in layers.values():
             fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
                         mp_policy=policy)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
-                mp_policy=policy)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=False, mp_policy=policy)
 
 
 def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -251,7 +256,8 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
         if wrapper == "fsdp":
             dp_mesh = (mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1
                        else mesh["dp_shard"])
-            apply_fsdp(part, dp_mesh, reshard_after_forward=layout.pp == 1,
+            apply_fsdp(part, dp_mesh,
+                       reshard_after_forward=layout.pp == 1 and not layout.zero2,
                        reduce_dtype=torch.bfloat16 if parallel.grad_reduce_dtype == "bf16"
                        else None)
         if isinstance(part, GPT) and _on_meta(part):

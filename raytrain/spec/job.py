@@ -112,6 +112,7 @@ class JobSpec(Strict):
             micro_batch_size=training.micro_batch_size,
             recompute=recompute,
             reduce_scatter_once=parallel.reduce_scatter_once,
+            zero2=parallel.zero2,
         )
         return self._with_batch(layout), problems
 

@@ -60,6 +60,11 @@ FIELD_DOCS = {
                            "unsharded fp32 gradients between micro-batches (fewer collectives, "
                            "more memory). Strategy 'auto' chooses it when it is faster and "
                            "fits.",
+    "zero2": "FSDP2 without a pipeline: each block's parameters stay gathered from its "
+             "forward to its backward (ZeRO-2: gradients and optimizer state sharded, "
+             "parameters whole during the step), so the backward does not gather them again "
+             "(less traffic, the whole model's parameters held). Strategy 'auto' chooses it "
+             "when it is faster and fits.",
 }
 
 
@@ -78,6 +83,7 @@ class Layout:
         description=FIELD_DOCS["sequence_parallel"])] = True
     reduce_scatter_once: Annotated[bool, Field(
         description=FIELD_DOCS["reduce_scatter_once"])] = False
+    zero2: Annotated[bool, Field(description=FIELD_DOCS["zero2"])] = False
 
     def __post_init__(self) -> None:
         for name in (*DEGREES, "virtual_stages", "micro_batch_size", "microbatches"):
@@ -137,6 +143,8 @@ class Layout:
             parts.append("sequence parallel")
         if self.reduce_scatter_once:
             parts.append("reduce-scatter once")
+        if self.zero2:
+            parts.append("zero2")
         return " ".join(parts)
 
 
@@ -191,6 +199,7 @@ def resolve_layout(
     micro_batch_size: int = 1,
     recompute: str = "none",
     reduce_scatter_once: bool = False,
+    zero2: bool = False,
 ) -> tuple[Layout, list[Problem]]:
     """Fill the strategy's free degree from the given ones; report a product that is not
     `world_size` at the field a user would change."""
@@ -221,6 +230,7 @@ def resolve_layout(
         micro_batch_size=micro_batch_size,
         recompute=recompute,
         reduce_scatter_once=reduce_scatter_once,
+        zero2=zero2,
     )
     if not problems and layout.world_size != world_size:
         stated = " x ".join(f"{n}={degrees[n]}" for n in DEGREES if degrees[n] > 1) or "1"
@@ -251,6 +261,16 @@ def check_layout(
             f"reduce_scatter_once holds back FSDP2's gradient reduce-scatter, and this layout "
             f"({layout.describe()}) has none to hold back (a pipeline reduces once per step "
             "already). To fix: set it to false, or use strategy 'fsdp' (or 'hybrid' with "
+            "dp_shard > 1) without pp",
+        ))
+    if layout.zero2 and (layout.dp_shard == 1 or layout.pp > 1):
+        problems.append(Problem(
+            ("parallel", "zero2"),
+            f"zero2 keeps FSDP2's sharded parameters gathered from forward to backward, and "
+            f"this layout ({layout.describe()}) " + (
+                "keeps them so already (a pipeline does not reshard between micro-batches)"
+                if layout.pp > 1 else "does not shard them (dp_shard is 1)")
+            + ". To fix: set it to false, or use strategy 'fsdp' (or 'hybrid' with "
             "dp_shard > 1) without pp",
         ))
     if layout.pp > 1 and shape.tied_embeddings:

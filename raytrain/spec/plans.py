@@ -34,6 +34,8 @@ class LayoutChoice(Strict):
     reduce_scatter_once: bool | None = Field(
         None, description=FIELD_DOCS["reduce_scatter_once"] + " Default the spec's "
         "parallel.reduce_scatter_once.")
+    zero2: bool | None = Field(
+        None, description=FIELD_DOCS["zero2"] + " Default the spec's parallel.zero2.")
 
     @property
     def devices(self) -> int:

@@ -207,6 +207,12 @@ class ParallelSpec(Strict):
         "unsharded fp32 gradients in between (fewer collectives, more memory). Strategy "
         "'auto' decides it by speed and memory.",
     )
+    zero2: bool = Field(
+        False, description="FSDP2 without a pipeline: keep each block's parameters gathered "
+        "from its forward to its backward (ZeRO-2: gradients and optimizer state stay "
+        "sharded), so the backward gathers nothing again; holds the whole model's parameters "
+        "during a step. Strategy 'auto' decides it by speed and memory.",
+    )
     compression: Literal["none", "fp16", "bf16", "powersgd", "topk"] = Field(
         "none",
         description="Compress data-parallel gradient traffic (DDP only): fp16/bf16 casts, "

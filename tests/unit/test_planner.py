@@ -407,7 +407,30 @@ def test_holding_fsdps_reduce_scatter_to_the_last_micro_batch_is_decided_by_memo
     # root's: embeddings and head, 13% of the model)
     held = llama_8b.params * 4
     assert 0.8 * held < b.memory_bytes - a.memory_bytes < held
-    assert plan(llama_8b, work, "h100-sxm", 8, keep=1)[0].candidate.reduce_scatter_once
+    ranked = [p.candidate for p in plan(llama_8b, work, "h100-sxm", 8, keep=50)]
+    assert ranked.index(once) < ranked.index(every)
     on_40gb = plan(llama_8b, work, "a100-40gb-sxm", 8, keep=1)[0]
     assert on_40gb.fits and not on_40gb.candidate.reduce_scatter_once
     assert "reduce-scatter once" in once.describe()
+
+
+def test_zero2_trades_the_backwards_gathers_for_the_whole_models_parameters() -> None:
+    """ZeRO-2 (zero2) keeps every block gathered from its forward to its backward: the
+    backward gathers nothing again (less data-parallel time), and at its start the whole
+    model's parameters are held, not the root and two blocks. Where memory is short, the
+    planner keeps FSDP's resharding; where it is not and gathers cost, it may choose zero2."""
+    llama_8b = ModelDims(32, 4096, 32, 14336, 128256, 8192, num_kv_heads=8, gated_mlp=True)
+    work = Workload(global_batch=64, micro_batch_options=(1,), recompute_options=("full",))
+    every = Layout(1, 8, 1, 1, 1, 1, 8, "full")
+    kept = replace(every, zero2=True)
+    shape = node_shape("h100-sxm")
+    a, b = evaluate(llama_8b, work, every, shape), evaluate(llama_8b, work, kept, shape)
+    assert b.breakdown["data_parallel"] < a.breakdown["data_parallel"]
+    root = (llama_8b.embedding_params + llama_8b.head_params) * 2
+    gathered_more = llama_8b.params * 2 - root - 2 * llama_8b.block_params * 2
+    assert b.memory_bytes - a.memory_bytes == pytest.approx(gathered_more, rel=1e-6)
+    assert "zero2" in kept.describe()
+    assert plan(llama_8b, work, "h100-sxm", 8, keep=1)[0].candidate.zero2  # faster, fits
+    on_48gb = node_shape("l40s")  # 41 GB fits in its 44 usable, 54 does not
+    assert evaluate(llama_8b, work, every, on_48gb).fits
+    assert not evaluate(llama_8b, work, kept, on_48gb).fits
