@@ -17,7 +17,7 @@ from pathlib import Path
 
 from benchmarks.local_service import start, stop
 from raytrain import Client, load_job_spec
-from raytrain.catalog.hardware import install_cpu_profile
+from raytrain.catalog.hardware import CATALOG
 from raytrain.core.calibration import reference_jobs, solve_profile, steady_step_s
 from raytrain.core.resolve import job_layout, predicted
 from raytrain.spec import JobSpec, parse_job_spec
@@ -48,14 +48,15 @@ def main() -> None:
     try:
         for number in range(1, args.rounds + 1):
             profile = solve_profile([(spec, median_step(client, spec)) for spec in references])
-            install_cpu_profile(profile.figures, f"round {number} of this benchmark")
+            hardware = CATALOG.with_cpu_profile(profile.figures,
+                                                f"round {number} of this benchmark")
             figures = profile.figures
             print(f"round {number}: {figures['fp32_flops'] / 1e9:.1f} GFLOP/s, "
                   f"{figures['block_overhead_s'] * 1e3:.2f} ms per block, "
                   f"{figures['step_overhead_s'] * 1e3:.2f} ms per step", flush=True)
             for example in EXAMPLES:
                 spec = load_job_spec(ROOT / example)
-                expected = predicted(spec, job_layout(spec)).step_s
+                expected = predicted(spec, job_layout(spec), hardware).step_s
                 measured = median_step(client, spec)
                 rows.append((number, example, expected, measured))
                 print(f"  {example}: predicted {expected:.4f} s, measured {measured:.4f} s, "

@@ -21,7 +21,7 @@ from pathlib import Path
 from raytrain.cloud.object_store import open_store
 from raytrain.serve.durable import read_mirror
 from raytrain.serve.manager import JobManager
-from raytrain.spec import ServiceConfig
+from raytrain.spec import JobSpec, ServiceConfig
 from tests.fake_ray import FakeRay
 from tests.s3_server import make_bucket, s3_server
 
@@ -41,9 +41,9 @@ def recover(endpoint: str, records: int, root: Path) -> str:
     first = ServiceConfig(state_dir=str(root / "head1"), storage_path=storage,
                           storage_lease_s=LEASE_S, max_active_jobs=100_000)
     manager = JobManager(first.model_dump(mode="json"), cluster=FakeRay(cpus=64),
-                         schedule=False)
+                         schedule=False).start()
     started = time.monotonic()
-    ids = {manager.submit(job(n))["ok"]["id"] for n in range(records)}
+    ids = {manager.submit(JobSpec.model_validate(job(n))).id for n in range(records)}
     store = manager._store
     while store._to_mirror:  # every record copied to the bucket
         time.sleep(0.05)
@@ -56,7 +56,7 @@ def recover(endpoint: str, records: int, root: Path) -> str:
     second = first.model_copy(update={"state_dir": str(root / "head2")})
     started = time.monotonic()
     again = JobManager(second.model_dump(mode="json"), cluster=FakeRay(cpus=64),
-                       schedule=False)
+                       schedule=False).start()
     start_s = time.monotonic() - started
     back = set(again.records)
     again.shutdown()

@@ -148,13 +148,13 @@ def main() -> None:
     soak = Soak(url, args.seed, token)
     started = time.monotonic()
     deadline = started + args.max_s
-    memory = [("start", rss_mib("ray::JobManager"), rss_mib("ray::ServeReplica"))]
+    memory = [("start", rss_mib("ray::StartedJobManager"), rss_mib("ray::ServeReplica"))]
     job_thread = threading.Thread(target=soak.jobs, args=(args.jobs, deadline))
     job_thread.start()
     tenth = max(1, args.requests // 10)
     for part in range(10):
         soak.requests(tenth, deadline)
-        memory.append((f"{(part + 1) * 10}%", rss_mib("ray::JobManager"),
+        memory.append((f"{(part + 1) * 10}%", rss_mib("ray::StartedJobManager"),
                        rss_mib("ray::ServeReplica")))
     job_thread.join()
     client = Client(url, token=soak.token)
@@ -182,7 +182,7 @@ def main() -> None:
           if not leaked else f"placement groups still held {give_up - all_ended:.0f} s after "
           "every job ended")
     ended = Counter(job.state.value for job in client.list())
-    memory.append(("end", rss_mib("ray::JobManager"), rss_mib("ray::ServeReplica")))
+    memory.append(("end", rss_mib("ray::StartedJobManager"), rss_mib("ray::ServeReplica")))
     wall = time.monotonic() - started
     local_service.stop()
 

@@ -4,6 +4,9 @@
     ├── SpecError              a job spec (or service config) is invalid; carries field paths
     ├── JobNotFoundError       no job with that id
     ├── JobStateError          the job cannot do that in its current state
+    ├── RetryLaterError        the service cannot take the request now; nothing changed
+    │   ├── ServiceBusyError       it holds as many jobs as it may (HTTP 429)
+    │   └── ServiceUnavailableError  its job store or storage fails (HTTP 503)
     ├── IllegalTransition      a job's state was asked to make a move its lifecycle forbids
     ├── ServiceUnreachableError  the raytrain service cannot be reached
     ├── ServiceError           the service answered with an unexpected error
@@ -73,6 +76,26 @@ class JobNotFoundError(RaytrainError):
 
 class JobStateError(RaytrainError):
     """The job's state does not allow the operation."""
+
+
+class RetryLaterError(RaytrainError):
+    """The service cannot take the request now and changed nothing; `retry_after_s` says
+    when to try again."""
+
+    def __init__(self, detail: str, retry_after_s: int) -> None:
+        self.detail, self.retry_after_s = detail, retry_after_s
+        super().__init__(detail)
+
+    def _init_args(self) -> tuple[object, ...]:
+        return (self.detail, self.retry_after_s)
+
+
+class ServiceBusyError(RetryLaterError):
+    """The service holds as many queued and running jobs as it may (HTTP 429)."""
+
+
+class ServiceUnavailableError(RetryLaterError):
+    """The service's job store does not take writes, or its storage fails (HTTP 503)."""
 
 
 class NotAuthorizedError(RaytrainError):

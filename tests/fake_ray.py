@@ -3,7 +3,7 @@ that start and end when the test says, nodes the test adds and takes, a clock th
 and a log of every call. With it the job manager and the HTTP API run in one process.
 
     cluster = FakeRay(cpus=4)
-    manager = JobManager(config, cluster=cluster, schedule=False)
+    manager = JobManager(config, cluster=cluster, schedule=False).start()
     manager.scheduler.pass_once()          # launches what fits
     cluster.finish(job_id)                 # its runner returns (or: error="...")
 """
@@ -15,14 +15,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from raytrain.spec import JobSpec, Layout, parse_job_spec
 from raytrain.train.progress import ServiceAnswer
 
 
 @dataclass
 class FakeRun:
     job_id: str
-    spec: dict[str, Any]
-    layout: dict[str, Any]
+    spec: JobSpec
+    layout: Layout
     worker_resources: dict[str, float] | None
     done: bool = False
     error: str | None = None
@@ -48,10 +49,10 @@ class FakeRay:
     def now(self) -> float:
         return self.time
 
-    def launch(self, job_id: str, spec_json: dict[str, Any], layout_json: dict[str, Any],
-               checkpoint_root: str, run_root: str, worker_resources: dict[str, float] | None,
+    def launch(self, job_id: str, spec: JobSpec, layout: Layout, checkpoint_root: str,
+               run_root: str, worker_resources: dict[str, float] | None,
                notice_endpoint: str | None) -> FakeRun:
-        run = FakeRun(job_id, spec_json, layout_json, worker_resources)
+        run = FakeRun(job_id, spec, layout, worker_resources)
         self.runs[job_id] = run
         self.calls.append(("launch", job_id))
         return run
@@ -183,7 +184,7 @@ class TrainingRay(FakeRay):
     run sets `held` and waits for `go` before it reports that step.
 
         cluster = TrainingRay(cpus=1, faults={30: True, 55: False}, hold_at=80)
-        manager = JobManager(config, cluster=cluster, schedule=False)
+        manager = JobManager(config, cluster=cluster, schedule=False).start()
         cluster.manager = manager
         while not done: manager.scheduler.pass_once(); cluster.autoscale()
     """
@@ -202,10 +203,10 @@ class TrainingRay(FakeRay):
     def now(self) -> float:
         return time.time()
 
-    def launch(self, job_id: str, spec_json: dict[str, Any], layout_json: dict[str, Any],
-               checkpoint_root: str, run_root: str, worker_resources: dict[str, float] | None,
+    def launch(self, job_id: str, spec: JobSpec, layout: Layout, checkpoint_root: str,
+               run_root: str, worker_resources: dict[str, float] | None,
                notice_endpoint: str | None) -> FakeRun:
-        run = super().launch(job_id, spec_json, layout_json, checkpoint_root, run_root,
+        run = super().launch(job_id, spec, layout, checkpoint_root, run_root,
                              worker_resources, notice_endpoint)
         with self.lock:
             node = next((n for n, r in self.nodes.items() if set(worker_resources or ()) & set(r)),
@@ -216,14 +217,12 @@ class TrainingRay(FakeRay):
         return run
 
     def _train(self, run: FakeRun, node: str | None, checkpoint_root: str) -> None:
-        from raytrain.spec import JobSpec, Layout
         from raytrain.train.loop import WorkerInfo, train
 
         sink = DirectSink(self, run, node)
         try:
-            result = train(JobSpec.model_validate(run.spec), WorkerInfo.single_process(), sink,
-                           checkpoint_root, progress_interval_s=0.0,
-                           notices=sink.notices, layout=Layout(**run.layout))
+            result = train(run.spec, WorkerInfo.single_process(), sink, checkpoint_root,
+                           progress_interval_s=0.0, notices=sink.notices, layout=run.layout)
             if result["preempted"] and sink.notices.stop_requested and node:
                 self.take(node)  # the cloud takes the noticed node back
         except NodeLost as lost:
@@ -245,10 +244,9 @@ class TrainingRay(FakeRay):
         from raytrain.serve.manager import JobManager
         from raytrain.spec import JobState
 
-        self.manager = JobManager(config.model_dump(mode="json"), cluster=self, schedule=False)
-        submitted = self.manager.submit(document)
-        assert "ok" in submitted, submitted
-        job_id = submitted["ok"]["id"]
+        self.manager = JobManager(config.model_dump(mode="json"), cluster=self,
+                                  schedule=False).start()
+        job_id = self.manager.submit(parse_job_spec(document)).id
         deadline = time.monotonic() + timeout_s
         while not JobState(self.manager.records[job_id].status.state).is_terminal:
             assert time.monotonic() < deadline, self.manager.records[job_id].status

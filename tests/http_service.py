@@ -41,7 +41,7 @@ def served(state_dir: Path, port: int | None = None, **config: Any) -> Iterator[
     token)."""
     service_config = ServiceConfig(state_dir=str(state_dir), **config)
     manager = JobManager(service_config.model_dump(mode="json"), cluster=FakeRay(cpus=64),
-                         schedule=False)
+                         schedule=False).start()
     app = build_app(InProcess(manager), service_config.open_metrics, service_config.auth,
                     cached_reads=POLL_S)
     front = Front(app, "127.0.0.1", port or 0)
@@ -60,7 +60,7 @@ def served_training(state_dir: Path, cluster: TrainingRay, **config: Any
     if any, is let go before the service stops."""
     service_config = ServiceConfig(state_dir=str(state_dir), **config)
     manager = cluster.manager = JobManager(service_config.model_dump(mode="json"),
-                                           cluster=cluster)
+                                           cluster=cluster).start()
     app = build_app(InProcess(manager), service_config.open_metrics, service_config.auth,
                     cached_reads=0.2)
     front = Front(app, "127.0.0.1", 0)

@@ -15,6 +15,10 @@ and the planner sees it through the link, not through a special case.
     shape = NODE_SHAPES["h100-sxm-8"]
     shape.gpu.bf16_flops, shape.intra.bandwidth, shape.inter.bandwidth
 
+The catalog is a value, read-only: GPUS, LINKS and NODE_SHAPES never change at runtime, and
+`CATALOG` holds them for the planner. A machine's measured CPU profile (`raytrain calibrate`)
+is a new Catalog, `CATALOG.with_cpu_profile(figures, ...)`, that the caller passes on.
+
 Node shapes are the machines as sold: p4d and p4de have 400 Gbit/s of EFA per 8 A100s, p5
 and p5e 3,200 Gbit/s per 8 H100s or H200s, a DGX one InfiniBand port per GPU (HDR 200 Gbit/s
 on the A100, NDR 400 on the H100). The GPU clouds' shapes are their offers'
@@ -24,7 +28,9 @@ on the A100, NDR 400 on the H100). The GPU clouds' shapes are their offers'
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 CATALOG_VERSION = "2026-12-02"
 
@@ -113,7 +119,7 @@ MiB = 2**20
 # on an H100, 81,920 and 40,960 on A100s, 46,068 on an L40S, 15,360 on a T4 (Modal's
 # table, modal-labs/modal-client#2797), 24,564 on an RTX 4090, 143,771 on an H200. What the
 # CUDA context, NCCL and the allocator keep of it is GPUKind.runtime_reserve_bytes.
-GPUS: dict[str, GPUKind] = {
+GPUS: Mapping[str, GPUKind] = MappingProxyType({
     "rtx4090": GPUKind("rtx4090", 165 * TB, 82.6 * TB, 24_564 * MiB, 1.008 * TB, sms=128),
     "l40s": GPUKind("l40s", 362 * TB, 91.6 * TB, 46_068 * MiB, 0.864 * TB, sms=142),
     "a100-80gb-sxm": GPUKind("a100-80gb-sxm", 312 * TB, 19.5 * TB, 81_920 * MiB, 2.039 * TB,
@@ -144,9 +150,9 @@ GPUS: dict[str, GPUKind] = {
                    overlaps_communication=False, block_overhead_s=1.52e-3,
                    tp_block_overhead_s=10.8e-3, fsdp_unit_overhead_s=0.69e-3,
                    runtime_reserve_bytes=22 * 2**20, staging_bandwidth=1.44 * GB),
-}
+})
 
-LINKS: dict[str, Link] = {
+LINKS: Mapping[str, Link] = MappingProxyType({
     "nvlink4": Link("nvlink4", 450 * GB, 10e-6),
     "nvlink3": Link("nvlink3", 300 * GB, 10e-6),
     "pcie5-p2p": Link("pcie5-p2p", 50 * GB, 15e-6),
@@ -172,9 +178,9 @@ LINKS: dict[str, Link] = {
     # 2-process figure nor half of it.
     "gloo-local-shared": Link("gloo-local-shared", 0.59 * GB, 1.27e-3, efficiency=1.0,
                               reduce_scatter_factor=1.79, latency_per_step=True),
-}
+})
 
-NODE_SHAPES: dict[str, NodeShape] = {
+NODE_SHAPES: Mapping[str, NodeShape] = MappingProxyType({
     "h100-sxm-8": NodeShape("h100-sxm-8", GPUS["h100-sxm"], 8, LINKS["nvlink4"],
                             LINKS["efa-3200"]),
     "h200-8": NodeShape("h200-8", GPUS["h200"], 8, LINKS["nvlink4"], LINKS["efa-3200"]),
@@ -199,7 +205,7 @@ NODE_SHAPES: dict[str, NodeShape] = {
     "t4-1": NodeShape("t4-1", GPUS["t4"], 1, LINKS["pcie4-p2p"], LINKS["eth-25-1gpu"]),
     "cpu-local": NodeShape("cpu-local", GPUS["cpu"], 64, LINKS["gloo-local"],
                            LINKS["gloo-local"]),
-}
+})
 
 # The usual node shape of each GPU kind, for planning by GPU kind alone.
 DEFAULT_SHAPE = {
@@ -226,10 +232,8 @@ def network_link(gbps: float, gpus_per_node: int, rdma: bool) -> Link:
 
 
 def node_shape(gpu_kind: str) -> NodeShape:
-    """The default node shape for a GPU kind; KeyError names the kinds there are."""
-    if gpu_kind not in DEFAULT_SHAPE:
-        raise KeyError(f"unknown GPU kind {gpu_kind!r}; known: {', '.join(DEFAULT_SHAPE)}")
-    return NODE_SHAPES[DEFAULT_SHAPE[gpu_kind]]
+    """The shipped catalog's default node shape for a GPU kind (Catalog.node_shape)."""
+    return CATALOG.node_shape(gpu_kind)
 
 
 def with_cpu_share(shape: NodeShape, cpus_per_device: float) -> NodeShape:
@@ -275,12 +279,30 @@ NO_NOTICE = (0.0, 0.0, "no notice known for this provider")
 CPU_PROFILE_FIELDS = ("fp32_flops", "block_overhead_s", "step_overhead_s")
 
 
-def install_cpu_profile(figures: dict[str, float], calibration: str) -> GPUKind:
-    """Plan CPU jobs with this machine's measured figures (of CPU_PROFILE_FIELDS, as
-    raytrain.spec.files.load_cpu_profile checks a stored profile) in place of the catalog's,
-    from now on in this process; returns the new `cpu` kind."""
-    rate = figures.get("fp32_flops", GPUS["cpu"].fp32_flops)
-    GPUS["cpu"] = replace(GPUS["cpu"], **figures,  # type: ignore[arg-type]  # floats only
-                          bf16_flops=rate, calibration=calibration)
-    NODE_SHAPES["cpu-local"] = replace(NODE_SHAPES["cpu-local"], gpu=GPUS["cpu"])
-    return GPUS["cpu"]
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: one value per process
+class Catalog:
+    """The hardware the planner prices, by name: GPU kinds and node shapes. The module's
+    CATALOG is the shipped one; a measured CPU profile makes another (with_cpu_profile)."""
+
+    gpus: Mapping[str, GPUKind]
+    shapes: Mapping[str, NodeShape]
+
+    def node_shape(self, gpu_kind: str) -> NodeShape:
+        """The default node shape for a GPU kind; KeyError names the kinds there are."""
+        if gpu_kind not in DEFAULT_SHAPE:
+            raise KeyError(f"unknown GPU kind {gpu_kind!r}; known: {', '.join(DEFAULT_SHAPE)}")
+        return self.shapes[DEFAULT_SHAPE[gpu_kind]]
+
+    def with_cpu_profile(self, figures: Mapping[str, float], calibration: str) -> Catalog:
+        """This catalog with this machine's measured CPU figures (of CPU_PROFILE_FIELDS, as
+        raytrain.spec.files.load_cpu_profile checks a stored profile) for its `cpu` kind."""
+        cpu = self.gpus["cpu"]
+        cpu = replace(cpu, **figures,  # type: ignore[arg-type]  # floats only
+                      bf16_flops=figures.get("fp32_flops", cpu.fp32_flops),
+                      calibration=calibration)
+        return Catalog(MappingProxyType({**self.gpus, "cpu": cpu}),
+                       MappingProxyType({**self.shapes, "cpu-local": replace(
+                           self.shapes["cpu-local"], gpu=cpu)}))
+
+
+CATALOG = Catalog(GPUS, NODE_SHAPES)

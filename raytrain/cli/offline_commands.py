@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 from rich.markup import escape
 
+from raytrain.catalog.hardware import CATALOG
 from raytrain.catalog.traces import load_trace, trace_names
 from raytrain.cli.commands import err, out, print_json
 from raytrain.cli.views import (
@@ -83,7 +84,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """Rank layouts locally (no server needed): the planner is pure arithmetic. With
     --layout, evaluate that one layout; --shape / --shape-file set the node it runs on."""
     state_dir = default_state_dir(args.state_dir)
-    calibrated = load_cpu_profile(state_dir)  # this machine's, if `raytrain calibrate` ran
+    hardware = load_cpu_profile(state_dir)  # this machine's, if `raytrain calibrate` ran
     node_shape = None
     if args.shape_file:
         node_shape = read_document(Path(args.shape_file), "--shape-file")
@@ -96,7 +97,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         raise spec_error_from_validation(exc, "plan request", PlanRequest) from None
     try:
-        response = rank_plans(request, snapshot().offers)
+        response = rank_plans(request, snapshot().offers, hardware)
     except NothingFits as exc:
         err.print(f"[red]error:[/red] {exc}")
         return 1
@@ -110,7 +111,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                   f"{best.memory_gib:.1f} GiB per device of {best.memory_limit_gib:.1f} usable")
     out.print(f"{'best' if args.layout is None else 'plan'}: {best.reason}")
     if args.gpu == "cpu":  # whose figures the CPU predictions are
-        err.print(f"CPU profile: {calibrated.calibration}" if calibrated is not None else
+        calibration = hardware.gpus["cpu"].calibration
+        err.print(f"CPU profile: {calibration}" if hardware is not CATALOG else
                   f"CPU profile: the catalog's generic figures (no calibration in {state_dir}); "
                   "`raytrain calibrate` measures this machine's, for predictions that hold "
                   "here", highlight=False, soft_wrap=True)
@@ -224,8 +226,8 @@ def _policy(name: str | None) -> PolicySpec:
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Replay spot-fleet traces against one job under each way of buying capacity; the policy
     and the baselines that are policies go through the live service (raytrain.serve.replay)."""
+    from raytrain.serve.sim_workers import CloudTimes
     from raytrain.serve.simulation import TraceJob, simulate_trace
-    from raytrain.serve.trace_cloud import CloudTimes
 
     catalog = load_offers(default_state_dir(args.state_dir))
     offer = next((o for o in catalog.offers if o.instance_type == args.instance), None)

@@ -42,12 +42,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from raytrain.catalog.hardware import GPUKind
-
-if TYPE_CHECKING:  # cost_model imports this module
-    from raytrain.core.cost_model import ModelDims, Workload
 
 TILE = 128
 
@@ -99,8 +96,45 @@ def linear_s(m: float, k: float, n: float, gpu: GPUKind, flops: float, value_byt
             + matmul_s(k, n, m, gpu, flops, value_bytes, rate))
 
 
+class Dimensions(Protocol):
+    """What a micro-batch's timing reads of a model (cost_model.ModelDims is one)."""
+
+    @property
+    def dim(self) -> int: ...
+    @property
+    def seq_len(self) -> int: ...
+    @property
+    def ffn_dim(self) -> int: ...
+    @property
+    def gated_mlp(self) -> bool: ...
+    @property
+    def kv_dim(self) -> int: ...
+    @property
+    def num_heads(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+    def activation_values_on_rank(self, tp: int, sequence_parallel: bool) -> float: ...
+
+
+class Work(Protocol):
+    """What a micro-batch's timing reads of a workload (cost_model.Workload is one)."""
+
+    @property
+    def precision(self) -> str: ...
+    @property
+    def attention(self) -> str: ...
+    @property
+    def compute_speedup(self) -> float: ...
+    @property
+    def fused_elementwise(self) -> bool: ...
+    @property
+    def kernels(self) -> KernelModel: ...
+    @property
+    def act_bytes(self) -> int: ...
+
+
 @lru_cache(maxsize=65536)  # the planner's search asks for the same few ranks many times
-def microbatch_compute_s(dims: ModelDims, work: Workload, gpu: GPUKind, c: MicrobatchShape,
+def microbatch_compute_s(dims: Dimensions, work: Work, gpu: GPUKind, c: MicrobatchShape,
                          layers: int, head: bool, flops_per_token: float) -> float:
     """One micro-batch's forward and backward through `layers` blocks (plus the head when the
     rank holds it) on one device. `flops_per_token` is the rank's share that cost_model

@@ -6,6 +6,7 @@ for a job, the policy's ranking of offer x market x node count and its choice.
 
 from __future__ import annotations
 
+from raytrain.catalog.hardware import CATALOG, Catalog
 from raytrain.core.autoscale import Observed, choose, options
 from raytrain.core.throughput import device_mismatch, job_goal, job_throughput
 from raytrain.spec import (
@@ -20,9 +21,11 @@ from raytrain.spec import (
 
 def offers_response(catalog: OfferCatalog, policy: PolicySpec | None = None,
                     spec: JobSpec | None = None, keep: int = 20,
-                    observed: Observed = Observed()) -> OffersResponse:
+                    observed: Observed = Observed(), hardware: Catalog = CATALOG
+                    ) -> OffersResponse:
     """The catalog; with a policy, each spot offer's interruption rate as it ranks with it
-    (the catalog's prior updated by `observed`); with a spec too, its ranking and choice."""
+    (the catalog's prior updated by `observed`); with a spec too, its ranking and choice,
+    its throughput planned on `hardware`."""
     response = OffersResponse(catalog_version=catalog.version, source=catalog.source,
                               warnings=catalog.warnings, offers=catalog.offers)
     if policy is None:
@@ -36,7 +39,7 @@ def offers_response(catalog: OfferCatalog, policy: PolicySpec | None = None,
     response = response.model_copy(update={"observed": rates})
     if spec is None:
         return response
-    goal, throughput = job_goal(spec), job_throughput(spec)
+    goal, throughput = job_goal(spec), job_throughput(spec, hardware)
     ranked = options(goal, catalog.offers, throughput, policy, observed)
     decision = choose(goal, catalog.offers, throughput, policy, observed)
     rows = [OfferRow(

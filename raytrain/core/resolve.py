@@ -17,14 +17,13 @@ from dataclasses import asdict, replace
 from typing import Sequence
 
 from raytrain.catalog.hardware import (
+    CATALOG,
     CATALOG_VERSION,
-    GPUS,
     LINKS,
-    NODE_SHAPES,
+    Catalog,
     Link,
     NodeShape,
     network_link,
-    node_shape,
     with_cpu_share,
 )
 from raytrain.core.planner import ModelDims, NothingFits, Plan, Workload, evaluate, plan
@@ -87,20 +86,22 @@ def job_layout(spec: JobSpec) -> Layout:
     return layout
 
 
-def predicted(spec: JobSpec, layout: Layout) -> Plan | None:
-    """The planner's figures for `layout`, when the model's dimensions (the built-in GPT's,
-    or an imported model's model.shape) and the device kind are known."""
+def predicted(spec: JobSpec, layout: Layout, hardware: Catalog = CATALOG) -> Plan | None:
+    """The planner's figures for `layout` on `hardware`, when the model's dimensions (the
+    built-in GPT's, or an imported model's model.shape) and the device kind are known."""
     if spec.model.planned_shape is None or spec.resources.device_kind is None:
         return None
     dims, work, kind, _ = planner_inputs(spec)
-    shape = with_cpu_share(node_shape(kind), spec.resources.cpus_per_worker)
+    shape = with_cpu_share(hardware.node_shape(kind), spec.resources.cpus_per_worker)
     return evaluate(dims, work, layout, shape)
 
 
-def plan_summary(spec: JobSpec, layout: Layout | None = None) -> PlanSummary:
-    """What is stored with the job: its layout, and the planner's figures for it."""
+def plan_summary(spec: JobSpec, layout: Layout | None = None, hardware: Catalog = CATALOG
+                 ) -> PlanSummary:
+    """What is stored with the job: its layout, and the planner's figures for it on
+    `hardware`."""
     layout = layout or job_layout(spec)
-    figures = predicted(spec, layout)
+    figures = predicted(spec, layout, hardware)
     return PlanSummary(
         strategy=spec.parallel.strategy,
         layout=layout,
@@ -116,13 +117,14 @@ def plan_summary(spec: JobSpec, layout: Layout | None = None) -> PlanSummary:
     )
 
 
-def rank_plans(request: PlanRequest, offers: Sequence[Offer] = ()) -> PlanResponse:
+def rank_plans(request: PlanRequest, offers: Sequence[Offer] = (),
+               hardware: Catalog = CATALOG) -> PlanResponse:
     """POST /v1/plans: the ranked plans for a request, or the one layout it asks for on the
     node shape it names (a catalog shape, or one of `offers` by id or instance type); raises
     NothingFits with the smallest changes that would fit, and SpecError naming the field
-    when the shape or the layout cannot work."""
+    when the shape or the layout cannot work. Devices are as `hardware` has them."""
     spec = request.spec
-    shape = request_shape(request, offers)
+    shape = request_shape(request, offers, hardware)
     kind = shape.gpu.name
     choice = request.layout
     gpus = request.gpus or (choice.devices if choice is not None else None)
@@ -165,7 +167,8 @@ def default_precision(spec: JobSpec, kind: str) -> str:
     return "fp32" if kind in NO_BF16 else "bf16"
 
 
-def request_shape(request: PlanRequest, offers: Sequence[Offer] = ()) -> NodeShape:
+def request_shape(request: PlanRequest, offers: Sequence[Offer] = (),
+                  hardware: Catalog = CATALOG) -> NodeShape:
     """The node shape a plan request names (in the catalog or among `offers`), describes,
     or implies by its device kind."""
     custom, name = request.node_shape, request.shape
@@ -173,13 +176,14 @@ def request_shape(request: PlanRequest, offers: Sequence[Offer] = ()) -> NodeSha
         # The spec holds exactly one of the two (NodeShapeSpec's check).
         intra = LINKS[custom.intra_link] if custom.intra_link else Link(
             "custom", (custom.intra_gbytes_per_s or 0.0) * 1e9, 15e-6)
-        shape = NodeShape(custom.name, GPUS[custom.gpu], custom.gpus_per_node, intra,
+        shape = NodeShape(custom.name, hardware.gpus[custom.gpu], custom.gpus_per_node, intra,
                           network_link(custom.inter_gbits_per_gpu * custom.gpus_per_node,
                                        custom.gpus_per_node, custom.rdma))
     elif name is not None:
-        shape = NODE_SHAPES.get(name) or _offer_shape(name, offers)
+        shape = hardware.shapes.get(name) or _offer_shape(name, offers, hardware)
     else:
-        return node_shape(request.accelerator or request.spec.resources.device_kind or "cpu")
+        return hardware.node_shape(request.accelerator or request.spec.resources.device_kind
+                                   or "cpu")
     if request.accelerator not in (None, shape.gpu.name):
         raise SpecError([FieldError(("accelerator",), (
             f"the shape {shape.name} has {shape.gpu.name} GPUs, not {request.accelerator}. "
@@ -187,14 +191,14 @@ def request_shape(request: PlanRequest, offers: Sequence[Offer] = ()) -> NodeSha
     return shape
 
 
-def _offer_shape(name: str, offers: Sequence[Offer]) -> NodeShape:
+def _offer_shape(name: str, offers: Sequence[Offer], hardware: Catalog) -> NodeShape:
     found = next((o for o in offers if name in (o.id, o.instance_type)), None)
     if found is None:
-        known = sorted({*NODE_SHAPES, *(o.instance_type for o in offers)})
+        known = sorted({*hardware.shapes, *(o.instance_type for o in offers)})
         raise SpecError([FieldError(("shape",), (
             f"unknown node shape {name!r}. To fix: use one of {', '.join(known)}, an offer's "
             "id, or describe the node (node_shape; the CLI's --shape-file)"))], "plan request")
-    return replace(node_shape_of(found), name=found.id)
+    return replace(node_shape_of(found, hardware), name=found.id)
 
 
 def chosen_layout(choice: LayoutChoice, spec: JobSpec, dims: ModelDims, work: Workload,

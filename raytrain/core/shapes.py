@@ -6,7 +6,7 @@ network), which offers that differ only in price share.
 
 from __future__ import annotations
 
-from raytrain.catalog.hardware import GPUS, LINKS, NodeShape, network_link
+from raytrain.catalog.hardware import CATALOG, LINKS, Catalog, NodeShape, network_link
 from raytrain.spec import Offer
 
 
@@ -16,16 +16,18 @@ def shape_key(offer: Offer) -> tuple[str, int, str, float, bool]:
             offer.rdma)
 
 
-def node_shape_of(offer: Offer) -> NodeShape:
-    """The planner's view of one node of the offer: its GPUs, their link, and its network."""
-    return shape_from_key(shape_key(offer))
+def node_shape_of(offer: Offer, hardware: Catalog = CATALOG) -> NodeShape:
+    """The planner's view of one node of the offer: its GPUs (as `hardware` has them), their
+    link, and its network."""
+    return shape_from_key(shape_key(offer), hardware)
 
 
-def shape_from_key(key: tuple[str, int, str, float, bool]) -> NodeShape:
+def shape_from_key(key: tuple[str, int, str, float, bool], hardware: Catalog = CATALOG
+                   ) -> NodeShape:
     gpu_kind, gpus_per_node, intra_link, network_gbps, rdma = key
     return NodeShape(
         name=f"{gpus_per_node}x{gpu_kind}",
-        gpu=GPUS[gpu_kind],
+        gpu=hardware.gpus[gpu_kind],
         gpus_per_node=gpus_per_node,
         intra=LINKS[intra_link],
         inter=network_link(network_gbps, gpus_per_node, rdma),

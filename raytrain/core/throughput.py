@@ -12,7 +12,7 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import Callable, Iterable, TypeVar
 
-from raytrain.catalog.hardware import GPUS
+from raytrain.catalog.hardware import CATALOG, Catalog
 from raytrain.core.autoscale import Goal, Throughput
 from raytrain.core.elastic import elastic_groups
 from raytrain.core.planner import ModelDims, Workload, evaluate, fastest
@@ -21,10 +21,11 @@ from raytrain.core.shapes import shape_from_key, shape_key
 from raytrain.spec import JobSpec, Layout, Offer
 
 
-def planner_throughput(dims: ModelDims, work: Workload) -> Throughput:
+def planner_throughput(dims: ModelDims, work: Workload, hardware: Catalog = CATALOG
+                       ) -> Throughput:
     """The planner's best throughput for the job on `nodes` of an offer, memoised per node
     shape and count (offers that differ only in price share one search)."""
-    best = _planner_layouts(dims, work)
+    best = _planner_layouts(dims, work, hardware)
 
     def throughput(offer: Offer, nodes: int) -> tuple[float, str] | None:
         fit = best(offer, nodes)
@@ -38,23 +39,24 @@ Layouts = Callable[[Offer, int], "tuple[float, str, Layout | None] | None"]
 Fit = TypeVar("Fit")  # what a throughput function gives for an option it can run
 
 
-def _planner_layouts(dims: ModelDims, work: Workload) -> Layouts:
+def _planner_layouts(dims: ModelDims, work: Workload, hardware: Catalog) -> Layouts:
     @lru_cache(maxsize=None)
     def best(key: tuple[str, int, str, float, bool], nodes: int
              ) -> tuple[float, str, Layout] | None:
-        top = fastest(dims, work, nodes * key[1], shape_from_key(key))
+        top = fastest(dims, work, nodes * key[1], shape_from_key(key, hardware))
         return None if top is None else (top.tokens_per_s, top.candidate.describe(),
                                          top.candidate)
 
     return lambda offer, nodes: best(shape_key(offer), nodes)
 
 
-def flops_throughput(tokens_per_s_per_pflops: float) -> Throughput:
+def flops_throughput(tokens_per_s_per_pflops: float, hardware: Catalog = CATALOG
+                     ) -> Throughput:
     """For a model whose dimensions are unknown: throughput proportional to the offer's
     achievable dense FLOP/s, at a rate per PFLOP/s the caller states."""
 
     def throughput(offer: Offer, nodes: int) -> tuple[float, str] | None:
-        gpu = GPUS[offer.gpu_kind]
+        gpu = hardware.gpus[offer.gpu_kind]
         pflops = gpu.bf16_flops * gpu.achievable * nodes * offer.gpus_per_node / 1e15
         return tokens_per_s_per_pflops * pflops, f"dp{nodes * offer.gpus_per_node} (assumed)"
 
@@ -98,12 +100,13 @@ def device_mismatch(spec: JobSpec, offers: Iterable[Offer]) -> str | None:
             f"{', '.join(gpus)}")
 
 
-def job_throughput(spec: JobSpec) -> Throughput:
+def job_throughput(spec: JobSpec, hardware: Catalog = CATALOG) -> Throughput:
     """The planner's throughput for a job on an offer whose devices match it
-    (`offer_matches`): its best layout for any device count under strategy 'auto', else the
-    job's own layout on exactly its number of workers. A model of unknown size is assumed to
-    run at 1e3 tokens/s per achievable PFLOP/s (each option's layout says 'assumed')."""
-    inner = _planned_throughput(spec)
+    (`offer_matches`), with the devices as `hardware` has them: its best layout for any device
+    count under strategy 'auto', else the job's own layout on exactly its number of workers. A
+    model of unknown size is assumed to run at 1e3 tokens/s per achievable PFLOP/s (each
+    option's layout says 'assumed')."""
+    inner = _planned_throughput(spec, hardware)
 
     def throughput(offer: Offer, nodes: int) -> tuple[float, str, int] | None:
         fit = inner(offer, nodes) if offer_matches(spec, offer) else None
@@ -115,9 +118,9 @@ def job_throughput(spec: JobSpec) -> Throughput:
     return throughput
 
 
-def _planned_throughput(spec: JobSpec) -> Layouts:
+def _planned_throughput(spec: JobSpec, hardware: Catalog) -> Layouts:
     if spec.model.planned_shape is None:
-        assumed = fixed_devices(flops_throughput(1e3), spec.resources.num_workers)
+        assumed = fixed_devices(flops_throughput(1e3, hardware), spec.resources.num_workers)
 
         def no_layout(offer: Offer, nodes: int) -> tuple[float, str, Layout | None] | None:
             fit = assumed(offer, nodes)
@@ -127,11 +130,12 @@ def _planned_throughput(spec: JobSpec) -> Layouts:
     dims, work, _, _ = planner_inputs(spec)
     own = spec.stated_layout()
     if own is None:  # strategy 'auto': the best layout for each option's devices
-        return _planner_layouts(dims, replace(work, micro_batch_options=(1, 2, 4, 8, 16)))
+        return _planner_layouts(dims, replace(work, micro_batch_options=(1, 2, 4, 8, 16)),
+                                hardware)
 
     @lru_cache(maxsize=None)
     def on_shape(key: tuple[str, int, str, float, bool]) -> tuple[float, str, Layout] | None:
-        predicted = evaluate(dims, work, own, shape_from_key(key))
+        predicted = evaluate(dims, work, own, shape_from_key(key, hardware))
         return (predicted.tokens_per_s, own.describe(), own) if predicted.fits else None
 
     return fixed_devices(lambda offer, nodes: on_shape(shape_key(offer)),

@@ -3,8 +3,8 @@ request (the same Idempotency-Key from the same caller within a day returns the 
 or 409 if the spec differs), and a service already holding `max_active_jobs` queued or
 running jobs (429, with the seconds after which to retry).
 
-    admission_refusal(records, spec, caller, key, now, max_active=1000)
-    # None: queue it; else an envelope {"ok": earlier job} or {"error": ..., "detail": ...}
+    earlier = check_admission(records, spec, caller, key, now, max_active=1000)
+    # None: queue it; a job: the one this key queued before; else it raises why not
     new_job(spec, plan, caller, key, now)  # the record of an admitted job, PENDING
 """
 
@@ -16,8 +16,8 @@ from typing import Any, Iterable
 
 from raytrain.core.capacity import never_fits
 from raytrain.core.lifecycle import Record
-from raytrain.errors import FieldError, SpecError
-from raytrain.spec import JobSpec, JobState, JobStatus, PlanSummary, Progress
+from raytrain.errors import FieldError, JobStateError, ServiceBusyError, SpecError
+from raytrain.spec import JobSpec, JobState, JobStatus, PlanSummary, Progress, parse_job_spec
 
 IDEMPOTENCY_WINDOW_S = 24 * 3600.0
 COMMITTED = "COMMITTED"  # raytrain.train.checkpoint's marker (that module imports torch)
@@ -32,8 +32,10 @@ def new_job(spec: JobSpec, plan: PlanSummary, caller: str | None, key: str | Non
                      created_at=now, submitted_by=caller, idempotency_key=key)
 
 
-def admission_refusal(records: Iterable[Record], spec: JobSpec, caller: str | None,
-                      key: str | None, now: float, max_active: int) -> dict[str, Any] | None:
+def check_admission(records: Iterable[Record], spec: JobSpec, caller: str | None,
+                    key: str | None, now: float, max_active: int) -> JobStatus | None:
+    """None if the job may be queued; the job this caller's `key` queued before, if it did;
+    else JobStateError (the key came with another spec) or ServiceBusyError."""
     records = list(records)
     if key is not None:
         for record in records:
@@ -41,53 +43,53 @@ def admission_refusal(records: Iterable[Record], spec: JobSpec, caller: str | No
             if job.idempotency_key == key and job.submitted_by == caller and \
                     now - job.created_at < IDEMPOTENCY_WINDOW_S:
                 if job.spec != spec:
-                    return {"error": "state", "detail": (
+                    raise JobStateError(
                         f"Idempotency-Key {key!r} was used for job {job.id} with a different "
-                        "spec. To fix: send a new key for a new job")}
-                return {"ok": job.model_dump(mode="json"), "replayed": True}
+                        "spec. To fix: send a new key for a new job")
+                return job
     active = sum(1 for r in records if not r.status.state.is_terminal)
     if active >= max_active:
-        return {"error": "busy", "retry_after": BUSY_RETRY_AFTER_S, "detail": (
+        raise ServiceBusyError(
             f"{active} jobs are queued or running, this service's limit (max_active_jobs="
             f"{max_active}). To fix: retry after some end, or ask its operator to raise "
-            "max_active_jobs")}
+            "max_active_jobs", BUSY_RETRY_AFTER_S)
     return None
 
 
-def resumed(job: JobStatus, budget_usd: float | None) -> dict[str, Any]:
+def resumed(job: JobStatus, budget_usd: float | None) -> JobSpec:
     """The spec of a new job that goes on from where `job` stopped (its latest checkpoint),
-    with its own budget if given, as an envelope."""
+    with its own budget if given (validated: the budget is new input); JobStateError if
+    `job` cannot be resumed."""
     if job.state not in (JobState.FAILED, JobState.CANCELLED):
-        return {"error": "state", "detail": (
+        raise JobStateError(
             f"job {job.id} is {job.state.value}; only a failed or cancelled job can be "
-            "resumed. To fix: wait for it to end, or cancel it first")}
+            "resumed. To fix: wait for it to end, or cancel it first")
     if job.checkpoint is None:
-        return {"error": "state", "detail": (
+        raise JobStateError(
             f"job {job.id} ended before its first checkpoint: there is nothing to resume "
-            "from. To fix: submit its spec again")}
+            "from. To fix: submit its spec again")
     spec = job.spec.model_dump(mode="json")
     spec["training"]["resume_from"] = job.checkpoint.path
     if budget_usd is not None:
         spec["capacity"]["budget_usd"] = budget_usd
-    return {"ok": spec}
+    return parse_job_spec(spec)
 
 
-def deletion_refusal(record: Record, jobs: Iterable[JobStatus]) -> dict[str, Any] | None:
-    """Why a job may not be deleted yet (an envelope), or None: it has not ended, or a job
-    resumed from its checkpoint still reads it (it has none of its own yet)."""
+def check_deletable(record: Record, jobs: Iterable[JobStatus]) -> None:
+    """JobStateError if a job may not be deleted yet: it has not ended, or a job resumed
+    from its checkpoint still reads it (it has none of its own yet)."""
     job = record.status
     if not job.state.is_terminal or record.run is not None:
-        return {"error": "state", "detail": (
+        raise JobStateError(
             f"job {job.id} is {job.state.value}; only an ended job can be deleted. To fix: "
-            f"cancel it first (raytrain cancel {job.id}), then delete it")}
+            f"cancel it first (raytrain cancel {job.id}), then delete it")
     path = job.checkpoint.path if job.checkpoint else None
     for other in jobs:
         if path and other.spec.training.resume_from == path and other.checkpoint is None \
                 and not other.state.is_terminal:
-            return {"error": "state", "detail": (
+            raise JobStateError(
                 f"job {other.id} goes on from job {job.id}'s checkpoint and has none of its "
-                f"own yet. To fix: delete {job.id} once {other.id} has checkpointed or ended")}
-    return None
+                f"own yet. To fix: delete {job.id} once {other.id} has checkpointed or ended")
 
 
 def check_paths_on_head_node(spec: JobSpec) -> None:

@@ -1,20 +1,30 @@
 """How the HTTP API answers what went wrong: a refused body (422, each field with its fix and
 only an excerpt of what was sent), the job manager away (503 with Retry-After, nothing
-changed), and the job manager's refusals as HTTP errors.
+changed), and the job manager's refusals (the exceptions of raytrain.errors it raises, which
+Ray hands back wrapped) as the HTTP errors that say them.
 
     api.add_exception_handler(RequestValidationError, refused_submit(manager))
-    return unwrap(await manager.submit.remote(document, caller, key))
+    add_refusals(api)
+    return await manager.submit.remote(spec, caller, key)  # a JobStatus, or a refusal
 """
 
 import json
 import logging
 from typing import Any
 
-from fastapi import HTTPException, Request
+from fastapi import Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from ray.exceptions import RayTaskError
 
+from raytrain.errors import (
+    JobNotFoundError,
+    JobStateError,
+    RetryLaterError,
+    ServiceBusyError,
+    SpecError,
+)
 from raytrain.spec.fixes import with_fix
 
 EXCERPT_CHARS = 200
@@ -80,21 +90,24 @@ async def manager_away(request: Request, exc: Exception) -> JSONResponse:
                  f"no job was changed. To fix: retry in {MANAGER_RETRY_AFTER_S} s"})
 
 
-def unwrap(envelope: dict[str, Any]) -> Any:
-    """The job manager's answer: its `ok` value, or its refusal raised as the HTTP error
-    that says it (422, 404, 503, 429, else 409)."""
-    if "ok" in envelope:
-        return envelope["ok"]
-    kind, detail = envelope["error"], envelope["detail"]
-    if kind == "spec":
-        raise HTTPException(status_code=422,
-                            detail=[{**e, "loc": ["body", *e["loc"]]} for e in detail])
-    if kind == "not_found":
-        raise HTTPException(status_code=404, detail=detail)
-    if kind == "unavailable":  # the job store does not take writes: nothing changed
-        raise HTTPException(status_code=503, detail=detail,
-                            headers={"Retry-After": str(envelope["retry_after"])})
-    if kind == "busy":
-        raise HTTPException(status_code=429, detail=detail,
-                            headers={"Retry-After": str(envelope["retry_after"])})
-    raise HTTPException(status_code=409, detail=detail)
+def add_refusals(api: Any) -> None:
+    """Answer each refusal the job manager raises with its HTTP error: 422 for a spec (each
+    field under `body`), 404 for an unknown job, 409 for a job whose state forbids it, 429
+    (service full) and 503 (store failing) with Retry-After; nothing was changed."""
+    for kind in (SpecError, JobNotFoundError, JobStateError, RetryLaterError):
+        api.add_exception_handler(kind, refusal)
+
+
+async def refusal(request: Request, exc: Exception) -> JSONResponse:
+    cause = exc.cause if isinstance(exc, RayTaskError) else exc  # what the actor raised
+    if isinstance(cause, SpecError):
+        return JSONResponse(status_code=422, content={"detail": [
+            {**e.to_json(), "loc": ["body", *e.loc]} for e in cause.errors]})
+    if isinstance(cause, JobNotFoundError):
+        return JSONResponse(status_code=404,
+                            content={"detail": f"no job with id {cause.job_id!r}"})
+    if isinstance(cause, RetryLaterError):
+        return JSONResponse(status_code=429 if isinstance(cause, ServiceBusyError) else 503,
+                            content={"detail": cause.detail},
+                            headers={"Retry-After": str(cause.retry_after_s)})
+    return JSONResponse(status_code=409, content={"detail": str(cause)})

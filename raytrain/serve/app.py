@@ -34,10 +34,11 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from raytrain import __version__
+from raytrain.catalog.hardware import CATALOG, Catalog
 from raytrain.core.planner import NothingFits
 from raytrain.core.resolve import rank_plans
 from raytrain.errors import SpecError
-from raytrain.serve.answers import manager_away, refused_submit, unwrap
+from raytrain.serve.answers import add_refusals, manager_away, refused_submit
 from raytrain.serve.auth import BearerAuth
 from raytrain.serve.dashboard import ASSETS, PAGES, add_pages
 from raytrain.serve.feeds import Feeds, ManagerAway
@@ -99,7 +100,7 @@ def _json(text: str, headers: dict[str, str] | None = None) -> Response:
 
 
 def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
-              cached_reads: float | None = None) -> FastAPI:
+              cached_reads: float | None = None, hardware: Catalog = CATALOG) -> FastAPI:
     """The HTTP API over a job manager handle: a Ray actor handle, or `InProcess(manager)`
     for a manager in this process (tests drive the app through httpx's ASGITransport).
     open_metrics: serve /metrics without a token. auth: whether the service asks for tokens
@@ -134,11 +135,12 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
     api.add_exception_handler(StarletteHTTPException, allow_every_method)
     api.add_exception_handler(RayActorError, manager_away)
     api.add_exception_handler(GetTimeoutError, manager_away)
+    add_refusals(api)
 
     job_routes(api, manager)
     output_routes(api, manager)
     event_routes(api, manager, feeds, streams)
-    planning_routes(api, manager)
+    planning_routes(api, manager, hardware)
     probe_routes(api, manager, auth, latency, refused)
 
     api.add_middleware(JSONBodies)
@@ -161,8 +163,7 @@ def job_routes(api: FastAPI, manager: Any) -> None:
             None, max_length=200, description="Retrying with the same key returns the job the "
             "first request queued (for a day) instead of queueing another.")
                      ) -> dict[str, Any]:
-        return unwrap(await manager.submit.remote(
-            spec.model_dump(mode="json"), _caller(request), idempotency_key))
+        return await manager.submit.remote(spec, _caller(request), idempotency_key)
 
     @api.get("/v1/jobs", response_model=list[JobStatus], responses=errors(422))
     async def list_jobs(
@@ -196,8 +197,8 @@ def job_routes(api: FastAPI, manager: Any) -> None:
             "logs (409 while it runs)")) -> dict[str, Any]:
         """Cancel a job; with `?purge=true`, delete an ended one."""
         if purge:
-            return unwrap(await manager.delete.remote(job_id))
-        return unwrap(await manager.cancel.remote(job_id, _caller(request)))
+            return await manager.delete.remote(job_id)
+        return await manager.cancel.remote(job_id, _caller(request))
 
     @api.post("/v1/jobs/{job_id}/resume", status_code=202, response_model=JobStatus,
               responses=errors(400, 404, 409, 413, 422, 429))
@@ -205,8 +206,8 @@ def job_routes(api: FastAPI, manager: Any) -> None:
                      idempotency_key: str = Header(None, max_length=200)) -> Any:  # type: ignore[assignment]
         """Queue a new job that goes on from a failed or cancelled job's latest checkpoint
         (a job stopped by its budget, say), with its own budget if given."""
-        return unwrap(await manager.resume.remote(job_id, _caller(request), body.budget_usd,
-                                                   idempotency_key))
+        return await manager.resume.remote(job_id, _caller(request), body.budget_usd,
+                                           idempotency_key)
 
 
 def output_routes(api: FastAPI, manager: Any) -> None:
@@ -231,8 +232,7 @@ def output_routes(api: FastAPI, manager: Any) -> None:
                    ) -> dict[str, Any]:
         """Each worker's output by rank, at most max_bytes per rank per answer."""
         offsets = {int(r): int(byte) for r, _, byte in (p.partition(":") for p in offset)}
-        return unwrap(await manager.logs.remote(job_id, offsets or None, rank,
-                                                      max_bytes))
+        return await manager.logs.remote(job_id, offsets or None, rank, max_bytes)
 
 
 def event_routes(api: FastAPI, manager: Any, feeds: Feeds, streams: StreamLimits) -> None:
@@ -279,14 +279,15 @@ def event_routes(api: FastAPI, manager: Any, feeds: Feeds, streams: StreamLimits
         return SlotStream(stream(), release, media_type="text/event-stream")
 
 
-def planning_routes(api: FastAPI, manager: Any) -> None:
-    """Plans and offers: nothing submitted."""
+def planning_routes(api: FastAPI, manager: Any, hardware: Catalog) -> None:
+    """Plans (on `hardware`: this machine's CPU profile, if calibrated) and offers: nothing
+    submitted."""
     @api.post("/v1/plans", response_model=PlanResponse, responses=errors(400, 413, 422))
     async def plans(request: PlanRequest) -> PlanResponse:
         """Rank every feasible layout of the job on the hardware asked about, or evaluate the
         one layout the request gives, on its node shape."""
         try:
-            return rank_plans(request, SHIPPED_OFFERS)
+            return rank_plans(request, SHIPPED_OFFERS, hardware)
         except NothingFits as exc:
             raise HTTPException(status_code=422, detail=[{
                 "loc": ["body", "spec", "parallel"], "msg": str(exc),
@@ -301,14 +302,13 @@ def planning_routes(api: FastAPI, manager: Any) -> None:
                      keep: int = 20) -> dict[str, Any]:
         """The instance offers with current prices; with `?job=ID`, the policy's ranking of
         offer x market x node count for that job."""
-        return unwrap(await manager.offers.remote(None, policy, keep, job))
+        return await manager.offers.remote(None, policy, keep, job)
 
     @api.post("/v1/offers", response_model=OffersResponse,
               responses=errors(400, 413, 422))
     async def rank_offers(request: OffersRequest) -> dict[str, Any]:
         """The policy's ranking for a job spec, nothing submitted."""
-        return unwrap(await manager.offers.remote(
-            request.spec.model_dump(mode="json"), request.policy, request.keep))
+        return await manager.offers.remote(request.spec, request.policy, request.keep)
 
 
 def probe_routes(api: FastAPI, manager: Any, auth: bool, latency: Histogram, refused: Counter

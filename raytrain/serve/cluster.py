@@ -11,12 +11,14 @@ Each is checked against this Protocol by the type checker (tests/adaptors_confor
 before a test runs. The handle a launch returns is the adaptor's own type; the job manager
 only hands it back.
 
-    manager = JobManager(config, cluster=RayCluster())
+    manager = JobManager(config, cluster=RayCluster()).start()
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Protocol, TypeVar
+from typing import Iterable, Mapping, Protocol, TypeVar
+
+from raytrain.spec import JobSpec, Layout
 
 Handle = TypeVar("Handle")
 
@@ -26,10 +28,11 @@ class Cluster(Protocol[Handle]):
         """Unix time, by the cluster's clock (a simulated one in a replay)."""
         ...
 
-    def launch(self, job_id: str, spec_json: dict[str, Any], layout_json: dict[str, Any],
+    def launch(self, job_id: str, spec: JobSpec, layout: Layout,
                checkpoint_root: str, run_root: str, worker_resources: dict[str, float] | None,
                notice_endpoint: str | None) -> Handle:
-        """Start the job's runner, which trains it; returns at once."""
+        """Start the job's runner, which trains it; returns at once. The spec and layout
+        travel as the values they are (validated once, where the job came in)."""
         ...
 
     def finished(self, handles: Mapping[str, Handle]) -> set[str]:

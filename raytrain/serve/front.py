@@ -164,9 +164,9 @@ class RaytrainAPI:
         from raytrain.serve.manager_actor import get_or_create_manager
 
         config_ = ServiceConfig.model_validate(config)
-        load_cpu_profile(config_.state_path)  # POST /v1/plans plans CPU jobs with it too
         app = build_app(get_or_create_manager(config_), config_.open_metrics, config_.auth,
-                        cached_reads=POLL_S)
+                        cached_reads=POLL_S,  # POST /v1/plans: this machine's CPU profile too
+                        hardware=load_cpu_profile(config_.state_path))
         self.front = Front(app, host, port)
 
     def check_health(self) -> None:

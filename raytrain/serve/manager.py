@@ -14,12 +14,12 @@ nothing. If the actor itself is lost, Ray starts a new one, which reloads every 
 the store, reclaims what the old one's runs held, and queues the jobs that were in flight
 again; they resume from their latest checkpoint.
 
-Methods answer plain values and report expected failures as an envelope
-`{"ok": value}` / `{"error": kind, "detail": ...}` so nothing depends on exceptions
-crossing the actor boundary.
+Methods answer typed values (a JobStatus, a page of them, a reply model) and refuse with
+the exceptions of raytrain.errors, which pickle to themselves across the actor boundary; the
+HTTP layer turns each into its status code (serve.answers).
 
-    manager = JobManager(config.model_dump(mode="json"), cluster=RayCluster())
-    manager.submit(document) -> {"ok": status} | {"error": "spec", "detail": [...]}
+    manager = JobManager(config.model_dump(mode="json"), cluster=RayCluster()).start()
+    manager.submit(spec) -> JobStatus   # or raises SpecError, ServiceBusyError, ...
 """
 
 from __future__ import annotations
@@ -31,17 +31,18 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from raytrain.catalog.hardware import CATALOG
 from raytrain.cloud.object_store import is_remote, open_store
 from raytrain.core import lifecycle as lc
 from raytrain.core.capacity import never_fits
 from raytrain.core.resolve import plan_summary
 from raytrain.core.tally import Tally
-from raytrain.errors import FieldError, SpecError, StoreError
+from raytrain.errors import FieldError, JobStateError, ServiceUnavailableError, StoreError
 from raytrain.models.factories import resolve_factory
 from raytrain.serve.admission import (
-    admission_refusal,
+    check_admission,
+    check_deletable,
     check_paths_on_head_node,
-    deletion_refusal,
     new_job,
     resumed,
 )
@@ -50,7 +51,7 @@ from raytrain.serve.cluster import Cluster
 from raytrain.serve.durable import RETRY_AFTER_S, DurableRecords, service_id
 from raytrain.serve.events import EventLog
 from raytrain.serve.history import History, point_of
-from raytrain.serve.manager_reads import JobReads, not_found
+from raytrain.serve.manager_reads import JobReads
 from raytrain.serve.provisioning import Provisioner
 from raytrain.serve.ray_cluster import RayCluster
 from raytrain.serve.reads import Versions
@@ -58,10 +59,10 @@ from raytrain.serve.scheduler import Scheduler
 from raytrain.serve.store import STORE_FILE, JobStore
 from raytrain.spec import (
     JobSpec,
+    JobStatus,
     ResourcesSpec,
     ServiceConfig,
     check_imports_allowed,
-    parse_job_spec,
 )
 from raytrain.spec.files import load_cpu_profile
 
@@ -69,13 +70,38 @@ logger = logging.getLogger(__name__)
 
 
 class JobManager(JobReads):
+    """Construct it (no I/O: a value of its config and cluster adaptor), then `start()` it:
+    that opens the job store, reloads its records, reclaims what a lost manager left, and
+    starts the scheduler thread (with `schedule`)."""
+
     def __init__(self, config: dict[str, Any], cluster: Cluster[Any] | None = None,
                  schedule: bool = True) -> None:
         self.config = ServiceConfig.model_validate(config)
-        load_cpu_profile(self.config.state_path)  # this machine's, if `raytrain calibrate` ran
         self.cluster: Cluster[Any] = cluster if cluster is not None else RayCluster()
         self.lock = threading.RLock()
         self._changed = threading.Condition(self.lock)
+        self._schedule = schedule
+        self._stopping = threading.Event()
+        self.records: dict[str, lc.Record] = {}
+        self.tally = Tally.from_json(None)
+        self._encoded: dict[str, str] = {}  # each job's status as JSON, until it changes
+        self._versions = Versions()  # of each status, for the replicas' copies (changes())
+        self._events: dict[str, EventLog] = {}
+        self.handles: dict[str, Any] = {}  # each running job's runner (the adaptor's handle)
+        self._inherited_digests: dict[str, str] = {}
+        self._mirrored_digests: dict[str, str] = {}
+        self.hardware = CATALOG  # until start() reads this machine's CPU profile
+        # Set by start(): the store, its history, the provisioner and the scheduler.
+        self._store: DurableRecords
+        self._history: History
+        self.provisioner: Provisioner
+        self.scheduler: Scheduler
+
+    def start(self) -> JobManager:
+        """Open the store and reload every job; requeue the ones in flight; start scheduling.
+        Returns the manager, started."""
+        # The devices jobs are planned on: this machine's, if `raytrain calibrate` ran.
+        self.hardware = load_cpu_profile(self.config.state_path)
         if self.config.storage_endpoint:  # this process's stores, and (ray_cluster) the runs'
             os.environ["AWS_ENDPOINT_URL_S3"] = self.config.storage_endpoint
         db = JobStore(self.config.state_path / STORE_FILE)
@@ -86,17 +112,14 @@ class JobManager(JobReads):
         self._store.start(wait_for_lease=logger.warning)
         loaded, tally = self._store.load()
         self._inherited_digests = self._store.mirrored_digests()
-        self._mirrored_digests: dict[str, str] = {}
-        self.records: dict[str, lc.Record] = {job.id: lc.Record(job) for job, _ in loaded}
+        self.records = {job.id: lc.Record(job) for job, _ in loaded}
         self.tally = Tally.from_json(tally)
-        self._encoded: dict[str, str] = {}  # each job's status as JSON, until it changes
-        self._versions = Versions()  # of each status, for the replicas' copies (changes())
         self._events = {job.id: EventLog.reloaded(seq) for job, seq in loaded}
         self._history = History(db)  # each job's progress points, for charts
-        self.handles: dict[str, Any] = {}  # each running job's runner (the adaptor's handle)
         self.provisioner = Provisioner(self.config, request=self.cluster.request_nodes,
                                        history=self.tally.spot,  # counted as jobs are billed
-                                       ready=self.tally.ready)  # added to as nodes come up
+                                       ready=self.tally.ready,  # added to as nodes come up
+                                       hardware=self.hardware)
         self.scheduler = Scheduler(self)
         self.scheduler.reclaim_after_restart()
         for job_id, record in list(self.records.items()):
@@ -106,10 +129,10 @@ class JobManager(JobReads):
                 logger.info("job %s requeued after a service restart (was %s)", job_id, was)
         logger.info("job manager up with %d job records from %s%s", len(self.records),
                     db.path, f" and {mirror}" if mirror is not None else "")
-        self._stopping = threading.Event()
-        if schedule:
+        if self._schedule:
             threading.Thread(target=self._schedule_forever, name="scheduler",
                              daemon=True).start()
+        return self
 
     # ------------------------------------------------------------ the lifecycle's effects
 
@@ -162,44 +185,38 @@ class JobManager(JobReads):
 
     # ---------------------------------------------------------------- requests from the API
 
-    def submit(self, document: dict[str, Any], caller: str | None = None,
+    def submit(self, spec: JobSpec, caller: str | None = None,
                key: str | None = None) -> dict[str, Any]:
         """Queue a job for `caller` (the token's name). A `key` seen from the same caller
-        within IDEMPOTENCY_WINDOW_S returns that job instead of queueing another."""
-        try:
-            spec = parse_job_spec(document)
-        except SpecError as exc:
-            return {"error": "spec", "detail": [e.to_json() for e in exc.errors]}
-        unwritable = self._unwritable()
-        if unwritable is not None:
-            return unwritable
+        within IDEMPOTENCY_WINDOW_S returns that job instead of queueing another. `spec` was
+        validated where it came in (the API, a resume); it is checked here only against what
+        this service allows and holds."""
+        self._check_writable()
         with self.lock:
-            refused = admission_refusal(self.records.values(), spec, caller, key,
-                                        self.cluster.now(), self.config.max_active_jobs)
-        if refused is not None:
-            return refused
-        try:
-            plan = plan_summary(spec)  # the layout, decided once: stored, never planned again
-            check_imports_allowed(spec, self.config.allowed_import_packages)
-            for loc, path in spec.import_paths():  # a typo is found now, not on a node
-                resolve_factory(path, loc)  # bought for it
-            check_paths_on_head_node(spec)
-            self.provisioner.check_capacity(spec, self.cluster.node_resources)
-        except SpecError as exc:
-            return {"error": "spec", "detail": [e.to_json() for e in exc.errors]}
+            earlier = check_admission(self.records.values(), spec, caller, key,
+                                      self.cluster.now(), self.config.max_active_jobs)
+        if earlier is not None:
+            return earlier
+        # The layout, decided once: stored, never planned again.
+        plan = plan_summary(spec, hardware=self.hardware)
+        check_imports_allowed(spec, self.config.allowed_import_packages)
+        for loc, path in spec.import_paths():  # a typo is found now, not on a node bought
+            resolve_factory(path, loc)  # for it
+        check_paths_on_head_node(spec)
+        self.provisioner.check_capacity(spec, self.cluster.node_resources)
         job = new_job(spec, plan, caller, key, self.cluster.now())
         with self.lock:
-            refused = admission_refusal(self.records.values(), spec, caller, key,
-                                        self.cluster.now(), self.config.max_active_jobs)
-            if refused is not None:  # the same key came twice at once: the first one won
-                return refused
+            earlier = check_admission(self.records.values(), spec, caller, key,
+                                      self.cluster.now(), self.config.max_active_jobs)
+            if earlier is not None:  # the same key came twice at once: the first one won
+                return earlier
             self.records[job.id] = lc.Record(job)
             self._events[job.id] = EventLog()
             self.apply(job.id, lc.Submitted())
             job = self.records[job.id].status
         logger.info("job %s submitted by %s: %s", job.id, caller or "an open service",
                     spec.name)
-        return {"ok": job.model_dump(mode="json")}
+        return job
 
     def capacity_refusal(self, resources: Any) -> dict[str, Any] | None:
         """For a job refused for other fields: whether its `resources` section alone could
@@ -218,46 +235,33 @@ class JobManager(JobReads):
                                                       reason).to_json()
 
     def resume(self, job_id: str, caller: str | None = None, budget_usd: float | None = None,
-               key: str | None = None) -> dict[str, Any]:
+               key: str | None = None) -> JobStatus:
         """Queue a new job that goes on from a failed or cancelled job's latest checkpoint."""
         with self.lock:
-            record = self.records.get(job_id)
-            if record is None:
-                return not_found(job_id)
-            unwritable = self._unwritable()
-            if unwritable is not None:
-                return unwritable
-            answer = resumed(record.status, budget_usd)
-        return self.submit(answer["ok"], caller, key) if "ok" in answer else answer
+            record = self._record(job_id)
+            self._check_writable()
+            spec = resumed(record.status, budget_usd)
+        return self.submit(spec, caller, key)
 
-    def offers(self, spec_json: dict[str, Any] | None, policy: str | None, keep: int,
+    def offers(self, spec: JobSpec | None, policy: str | None, keep: int,
                job_id: str | None = None) -> dict[str, Any]:
         """The catalog, and the policy's ranking for a spec or an existing job."""
-        with self.lock:
-            if job_id is not None:
-                record = self.records.get(job_id)
-                if record is None:
-                    return not_found(job_id)
-                spec_json = record.status.spec.model_dump(mode="json")
-        spec = JobSpec.model_validate(spec_json) if spec_json is not None else None
+        if job_id is not None:
+            with self.lock:
+                spec = self._record(job_id).status.spec
         return self.provisioner.offers(spec, policy, keep)
 
-    def cancel(self, job_id: str, caller: str | None = None) -> dict[str, Any]:
+    def cancel(self, job_id: str, caller: str | None = None) -> JobStatus:
         with self.lock:
-            record = self.records.get(job_id)
-            if record is None:
-                return not_found(job_id)
-            unwritable = self._unwritable()
-            if unwritable is not None:
-                return unwritable
+            record = self._record(job_id)
+            self._check_writable()
             if record.status.state.is_terminal:
-                return {"error": "state", "detail": (f"job {job_id} already ended "
-                                                     f"{record.status.state.value}; nothing "
-                                                     "to cancel")}
+                raise JobStateError(f"job {job_id} already ended {record.status.state.value};"
+                                    " nothing to cancel")
             self.apply(job_id, lc.CancelRequested())
             logger.info("job %s cancelled by %s (was running: %s)", job_id,
                         caller or "an open service", record.run is not None)
-            return {"ok": self.records[job_id].status.model_dump(mode="json")}
+            return self.records[job_id].status
 
     def token_digests(self) -> dict[str, str] | None:
         """{token name: sha256 of the token} for the API's check; None when the service runs
@@ -277,28 +281,21 @@ class JobManager(JobReads):
             self._mirrored_digests = merged
         return merged
 
-    def _unwritable(self) -> dict[str, Any] | None:
-        """The 503 answer while the job store does not take writes (serve.durable)."""
-        if self._store.flush():
-            return None
-        return {"error": "unavailable", "retry_after": RETRY_AFTER_S,
-                "detail": f"{self._store.degraded}. Nothing was changed. To fix: retry in "
+    def _check_writable(self) -> None:
+        """ServiceUnavailableError (503) while the job store takes no writes (serve.durable)."""
+        if not self._store.flush():
+            raise ServiceUnavailableError(
+                f"{self._store.degraded}. Nothing was changed. To fix: retry in "
                 f"{RETRY_AFTER_S} s; the operator frees the service's state directory "
-                "(disk space, permissions)"}
+                "(disk space, permissions)", RETRY_AFTER_S)
 
-    def delete(self, job_id: str) -> dict[str, Any]:
+    def delete(self, job_id: str) -> JobStatus:
         """Forget an ended job: its record, events, checkpoints and logs."""
         with self.lock:
-            record = self.records.get(job_id)
-            if record is None:
-                return not_found(job_id)
+            record = self._record(job_id)
             job = record.status
-            refused = deletion_refusal(record, [r.status for r in self.records.values()])
-            if refused is not None:
-                return refused
-            unwritable = self._unwritable()
-            if unwritable is not None:
-                return unwritable
+            check_deletable(record, [r.status for r in self.records.values()])
+            self._check_writable()
             self._store.delete(job_id)
             del self.records[job_id]
             self._touch(job_id)
@@ -310,7 +307,7 @@ class JobManager(JobReads):
         except StoreError as exc:  # the record is gone; what is left can go by hand
             logger.error("job %s deleted, but not its files: %s", job_id, exc)
         logger.info("job %s deleted with its checkpoints and logs (%s)", job_id, root)
-        return {"ok": job.model_dump(mode="json")}
+        return job
 
     def shutdown(self) -> None:
         """Stop scheduling and every running job (used when the service that started us stops)."""
@@ -354,17 +351,19 @@ class JobManager(JobReads):
 
     def run_view(self, job_id: str) -> dict[str, Any]:
         """What an elastic job's runner needs to know when one of its groups ends: the step
-        reached, whether the service is stopping the run (a cancel, a move, the budget), and
-        each replica group's state (training, leaving, healing or gone)."""
+        reached, whether the service is stopping the run (a cancel, a move, the budget), each
+        replica group's state (training, leaving, healing or gone), and the nodes a group
+        left on a notice (`avoid`: a replacement placed there would die with it)."""
         with self.lock:
             record = self.records.get(job_id)
             if record is None:
-                return {"step": 0, "stopping": True, "groups": {}}
+                return {"step": 0, "stopping": True, "groups": {}, "avoid": []}
             job, run = record.status, record.run
             stopping = job.state.is_terminal or run is None or run.stop_by is not None or \
                 run.moving_to is not None or run.over_budget
             return {"step": job.progress.step, "stopping": stopping,
-                    "groups": {g.index: g.state for g in job.groups}}
+                    "groups": {g.index: g.state for g in job.groups},
+                    "avoid": sorted(run.noticed_nodes) if run is not None else []}
 
     def report_finished(self, job_id: str, attempt: int, result: dict[str, Any]) -> None:
         if job_id in self.records:

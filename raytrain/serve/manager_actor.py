@@ -7,6 +7,8 @@ Ray if its process is lost (the new one reloads the store; serve/manager.py).
 
 from __future__ import annotations
 
+from typing import Any
+
 import ray
 from ray.actor import ActorHandle
 
@@ -14,7 +16,17 @@ from raytrain.serve.manager import JobManager
 from raytrain.serve.ray_cluster import HEAD_NODE_RESOURCE, MANAGER_NAME, NAMESPACE
 from raytrain.spec import ServiceConfig
 
-JobManagerActor = ray.remote(JobManager)
+
+class StartedJobManager(JobManager):
+    """The job manager as Ray runs it: started as it is constructed, so that Ray starting it
+    again after a loss reloads the store and resumes scheduling."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__(config)
+        self.start()
+
+
+JobManagerActor = ray.remote(StartedJobManager)
 
 
 def get_or_create_manager(config: ServiceConfig) -> ActorHandle:

@@ -16,7 +16,7 @@ from typing import Any
 from raytrain.cloud.object_store import join
 from raytrain.core import lifecycle as lc
 from raytrain.core.tally import Tally, snapshot
-from raytrain.errors import StoreError
+from raytrain.errors import JobNotFoundError, ServiceUnavailableError, StoreError
 from raytrain.serve.durable import RETRY_AFTER_S, DurableRecords
 from raytrain.serve.events import EventLog
 from raytrain.serve.history import History
@@ -105,17 +105,20 @@ class JobReads:
              max_bytes: int) -> dict[str, Any]:
         """Each worker's output, by rank, from the given offsets (default: the tail)."""
         with self.lock:
-            record = self.records.get(job_id)
-            if record is None:
-                return not_found(job_id)
-            state = record.status.state.value
+            state = self._record(job_id).status.state.value
         try:
             chunks = read_stored_logs(join(self.config.job_uri(job_id), "logs"), offsets, rank,
                                       max_bytes)
         except StoreError as exc:
-            return {"error": "unavailable", "retry_after": RETRY_AFTER_S, "detail": str(exc)}
-        return {"ok": {"job_id": job_id, "state": state,
-                       "ranks": [asdict(chunk) for chunk in chunks]}}
+            raise ServiceUnavailableError(str(exc), RETRY_AFTER_S) from None
+        return {"job_id": job_id, "state": state, "ranks": [asdict(chunk) for chunk in chunks]}
+
+    def _record(self, job_id: str) -> lc.Record:
+        """The job's record (the caller holds the lock); JobNotFoundError if there is none."""
+        record = self.records.get(job_id)
+        if record is None:
+            raise JobNotFoundError(job_id)
+        return record
 
     def wait_events(self, job_id: str, after_seq: int,
                     timeout_s: float) -> list[dict[str, Any]] | None:
@@ -135,10 +138,6 @@ class JobReads:
                 if remaining <= 0:
                     return []
                 self._changed.wait(remaining)
-
-
-def not_found(job_id: str) -> dict[str, Any]:
-    return {"error": "not_found", "detail": f"no job with id {job_id!r}"}
 
 
 def _cursor(job: JobStatus) -> str:

@@ -31,13 +31,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from raytrain.core.autoscale import (
-    Decision,
-    Observed,
-    Option,
-    decision_record,
-    options,
-)
+from raytrain.catalog.hardware import CATALOG, Catalog
+from raytrain.core.autoscale import Decision, Observed, Option, Throughput, decision_record, options
 from raytrain.core.costs import Costs, costs_shown, job_costs, ready_key
 from raytrain.core.engine import CapacityEngine, EngineEvent, Missing
 from raytrain.core.interval import interval_moved
@@ -112,6 +107,8 @@ class Provisioner:
     history: dict[str, tuple[int, float]] = field(default_factory=dict)
     # Node-ready times measured per offer: (samples, total seconds), the tally's too.
     ready: dict[str, tuple[int, float]] = field(default_factory=dict)
+    # The devices the planner prices jobs on (this machine's CPU profile, if calibrated).
+    hardware: Catalog = CATALOG
 
     def __post_init__(self) -> None:
         self.catalog = catalog_for(self.config)
@@ -133,16 +130,20 @@ class Provisioner:
         name = spec.capacity.policy
         return None if name is None else unknown_policy(name, self.policies)
 
+    def _throughput(self, spec: JobSpec, node_type: dict[tuple[str, str], str]) -> Throughput:
+        """The planner's throughput for the job on this service's devices and node types."""
+        return limit_nodes(job_throughput(spec, self.hardware), self._node_limits(node_type))
+
     def offers(self, spec: JobSpec | None, policy: str | None, keep: int) -> dict[str, Any]:
         """The catalog, and with a spec the ranking of `policy` (default: the job's, else
-        the service's); an envelope, as the job manager answers."""
+        the service's); SpecError for a policy it does not have."""
         name = policy or (spec.capacity.policy if spec else None) or self.config.default_policy
         error = unknown_policy(name, self.policies, ("policy",))
         if error is not None:
-            return {"error": "spec", "detail": [error.to_json()]}
+            raise SpecError([error])
         response = offers_response(self.catalog, self.policies[name], spec, keep,
-                                   Observed(spot_history=dict(self.history)))
-        return {"ok": response.model_dump(mode="json")}
+                                   Observed(spot_history=dict(self.history)), self.hardware)
+        return response.model_dump(mode="json")
 
     def check_capacity(self, spec: JobSpec, nodes: Callable[[], Any]) -> None:
         """Raise SpecError at submit for a job no capacity can ever hold: an unknown policy,
@@ -162,7 +163,7 @@ class Provisioner:
         offers, node_type = self._bound
         reason = device_mismatch(spec, offers)
         if reason is None:
-            throughput = limit_nodes(job_throughput(spec), self._node_limits(node_type))
+            throughput = self._throughput(spec, node_type)
             goal = replace(job_goal(spec), deadline_s=None, budget_usd=None,
                            max_usd_per_hour=None)
             found = options(goal, offers, throughput, self.policy_for(spec))
@@ -295,7 +296,7 @@ class Provisioner:
         spec, policy = job.spec, self.policy_for(job.spec)
         costs = self.costs_for(job)
         offers, node_type = self._bound
-        throughput = limit_nodes(job_throughput(spec), self._node_limits(node_type))
+        throughput = self._throughput(spec, node_type)
         engine = CapacityEngine(policy, offers, throughput, self.history, current, missing,
                                 job.preemptions, costs)
         goal = job_goal(spec, job.checkpoint.step if job.checkpoint else 0,
@@ -315,7 +316,7 @@ class Provisioner:
     def _reference_usd(self, job: JobStatus, costs: Costs) -> float | None:
         """On-demand from the start: the regret cap's reference (None: no on-demand offer)."""
         offers, node_type = self._bound
-        throughput = limit_nodes(job_throughput(job.spec), self._node_limits(node_type))
+        throughput = self._throughput(job.spec, node_type)
         found = options(job_goal(job.spec), offers, throughput, self.policy_for(job.spec),
                         markets=("on-demand",), costs=costs)
         return min((o.expected_cost_usd for o in found), default=None)
@@ -355,7 +356,8 @@ class Provisioner:
             **resources.model_dump(), "num_workers": devices,
             "accelerator": offer.gpu_kind if on_gpu else None}})
         placement = Placement(node_type[(offer.id, option.market)], option.nodes, devices,
-                              option, run_spec, plan_summary(run_spec), now, missing)
+                              option, run_spec, plan_summary(run_spec, hardware=self.hardware),
+                              now, missing)
         same_nodes = old is not None and old.node_type == placement.node_type
         placement.asked_at = old.asked_at if same_nodes and old.asked_at else now
         self.placements[job.id] = placement

@@ -7,7 +7,7 @@ pass a recording fake of it, tests/fake_ray.py); the manager never calls Ray its
 bookkeeping is tested in-process and only this module needs a real cluster.
 
     cluster = RayCluster()
-    handle = cluster.launch(job_id, spec_json, layout_json, ckpt_root, run_root,
+    handle = cluster.launch(job_id, spec, layout, ckpt_root, run_root,
                             {"gpu-node": 0.125}, None)
     cluster.finished({job_id: handle})  -> {job_id} once fit() returned
     cluster.outcome(handle)             -> None, or the workers' error in a few lines
@@ -46,16 +46,15 @@ class JobRunner:
     """Runs one job's `fit()`; killing this actor stops the job."""
 
     def run(
-        self, spec_json: dict[str, Any], layout_json: dict[str, Any], job_id: str,
-        checkpoint_root: str, run_root: str,
+        self, spec: JobSpec, layout: Layout, job_id: str, checkpoint_root: str, run_root: str,
         worker_resources: dict[str, float] | None = None,
         interruption_endpoint: str | None = None,
     ) -> None:
-        from raytrain.train.launcher import run_training_job
+        from raytrain.train.runs import run_training_job
 
         run_training_job(
-            JobSpec.model_validate(spec_json),
-            Layout(**layout_json),
+            spec,
+            layout,
             job_id,
             checkpoint_root,
             Path(run_root),
@@ -87,8 +86,8 @@ class RayCluster:
     def now(self) -> float:
         return time.time()
 
-    def launch(self, job_id: str, spec_json: dict[str, Any], layout_json: dict[str, Any],
-               checkpoint_root: str, run_root: str, worker_resources: dict[str, float] | None,
+    def launch(self, job_id: str, spec: JobSpec, layout: Layout, checkpoint_root: str,
+               run_root: str, worker_resources: dict[str, float] | None,
                notice_endpoint: str | None) -> RunHandle:
         # On the head node: Ray Train puts its controller (and Ray Data its detached
         # autoscaling coordinator) beside the caller, and a bought node that keeps any actor
@@ -96,7 +95,7 @@ class RayCluster:
         runner = JobRunner.options(name=f"{RUNNER_PREFIX}{job_id}", namespace=NAMESPACE,
                                    resources={HEAD_NODE_RESOURCE: 0.001},
                                    runtime_env=storage_env()).remote()
-        done = runner.run.remote(spec_json, layout_json, job_id, checkpoint_root, run_root,
+        done = runner.run.remote(spec, layout, job_id, checkpoint_root, run_root,
                                  worker_resources, notice_endpoint)
         return RunHandle(runner, done)
 

@@ -36,7 +36,8 @@ from raytrain.catalog.traces import Trace
 from raytrain.core.fleet import SimJob, SimResult, replay
 from raytrain.core.throughput import job_throughput
 from raytrain.serve.manager import JobManager
-from raytrain.serve.trace_cloud import CloudTimes, NodeType, TraceCloud
+from raytrain.serve.sim_workers import CloudTimes
+from raytrain.serve.trace_cloud import NodeType, TraceCloud
 from raytrain.spec import JobSpec, JobState, JobStatus, Offer, PolicySpec, ServiceConfig
 
 TICK_S = 10.0
@@ -105,13 +106,10 @@ def replay_job(scenario: Scenario, start_s: float = 0.0) -> Replayed:
                           None if m.trace is None else tuple(replay(m.trace, start_s, horizon)),
                           scenario.notice) for m in scenario.markets]
         cloud = TraceCloud(types, scenario.times)
-        manager = JobManager(config.model_dump(mode="json"), cluster=cloud, schedule=False)
+        manager = JobManager(config.model_dump(mode="json"), cluster=cloud, schedule=False).start()
         cloud.manager = manager
         try:
-            submitted = manager.submit(scenario.spec.model_dump(mode="json"))
-            if "ok" not in submitted:
-                raise ValueError(f"the replayed job was refused: {submitted}")
-            job_id = submitted["ok"]["id"]
+            job_id = manager.submit(scenario.spec).id  # a refusal raises, with its fix
             _drive(manager, cloud, job_id, cloud.time + horizon, scenario.tick_s)
             status = manager.records[job_id].status
             bill, idle = cloud.bill_usd(), cloud.idle_usd()

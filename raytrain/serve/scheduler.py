@@ -14,8 +14,8 @@ manager as lifecycle events, and starts runners.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
-from typing import TYPE_CHECKING
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from raytrain.cloud.interruption import watch_endpoint
 from raytrain.cloud.object_store import is_remote, join
@@ -23,16 +23,33 @@ from raytrain.core import lifecycle as lc
 from raytrain.core.billing import attribute
 from raytrain.core.capacity import Queued, admit, backfill, worker_group_demand
 from raytrain.core.elastic import elastic_groups
-from raytrain.spec import JobSpec, JobState, PlanSummary
-
-if TYPE_CHECKING:
-    from raytrain.serve.manager import JobManager
+from raytrain.serve.cluster import Cluster
+from raytrain.serve.provisioning import Provisioner
+from raytrain.spec import JobSpec, JobState, PlanSummary, ServiceConfig
 
 logger = logging.getLogger(__name__)
 
 
+class Jobs(Protocol):
+    """What the scheduler needs of the job manager (serve.manager.JobManager, checked in
+    tests/adaptors_conform.py): every job's record, read and changed only under `lock`; the
+    runners' handles; the adaptors it holds; and `apply`, which feeds a job's lifecycle an
+    event and carries out what it decides."""
+
+    @property
+    def lock(self) -> AbstractContextManager[Any]: ...
+
+    records: dict[str, lc.Record]
+    handles: dict[str, Any]
+    cluster: Cluster[Any]
+    config: ServiceConfig
+    provisioner: Provisioner
+
+    def apply(self, job_id: str, event: lc.Event) -> Any: ...
+
+
 class Scheduler:
-    def __init__(self, manager: JobManager) -> None:
+    def __init__(self, manager: Jobs) -> None:
         self.manager = manager
         self.cluster = manager.cluster
         self.config = manager.config
@@ -170,9 +187,8 @@ class Scheduler:
         # folder: with a bucket, the state directory holds it.
         ray_root = str(self.config.state_path / "runs" / job_id) if is_remote(root) \
             else join(root, "ray")
-        handle = self.cluster.launch(job_id, spec.model_dump(mode="json"), asdict(plan.layout),
-                                     join(root, "checkpoints"), ray_root, worker_resources,
-                                     notice_endpoint)
+        handle = self.cluster.launch(job_id, spec, plan.layout, join(root, "checkpoints"),
+                                     ray_root, worker_resources, notice_endpoint)
         self.manager.handles[job_id] = handle
         bought = set(worker_resources or ())
         nodes = round(sum(worker_resources.values()) * spec.resources.num_workers) \

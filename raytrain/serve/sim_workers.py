@@ -20,22 +20,45 @@ groups' (raytrain.core.elastic), and reports to the live job manager as real wor
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from raytrain.core.elastic import elastic_groups
 from raytrain.core.step_rules import after_step
 from raytrain.spec import JobSpec, Layout
 
-if TYPE_CHECKING:
-    from raytrain.serve.trace_cloud import TraceCloud
-
 TRAINING, LEAVING, GONE, HEALING = "training", "leaving", "gone", "healing"
+
+
+@dataclass(frozen=True)
+class CloudTimes:
+    """The truth the simulated cloud and workers follow; the service measures what it sees
+    of them (checkpoint stall, restart, node-ready) as it would live."""
+
+    ready_s: float = 120.0  # from asking for a node to its being up
+    restart_s: float = 30.0  # from capacity in hand to the first step (start, load, resume)
+    checkpoint_s: float = 60.0  # one checkpoint's stall, durable at its end
+    report_s: float = 30.0  # progress reports (a live rank 0 reports every second)
+    idle_s: float = 60.0  # the autoscaler lets a node go once unwanted this long
+    group_stall_s: float = 3.0  # survivors' stall when a replica group leaves or joins
+
+
+class SimCloud(Protocol):
+    """What a simulated run needs of its cloud (serve.trace_cloud.TraceCloud): the times it
+    follows, the clock, the job manager it reports to, every node by id, and each job's latest
+    committed checkpoint step."""
+
+    times: CloudTimes
+    time: float
+    manager: Any
+    nodes: dict[str, Any]
+    committed: dict[str, int]
 
 
 class SimRun:
     """One launched worker group, simulated (module doc)."""
 
-    def __init__(self, cloud: TraceCloud, job_id: str, spec: JobSpec, layout: Layout,
+    def __init__(self, cloud: SimCloud, job_id: str, spec: JobSpec, layout: Layout,
                  nodes: list[str], step_s: float, heal_s: float, launched_at: float) -> None:
         self.cloud, self.job_id, self.spec, self.nodes = cloud, job_id, spec, nodes
         self.step_s, self.heal_s = step_s, heal_s

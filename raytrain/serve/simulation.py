@@ -35,7 +35,7 @@ from raytrain.serve.replay import (
     sim_job,
     with_policy,
 )
-from raytrain.serve.trace_cloud import CloudTimes
+from raytrain.serve.sim_workers import CloudTimes
 from raytrain.spec import JobSpec, Offer, PolicySpec
 
 NO_NOTICE = (0.0, 0.0)

@@ -23,7 +23,7 @@ Written here because none of Ray's test clusters runs on a simulated clock, and 
 12 hours must take a second, not 12 hours.
 
     cloud = TraceCloud(types, CloudTimes())
-    manager = JobManager(config, cluster=cloud, schedule=False); cloud.manager = manager
+    manager = JobManager(config, cluster=cloud, schedule=False).start(); cloud.manager = manager
     cloud.advance(cloud.next_time())
 """
 
@@ -38,7 +38,7 @@ from raytrain.catalog.traces import TraceEvent
 from raytrain.core.fleet import notice_given
 from raytrain.core.resolve import planner_inputs
 from raytrain.core.throughput import job_throughput
-from raytrain.serve.sim_workers import SimRun
+from raytrain.serve.sim_workers import CloudTimes, SimRun
 from raytrain.spec import JobSpec, Layout, Offer
 
 EPOCH = 1_800_000_000.0  # the simulated clock's start (a unix time)
@@ -63,19 +63,6 @@ class NodeType:
     def resources(self) -> dict[str, float]:
         gpus = float(self.offer.gpus_per_node) if self.offer.gpu_kind != "cpu" else 0.0
         return {self.name: 1.0, "CPU": 8.0 * max(1.0, gpus), "GPU": gpus}
-
-
-@dataclass(frozen=True)
-class CloudTimes:
-    """The truth the simulated cloud and workers follow; the service measures what it sees
-    of them (checkpoint stall, restart, node-ready) as it would live."""
-
-    ready_s: float = 120.0  # from asking for a node to its being up
-    restart_s: float = 30.0  # from capacity in hand to the first step (start, load, resume)
-    checkpoint_s: float = 60.0  # one checkpoint's stall, durable at its end
-    report_s: float = 30.0  # progress reports (a live rank 0 reports every second)
-    idle_s: float = 60.0  # the autoscaler lets a node go once unwanted this long
-    group_stall_s: float = 3.0  # survivors' stall when a replica group leaves or joins
 
 
 def heal_seconds(spec: JobSpec, offer: Offer) -> float:
@@ -138,10 +125,9 @@ class TraceCloud:
     def now(self) -> float:
         return self.time
 
-    def launch(self, job_id: str, spec_json: dict[str, Any], layout_json: dict[str, Any],
-               checkpoint_root: str, run_root: str, worker_resources: dict[str, float] | None,
+    def launch(self, job_id: str, spec: JobSpec, layout: Layout, checkpoint_root: str,
+               run_root: str, worker_resources: dict[str, float] | None,
                notice_endpoint: str | None) -> SimRun:
-        spec = JobSpec.model_validate(spec_json)
         kind = self.types[next(iter(worker_resources or {}))]
         share = next(iter((worker_resources or {}).values()))
         count = max(1, round(share * spec.resources.num_workers))
@@ -151,7 +137,7 @@ class TraceCloud:
         nodes = [n.id for n in free[:count]]
         fit = job_throughput(spec)(kind.offer, count)
         step_s = spec.tokens_per_step / fit[0] if fit else math.inf
-        run = SimRun(self, job_id, spec, Layout(**layout_json), nodes, step_s,
+        run = SimRun(self, job_id, spec, layout, nodes, step_s,
                      heal_seconds(spec, kind.offer), self.time)
         self.runs[job_id] = run
         return run

@@ -21,12 +21,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from raytrain.catalog.hardware import (
-    CATALOG_VERSION,
-    CPU_PROFILE_FIELDS,
-    GPUKind,
-    install_cpu_profile,
-)
+from raytrain.catalog.hardware import CATALOG, CATALOG_VERSION, CPU_PROFILE_FIELDS, Catalog
 from raytrain.catalog.shapes import band_rate
 from raytrain.errors import FieldError, SpecError
 from raytrain.spec import OfferCatalog, PolicySpec, ServiceConfig, spec_error_from_validation
@@ -94,24 +89,23 @@ def save_offers(catalog: OfferCatalog, state_dir: Path) -> Path:
 
 def save_cpu_profile(state_dir: Path, figures: dict[str, float], details: dict[str, Any]
                      ) -> Path:
-    """Store a measured CPU profile where load_cpu_profile finds it (atomically), and plan
-    with it in this process from now on."""
+    """Store a measured CPU profile where load_cpu_profile finds it (atomically)."""
     folder = state_dir.expanduser()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / PROFILE_FILE
     partial = path.with_suffix(".partial")
     partial.write_text(json.dumps({"figures": figures, **details}, indent=1))
     partial.replace(path)
-    load_cpu_profile(folder)
     return path
 
 
-def load_cpu_profile(state_dir: Path) -> GPUKind | None:
-    """Plan CPU jobs with the profile `raytrain calibrate` stored in `state_dir`, if there is
-    one (the catalog's figures otherwise; None). SpecError names a bad field and the fix."""
+def load_cpu_profile(state_dir: Path) -> Catalog:
+    """The catalog to plan with on this machine: the shipped one, with the CPU profile
+    `raytrain calibrate` stored in `state_dir` if there is one (`catalog.gpus["cpu"]` then
+    says so in its `calibration`). SpecError names a bad field and the fix."""
     path = state_dir.expanduser() / PROFILE_FILE
     if not path.exists():
-        return None
+        return CATALOG
     fix = f"To fix: run `raytrain calibrate` again, or delete {path}"
     try:
         figures = json.loads(path.read_text())["figures"]
@@ -128,7 +122,7 @@ def load_cpu_profile(state_dir: Path) -> GPUKind | None:
                      or value < 0 or (name == "fp32_flops" and value <= 0))]
     if problems:
         raise SpecError(problems)
-    return install_cpu_profile(figures, f"raytrain calibrate on this machine ({path})")
+    return CATALOG.with_cpu_profile(figures, f"raytrain calibrate on this machine ({path})")
 
 
 def unknown_policy(name: str, policies: dict[str, PolicySpec],

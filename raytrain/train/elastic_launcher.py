@@ -63,8 +63,8 @@ def elastic_group_fn(config: dict[str, Any]) -> None:
     """Ray Train's per-worker entry point for one replica group."""
     torch.set_num_threads(config["threads_per_worker"])
     context = ray.train.get_context()
-    spec = JobSpec.model_validate(config["spec"])
-    layout = Layout(**config["layout"])
+    spec: JobSpec = config["spec"]  # validated once, where the job came in
+    layout: Layout = config["layout"]
     group = config["group"]
     worker = WorkerInfo(rank=context.get_world_rank(), world_size=context.get_world_size(),
                         device=ray.train.torch.get_device())
@@ -158,16 +158,16 @@ def run_elastic_job(spec: JobSpec, layout: Layout, groups: int, job_id: str,
         update={"num_workers": per_group})})
     inner = replace(layout, dp_replicate=1)
 
-    def fit(group: int, replacement: bool) -> Any:
+    def fit(group: int, replacement: bool, avoid: list[str]) -> Any:
         return build_trainer(
             group_spec, inner, job_id, checkpoint_root, run_root, manager_name,
             worker_resources, interruption_endpoint, train_fn=elastic_group_fn,
             extra_config={"group": group, "groups": groups, "attempt": attempt,
                           "lighthouse": lighthouse.address(), "replacement": replacement},
-            name=f"job-{job_id}-g{group}-{time.monotonic_ns()}").fit()
+            name=f"job-{job_id}-g{group}-{time.monotonic_ns()}", avoid_nodes=avoid).fit()
 
     pool = ThreadPoolExecutor(max_workers=2 * groups + 2)
-    running: dict[Future, int] = {pool.submit(fit, g, False): g for g in range(groups)}
+    running: dict[Future, int] = {pool.submit(fit, g, False, []): g for g in range(groups)}
     finished_at: float | None = None
     stopped = False
     try:
@@ -197,7 +197,9 @@ def run_elastic_job(spec: JobSpec, layout: Layout, groups: int, job_id: str,
                         if error is not None:
                             raise error
                         return
-                    running[pool.submit(fit, group, True)] = group  # a replacement
+                    # A replacement, never on a node a group left on its notice: that node
+                    # is going (until the cloud takes it, its CPUs look free).
+                    running[pool.submit(fit, group, True, view["avoid"])] = group
     finally:
         lighthouse.shutdown()
         pool.shutdown(wait=False, cancel_futures=True)

@@ -7,9 +7,11 @@ raytrain.train.loop; checkpoints are raytrain's own (see raytrain.train.checkpoi
 restart the loop finds the latest committed one by itself.
 
 Rank 0 publishes progress to the job manager actor named in the config; other ranks stay quiet.
+A job's run (rigid here, or as replica groups: raytrain.train.elastic_launcher) is started by
+raytrain.train.runs.
 
-    run_training_job(spec, layout, job_id="ab12", checkpoint_root=Path(...), run_root=Path(...),
-                     manager=("raytrain", "raytrain-job-manager"))
+    build_trainer(spec, layout, job_id="ab12", checkpoint_root=..., run_root=...,
+                  manager=("raytrain", "raytrain-job-manager")).fit()
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import os
 import time
 import traceback
 from contextlib import contextmanager
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -33,13 +34,14 @@ from ray.train.torch import TorchTrainer
 
 from raytrain.cloud.interruption import Ec2Metadata, Watcher
 from raytrain.cloud.object_store import join, parent
-from raytrain.core.elastic import elastic_groups
 from raytrain.spec import JobSpec, Layout
 from raytrain.train.loop import WorkerInfo, train
 from raytrain.train.progress import NullSink, ProgressSink, ServiceAnswer
 from raytrain.train.worker_logs import stored_output
 
 logger = logging.getLogger(__name__)
+
+NODE_ID_LABEL = "ray.io/node-id"  # a label Ray gives every node: its id
 
 
 class ManagerSink:
@@ -110,8 +112,8 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     """Ray Train's per-worker entry point."""
     torch.set_num_threads(config["threads_per_worker"])
     context = ray.train.get_context()
-    spec = JobSpec.model_validate(config["spec"])
-    layout = Layout(**config["layout"])  # resolved once, at submit: not planned again here
+    spec: JobSpec = config["spec"]  # validated once, where the job came in
+    layout: Layout = config["layout"]  # resolved once, at submit: not planned again here
     worker = WorkerInfo(
         rank=context.get_world_rank(),
         world_size=context.get_world_size(),
@@ -180,13 +182,14 @@ def build_trainer(
     train_fn: Any = None,
     extra_config: dict[str, Any] | None = None,
     name: str | None = None,
+    avoid_nodes: list[str] | None = None,
 ) -> TorchTrainer:
     """worker_resources: custom resources each worker also asks for (the share of a bought
     node type's resource that pins the worker to those nodes). A failed worker group is never
     restarted by Ray Train: it is handed back to the job manager, which tells a preempted
     node from a real error and a retry that could succeed from one that cannot.
     interruption_endpoint: the instance metadata service every worker watches for spot
-    notices (None: none)."""
+    notices (None: none). avoid_nodes: Ray node ids no worker may be placed on."""
     resources = spec.resources
     per_worker: dict[str, float] = {"CPU": resources.cpus_per_worker, **(worker_resources or {})}
     if resources.use_gpu:
@@ -195,9 +198,9 @@ def build_trainer(
     return TorchTrainer(
         train_fn or train_fn_per_worker,
         train_loop_config={
-            "layout": asdict(layout),
+            "layout": layout,
             **(extra_config or {}),
-            "spec": spec.model_dump(mode="json"),
+            "spec": spec,
             "job_id": job_id,
             "checkpoint_root": str(checkpoint_root),
             "log_dir": join(parent(checkpoint_root), "logs"),
@@ -209,6 +212,9 @@ def build_trainer(
             num_workers=resources.num_workers,
             use_gpu=resources.use_gpu,
             resources_per_worker=per_worker,
+            # Every Ray node carries its id as the default label "ray.io/node-id".
+            label_selector={NODE_ID_LABEL: f"!in({','.join(sorted(avoid_nodes))})"}
+            if avoid_nodes else None,
         ),
         run_config=RunConfig(
             name=name or f"job-{job_id}",
@@ -233,33 +239,3 @@ def build_trainer(
             }},
         ),
     )
-
-
-def run_training_job(
-    spec: JobSpec, layout: Layout, job_id: str, checkpoint_root: str, run_root: Path,
-    manager: tuple[str, str], worker_resources: dict[str, float] | None = None,
-    interruption_endpoint: str | None = None,
-) -> None:
-    """Block until the job's training finishes; raise ray.train.TrainingFailedError if it fails."""
-    os.makedirs(run_root, exist_ok=True)
-    # Ray Train's own preemption watcher (an actor polling Ray for draining nodes every 5 s)
-    # duplicates what the job manager does with the clouds' notices and lost nodes, and costs
-    # about 1% of a 2-core node (BENCHMARKS.md, background CPU). Ray Train passes this
-    # variable from the process that calls fit() to its controller. An operator's value wins.
-    os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-    groups = elastic_groups(spec, layout, _nodes(spec, worker_resources))
-    if groups > 1:
-        from raytrain.train.elastic_launcher import run_elastic_job
-
-        run_elastic_job(spec, layout, groups, job_id, checkpoint_root, run_root, manager,
-                        worker_resources, interruption_endpoint)
-        return
-    build_trainer(spec, layout, job_id, checkpoint_root, run_root, manager, worker_resources,
-                  interruption_endpoint).fit()
-
-
-def _nodes(spec: JobSpec, worker_resources: dict[str, float] | None) -> int:
-    """The bought nodes a job's workers span (0 on a fixed cluster)."""
-    if not worker_resources:
-        return 0
-    return round(sum(worker_resources.values()) * spec.resources.num_workers)

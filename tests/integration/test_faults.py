@@ -21,6 +21,7 @@ import ray
 
 from raytrain import Client, JobSpec, JobState
 from raytrain.cli import main as cli_main
+from raytrain.serve.manager_actor import StartedJobManager
 from tests.integration.conftest import (
     NUM_CPUS,
     Service,
@@ -97,8 +98,9 @@ def live_placement_groups() -> list[str]:
 
 
 def manager_pid() -> int:
+    title = f"ray::{StartedJobManager.__name__}"  # the actor's process, named for its class
     [pid] = [p.pid for p in psutil.process_iter(["cmdline"])
-             if " ".join(p.info.get("cmdline") or []).startswith("ray::JobManager")]
+             if " ".join(p.info.get("cmdline") or []).startswith(title)]
     return pid
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ class Service:
         self.cluster = cluster or FakeRay(cpus=4)
         self.config = ServiceConfig(state_dir=str(state_dir), **config)
         self.manager = JobManager(self.config.model_dump(mode="json"), cluster=self.cluster,
-                                  schedule=False)
+                                  schedule=False).start()
         self.app = build_app(InProcess(self.manager), self.config.open_metrics,
                              self.config.auth)
         self.token = operator_token(self.config)
@@ -341,7 +342,7 @@ def test_an_auto_job_is_planned_once_at_submit_and_never_again(
     assert second.request("GET", f"/v1/jobs/{answer.json()['id']}").json()["plan"] == planned
     second.tick()
     run = second.cluster.runs[answer.json()["id"]]
-    assert run.layout == planned["layout"]  # what every worker builds
+    assert asdict(run.layout) == planned["layout"]  # what every worker builds
     assert second.request("GET", "/metrics").status_code == 200
 
 

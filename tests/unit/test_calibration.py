@@ -16,18 +16,12 @@ from raytrain.core.calibration import (
     solve_profile,
     steady_step_s,
 )
+from raytrain.core.resolve import job_layout, predicted
 from raytrain.errors import SpecError
 from raytrain.spec import parse_job_spec
 from raytrain.spec.files import PROFILE_FILE, load_cpu_profile, save_cpu_profile
 
 SPECS = [parse_job_spec(job) for job in reference_jobs(steps=20)]
-
-
-@pytest.fixture
-def catalog_cpu():
-    saved = hardware.GPUS["cpu"], hardware.NODE_SHAPES["cpu-local"]
-    yield
-    hardware.GPUS["cpu"], hardware.NODE_SHAPES["cpu-local"] = saved
 
 
 @pytest.mark.parametrize("rate,block,step", [(30e9, 2e-3, 8e-3), (90e9, 0.5e-3, 0.0),
@@ -56,33 +50,36 @@ def test_steps_faster_than_the_communication_alone_are_refused() -> None:
         solve_profile([(spec, 1e-9) for spec in SPECS])
 
 
-def test_a_stored_profile_is_what_the_planner_uses(tmp_path, catalog_cpu) -> None:
+def test_a_stored_profile_is_what_the_planner_uses(tmp_path) -> None:
+    """A stored profile is a new catalog value, what the service and `raytrain plan` pass
+    to the planner; the shipped catalog stays as it is (and cannot be changed)."""
     spec = SPECS[1]
-    before = _predict(spec, hardware.GPUS["cpu"])
+    shipped = hardware.GPUS["cpu"]
+    before = predicted(spec, job_layout(spec)).step_s
     figures = {"fp32_flops": 20e9, "block_overhead_s": 3e-3, "step_overhead_s": 5e-3}
     save_cpu_profile(tmp_path, figures, {"jobs": []})
-    assert load_cpu_profile(tmp_path) is not None
-    after = _predict(spec, hardware.GPUS["cpu"])
-    assert hardware.GPUS["cpu"].step_overhead_s == 5e-3
-    assert after == pytest.approx(_predict(spec, _with(hardware.GPUS["cpu"], 20e9, 3e-3, 5e-3)))
+    calibrated = load_cpu_profile(tmp_path)
+    assert calibrated.gpus["cpu"].step_overhead_s == 5e-3
+    assert "raytrain calibrate" in calibrated.gpus["cpu"].calibration
+    after = predicted(spec, job_layout(spec), calibrated).step_s
+    assert after == pytest.approx(_predict(spec, _with(shipped, 20e9, 3e-3, 5e-3)))
     assert after > before
-    assert "raytrain calibrate" in hardware.GPUS["cpu"].calibration
+    assert hardware.GPUS["cpu"] is shipped and predicted(spec, job_layout(spec)).step_s == before
+    with pytest.raises(TypeError):
+        hardware.GPUS["cpu"] = calibrated.gpus["cpu"]  # type: ignore[index]
 
 
-def test_no_profile_leaves_the_catalog_and_a_bad_one_names_the_fix(tmp_path, catalog_cpu):
-    catalog = hardware.GPUS["cpu"]
-    assert load_cpu_profile(tmp_path) is None and hardware.GPUS["cpu"] == catalog
+def test_no_profile_leaves_the_catalog_and_a_bad_one_names_the_fix(tmp_path):
+    assert load_cpu_profile(tmp_path) is hardware.CATALOG
     (tmp_path / PROFILE_FILE).write_text(json.dumps({"figures": {"fp32_flops": -1}}))
     with pytest.raises(SpecError, match="raytrain calibrate"):
         load_cpu_profile(tmp_path)
     (tmp_path / PROFILE_FILE).write_text(json.dumps({"figures": {"warp_speed": 9}}))
     with pytest.raises(SpecError, match="warp_speed"):
         load_cpu_profile(tmp_path)
-    assert hardware.GPUS["cpu"] == catalog
 
 
-def test_raytrain_plan_predicts_cpu_jobs_with_the_stored_profile(
-        tmp_path, catalog_cpu, capsys) -> None:
+def test_raytrain_plan_predicts_cpu_jobs_with_the_stored_profile(tmp_path, capsys) -> None:
     from raytrain.cli import main
 
     job = tmp_path / "job.json"

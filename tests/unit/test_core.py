@@ -75,6 +75,57 @@ def test_the_client_imports_nothing_of_the_service() -> None:
         assert _allowed(name, allowed), f"{module} imports {name}"
 
 
+def _module_graph() -> dict[str, set[str]]:
+    """Each raytrain module and the raytrain modules it imports, wherever the import sits (in
+    a function, under TYPE_CHECKING): a lazy import is still an arrow."""
+    modules = {".".join(f.relative_to(PACKAGE.parent).with_suffix("").parts)
+               .removesuffix(".__init__"): f for f in PACKAGE.rglob("*.py")}
+
+    def owner(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join([*parts, *([base] if base else [])])
+                targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+            for target in targets:
+                found = owner(target) if target.startswith("raytrain") else None
+                if found and found != name and not name.startswith(found + "."):
+                    graph[name].add(found)
+    return graph
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    """No import circle among raytrain's modules (a package importing its own modules aside):
+    each module can be read, and tested, after the ones it uses."""
+    graph = _module_graph()
+    seen: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(name: str, path: list[str]) -> None:
+        seen[name] = 1
+        for used in sorted(graph[name]):
+            assert seen.get(used) != 1, "import circle: " + " -> ".join(
+                [*path[path.index(used):], used] if used in path else [*path, used])
+            if used not in seen:
+                visit(used, [*path, used])
+        seen[name] = 2
+
+    for name in sorted(graph):
+        if name not in seen:
+            visit(name, [name])
+
+
 @st.composite
 def batch_plans(draw: st.DrawFn) -> BatchPlan:
     micro = draw(st.integers(1, 8))

@@ -40,6 +40,9 @@ EXAMPLE_ERRORS = {
     errors.TrainingError: ("training failed: NaN loss at step 12",),
     errors.IllegalTransition: ("ab12", "SUCCEEDED", "RUNNING"),
     errors.StoreError: ("s3://bucket/jobs", "upload", "AccessDenied", "grant s3:PutObject"),
+    errors.RetryLaterError: ("the job store is read-only. To fix: retry in 5 s", 5),
+    errors.ServiceBusyError: ("1000 jobs are queued or running. To fix: retry later", 30),
+    errors.ServiceUnavailableError: ("storage s3://b failed. To fix: retry in 5 s", 5),
 }
 
 

@@ -280,6 +280,7 @@ def test_an_elastic_run_loses_a_group_trains_on_and_the_replacement_joins() -> N
     out = lc.step(record, lc.GroupChanged(1, 1, "leaving", frozenset({"n2"}), 40), NOW + 10)
     assert lc.Replace(leaving=1) in out.effects
     assert out.record.status.groups[1].state == "leaving"
+    assert out.record.run.noticed_nodes == {"n2"}  # no replacement is placed there
     out = lc.step(out.record, lc.GroupChanged(1, 1, "gone", step=41, notice=True,
                                               stall_s=2.0), NOW + 12)
     job = out.record.status
@@ -320,6 +321,7 @@ def test_a_groups_notice_told_after_a_survivor_saw_it_go_still_counts_as_a_notic
     assert job.groups[1].state == "gone" and job.preemptions == 1
     assert job.preemption_log[-1].notice and job.lost_steps == 0
     assert lc.Replace(leaving=1) in told.effects
+    assert told.record.run.noticed_nodes == {"n2"}
 
 
 def test_a_durable_checkpoint_that_grows_old_is_a_warning_until_the_next_commits() -> None:

@@ -219,8 +219,8 @@ def test_a_new_head_recovers_every_job_from_the_bucket_and_finishes_the_running_
                           storage_lease_s=2.0, scheduler_interval_s=0.05)
     cluster = TrainingRay(cpus=1, hold_at=30)
     manager = cluster.manager = JobManager(first.model_dump(mode="json"), cluster=cluster,
-                                           schedule=False)
-    ids = [manager.submit(_job(steps, name))["ok"]["id"]
+                                           schedule=False).start()
+    ids = [manager.submit(JobSpec.model_validate(_job(steps, name))).id
            for steps, name in ((10, "done"), (60, "running"), (20, "queued"))]
     done, running, queued = ids
     deadline = time.monotonic() + 120
@@ -238,7 +238,7 @@ def test_a_new_head_recovers_every_job_from_the_bucket_and_finishes_the_running_
     second = first.model_copy(update={"state_dir": str(tmp_path / "head2")})
     cluster2 = TrainingRay(cpus=1)
     again = cluster2.manager = JobManager(second.model_dump(mode="json"), cluster=cluster2,
-                                          schedule=False)
+                                          schedule=False).start()
     assert set(again.records) == set(ids)
     assert again.records[done].status.state == JobState.SUCCEEDED
     with pytest.raises(RaytrainError, match="another raytrain service drives"):

@@ -96,7 +96,7 @@ def test_five_preemptions_of_both_kinds_then_a_move_end_as_an_uninterrupted_run(
     ready = manager.provisioner.ready["local/here/cpu-1@spot"]
     assert ready[0] >= 6
     again = JobManager(config.model_dump(mode="json"), cluster=TrainingRay(cpus=1),
-                       schedule=False)
+                       schedule=False).start()
     assert again.provisioner.history["local/here/cpu-1"] == (count, node_hours)
     assert again.provisioner.ready["local/here/cpu-1@spot"] == ready
     # ... and a decision after the restart prices with what was measured before it.

@@ -52,7 +52,8 @@ class SlowCopyManager(CountingManager):
 def serve(tmp_path: Path, port: int = 0, kind: type[CountingManager] = CountingManager
           ) -> tuple[CountingManager, Front, httpx.Client]:
     config = ServiceConfig(state_dir=str(tmp_path))
-    manager = kind(config.model_dump(mode="json"), cluster=FakeRay(cpus=64), schedule=False)
+    manager = kind(config.model_dump(mode="json"), cluster=FakeRay(cpus=64),
+                   schedule=False).start()
     front = Front(build_app(InProcess(manager), cached_reads=1.0), "127.0.0.1", port)
     http = httpx.Client(base_url=f"http://127.0.0.1:{front.sock.getsockname()[1]}",
                         headers={"Authorization": f"Bearer {operator_token(config)}"})

@@ -24,8 +24,8 @@ from raytrain.serve.replay import (
     replay_job,
     with_policy,
 )
+from raytrain.serve.sim_workers import CloudTimes
 from raytrain.serve.simulation import NO_NOTICE, TraceJob, check_trace_job
-from raytrain.serve.trace_cloud import CloudTimes
 from raytrain.spec.files import TRACES_DIR, load_policies, snapshot
 
 HOUR = 3600.0

@@ -230,7 +230,7 @@ def group_changed(c: Change, event: GroupChanged) -> None:
     if old.state == event.state and (not event.nodes or sorted(event.nodes) == old.nodes):
         return  # told again (every group reports what it sees): one record is enough
     if event.state == "leaving" and old.state == "gone":
-        _noticed_late(c, event.group)
+        _noticed_late(c, event.group, frozenset(event.nodes or old.nodes))
         return
     job.groups[event.group] = GroupStatus(
         index=event.group, state=event.state,
@@ -241,6 +241,7 @@ def group_changed(c: Change, event: GroupChanged) -> None:
         job.costs.group_stall_s = _sampled(job.costs.group_stall_s, event.stall_s, mean=True)
     if event.state == "leaving":
         c.effects.append(Replace(leaving=1))  # buy the replacement on the notice
+        c.set_run(noticed_nodes=run.noticed_nodes | frozenset(event.nodes or old.nodes))
     elif event.state == "gone" and old.state != "gone":
         survivors = sum(1 for g in job.groups if g.state == "training")
         record = PreemptionRecord(  # it left on a notice if it said it was leaving
@@ -267,10 +268,12 @@ def group_changed(c: Change, event: GroupChanged) -> None:
     c.save = True
 
 
-def _noticed_late(c: Change, group: int) -> None:
+def _noticed_late(c: Change, group: int, nodes: frozenset[str]) -> None:
     """A group's "leaving" came after a survivor reported it gone (the two reports race from
     different processes): it left on its notice. Its preemption says so, and its
     replacement is bought as on any notice."""
+    if c.run is not None:
+        c.set_run(noticed_nodes=c.run.noticed_nodes | nodes)
     log = c.job.preemption_log
     for i in range(len(log) - 1, -1, -1):
         if log[i].group == group:

@@ -93,6 +93,8 @@ class Run:
     over_budget: bool = False  # asked to checkpoint and stop for the budget
     groups: int = 1  # replica groups that train on when others are lost (1: rigid)
     group_nodes: Mapping[int, frozenset[str]] = field(default_factory=dict)  # as reported
+    # Nodes a group left on a notice: they are going, so no replacement is placed there.
+    noticed_nodes: frozenset[str] = frozenset()
 
     @property
     def nodes(self) -> frozenset[str]:
