@@ -117,6 +117,10 @@ class Workload:
     attention: str = "flash"  # flash (scaled_dot_product_attention) | unfused
     fused_elementwise: bool = False  # norms, activations fused (torch.compile, Megatron)
     grad_reduce_bytes: int = 4  # bytes per gradient value data parallelism all-reduces
+    # Bytes per activation value in tensor parallelism's all-gathers (None: act_bytes).
+    # Float8 linears gather their input in float8 (1 byte; torchao's Float8Linear under TP,
+    # torchtitan's default); the reduce-scatters of their outputs stay in act_bytes.
+    tp_gather_bytes: float | None = None
     data_parallel_only: bool = False  # a model of the user's own: DDP or FSDP, no tp or pp
     kernels: KernelModel = KERNELS  # how fast kernels run (raytrain.core.kernels, fitted)
 
@@ -331,9 +335,11 @@ def step_time(dims: ModelDims, work: Workload, c: Layout,
     tp_mb = 0.0
     if c.tp > 1:
         # Half the passes are all-gathers, half reduce-scatters.
-        one_pass = _collective_s(act_bytes_mb, c.tp, tp_link)
-        tp_mb = layers_here * (tp_passes / 2) * (
-            one_pass * (1 + tp_link.reduce_scatter_factor))
+        gather_bytes = act_bytes_mb if work.tp_gather_bytes is None else \
+            tokens * dims.dim * work.tp_gather_bytes
+        gather = _collective_s(gather_bytes, c.tp, tp_link)
+        scatter = _collective_s(act_bytes_mb, c.tp, tp_link) * tp_link.reduce_scatter_factor
+        tp_mb = layers_here * (tp_passes / 2) * (gather + scatter)
         tp_mb += layers_here * gpu.tp_block_overhead_s
     pp_link = _link_for_span(c.world_size, shape) if c.pp > 1 else shape.intra
     pp_mb = 0.0

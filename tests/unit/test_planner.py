@@ -52,7 +52,8 @@ def test_predictions_hold_on_published_runs_they_were_not_fitted_to() -> None:
     fitted = [abs(e) for e in errors(KERNELS, "fit")]
     held_out = [abs(e) for e in errors(KERNELS, "validate")]
     assert len(held_out) >= 10 and max(fitted) < 0.05
-    assert statistics.median(held_out) <= 0.15 and max(held_out) <= 0.30
+    # The targets for runs the planner was not fitted to: median within 8%, worst within 20%.
+    assert statistics.median(held_out) <= 0.08 and max(held_out) <= 0.20
 
 
 @pytest.mark.parametrize("run", [r for r in published_runs() if r.memory_gib is not None],
@@ -434,3 +435,23 @@ def test_zero2_trades_the_backwards_gathers_for_the_whole_models_parameters() ->
     on_48gb = node_shape("l40s")  # 41 GB fits in its 44 usable, 54 does not
     assert evaluate(llama_8b, work, every, on_48gb).fits
     assert not evaluate(llama_8b, work, kept, on_48gb).fits
+
+
+def test_float8_tensor_parallel_gathers_cost_half_the_bytes_of_bf16_ones() -> None:
+    """Float8 linears under tensor parallelism all-gather their input in float8 (1 byte a
+    value; their outputs' reduce-scatters stay bf16): the all-gathers' bandwidth halves, the
+    reduce-scatters do not change, and 2 bytes a value is exactly the bf16 run."""
+    llama_70b = ModelDims(80, 8192, 64, 28672, 128256, 8192, num_kv_heads=8, gated_mlp=True)
+    work = Workload(global_batch=512, micro_batch_options=(16,), recompute_options=("full",))
+    layout = Layout(1, 32, 8, 1, 1, 16, 1, "full")
+    shape = node_shape("h100-sxm")
+
+    def tp_s(**kwargs: float) -> float:
+        return evaluate(llama_70b, replace(work, **kwargs), layout, shape).breakdown[
+            "tensor_parallel"]
+
+    bf16, fp8 = tp_s(), tp_s(tp_gather_bytes=1)
+    assert tp_s(tp_gather_bytes=2) == pytest.approx(bf16)
+    link = shape.intra
+    bandwidth_share = 1 / (1 + link.reduce_scatter_factor)  # of the bytes' time: the gathers'
+    assert fp8 < bf16 and bf16 - fp8 < bandwidth_share * bf16 / 2 + 1e-9
