@@ -14,6 +14,8 @@ the groups alive at a step share them, taking a lost group's share as more accum
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from raytrain.spec import JobSpec, Layout
 
 
@@ -22,6 +24,14 @@ def elastic_groups(spec: JobSpec, layout: Layout, nodes: int) -> int:
     the job allows it (parallel.elastic), it spans two or more nodes, and groups hold whole
     nodes (or nodes whole groups); 1 when the job is rigid."""
     return groups_of(spec, layout.dp_replicate, nodes, layout.pp)
+
+
+def bought_nodes(spec: JobSpec, worker_resources: Mapping[str, float] | None) -> int:
+    """The bought nodes a job's workers span: each worker asks for a share of its node
+    type's resource (`worker_resources`); 0 on a fixed cluster (none asked for)."""
+    if not worker_resources:
+        return 0
+    return round(sum(worker_resources.values()) * spec.resources.num_workers)
 
 
 def groups_of(spec: JobSpec, dp_replicate: int, nodes: int, pp: int = 1) -> int:

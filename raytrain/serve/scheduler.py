@@ -22,7 +22,7 @@ from raytrain.cloud.object_store import is_remote, join
 from raytrain.core import lifecycle as lc
 from raytrain.core.billing import attribute
 from raytrain.core.capacity import Queued, admit, backfill, worker_group_demand
-from raytrain.core.elastic import elastic_groups
+from raytrain.core.elastic import bought_nodes, elastic_groups
 from raytrain.serve.cluster import Cluster
 from raytrain.serve.provisioning import Provisioner
 from raytrain.spec import JobSpec, JobState, PlanSummary, ServiceConfig
@@ -191,8 +191,7 @@ class Scheduler:
                                      ray_root, worker_resources, notice_endpoint)
         self.manager.handles[job_id] = handle
         bought = set(worker_resources or ())
-        nodes = round(sum(worker_resources.values()) * spec.resources.num_workers) \
-            if worker_resources else 0
+        nodes = bought_nodes(spec, worker_resources)
         self.manager.apply(job_id, lc.Launched(lc.Run(
             demand=demand, launched_at=self.cluster.now(), usd_per_hour=usd_per_hour,
             describe=describe or plan.description,

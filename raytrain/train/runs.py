@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from raytrain.core.elastic import elastic_groups
+from raytrain.core.elastic import bought_nodes, elastic_groups
 from raytrain.spec import JobSpec, Layout
 from raytrain.train.elastic_launcher import run_elastic_job
 from raytrain.train.launcher import build_trainer
@@ -30,17 +30,10 @@ def run_training_job(
     # about 1% of a 2-core node (BENCHMARKS.md, background CPU). Ray Train passes this
     # variable from the process that calls fit() to its controller. An operator's value wins.
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-    groups = elastic_groups(spec, layout, _nodes(spec, worker_resources))
+    groups = elastic_groups(spec, layout, bought_nodes(spec, worker_resources))
     if groups > 1:
         run_elastic_job(spec, layout, groups, job_id, checkpoint_root, run_root, manager,
                         worker_resources, interruption_endpoint)
         return
     build_trainer(spec, layout, job_id, checkpoint_root, run_root, manager, worker_resources,
                   interruption_endpoint).fit()
-
-
-def _nodes(spec: JobSpec, worker_resources: dict[str, float] | None) -> int:
-    """The bought nodes a job's workers span (0 on a fixed cluster)."""
-    if not worker_resources:
-        return 0
-    return round(sum(worker_resources.values()) * spec.resources.num_workers)
