@@ -114,29 +114,8 @@ def _run_cases(rank: int, world_size: int, port: int, cases: list[tuple[str, dic
         torch.cuda.set_device(rank)
     dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo", rank=rank,
                             world_size=world_size)
-    all_reduce, reduced = dist.all_reduce, [0]
-
-    def counted(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        reduced[0] += tensor.numel() * tensor.element_size()
-        return all_reduce(tensor, *args, **kwargs)
-
-    dist.all_reduce = counted  # bytes all-reduced (across data-parallel replicas, mostly)
-    reduce_scatter, scattered = dist.reduce_scatter_single, [0]
-
-    def counted_scatter(*args: Any, **kwargs: Any) -> Any:
-        tensor = kwargs["input"] if "input" in kwargs else args[1]
-        scattered[0] += tensor.numel() * tensor.element_size()
-        return reduce_scatter(*args, **kwargs)
-
-    dist.reduce_scatter_single = counted_scatter  # FSDP2's gradient reduce-scatters
-    all_gather, gathered = dist.all_gather_single, [0]
-
-    def counted_gather(*args: Any, **kwargs: Any) -> Any:
-        tensor = kwargs["output_tensor"] if "output_tensor" in kwargs else args[0]
-        gathered[0] += tensor.numel() * tensor.element_size()
-        return all_gather(*args, **kwargs)
-
-    dist.all_gather_single = counted_gather  # FSDP2's parameter all-gathers
+    counts = dict.fromkeys((file for *_, file in COUNTED), 0)
+    originals = _count_bytes(counts)
     try:
         for name, document, kwargs in cases:
             root = Path(out_dir) / name
@@ -146,21 +125,45 @@ def _run_cases(rank: int, world_size: int, port: int, cases: list[tuple[str, dic
                 shutil.copytree(resume_from, root / Path(resume_from).name)
             dist.barrier()
             sink = RecordingSink()
-            reduced[0] = scattered[0] = gathered[0] = 0
+            counts.update(dict.fromkeys(counts, 0))
             train(JobSpec.model_validate(document),
                   WorkerInfo.from_process_group(_device(rank)), sink, root,
                   progress_interval_s=0.0, **kwargs)
             if rank == 0:
                 (root / "losses.json").write_text(json.dumps(sink.losses()))
-                (root / "all_reduced_bytes").write_text(str(reduced[0]))
-                (root / "reduce_scattered_bytes").write_text(str(scattered[0]))
-                (root / "all_gathered_bytes").write_text(str(gathered[0]))
+                for file, count in counts.items():
+                    (root / file).write_text(str(count))
             dist.barrier()
     finally:
-        dist.all_reduce = all_reduce
-        dist.reduce_scatter_single = reduce_scatter
-        dist.all_gather_single = all_gather
+        for name, original in originals.items():
+            setattr(dist, name, original)
         dist.destroy_process_group()
+
+
+# The collectives whose bytes each case records: (torch.distributed's function, where its
+# tensor is as a keyword and as a position, the file its bytes go to).
+COUNTED = (
+    ("all_reduce", "tensor", 0, "all_reduced_bytes"),  # across data-parallel replicas, mostly
+    ("reduce_scatter_single", "input", 1, "reduce_scattered_bytes"),  # FSDP2's gradients
+    ("all_gather_single", "output_tensor", 0, "all_gathered_bytes"),  # FSDP2's parameters
+)
+
+
+def _count_bytes(counts: dict[str, int]) -> dict[str, Any]:
+    """Make each COUNTED collective add its tensor's bytes to `counts`; the originals, to
+    put back."""
+    originals = {}
+    for name, keyword, position, file in COUNTED:
+        original = originals[name] = getattr(dist, name)
+
+        def counted(*args: Any, _call: Any = original, _keyword: str = keyword,
+                    _position: int = position, _file: str = file, **kwargs: Any) -> Any:
+            tensor = kwargs[_keyword] if _keyword in kwargs else args[_position]
+            counts[_file] += tensor.numel() * tensor.element_size()
+            return _call(*args, **kwargs)
+
+        setattr(dist, name, counted)
+    return originals
 
 
 def _spawn(world_size: int, cases: list[tuple[str, dict, dict]], out_dir: Path) -> None:

@@ -393,13 +393,18 @@ def test_plan_evaluates_a_layout_on_a_cluster_of_ones_own(
     assert "intra_link" in capsys.readouterr().err
 
 
+# Llama-3 8B's shape, 8 micro-batches of one sequence per step, FSDP over 8 GPUs.
+LLAMA_3_8B = ModelDims(32, 4096, 32, 14336, 128256, 8192, num_kv_heads=8, gated_mlp=True)
+EIGHT_MICRO_BATCHES = Workload(global_batch=64, micro_batch_options=(1,),
+                               recompute_options=("full",))
+FSDP8_ACCUM8 = Layout(1, 8, 1, 1, 1, 1, 8, "full")
+
+
 def test_holding_fsdps_reduce_scatter_to_the_last_micro_batch_is_decided_by_memory() -> None:
     """With 8 micro-batches per step, FSDP2 reduce-scattering once per step is faster (one
     collective instead of eight) and holds every unsharded fp32 gradient: Llama-3 8B's 8
     GPUs choose it with 80 GB each, not with 40."""
-    llama_8b = ModelDims(32, 4096, 32, 14336, 128256, 8192, num_kv_heads=8, gated_mlp=True)
-    work = Workload(global_batch=64, micro_batch_options=(1,), recompute_options=("full",))
-    every = Layout(1, 8, 1, 1, 1, 1, 8, "full")
+    llama_8b, work, every = LLAMA_3_8B, EIGHT_MICRO_BATCHES, FSDP8_ACCUM8
     once = replace(every, reduce_scatter_once=True)
     shape = node_shape("h100-sxm")
     a, b = evaluate(llama_8b, work, every, shape), evaluate(llama_8b, work, once, shape)
@@ -420,9 +425,7 @@ def test_zero2_trades_the_backwards_gathers_for_the_whole_models_parameters() ->
     backward gathers nothing again (less data-parallel time), and at its start the whole
     model's parameters are held, not the root and two blocks. Where memory is short, the
     planner keeps FSDP's resharding; where it is not and gathers cost, it may choose zero2."""
-    llama_8b = ModelDims(32, 4096, 32, 14336, 128256, 8192, num_kv_heads=8, gated_mlp=True)
-    work = Workload(global_batch=64, micro_batch_options=(1,), recompute_options=("full",))
-    every = Layout(1, 8, 1, 1, 1, 1, 8, "full")
+    llama_8b, work, every = LLAMA_3_8B, EIGHT_MICRO_BATCHES, FSDP8_ACCUM8
     kept = replace(every, zero2=True)
     shape = node_shape("h100-sxm")
     a, b = evaluate(llama_8b, work, every, shape), evaluate(llama_8b, work, kept, shape)
