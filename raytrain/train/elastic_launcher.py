@@ -186,6 +186,13 @@ def run_elastic_job(spec: JobSpec, layout: Layout, groups: int, job_id: str,
                     logger.warning("job %s: replica group %d ended: %s", job_id, group, exc)
                     error = exc
                 view = ray.get(manager.run_view.remote(job_id))
+                if view["groups"].get(group) == "leaving":
+                    # It left on its notice, and no survivor saw it go: none shared a quorum
+                    # with it yet (the others were still starting, and resume from the
+                    # checkpoint it saved). Its preemption is recorded all the same.
+                    ray.get(manager.report_group.remote(job_id, attempt, group, "gone", None,
+                                                        view["step"], True))
+                    view["groups"][group] = "gone"
                 if view["step"] >= spec.training.steps:
                     finished_at = finished_at or time.monotonic()
                 elif view["stopping"]:
