@@ -1,17 +1,25 @@
-"""A multi-node Ray cluster on one machine whose real autoscaler buys its worker nodes as
-"pods" from the local fake of RunPod's API (tests/runpod_api.py), through raytrain's RunPod
-node provider, with the service deployed on it and an instance metadata service for its
-nodes' interruption notices: for tests and benchmarks of buying capacity and of surviving
-preemption.
+"""A multi-node Ray cluster on one machine, started as a user starts one on RunPod: Ray's own
+`ray up` with cluster/runpod.yaml (its head's setup and start commands, run over SSH) against
+a local fake of RunPod's API (tests/runpod_api.py), through raytrain's RunPod node provider
+and command runner. The head pod answers SSH on its mapped port (tests/fake_pods.py), runs
+Ray, the autoscaler and the service; the autoscaler there buys the worker pods; an instance
+metadata service gives the nodes' interruption notices; `ray down` ends it. For tests and
+benchmarks of buying capacity and of surviving preemption.
 
-Creating a pod runs the pod's own start command (its docker args: `ray start` against the
-head with the node type's resource), so a real Ray worker node joins; RunPod terminating or
-reclaiming a pod kills that node and everything under it, as losing the machine would. The
-service prices the two node types (interruptible and on-demand) as one local CPU offer
-(cluster/local-fake-offers.yaml): these pods train on CPUs.
+Creating a worker pod runs the pod's own start command (its docker args: `ray start`
+against the head with the node type's resource), so a real Ray worker node joins; RunPod
+terminating or reclaiming a pod kills that node and everything under it, as losing the
+machine would. The service prices the two worker node types (interruptible and on-demand) as
+one local CPU offer (cluster/local-fake-offers.yaml): these pods train on CPUs.
+
+What differs from cluster/runpod.yaml, and why: the pods share this host and its
+installation (no pip install; the head's Ray on a free port, in this cluster's folder, one
+CPU; the service on a loopback port with this test's offers and policies), the worker node
+types are CPU pods, and the API is the fake's.
 
     with started_fake_cluster(max_spot_nodes=2) as cluster:
         Client(cluster.url, token=cluster.token).submit(...); cluster.take_node(node_id)
+        cluster.ray("exec", "raytrain token add alice"); cluster.down()
 """
 
 from __future__ import annotations
@@ -24,7 +32,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -37,6 +44,7 @@ from raytrain.cloud.runpod_provider import NODE_ID_ENV
 from raytrain.serve.detached import kill_all, terminate_family
 from raytrain.spec.files import DEFAULT_POLICY_DIR
 from raytrain.tokens import OPERATOR, read_tokens
+from tests.fake_pods import PodServers
 from tests.imds_server import MetadataServer
 from tests.integration.conftest import free_port, wait_for
 from tests.runpod_api import FakeRunPod
@@ -46,21 +54,42 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 NODE_TYPES = {"cpu-spot": True, "cpu-on-demand": False}  # name: interruptible
 GPU_TYPE = "NVIDIA GeForce RTX 4090"  # what the pods are bought as; they train on CPUs
+HEAD_GPU_TYPE = "NVIDIA RTX A4000"  # cluster/runpod.yaml's head
 STOP_GRACE_S = 10.0  # docker stop's default
 
 
 class FakeCluster:
     def __init__(self, root: Path, port: int, url: str, metadata: MetadataServer,
-                 runpod: FakeRunPod) -> None:
+                 runpod: FakeRunPod, pods: PodServers, laptop_env: dict[str, str]) -> None:
         self.root, self.port, self.url, self.metadata = root, port, url, metadata
-        self.runpod = runpod
+        self.runpod, self.pods, self.laptop_env = runpod, pods, laptop_env
         self.started: dict[str, subprocess.Popen] = {}  # pod id: its `ray start`
         self.address = f"127.0.0.1:{port}"
         self.offers = root / "offers.yaml"  # what the service reads its offers from
-        self.token = read_tokens(root / "state")[OPERATOR]  # written as the service started
+        self.config = root / "cluster.yaml"
+        self.token = ""  # the operator's, once the service on the head has written it
+        self.took: dict[str, float] = {}  # seconds each `ray` command took, the latest
         self._probe: subprocess.Popen | None = None
         self._answers: queue.Queue[str | None] = queue.Queue()
         self._booting = threading.Lock()  # one pod's `ray start` at a time (start_pod)
+
+    def ray(self, *args: str, timeout_s: float = 300) -> str:
+        """`ray <command> cluster.yaml <args>` from the user's machine (its own home, the key
+        and RUNPOD_API_KEY there); its output, or AssertionError with it."""
+        command, *rest = args
+        started = time.monotonic()
+        done = subprocess.run([str(BIN / "ray"), command, *(["-y"] if command in (
+            "up", "down") else []), str(self.config), *rest], env=self.laptop_env,
+            capture_output=True, text=True, timeout=timeout_s, cwd=self.root)
+        output = done.stdout + done.stderr
+        self.took[command] = time.monotonic() - started
+        (self.root / f"ray-{command}.log").write_text(output)
+        assert done.returncode == 0, f"ray {command} failed ({done.returncode}):\n{output[-4000:]}"
+        return output
+
+    def down(self) -> None:
+        """`ray down`: then RunPod has no pod of this cluster."""
+        self.ray("down", timeout_s=180)
 
     def close(self) -> None:
         if self._probe is not None:
@@ -106,17 +135,27 @@ class FakeCluster:
         wait_for(lambda: node_id not in self.worker_nodes(), 60, "the node to go")
 
     def start_pod(self, pod: dict[str, Any]) -> None:
-        """What RunPod's machine does with a new pod: run its command with its environment.
+        """What RunPod's machine does with a new pod: the head (a public SSH port) serves SSH
+        for `ray up`; a worker runs its command with its environment.
 
         Pods share this host, so they boot one after another (in a thread: RunPod answers
         the create at once): Ray nodes on one host name their sockets by counting the files
         already there (ray/_private/node.py), and two `ray start` at once can take the same
         name, the second raylet then aborting ("bind: Address already in use"), which the
         autoscaler sees as a node lost a few seconds after its launch."""
+        if pod["supportPublicIp"] and "22/tcp" in pod["ports"]:
+            env = {**os.environ, **pod_env(pod), "RAY_AUTH_MODE": "disabled",
+                   "RUNPOD_POD_ID": pod["id"]}
+            port = self.pods.start(pod["id"], env, self.root / "pods" / pod["id"])
+            pod["runtime"]["ports"].append({"ip": "127.0.0.1", "isIpPublic": True,
+                                            "privatePort": 22, "publicPort": port,
+                                            "type": "tcp"})
+            return
         threading.Thread(target=self._boot, args=(pod,), daemon=True).start()
 
     def _boot(self, pod: dict[str, Any]) -> None:
-        env = {**os.environ, **pod_env(pod), "RAY_AUTH_MODE": "disabled"}
+        env = {**os.environ, **pod_env(pod), "RAY_AUTH_MODE": "disabled",
+               "RUNPOD_POD_ID": pod["id"]}
         sockets = self.root / "ray" / "session_latest" / "sockets"
         with self._booting:
             if pod["id"] not in self.runpod.pods:
@@ -134,6 +173,9 @@ class FakeCluster:
         """A terminated pod's container is stopped as `docker stop` stops one: SIGTERM to its
         command (`ray start --block`, which stops its node), then SIGKILL to whatever is left
         after STOP_GRACE_S. A reclaimed one (`hard`) is gone at once, every process killed."""
+        if pod["id"] in self.pods.servers:
+            self.pods.stop(pod["id"])
+            return
         proc = self.started.pop(pod["id"], None)
         if proc is None:
             return
@@ -172,14 +214,14 @@ def _lines_into(stream: Any, answers: queue.Queue) -> None:
 @contextmanager
 def started_fake_cluster(max_spot_nodes: int = 1, workers_per_node: int = 2
                          ) -> Iterator[FakeCluster]:
-    """A second Ray cluster on this host, its nodes bought from a fake RunPod, with the service
-    on it; the offer's nodes hold `workers_per_node` of a job's workers (one: a job of two
-    spans two nodes, as replica groups do)."""
+    """A second Ray cluster on this host, `ray up` from cluster/runpod.yaml on a fake RunPod,
+    with the service on its head; the offer's nodes hold `workers_per_node` of a job's
+    workers (one: a job of two spans two nodes, as replica groups do)."""
     root = Path(tempfile.mkdtemp(prefix="rtf", dir="/tmp"))  # short: Ray's socket paths
     port, http_port = free_port(), free_port()
-    head_node_id = uuid.uuid4().hex + uuid.uuid4().hex[:24]  # the head's Ray node id
     metadata = MetadataServer()  # every node's instance metadata service (notices)
-    runpod = FakeRunPod(stock={GPU_TYPE: 8}).__enter__()
+    runpod = FakeRunPod(stock={GPU_TYPE: 8, HEAD_GPU_TYPE: 1}).__enter__()
+    pods = PodServers()
     service = yaml.safe_load((REPO / "cluster/local-fake-service.yaml").read_text())
     offers = root / "offers.yaml"  # a copy: tests change prices
     shipped = yaml.safe_load((REPO / "cluster" / service["offers_file"]).read_text())
@@ -195,61 +237,76 @@ def started_fake_cluster(max_spot_nodes: int = 1, workers_per_node: int = 2
     service["interruption_endpoint"] = metadata.url + "/{node}"  # each node its own
     service["node_types"]["cpu-spot"]["max_nodes"] = max_spot_nodes
     (root / "service.yaml").write_text(yaml.safe_dump(service))
+    laptop = root / "laptop"  # the user's machine: its home, its key
+    (laptop / ".ssh").mkdir(parents=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
+                    str(laptop / ".ssh" / "raytrain")], check=True)
+    config = yaml.safe_load((REPO / "cluster" / "runpod.yaml").read_text())
     start = (f"exec {BIN / 'ray'} start --address=127.0.0.1:{port} --num-cpus=2 "
              "--resources='{resources}' --block")
-    config = {
-        "cluster_name": "raytrain-local", "upscaling_speed": 1.0,
-        "max_workers": max_spot_nodes + 1,
-        "idle_timeout_minutes": 0.1,  # idle nodes go after about 6 s
-        "provider": {"type": "external",
-                     "module": "raytrain.cloud.runpod_provider.RunPodNodeProvider",
-                     "api_url": runpod.url, "rest_url": runpod.rest_url,
-                     "head_ip": "127.0.0.1",
-                     "tags_file": str(root / "runpod-tags.json"), "use_node_id_as_ip": True,
-                     "head_node_id": head_node_id,
-                     "disable_node_updaters": True, "disable_launch_config_check": True},
-        "auth": {"ssh_user": "root"}, "head_node_type": "head",
-        "available_node_types": {
-            "head": {"resources": {"CPU": 1}, "node_config": {}, "max_workers": 0},
-            **{name: {"resources": {"CPU": 2, name: 1}, "min_workers": 0,
-                      "max_workers": max_spot_nodes if spot else 1,
-                      "node_config": {"gpu_type_id": GPU_TYPE, "gpu_count": 1,
-                                      "interruptible": spot, "docker_args": start}}
-               for name, spot in NODE_TYPES.items()}},
-        "file_mounts": {}, "cluster_synced_files": [], "file_mounts_sync_continuously": False,
-        **{key: [] for key in ("initialization_commands", "setup_commands",
-                               "head_setup_commands", "worker_setup_commands",
-                               "head_start_ray_commands", "worker_start_ray_commands")},
-    }
-    (root / "cluster.yaml").write_text(yaml.safe_dump(config))
     # A node whose machine is gone stops answering: Ray's health checks find it in about 3 s
     # here, rather than 15 s.
-    env = {**os.environ, "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_enable_autoscaler_v2": "0",
-           "RAY_AUTH_MODE": "disabled", "RUNPOD_API_KEY": runpod.key,
-           "RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
-    head_env = {**env, "RAY_OVERRIDE_NODE_ID_FOR_TESTING": head_node_id}
-    cluster = None
+    head_env = {"AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_AUTH_MODE": "disabled",
+                "RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
+    head = config["available_node_types"]["head"]
+    head["node_config"] = {**head["node_config"], "env": head_env}
+    head["resources"] = {"CPU": 1}
+    config.update({
+        "cluster_name": "raytrain-local", "max_workers": max_spot_nodes + 1,
+        "idle_timeout_minutes": 0.1,  # idle nodes go after about 6 s
+        "available_node_types": {"head": head, **{
+            name: {"resources": {"CPU": 2, name: 1}, "min_workers": 0,
+                   "max_workers": max_spot_nodes if spot else 1,
+                   "node_config": {"gpu_type_id": GPU_TYPE, "gpu_count": 1,
+                                   "interruptible": spot, "docker_args": start}}
+            for name, spot in NODE_TYPES.items()}},
+        "head_setup_commands": [],  # the pods share this host's installation
+        "head_start_ray_commands": _here(config["head_start_ray_commands"], root, port,
+                                         http_port),
+    })
+    config["auth"]["ssh_private_key"] = str(laptop / ".ssh" / "raytrain")
+    config["provider"].update({"api_url": runpod.url, "rest_url": runpod.rest_url,
+                               "head_ip": "127.0.0.1", "use_node_id_as_ip": True})
+    (root / "cluster.yaml").write_text(yaml.safe_dump(config))
+    laptop_env = {**os.environ, "HOME": str(laptop), "RUNPOD_API_KEY": runpod.key,
+                  "RAY_AUTH_MODE": "disabled"}
+    cluster = FakeCluster(root, port, f"http://127.0.0.1:{http_port}", metadata, runpod, pods,
+                          laptop_env)
+    runpod.on_create, runpod.on_terminate = cluster.start_pod, cluster.stop_pod
+    runpod.on_reclaim = lambda pod: cluster.stop_pod(pod, hard=True)
     try:
-        subprocess.run([str(BIN / "ray"), "start", "--head", f"--port={port}", "--num-cpus=1",
-                        "--include-dashboard=false", "--disable-usage-stats",
-                        f"--autoscaling-config={root / 'cluster.yaml'}",
-                        f"--temp-dir={root / 'ray'}"],
-                       env=head_env, check=True, capture_output=True, timeout=120)
-        subprocess.run([str(BIN / "raytrain"), "serve", f"--address=127.0.0.1:{port}",
-                        f"--port={http_port}", "--config", str(root / "service.yaml"),
-                        f"--state-dir={root / 'state'}", "--detach"],
-                       env=env, check=True, capture_output=True, timeout=180, cwd=REPO)
-        cluster = FakeCluster(root, port, f"http://127.0.0.1:{http_port}", metadata, runpod)
-        runpod.on_create, runpod.on_terminate = cluster.start_pod, cluster.stop_pod
-        runpod.on_reclaim = lambda pod: cluster.stop_pod(pod, hard=True)
-        try:
-            yield cluster
-        finally:
-            cluster.close()
+        cluster.up_output = cluster.ray("up", "--no-config-cache")  # type: ignore[attr-defined]
+        cluster.token = read_tokens(root / "state")[OPERATOR]
+        yield cluster
     finally:
-        if cluster is not None:
-            for pod in list(runpod.pods.values()):
-                cluster.stop_pod(pod)
+        cluster.close()
+        if runpod.pods:
+            try:
+                cluster.down()
+            except (AssertionError, subprocess.SubprocessError):
+                pass
+        for pod in list(runpod.pods.values()):
+            cluster.stop_pod(pod)
         _stop(root, port)
+        pods.close()
         runpod.__exit__(None, None, None)
         metadata.close()
+
+
+def _here(commands: list[str], root: Path, port: int, http_port: int) -> list[str]:
+    """cluster/runpod.yaml's head start commands for a head pod on this host: Ray on a free
+    port, in this cluster's folder, without its dashboard, with one CPU; the service on a
+    loopback port with this cluster's offers, policies and state."""
+    changes = {
+        "--port=6379 --num-cpus=0": f"--port={port} --num-cpus=1 --temp-dir={root / 'ray'} "
+                                    "--include-dashboard=false",
+        "--address=127.0.0.1:6379 --host 0.0.0.0 --port 8000":
+            f"--address=127.0.0.1:{port} --host 127.0.0.1 --port {http_port}",
+        "--cluster-config ~/ray_bootstrap_config.yaml":
+            f"--config {root / 'service.yaml'} --state-dir {root / 'state'}",
+    }
+    text = "\n".join(commands)
+    for shipped, here in changes.items():
+        assert shipped in text, f"cluster/runpod.yaml's head start commands lost {shipped!r}"
+        text = text.replace(shipped, here)
+    return text.split("\n")

@@ -11,7 +11,8 @@ with bearer-key checks, stock, interruptible prices, and faults to inject.
         fake.delay_s, fake.delayed = 5, 1     # the next answer comes 5 s late
 
 `on_create(pod)`, `on_terminate(pod)` and `on_reclaim(pod)` let a test start and stop what a
-pod stands for (a local Ray worker node, say).
+pod stands for (a local Ray worker node, say); on_create may add to the pod's
+`runtime.ports` (the public port its SSH answers on, tests/fake_pods.py).
 """
 
 from __future__ import annotations
@@ -64,9 +65,12 @@ CREATE_FIELDS = {
     "volumeInGb": int, "volumeMountPath": str,
 }
 
-# Per GPU-hour: (on-demand, interruptible now).
-PRICES = {"NVIDIA GeForce RTX 4090": (0.59, 0.34), "NVIDIA H100 80GB HBM3": (2.99, 2.09)}
-MEMORY_GB = {"NVIDIA GeForce RTX 4090": 24, "NVIDIA H100 80GB HBM3": 80}
+# Per GPU-hour: (on-demand, interruptible now). The A4000: a small head pod.
+PRICES = {"NVIDIA GeForce RTX 4090": (0.59, 0.34), "NVIDIA H100 80GB HBM3": (2.99, 2.09),
+          "NVIDIA RTX A4000": (0.25, 0.15)}
+MEMORY_GB = {"NVIDIA GeForce RTX 4090": 24, "NVIDIA H100 80GB HBM3": 80, "NVIDIA RTX A4000": 16}
+# Data centers, and whether each offers global networking.
+DATA_CENTERS = {"EU-RO-1": True, "US-TX-3": True, "US-GA-1": False, "CA-MTL-1": False}
 
 
 class Refused(Exception):
@@ -236,6 +240,13 @@ class FakeRunPod:
             raise Refused(f"Invalid gpu type {gpu_id}")
         interruptible = bool(spec.get("interruptible"))
         price = PRICES[gpu_id][1 if interruptible else 0]
+        centers = spec.get("dataCenterIds") or list(DATA_CENTERS)
+        unknown = [c for c in centers if c not in DATA_CENTERS]
+        if unknown:
+            raise Refused(f"Invalid data center id {unknown[0]}")
+        if spec.get("globalNetworking") and not any(DATA_CENTERS[c] for c in centers):
+            raise Refused("Global networking is not available in data centers "
+                          + ", ".join(centers))
         with self.lock:
             if self.stock.get(gpu_id, 0) < count:
                 raise Refused("There are no longer any instances available with the "
@@ -251,7 +262,9 @@ class FakeRunPod:
                    "runtime": {"ports": [{"ip": "127.0.0.1", "isIpPublic": False,
                                           "privatePort": 22, "publicPort": 22,
                                           "type": "tcp"}]},
-                   "dockerStartCmd": list(spec.get("dockerStartCmd") or [])}
+                   "dockerStartCmd": list(spec.get("dockerStartCmd") or []),
+                   "ports": list(spec.get("ports") or []),
+                   "supportPublicIp": bool(spec.get("supportPublicIp"))}
             self.pods[pod["id"]] = pod
         self.on_create(pod)
         return {"id": pod["id"], "name": pod["name"], "desiredStatus": "RUNNING",

@@ -69,6 +69,7 @@ DEPLOY_INPUT_GONE = ("deploy_input held the GraphQL deploy's fields; pods are cr
 _NO_STOCK = re.compile(r"no longer any instances available|not enough|out of stock|"
                        r"no (gpu|machine)s? available", re.I)
 _LOW_BID = re.compile(r"bid", re.I)
+_NO_GLOBAL_NETWORK = re.compile(r"global network", re.I)
 _AUTH = re.compile(r"unauthori[sz]ed|invalid (api key|authorization)|UNAUTHENTICATED", re.I)
 
 
@@ -138,6 +139,7 @@ class PodRequest:
     container_disk_gb: int = 50
     docker_args: str = ""  # a shell command the container runs
     ports: tuple[str, ...] = ("22/tcp",)
+    support_public_ip: bool = False  # the head's: `ray up` reaches its SSH port
     extra: dict[str, Any] = field(default_factory=dict)  # more create fields, as named
 
     def body(self) -> dict[str, Any]:
@@ -147,7 +149,7 @@ class PodRequest:
             "gpuTypeIds": [self.gpu_type_id], "gpuCount": self.gpu_count,
             "cloudType": self.cloud_type, "interruptible": self.interruptible,
             "globalNetworking": True, "containerDiskInGb": self.container_disk_gb,
-            "volumeInGb": 0, "ports": list(self.ports), "supportPublicIp": False,
+            "volumeInGb": 0, "ports": list(self.ports), "supportPublicIp": self.support_public_ip,
             "env": dict(sorted(self.env.items())),
         }
         if self.docker_args:
@@ -162,6 +164,13 @@ class RunPodAPI:
                                   headers={"Authorization": f"Bearer {key}",
                                            "Content-Type": "application/json"})
         self.url, self.rest_url, self.timeout_s = url, rest_url.rstrip("/"), timeout_s
+        self._key = key
+
+    @property
+    def key(self) -> str:
+        """The key itself: for the head pod's environment (its autoscaler buys the workers),
+        never for a log."""
+        return self._key
 
     def __repr__(self) -> str:  # never the key
         return f"RunPodAPI({self.url!r}, {self.rest_url!r})"
@@ -253,6 +262,11 @@ def _raise_refusal(what: str, message: str, status: int = 200) -> None:
     if _LOW_BID.search(message):
         raise NoCapacity(f"RunPod refused the price for {what}: {message}. To fix: nothing; "
                          "the policy tries on-demand or another offer")
+    if _NO_GLOBAL_NETWORK.search(message):
+        raise RunPodError(f"RunPod refused {what}: {message}. The pods reach each other only "
+                          "over RunPod's global network. To fix: list only data centers that "
+                          "offer it in the node type's create_input.dataCenterIds (RunPod's "
+                          "console shows them under Global Networking), or leave it out")
     if status >= 500:
         raise RunPodUnavailable(f"RunPod answered {status} to {what}: {message}. To fix: retry "
                                 "later (RunPod's side)")

@@ -7,11 +7,15 @@ Ray's NodeProvider interface is the contract; what RunPod lacks is written here:
   nodes from RunPod alone. RunPod cannot change a running pod's environment, so tags Ray sets
   later (its status) are kept beside it in a small JSON file on the head
   (`provider.tags_file`, default ~/.raytrain/runpod-tags-<cluster>.json), read back on start.
-- The head is not a pod the provider bought (it runs the autoscaler), but Ray's autoscaler
-  expects to find it among the provider's nodes: it is listed as node "head", of the node type
-  `provider.head_node_type` (default "head"), and never terminated here.
-- Pods start Ray themselves (their docker args run `ray start` against the head over
-  RunPod's global networking), so the config sets `disable_node_updaters` and each node is
+- The head is a pod too: `ray up` creates it (its node type's node_config, on demand, on the
+  global network, its SSH port public), reaches it over its mapped SSH port
+  (raytrain.cloud.runpod_ssh) and runs the config's setup and start commands there; the
+  autoscaler on the head then buys the workers. Only the head pod is given the RunPod API key
+  (in its environment, as RunPod passes any pod's: the autoscaler there needs it) and every
+  pod the public half of `auth.ssh_private_key` (PUBLIC_KEY, which RunPod's images add to
+  root's authorized keys). `ray down` terminates the workers, then the head.
+- Worker pods start Ray themselves (their docker args run `ray start` against the head over
+  RunPod's global networking), so the config sets `disable_node_updaters` and each worker is
   up to date as created. A node's internal IP is its private address on that network.
 - Nothing is left running unaccounted: a create that fails half-way (a timeout after RunPod
   may have made the pod) looks the pod up by the unique name it was given and terminates it;
@@ -22,7 +26,8 @@ Ray's NodeProvider interface is the contract; what RunPod lacks is written here:
   NoCapacity, the autoscaler's request stays unmet, and the service's policy moves the job to
   its next offer.
 
-Node config per node type: gpu_type_id, gpu_count, interruptible (true: spot),
+Node config per node type: gpu_type_id, gpu_count, interruptible (true: spot), ports (the
+pod's exposed ports, default ["22/tcp"]), support_public_ip (the head's: true),
 bid_per_gpu (optional: the most an interruptible GPU-hour may cost; RunPod rents at the going
 price), image, cloud_type, container_disk_gb, docker_args (the shell command that installs
 raytrain and starts Ray; `{head_ip}` and `{resources}` are filled in), create_input (more
@@ -55,7 +60,9 @@ from ray.autoscaler.tags import (
 from raytrain.cloud.runpod import (
     API_URL,
     DEPLOY_INPUT_GONE,
+    KEY_ENV,
     REST_URL,
+    NoCapacity,
     PodRequest,
     RunPodAPI,
     RunPodError,
@@ -68,7 +75,7 @@ logger = logging.getLogger(__name__)
 CLUSTER_ENV = "RAYTRAIN_CLUSTER"
 TAGS_ENV = "RAYTRAIN_NODE_TAGS"
 NODE_ID_ENV = "RAYTRAIN_RAY_NODE_ID"
-HEAD = "head"  # the head's node id here: it is not a pod this provider bought
+PUBLIC_KEY_ENV = "PUBLIC_KEY"  # RunPod's images add it to root's authorized_keys
 LIST_CACHE_S = 2.0
 GONE = ("TERMINATED", "EXITED")
 DEFAULT_IMAGE = "runpod/pytorch:2.8.0-py3.11-cuda12.8.1-cudnn-devel-ubuntu22.04"
@@ -80,7 +87,7 @@ class RunPodNodeProvider(NodeProvider):
         super().__init__(provider_config, cluster_name)
         self.api = api or RunPodAPI(api_key(), url=provider_config.get("api_url", API_URL),
                                     rest_url=provider_config.get("rest_url", REST_URL))
-        self.head_ip = provider_config.get("head_ip") or _this_machines_ip()
+        self._head_ip: str | None = provider_config.get("head_ip")
         default_tags = f"~/.raytrain/runpod-tags-{cluster_name}.json"
         self.tags_file = Path(provider_config.get("tags_file", default_tags)).expanduser()
         self._lock = threading.RLock()
@@ -102,37 +109,72 @@ class RunPodNodeProvider(NodeProvider):
                 self._finish_unfinished(pods)
             return self._pods
 
+    @property
+    def head_ip(self) -> str:
+        """The head's address, for the workers' `ray start` (this machine: the provider that
+        buys workers runs in the head's autoscaler)."""
+        if self._head_ip is None:
+            self._head_ip = _this_machines_ip()
+        return self._head_ip
+
     def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
-        nodes = [HEAD, *self._list()]
-        return [node_id for node_id in nodes
+        return [node_id for node_id in self._list()
                 if all(self.node_tags(node_id).get(k) == v for k, v in tag_filters.items())]
 
     def is_running(self, node_id: str) -> bool:
-        return node_id == HEAD or node_id in self._list()
+        return node_id in self._list()
 
     def is_terminated(self, node_id: str) -> bool:
         return not self.is_running(node_id)
 
     def node_tags(self, node_id: str) -> dict[str, str]:
-        if node_id == HEAD:
-            return {TAG_RAY_NODE_KIND: NODE_KIND_HEAD, TAG_RAY_NODE_STATUS: "up-to-date",
-                    TAG_RAY_USER_NODE_TYPE: self.provider_config.get("head_node_type", HEAD)}
         with self._lock:
             pod = self._pods.get(node_id) or self._list(fresh=True).get(node_id)
             created = json.loads(pod_env(pod).get(TAGS_ENV, "{}")) if pod else {}
             return {**created, **self._later_tags.get(node_id, {})}
 
     def internal_ip(self, node_id: str) -> str:
-        if node_id == HEAD:
-            return str(self.provider_config.get("head_node_id") or self.head_ip) \
-                if self.provider_config.get("use_node_id_as_ip") else self.head_ip
         pod = self._list().get(node_id) or {}
         if self.provider_config.get("use_node_id_as_ip"):
             return pod_env(pod).get(NODE_ID_ENV, "")
         return _ip(pod, public=False)
 
     def external_ip(self, node_id: str) -> str:
-        return "" if node_id == HEAD else _ip(self._list().get(node_id) or {}, public=True)
+        return _ip(self._list().get(node_id) or {}, public=True)
+
+    def ssh_address(self, node_id: str, public: bool) -> tuple[str, int] | None:
+        """Where the pod's SSH answers: its public address and the public port RunPod maps
+        its port 22 to, or its private address and port 22; None until RunPod says."""
+        for port in (self._list(fresh=True).get(node_id) or {}).get("runtime", {}) \
+                .get("ports") or []:
+            if port.get("privatePort") == 22 and bool(port.get("isIpPublic")) == public \
+                    and port.get("ip"):
+                return str(port["ip"]), int(port["publicPort"] if public else 22)
+        return None
+
+    def get_command_runner(self, log_prefix: str, node_id: str, auth_config: dict[str, Any],
+                           cluster_name: str, process_runner: Any, use_internal_ip: bool,
+                           docker_config: dict[str, Any] | None = None) -> Any:
+        """Ray's SSH runner on the pod's mapped port (raytrain.cloud.runpod_ssh); a pod is
+        itself a container, so Ray's docker settings do not apply."""
+        from raytrain.cloud.runpod_ssh import RunPodCommandRunner
+
+        if docker_config and docker_config.get("container_name"):
+            raise RunPodError("the cluster config has a docker section, but a RunPod pod is "
+                              "already a container. To fix: remove `docker` and name the "
+                              "image in each node type's node_config (image)")
+        return RunPodCommandRunner(log_prefix=log_prefix, node_id=node_id, provider=self,
+                                   auth_config=auth_config, cluster_name=cluster_name,
+                                   process_runner=process_runner,
+                                   use_internal_ip=use_internal_ip)
+
+    @staticmethod
+    def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
+        """For `ray up`: the SSH key pair's public half, for every pod's PUBLIC_KEY."""
+        config = dict(cluster_config)
+        config["provider"] = {**config["provider"],
+                              "ssh_public_key": ssh_public_key(config.get("auth") or {})}
+        return config
 
     # ------------------------------------------------------------ create/remove
 
@@ -143,6 +185,15 @@ class RunPodNodeProvider(NodeProvider):
             request = self._request(node_config, tags)
             try:
                 pod = self.api.deploy(request)
+            except NoCapacity as exc:
+                self._clean_up_after(request.name)
+                if tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD:  # nothing to move to
+                    raise NoCapacity(
+                        f"RunPod has no {request.gpu_type_id} for the head pod now. To fix: "
+                        "name another small NVIDIA GPU in the head node type's gpu_type_id "
+                        "(the head trains nothing; any GPU pod can join the global network), "
+                        f"or run `ray up` again later ({exc})") from None
+                raise
             except RunPodError:
                 self._clean_up_after(request.name)
                 raise
@@ -156,17 +207,26 @@ class RunPodNodeProvider(NodeProvider):
 
     def _request(self, node_config: dict[str, Any], tags: dict[str, str]) -> PodRequest:
         node_type = tags.get(TAG_RAY_USER_NODE_TYPE, "worker")
+        head = tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD
         if "deploy_input" in node_config:
             raise RunPodError(f"node type {node_type!r}: {DEPLOY_INPUT_GONE}")
         if "gpu_type_id" not in node_config or "gpu_count" not in node_config:
             raise RunPodError(f"node type {node_type!r} names no gpu_type_id and gpu_count, so "
                               "no pod can be bought for it. To fix: add them to its node_config "
-                              "(the head is not bought here)")
-        # The pod starts Ray itself: it is up to date as soon as it exists.
-        tags = {**tags, TAG_RAY_NODE_STATUS: "up-to-date"}
-        resources = json.dumps({node_type: 1, **node_config.get("resources", {})})
-        args = str(node_config.get("docker_args", "")).format(head_ip=self.head_ip,
-                                                               resources=resources)
+                              "(RunPod's global network, which the pods share, takes NVIDIA GPU "
+                              "pods only: the head too)")
+        env = {**node_config.get("env", {}), CLUSTER_ENV: self.cluster_name}
+        if self.provider_config.get("ssh_public_key"):
+            env[PUBLIC_KEY_ENV] = self.provider_config["ssh_public_key"]
+        if head:  # its autoscaler buys the workers; `ray up` runs its start commands
+            env[KEY_ENV] = self.api.key
+            args = ""
+        else:  # the pod starts Ray itself: it is up to date as soon as it exists
+            tags = {**tags, TAG_RAY_NODE_STATUS: "up-to-date"}
+            resources = json.dumps({node_type: 1, **node_config.get("resources", {})})
+            args = str(node_config.get("docker_args", "")).format(head_ip=self.head_ip,
+                                                                   resources=resources)
+            env["RAY_HEAD_IP"] = self.head_ip
         return PodRequest(
             name=f"ray-{self.cluster_name}-{node_type}-{uuid.uuid4().hex[:8]}",
             image=node_config.get("image", DEFAULT_IMAGE),
@@ -176,9 +236,9 @@ class RunPodNodeProvider(NodeProvider):
             cloud_type=node_config.get("cloud_type", "SECURE"),
             container_disk_gb=int(node_config.get("container_disk_gb", 50)),
             docker_args=args, extra=dict(node_config.get("create_input", {})),
-            env={**node_config.get("env", {}), CLUSTER_ENV: self.cluster_name,
-                 TAGS_ENV: json.dumps(tags, sort_keys=True), "RAY_HEAD_IP": self.head_ip,
-                 **self._node_id_env()})
+            ports=tuple(node_config.get("ports", ("22/tcp",))),
+            support_public_ip=bool(node_config.get("support_public_ip", head)),
+            env={**env, TAGS_ENV: json.dumps(tags, sort_keys=True), **self._node_id_env()})
 
     def _node_id_env(self) -> dict[str, str]:
         if not self.provider_config.get("use_node_id_as_ip"):
@@ -217,10 +277,13 @@ class RunPodNodeProvider(NodeProvider):
             self._later_tags.setdefault(node_id, {}).update(tags)
             self._write_tags()
 
+    def terminate_nodes(self, node_ids: list[str]) -> None:
+        """Workers first, the head last (`ray down` asks for them all at once)."""
+        heads = set(self.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_HEAD}))
+        for node_id in sorted(node_ids, key=lambda n: n in heads):
+            self.terminate_node(node_id)
+
     def terminate_node(self, node_id: str) -> None:
-        if node_id == HEAD:
-            logger.warning("not terminating the head: this provider did not buy it")
-            return
         self.api.terminate(node_id)
         with self._lock:
             self._pods.pop(node_id, None)
@@ -248,6 +311,30 @@ def _ip(pod: dict[str, Any], public: bool) -> str:
         if bool(port.get("isIpPublic")) == public and port.get("ip"):
             return str(port["ip"])
     return ""
+
+
+def ssh_public_key(auth: dict[str, Any]) -> str:
+    """The public half of `auth.ssh_private_key` (its `.pub` beside it, or
+    `auth.ssh_public_key`): what `ray up` needs to reach the pods, checked before any pod is
+    bought."""
+    if not auth.get("ssh_private_key"):
+        raise RunPodError("the cluster config names no SSH key: `ray up` reaches the head pod "
+                          "over SSH with it. To fix: set auth.ssh_private_key to a private key "
+                          "(ssh-keygen -t ed25519 -f ~/.ssh/raytrain) whose .pub is beside it")
+    private = Path(str(auth["ssh_private_key"])).expanduser()
+    public = Path(str(auth.get("ssh_public_key") or f"{private}.pub")).expanduser()
+    if not private.is_file():
+        raise RunPodError(f"auth.ssh_private_key {private} does not exist. To fix: create it "
+                          f"(ssh-keygen -t ed25519 -f {private}) or name an existing key")
+    try:
+        key = public.read_text().strip()
+    except OSError:
+        key = ""
+    if not key.startswith(("ssh-", "ecdsa-", "sk-")):
+        raise RunPodError(f"no public key for auth.ssh_private_key at {public}: RunPod adds "
+                          "it to the pods' authorized keys. To fix: ssh-keygen -y -f "
+                          f"{private} > {public} (or set auth.ssh_public_key)")
+    return key
 
 
 def _this_machines_ip() -> str:

@@ -1,8 +1,10 @@
-"""The real Ray autoscaler buys exactly the node type the policy chose for a job, as pods from
-a local fake of RunPod's API through raytrain's RunPod node provider; the job trains there as
-two replica groups, survives an interruption notice (as AWS gives, from the node's metadata
-service) and a pod RunPod takes back with no notice, each time without stopping, and the
-pods are terminated after it ends.
+"""`ray up cluster/runpod.yaml` against a local fake of RunPod's API starts the head pod over
+SSH on its mapped port, with Ray, the autoscaler and the service on it; `ray exec` and `ray
+submit` reach it. The real Ray autoscaler there buys exactly the node type the policy chose
+for a job, as pods through raytrain's RunPod node provider; the job trains there as two
+replica groups, survives an interruption notice (as AWS gives, from the node's metadata
+service) and a pod RunPod takes back with no notice, each time without stopping; the pods
+are terminated after it ends, and `ray down` leaves no pod on the account.
 
 Every Ray Train start costs tens of seconds here, so this is the one job on this cluster.
 A rigid job's preemptions of both kinds and a move at a checkpoint run on the same job
@@ -10,15 +12,18 @@ manager, policy and training loop in one process (tests/unit/test_preemptions.py
 the policy's checkpoint interval when the offers change while a job trains
 (tests/unit/test_checkpoint_interval.py).
 
-The fake cluster is a second Ray cluster on this host (tests/fake_cluster.py), started and
-stopped by this module; the service runs on it through `raytrain serve --detach`, and the
-test talks to it only over HTTP (and a probe process that lists the cluster's nodes).
+The fake cluster is a second Ray cluster on this host (tests/fake_cluster.py), brought up
+and down by this module with Ray's own `ray up` and `ray down`; the service runs on its head
+pod, and the test talks to it only over HTTP, `ray exec` and `ray submit` (and a probe
+process that lists the cluster's nodes).
 """
 
 from __future__ import annotations
 
 import functools
+import re
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
@@ -27,6 +32,7 @@ import pytest
 import torch
 
 from raytrain.client import Client
+from raytrain.errors import NotAuthorizedError
 from raytrain.spec import JobSpec, JobState
 from tests.fake_cluster import FakeCluster, started_fake_cluster
 from tests.integration.conftest import wait_for
@@ -69,6 +75,15 @@ def _reference_final_loss(steps: int) -> float:
     return sink.result["final_loss"]
 
 
+def _accepted(client: Client) -> bool:
+    try:
+        client.list()
+    except NotAuthorizedError:  # not yet: the service reads its tokens within seconds,
+        time.sleep(1.0)  # and checks a refused address's tokens once a second
+        return False
+    return True
+
+
 def _wait_step(client: Client, job_id: str, step: int) -> None:
     wait_for(lambda: (s := client.get(job_id)).progress.step >= step or s.state.is_terminal,
              300, f"step {step}")
@@ -85,7 +100,17 @@ def test_replica_groups_outlive_a_notice_and_a_loss_and_the_job_trains_as_if_nei
     most the step in flight is redone, and the survivor trains on. The job never stops, never
     restarts from a checkpoint, and ends with the loss of an uninterrupted run; then every
     pod is terminated through RunPod's API."""
-    client = Client(fake_cluster.url, token=fake_cluster.token)
+    # The user's own token, made on the head pod over `ray exec`; `ray submit` runs a script
+    # there that reads the service's health.
+    made = fake_cluster.ray("exec", "raytrain token add alice --state-dir "
+                            f"{fake_cluster.root / 'state'}")
+    [token] = re.findall(r"^(rt_[\w-]{20,})\s*$", made, re.M)  # the one line it prints
+    script = fake_cluster.root / "laptop" / "health.py"
+    script.write_text("import httpx, sys\n"
+                      "print('head says', httpx.get(sys.argv[1] + '/healthz').status_code)\n")
+    assert "head says 200" in fake_cluster.ray("submit", str(script), fake_cluster.url)
+    client = Client(fake_cluster.url, token=token)
+    wait_for(lambda: _accepted(client), 60, "the service to take alice's token")
     steps = 2000  # the loss's replacement joins with about a minute left on this machine
     # The uninterrupted run's loss (one process), while the cluster starts the job.
     reference = ThreadPoolExecutor(1).submit(_reference_final_loss, steps)
@@ -112,7 +137,8 @@ def test_replica_groups_outlive_a_notice_and_a_loss_and_the_job_trains_as_if_nei
     # Only that type (a pod still booting or going may be counted beside the two).
     types = fake_cluster.worker_node_types()
     assert set(types) == {"cpu-spot"} and len(types) >= 2, types
-    pods = fake_cluster.runpod.running()
+    pods = [p for p in fake_cluster.runpod.running()
+            if not p["name"].startswith("ray-raytrain-local-head-")]  # the head: on demand
     assert len(pods) >= 2 and all(fake_cluster.runpod.pods[p["id"]]["interruptible"]
                                   and p["name"].startswith("ray-raytrain-local-cpu-spot-")
                                   for p in pods), pods
@@ -142,11 +168,20 @@ def test_replica_groups_outlive_a_notice_and_a_loss_and_the_job_trains_as_if_nei
     assert final.cost_usd > 0
     # The requests are withdrawn; the idle pods are terminated through RunPod's API
     # (idle_timeout_minutes: 0.1).
-    wait_for(lambda: fake_cluster.worker_node_types() == [] and not fake_cluster.runpod.pods,
-             90, "the last pod to be terminated")
+    wait_for(lambda: fake_cluster.worker_node_types() == [] and [
+        p["name"].rsplit("-", 1)[0] for p in fake_cluster.runpod.pods.values()] == [
+        "ray-raytrain-local-head"], 90, "the last worker pod to be terminated")
+    fake_cluster.down()
+    assert not fake_cluster.runpod.pods
     print(f"\nreplica groups: decision to first step on new pods "
           f"{running.started_at - decided.time:.1f} s; survivors' stall on the notice "
-          f"{noticed.stall_s:.1f} s, on the loss {lost.stall_s:.1f} s (steps redone "
-          f"{lost.lost_steps}); replaced after {noticed.replaced_after_s:.0f} s and "
-          f"{lost.replaced_after_s:.0f} s; joins stalled "
-          f"{final.costs.group_stall_s.measured_s:.2f} s on average")
+          f"{_s(noticed.stall_s)}, on the loss {_s(lost.stall_s)} (steps redone "
+          f"{lost.lost_steps}); replaced after {_s(noticed.replaced_after_s)} and "
+          f"{_s(lost.replaced_after_s)}; joins stalled "
+          f"{_s(final.costs.group_stall_s.measured_s)} on average; ray up "
+          f"{fake_cluster.took['up']:.1f} s, ray down {fake_cluster.took['down']:.1f} s")
+
+
+def _s(seconds: float | None) -> str:
+    """None: no survivor shared a quorum with the group (it left before the others began)."""
+    return "-" if seconds is None else f"{seconds:.2f} s"

@@ -17,6 +17,9 @@ PRIVATE_USES = {
     "ray.data._internal.cluster_autoscaler.base_autoscaling_coordinator":
         {"ResourceRequestPriority"},
     "ray.autoscaler._private.util": {"prepare_config", "validate_config"},
+    # The SSH runner a node provider hands out (NodeProvider.get_command_runner), for RunPod's
+    # mapped SSH port (raytrain/cloud/runpod_ssh.py).
+    "ray.autoscaler._private.command_runner": {"SSHCommandRunner"},
 }
 
 
@@ -64,3 +67,18 @@ def test_rays_config_check_refuses_a_bad_cluster_config() -> None:
             "auth": {"ssh_user": "root"}}
     with pytest.raises(Exception):
         validate_with_ray({**good, "max_workers": "many"}, fill_defaults=False)
+
+
+def test_rays_ssh_runner_has_what_the_runpod_runner_builds_on() -> None:
+    """raytrain.cloud.runpod_ssh overrides `_get_node_ip` (the address, and the port as an
+    ssh option) and the two file copies, and calls `_get_ssh_target` and `_run_helper`."""
+    from ray.autoscaler._private.command_runner import SSHCommandRunner, SSHOptions
+
+    for name in ("_get_node_ip", "_get_ssh_target", "_run_helper", "run_rsync_up",
+                 "run_rsync_down", "remote_shell_command_str"):
+        assert callable(getattr(SSHCommandRunner, name)), name
+    assert list(inspect.signature(SSHCommandRunner._run_helper).parameters)[:2] == [
+        "self", "final_cmd"]
+    options = SSHOptions("key")
+    options.arg_dict["Port"] = 2222
+    assert ["-o", "Port=2222"] == options.to_ssh_options_list()[-4:-2]

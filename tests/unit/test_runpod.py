@@ -8,7 +8,7 @@ import copy
 import logging
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 import yaml
@@ -39,7 +39,7 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 @pytest.fixture
 def fake() -> Iterator[FakeRunPod]:
-    with FakeRunPod(stock={RTX4090: 8, H100: 8}) as server:
+    with FakeRunPod(stock={RTX4090: 8, H100: 8, "NVIDIA RTX A4000": 1}) as server:
         yield server
 
 
@@ -165,16 +165,14 @@ def test_the_node_provider_keeps_its_nodes_and_tags_on_runpod_across_a_restart(
     restarted = provider(fake, api, tmp_path)  # a new autoscaler: only RunPod and the file
     workers = {TAG_RAY_NODE_KIND: "worker"}
     assert restarted.non_terminated_nodes(workers) == [node]
-    # The head (not a pod it bought) is listed for Ray's autoscaler, and never terminated.
-    assert restarted.non_terminated_nodes({TAG_RAY_NODE_KIND: "head"}) == ["head"]
-    restarted.terminate_node("head")
+    assert restarted.non_terminated_nodes({TAG_RAY_NODE_KIND: "head"}) == []
     assert restarted.node_tags(node) == {**TAGS, TAG_RAY_NODE_STATUS: "up-to-date",
                                          "later": "yes"}
     other_cluster = RunPodNodeProvider({"head_ip": "10.0.0.1", "tags_file": str(
         tmp_path / "other.json")}, "someone-else", api=api)
     assert other_cluster.non_terminated_nodes(workers) == []
     restarted.terminate_node(node)
-    assert fake.pods == {} and restarted.non_terminated_nodes({}) == ["head"]
+    assert fake.pods == {} and restarted.non_terminated_nodes({}) == []
 
 
 def test_a_reclaimed_pod_is_gone_and_no_failed_create_leaves_a_pod_running(
@@ -211,6 +209,141 @@ def test_a_reclaimed_pod_is_gone_and_no_failed_create_leaves_a_pod_running(
     fake.fail_next(status=503, operation="podTerminate")
     assert nodes.non_terminated_nodes(workers) == [left]
     assert nodes.non_terminated_nodes(workers) == [] and fake.pods == {}
+
+
+HEAD_TAGS = {TAG_RAY_NODE_KIND: "head", TAG_RAY_USER_NODE_TYPE: "head",
+             TAG_RAY_NODE_STATUS: "uninitialized"}
+
+
+def shipped_head_config() -> dict:
+    document = yaml.safe_load((REPO / "cluster" / "runpod.yaml").read_text())
+    return document["available_node_types"]["head"]["node_config"]
+
+
+def test_ray_up_makes_the_head_a_pod_that_holds_the_key_and_ray_down_ends_it_last(
+        fake: FakeRunPod, api: RunPodAPI, tmp_path: Path) -> None:
+    """The head pod, as `ray up` asks for it from cluster/runpod.yaml: on demand, on the
+    global network, its SSH port public, the public key for SSH and the API key for its
+    autoscaler in its environment (no other pod gets the API key); listed as the head with
+    the tags ray up gave it. `ray down` asks for all nodes at once: the head goes last."""
+    keys = tmp_path / "id"
+    keys.write_text("PRIVATE")
+    (tmp_path / "id.pub").write_text("ssh-ed25519 AAAA user@laptop\n")
+    config = RunPodNodeProvider.bootstrap_config({
+        "provider": {"tags_file": str(tmp_path / "tags.json")},
+        "auth": {"ssh_user": "root", "ssh_private_key": str(keys)}})
+    nodes = RunPodNodeProvider(config["provider"], "rt", api=api)
+    [head] = nodes.create_node(shipped_head_config(), HEAD_TAGS, 1)
+    body = fake.requests[-1]["body"]
+    assert (body["interruptible"], body["globalNetworking"], body["supportPublicIp"]) == (
+        False, True, True)
+    assert body["ports"] == ["22/tcp", "8000/http"] and "dockerStartCmd" not in body
+    assert body["env"]["PUBLIC_KEY"] == "ssh-ed25519 AAAA user@laptop"
+    assert body["env"]["RUNPOD_API_KEY"] == fake.key
+    assert nodes.non_terminated_nodes({TAG_RAY_NODE_KIND: "head"}) == [head]
+    assert nodes.node_tags(head)[TAG_RAY_NODE_STATUS] == "uninitialized"  # ray up's to set
+    [worker] = nodes.create_node(NODE_CONFIG, TAGS, 1)
+    assert "RUNPOD_API_KEY" not in fake.requests[-1]["body"]["env"]
+    terminated: list[str] = []
+    fake.on_terminate = lambda pod: terminated.append(pod["id"])
+    nodes.terminate_nodes([head, worker])
+    assert fake.pods == {}
+    assert wait_until(lambda: terminated == [worker, head]), terminated
+
+
+def wait_until(predicate: object, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("auth, files, error", [
+    ({"ssh_user": "root"}, {}, "names no SSH key"),
+    ({"ssh_user": "root", "ssh_private_key": "{d}/missing"}, {}, "does not exist"),
+    ({"ssh_user": "root", "ssh_private_key": "{d}/id"}, {"id": "PRIVATE"}, "ssh-keygen -y"),
+])
+def test_ray_up_refuses_a_cluster_without_a_usable_ssh_key_before_buying_anything(
+        auth: dict, files: dict, error: str, tmp_path: Path) -> None:
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    auth = {k: v.format(d=tmp_path) for k, v in auth.items()}
+    with pytest.raises(runpod.RunPodError, match=error) as raised:
+        RunPodNodeProvider.bootstrap_config({"provider": {}, "auth": auth})
+    assert "To fix" in str(raised.value)
+
+
+def test_what_a_first_user_gets_wrong_about_the_head_is_refused_with_the_fix(
+        fake: FakeRunPod, api: RunPodAPI, tmp_path: Path) -> None:
+    """No stock for the head's GPU type, data centers without global networking, a
+    key RunPod refuses: each is an error that says what to do, and no pod is left."""
+    nodes = provider(fake, api, tmp_path)
+    head = shipped_head_config()
+    fake.stock[head["gpu_type_id"]] = 0
+    with pytest.raises(NoCapacity, match="for the head pod now. To fix: name another"):
+        nodes.create_node(head, HEAD_TAGS, 1)
+    fake.stock[head["gpu_type_id"]] = 1
+    no_network = {**head, "create_input": {"dataCenterIds": ["US-GA-1"]}}
+    with pytest.raises(runpod.RunPodError, match="dataCenterIds") as raised:
+        nodes.create_node(no_network, HEAD_TAGS, 1)
+    assert "global network" in str(raised.value)
+    refused = RunPodNodeProvider({"tags_file": str(tmp_path / "t.json")}, "rt",
+                                 api=RunPodAPI("wrong", url=fake.url, rest_url=fake.rest_url))
+    with pytest.raises(RunPodAuthError, match="To fix"):
+        refused.create_node(head, HEAD_TAGS, 1)
+    assert fake.pods == {}
+
+
+def test_rays_command_runner_reaches_a_pod_on_its_mapped_ssh_port_and_copies_files(
+        fake: FakeRunPod, api: RunPodAPI, tmp_path: Path) -> None:
+    """Ray's SSH runner as the provider hands it out, against a pod of the fake that answers
+    SSH on its own port (tests/fake_pods.py): commands run there, and files and folders go
+    up and come back down with no rsync on either side."""
+    import subprocess
+
+    from tests.fake_pods import PodServers
+
+    key = tmp_path / "id"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    config = RunPodNodeProvider.bootstrap_config({
+        "provider": {"tags_file": str(tmp_path / "tags.json")},
+        "auth": {"ssh_user": "root", "ssh_private_key": str(key)}})
+    pods = PodServers()
+
+    def serve_ssh(pod: dict) -> None:
+        port = pods.start(pod["id"], {**runpod.pod_env(pod)}, tmp_path / "pod")
+        pod["runtime"]["ports"].append({"ip": "127.0.0.1", "isIpPublic": True,
+                                        "privatePort": 22, "publicPort": port})
+
+    fake.on_create = serve_ssh
+    try:
+        nodes = RunPodNodeProvider(config["provider"], "rt", api=api)
+        [head] = nodes.create_node(shipped_head_config(), HEAD_TAGS, 1)
+        def runner() -> Any:  # a new one for each command, as `ray submit` and the rest take
+            return nodes.get_command_runner("test: ", head, config["auth"], "rt", subprocess,
+                                            use_internal_ip=False)
+
+        assert runner().run("echo $RUNPOD_API_KEY", with_output=True).decode().strip() == \
+            fake.key
+        folder = tmp_path / "up"
+        (folder / "sub").mkdir(parents=True)
+        (folder / "sub" / "a.txt").write_text("a")
+        (tmp_path / "one.txt").write_text("one")
+        runner().run_rsync_up(str(folder) + "/", "~/copied/")
+        runner().run_rsync_up(str(tmp_path / "one.txt"), "~/deeper/one file.txt")
+        assert (tmp_path / "pod" / "copied" / "sub" / "a.txt").read_text() == "a"
+        assert (tmp_path / "pod" / "deeper" / "one file.txt").read_text() == "one"
+        runner().run_rsync_down("~/copied/", str(tmp_path / "down"))
+        runner().run_rsync_down("~/deeper/one file.txt", str(tmp_path / "back.txt"))
+        assert (tmp_path / "down" / "sub" / "a.txt").read_text() == "a"
+        assert (tmp_path / "back.txt").read_text() == "one"
+        port = next(p["publicPort"] for p in fake.pods[head]["runtime"]["ports"]
+                    if p["isIpPublic"])
+        assert f"-p {port} root@127.0.0.1" in runner().remote_shell_command_str()
+    finally:
+        pods.close()
 
 
 def test_the_runpod_cluster_config_passes_rays_schema_and_ours() -> None:
