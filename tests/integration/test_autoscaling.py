@@ -32,8 +32,10 @@ import pytest
 import torch
 
 from raytrain.client import Client
+from raytrain.cloud.cluster import check_cluster_config, load_cluster_config, node_type_bindings
 from raytrain.errors import NotAuthorizedError
 from raytrain.spec import JobSpec, JobState
+from raytrain.spec.files import snapshot
 from tests.fake_cluster import FakeCluster, started_fake_cluster
 from tests.integration.conftest import wait_for
 from tests.integration.test_service import job_spec
@@ -109,6 +111,12 @@ def test_replica_groups_outlive_a_notice_and_a_loss_and_the_job_trains_as_if_nei
     script.write_text("import httpx, sys\n"
                       "print('head says', httpx.get(sys.argv[1] + '/healthz').status_code)\n")
     assert "head says 200" in fake_cluster.ray("submit", str(script), fake_cluster.url)
+    # What `raytrain serve --cluster-config ~/ray_bootstrap_config.yaml` reads on a RunPod head
+    # (the head here takes this test's local offers instead): `ray up`'s copy of the config.
+    [copied] = (fake_cluster.root / "pods").glob("*/ray_bootstrap_config.yaml")
+    assert check_cluster_config(load_cluster_config(copied), snapshot()) == []
+    assert set(node_type_bindings(load_cluster_config(copied), snapshot())) == {
+        "cpu-spot", "cpu-on-demand"}
     client = Client(fake_cluster.url, token=token)
     wait_for(lambda: _accepted(client), 60, "the service to take alice's token")
     steps = 2000  # the loss's replacement joins with about a minute left on this machine
