@@ -185,14 +185,7 @@ def run_elastic_job(spec: JobSpec, layout: Layout, groups: int, job_id: str,
                 except Exception as exc:  # its node was lost (or it failed)
                     logger.warning("job %s: replica group %d ended: %s", job_id, group, exc)
                     error = exc
-                view = ray.get(manager.run_view.remote(job_id))
-                if view["groups"].get(group) == "leaving":
-                    # It left on its notice, and no survivor saw it go: none shared a quorum
-                    # with it yet (the others were still starting, and resume from the
-                    # checkpoint it saved). Its preemption is recorded all the same.
-                    ray.get(manager.report_group.remote(job_id, attempt, group, "gone", None,
-                                                        view["step"], True))
-                    view["groups"][group] = "gone"
+                view = _after_its_end(manager, job_id, attempt, group)
                 if view["step"] >= spec.training.steps:
                     finished_at = finished_at or time.monotonic()
                 elif view["stopping"]:
@@ -210,6 +203,18 @@ def run_elastic_job(spec: JobSpec, layout: Layout, groups: int, job_id: str,
     finally:
         lighthouse.shutdown()
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _after_its_end(manager: Any, job_id: str, attempt: int, group: int) -> dict[str, Any]:
+    """The run's view once `group`'s fit has ended. A group still "leaving" then left on its
+    notice and no survivor saw it go: none shared a quorum with it yet (the others were still
+    starting, and resume from the checkpoint it saved). Its preemption is recorded here."""
+    view: dict[str, Any] = ray.get(manager.run_view.remote(job_id))
+    if view["groups"].get(group) == "leaving":
+        ray.get(manager.report_group.remote(job_id, attempt, group, "gone", None, view["step"],
+                                            True))
+        view["groups"][group] = "gone"
+    return view
 
 
 def _live(states: dict[int, str], running: dict[Future, int]) -> set[int]:
