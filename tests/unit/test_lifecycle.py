@@ -306,6 +306,29 @@ def test_an_elastic_run_loses_a_group_trains_on_and_the_replacement_joins() -> N
     assert ended.record.status.groups == []
 
 
+def test_a_noticed_group_the_runner_records_first_takes_the_survivors_stall_once() -> None:
+    """The runner reports a noticed group gone when its fit ends, which can come before the
+    survivors' quorum misses it: one preemption, noticed, nothing redone; the survivors'
+    later report adds their stall to it, once (each survivor reports what it sees)."""
+    record, _ = drive(record_in(), lc.Submitted(),
+                      lc.CapacityDecided(decision(interval_s=600.0), BOUGHT, "requested"),
+                      lc.Launched(run(groups=3)), lc.GroupStarted(0, "pg-1"))
+    out = lc.step(record, lc.GroupChanged(1, 1, "leaving", frozenset({"n2"}), 40), NOW + 10)
+    runner = lc.step(out.record, lc.GroupChanged(1, 1, "gone", step=41, notice=True),
+                     NOW + 11)
+    [first] = runner.record.status.preemption_log
+    assert (first.notice, first.lost_steps, first.stall_s, first.survivors) == (
+        True, 0, None, 2)
+    survivor = lc.step(runner.record, lc.GroupChanged(1, 1, "gone", step=42, stall_s=3.0),
+                       NOW + 13)
+    other = lc.step(survivor.record, lc.GroupChanged(1, 1, "gone", step=42, stall_s=3.5),
+                    NOW + 13)
+    job = other.record.status
+    assert job.preemptions == 1 and len(job.preemption_log) == 1
+    assert job.preemption_log[0].stall_s == 3.0 and job.costs.group_stall_s.samples == 1
+    assert job.preemption_log[0].notice and job.lost_steps == 0
+
+
 def test_a_groups_notice_told_after_a_survivor_saw_it_go_still_counts_as_a_notice() -> None:
     """The leaving group's "leaving" and a survivor's "gone" come from different processes;
     when "gone" arrives first, the later "leaving" marks that preemption as noticed (and buys

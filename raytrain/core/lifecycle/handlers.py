@@ -227,6 +227,9 @@ def group_changed(c: Change, event: GroupChanged) -> None:
             not 0 <= event.group < len(job.groups):
         return
     old = job.groups[event.group]
+    if event.state == "gone" and old.state == "gone" and event.stall_s is not None:
+        _survivors_account(c, event)
+        return
     if old.state == event.state and (not event.nodes or sorted(event.nodes) == old.nodes):
         return  # told again (every group reports what it sees): one record is enough
     if event.state == "leaving" and old.state == "gone":
@@ -266,6 +269,20 @@ def group_changed(c: Change, event: GroupChanged) -> None:
                 break
     c.emit("group", job.groups[event.group].model_dump(mode="json"))
     c.save = True
+
+
+def _survivors_account(c: Change, event: GroupChanged) -> None:
+    """A survivor's report of a group the runner already recorded gone (its fit ended on its
+    notice before the survivors' quorum missed it): the survivors' stall, once."""
+    log = c.job.preemption_log
+    for i in range(len(log) - 1, -1, -1):
+        if log[i].group == event.group:
+            if log[i].stall_s is None:
+                log[i] = log[i].model_copy(update={"stall_s": event.stall_s})
+                c.job.costs.group_stall_s = _sampled(c.job.costs.group_stall_s,
+                                                     event.stall_s or 0.0, mean=True)
+                c.save = True
+            return
 
 
 def _noticed_late(c: Change, group: int, nodes: frozenset[str]) -> None:
