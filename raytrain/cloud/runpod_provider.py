@@ -145,8 +145,8 @@ class RunPodNodeProvider(NodeProvider):
     def ssh_address(self, node_id: str, public: bool) -> tuple[str, int] | None:
         """Where the pod's SSH answers: its public address and the public port RunPod maps
         its port 22 to, or its private address and port 22; None until RunPod says."""
-        for port in (self._list(fresh=True).get(node_id) or {}).get("runtime", {}) \
-                .get("ports") or []:
+        pod = self._list(fresh=True).get(node_id) or {}
+        for port in (pod.get("runtime") or {}).get("ports") or []:  # null while it boots
             if port.get("privatePort") == 22 and bool(port.get("isIpPublic")) == public \
                     and port.get("ip"):
                 return str(port["ip"]), int(port["publicPort"] if public else 22)

@@ -242,6 +242,8 @@ def test_ray_up_makes_the_head_a_pod_that_holds_the_key_and_ray_down_ends_it_las
     assert body["env"]["RUNPOD_API_KEY"] == fake.key
     assert nodes.non_terminated_nodes({TAG_RAY_NODE_KIND: "head"}) == [head]
     assert nodes.node_tags(head)[TAG_RAY_NODE_STATUS] == "uninitialized"  # ray up's to set
+    fake.pods[head]["runtime"] = None  # RunPod's answer while the pod boots: Ray waits
+    assert nodes.ssh_address(head, public=True) is None
     [worker] = nodes.create_node(NODE_CONFIG, TAGS, 1)
     assert "RUNPOD_API_KEY" not in fake.requests[-1]["body"]["env"]
     terminated: list[str] = []
