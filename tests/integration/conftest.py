@@ -10,7 +10,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import httpx
 import psutil
@@ -69,6 +69,23 @@ def wait_for(predicate: Callable[[], object], timeout_s: float, what: str) -> ob
             return value
         time.sleep(0.25)
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def reference_run(spec: Any, root: Path) -> Any:
+    """The job trained in this process, on one thread (the RecordingSink of
+    tests/unit/test_training.run_single): it runs beside the cluster's ranks on this
+    machine's two cores, where two threads more would stall their collectives (a test 12 s
+    slower)."""
+    import torch
+
+    from tests.unit.test_training import run_single
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return run_single(spec, root)
+    finally:
+        torch.set_num_threads(threads)
 
 
 class Service:

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-import torch
 
 from raytrain.client import Client
 from raytrain.cloud.cluster import check_cluster_config, load_cluster_config, node_type_bindings
@@ -37,9 +36,8 @@ from raytrain.errors import NotAuthorizedError
 from raytrain.spec import JobSpec, JobState
 from raytrain.spec.files import snapshot
 from tests.fake_cluster import FakeCluster, started_fake_cluster
-from tests.integration.conftest import wait_for
+from tests.integration.conftest import reference_run, wait_for
 from tests.integration.test_service import job_spec
-from tests.unit.test_training import run_single
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 
@@ -63,16 +61,10 @@ def elastic_job(steps: int) -> dict:
 @functools.lru_cache(maxsize=None)
 def _reference_final_loss(steps: int) -> float:
     """The job uninterrupted, in one process (every layout matches it to 1e-5; the
-    checkpoint interval does not change the losses). On one thread: it runs while the
-    cluster starts pods and worker groups on this machine's two cores."""
+    checkpoint interval does not change the losses)."""
     one = JobSpec.model_validate({**elastic_job(steps), "resources": {"num_workers": 1}})
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with tempfile.TemporaryDirectory() as root:
-            sink = run_single(one, Path(root))
-    finally:
-        torch.set_num_threads(threads)
+    with tempfile.TemporaryDirectory() as root:
+        sink = reference_run(one, Path(root))
     assert sink.result is not None
     return sink.result["final_loss"]
 

@@ -26,11 +26,11 @@ from tests.integration.conftest import (
     NUM_CPUS,
     Service,
     cancel_what_is_left,
+    reference_run,
     train_worker_pids,
     wait_for,
 )
 from tests.integration.test_service import cpus_free, job_spec
-from tests.unit.test_training import run_single
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
@@ -128,7 +128,7 @@ def test_a_killed_worker_then_a_killed_job_manager_and_the_job_ends_as_if_never_
     survivor = client.job(response.json()["id"])
     one_process = JobSpec.model_validate({**spec, "resources": {"num_workers": 1}})
     # The uninterrupted run's loss, in this process while the cluster trains.
-    reference = ThreadPoolExecutor(1).submit(run_single, one_process, tmp_path / "reference")
+    reference = ThreadPoolExecutor(1).submit(reference_run, one_process, tmp_path / "reference")
 
     # A worker dies. Progress is published at the steps where ranks agree on the loss, and
     # checkpoint steps are among them, so the reported step may sit on the latest checkpoint.
