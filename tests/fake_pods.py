@@ -21,7 +21,7 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 import psutil
 
@@ -111,7 +111,7 @@ class PodServers:
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
-def pod_processes(pod_id: str, spare: set[int] = frozenset()) -> list[psutil.Process]:  # type: ignore[assignment]
+def pod_processes(pod_id: str, spare: Collection[int] = ()) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["pid"]):
         if proc.pid in spare:

@@ -29,6 +29,7 @@ from raytrain.core.autoscale import options
 from raytrain.core.throughput import job_goal, job_throughput
 from raytrain.spec import JobSpec
 from raytrain.spec.files import load_policies, snapshot
+from tests.integration.conftest import wait_for
 from tests.runpod_api import FakeRunPod
 from tests.unit.support import gpt_1b_job
 
@@ -250,16 +251,8 @@ def test_ray_up_makes_the_head_a_pod_that_holds_the_key_and_ray_down_ends_it_las
     fake.on_terminate = lambda pod: terminated.append(pod["id"])
     nodes.terminate_nodes([head, worker])
     assert fake.pods == {}
-    assert wait_until(lambda: terminated == [worker, head]), terminated
-
-
-def wait_until(predicate: object, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return True
-        time.sleep(0.05)
-    return False
+    wait_for(lambda: len(terminated) == 2, 10, "both pods' containers to be stopped")
+    assert terminated == [worker, head]
 
 
 @pytest.mark.parametrize("auth, files, error", [

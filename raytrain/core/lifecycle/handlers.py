@@ -274,15 +274,12 @@ def group_changed(c: Change, event: GroupChanged) -> None:
 def _survivors_account(c: Change, event: GroupChanged) -> None:
     """A survivor's report of a group the runner already recorded gone (its fit ended on its
     notice before the survivors' quorum missed it): the survivors' stall, once."""
-    log = c.job.preemption_log
-    for i in range(len(log) - 1, -1, -1):
-        if log[i].group == event.group:
-            if log[i].stall_s is None:
-                log[i] = log[i].model_copy(update={"stall_s": event.stall_s})
-                c.job.costs.group_stall_s = _sampled(c.job.costs.group_stall_s,
-                                                     event.stall_s or 0.0, mean=True)
-                c.save = True
-            return
+    log, i = c.job.preemption_log, _latest(c.job.preemption_log, event.group)
+    if i is not None and log[i].stall_s is None and event.stall_s is not None:
+        log[i] = log[i].model_copy(update={"stall_s": event.stall_s})
+        c.job.costs.group_stall_s = _sampled(c.job.costs.group_stall_s, event.stall_s,
+                                             mean=True)
+        c.save = True
 
 
 def _noticed_late(c: Change, group: int, nodes: frozenset[str]) -> None:
@@ -291,14 +288,16 @@ def _noticed_late(c: Change, group: int, nodes: frozenset[str]) -> None:
     replacement is bought as on any notice."""
     if c.run is not None:
         c.set_run(noticed_nodes=c.run.noticed_nodes | nodes)
-    log = c.job.preemption_log
-    for i in range(len(log) - 1, -1, -1):
-        if log[i].group == group:
-            if not log[i].notice:
-                log[i] = log[i].model_copy(update={"notice": True})
-                c.save = True
-            break
+    log, i = c.job.preemption_log, _latest(c.job.preemption_log, group)
+    if i is not None and not log[i].notice:
+        log[i] = log[i].model_copy(update={"notice": True})
+        c.save = True
     c.effects.append(Replace(leaving=1))
+
+
+def _latest(log: list[PreemptionRecord], group: int) -> int | None:
+    """Where in the log the group's latest preemption is, if it has one."""
+    return next((i for i in range(len(log) - 1, -1, -1) if log[i].group == group), None)
 
 
 def _sampled(figure: CostFigure, value_s: float, mean: bool = False) -> CostFigure:
