@@ -73,11 +73,17 @@ def test_groups_leave_die_and_join_and_train_exactly_as_one_process(tmp_path: Pa
         wait_for_event(tmp_path, 1, "gone")
         start(2)  # a replacement: heals from group 0 and joins
         wait_for_event(tmp_path, 2, "training")
+        # Group 2 steps slowly from here until group 3 has joined it: alone, it would finish
+        # the job's last 20 steps in under a second, and a replacement that boots after the
+        # end trains alone from its own (empty) checkpoint folder.
+        (tmp_path / "slow").touch()
         (tmp_path / "kill-0").touch()  # group 0 dies mid-step, without notice
         processes[0].join(60)
         wait_for_event(tmp_path, 0, "gone")
         start(3)
         wait_for_event(tmp_path, 3, "training")
+        wait_for_a_step_together(tmp_path, (2, 3))
+        (tmp_path / "slow").unlink()
         for group in (1, 2, 3):
             processes[group].join(120)
     finally:

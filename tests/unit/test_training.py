@@ -47,11 +47,15 @@ def test_loss_falls_and_checkpoints_are_committed(tmp_path: Path) -> None:
     losses = sink.losses()
     assert sorted(losses) == list(range(1, 41))
     assert losses[40] < 0.7 * losses[1]
-    assert sink.checkpoints == [10, 20, 30, 40]
+    # Every 10 steps; a periodic save goes on behind training and the next one is skipped
+    # while it is still being stored (on a busy host, a cold disk), so 20 or 30 may be missing.
+    # The last step's always waits.
+    assert sink.checkpoints[0] == 10 and sink.checkpoints[-1] == 40
+    assert sink.checkpoints == sorted(set(sink.checkpoints) & {10, 20, 30, 40})
     assert sink.result is not None and sink.result["final_loss"] == losses[40]
     # Two kept; the latest is the last one and carries the data position.
     kept = sorted(p.name for p in tmp_path.iterdir())
-    assert kept == ["step_000000030", "step_000000040"]
+    assert kept == [f"step_{step:09d}" for step in sink.checkpoints[-2:]]
     meta = json.loads((latest_checkpoint(tmp_path) / "meta.json").read_text())
     assert meta["samples_seen"] == 40 * 8 and meta["first_loss"] == losses[1]
 
