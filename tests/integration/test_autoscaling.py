@@ -92,7 +92,7 @@ def test_replica_groups_outlive_a_notice_and_a_loss_and_the_job_trains_as_if_nei
     bought at once; the other trains on alone; then the pod is taken. The replacement heals
     from the live group and joins. Then the other group's pod is taken with no notice: at
     most the step in flight is redone, the survivor trains on, and its replacement heals and
-    joins too. The job never stops, never restarts from a checkpoint, and ends with the loss of an
+    joins too (if the job lasts long enough). The job never stops, never restarts from a checkpoint, and ends with the loss of an
     uninterrupted run; then every worker pod is terminated through RunPod's API, and `ray
     down` terminates the head."""
     # The user's own token, made on the head pod over `ray exec`; `ray submit` runs a script
@@ -112,7 +112,7 @@ def test_replica_groups_outlive_a_notice_and_a_loss_and_the_job_trains_as_if_nei
         "cpu-spot", "cpu-on-demand"}
     client = Client(fake_cluster.url, token=token)
     wait_for(lambda: _accepted(client), 60, "the service to take alice's token")
-    # Both replacements join before the end: the loss's about 20 s before it, idle here.
+    # Long enough for both replacements to join on most hosts (below).
     steps = 1600
     # The uninterrupted run's loss (one process), while the cluster starts the job.
     reference = ThreadPoolExecutor(1).submit(_reference_final_loss, steps)
@@ -165,6 +165,15 @@ def test_replica_groups_outlive_a_notice_and_a_loss_and_the_job_trains_as_if_nei
                       "the replacement to heal and join")
     _wait_step(client, job.id, client.get(job.id).progress.step + 30)
     fake_cluster.take_node(second[0])  # the other group's pod, with no notice
+
+    def rejoined() -> bool:  # the loss's replacement trains beside the survivor, or the end
+        status = client.get(job.id)
+        if status.state.is_terminal:
+            return True
+        up = [g.nodes[0] for g in status.groups if g.state == "training" and g.nodes]
+        return len(up) == 2 and second[0] not in up
+
+    wait_for(rejoined, 300, "the loss's replacement to join, or the job to end")
     final = job.wait()
     assert final.state == JobState.SUCCEEDED, final.error
     assert final.restarts == 0 and final.preemptions == 2
@@ -172,7 +181,14 @@ def test_replica_groups_outlive_a_notice_and_a_loss_and_the_job_trains_as_if_nei
     assert (noticed.group, noticed.notice, noticed.lost_steps) == (1, True, 0)
     assert (lost.group, lost.notice) == (0, False) and lost.lost_steps <= 1
     assert final.lost_steps == lost.lost_steps
-    assert all(r.survivors == 1 and r.replaced_after_s for r in final.preemption_log)
+    assert noticed.survivors == lost.survivors == 1 and noticed.replaced_after_s
+    # The loss's replacement joins too, unless the job ends before one could: on a fast host
+    # the survivor trains the last steps sooner than a pod boots (the notice's replacement
+    # measures how long that takes here). tests/unit/test_elastic_training.py heals one after a
+    # loss with no end in sight.
+    ended_after_s = final.finished_at - lost.time
+    assert lost.replaced_after_s or ended_after_s < noticed.replaced_after_s + 10, (
+        lost, ended_after_s)
     assert final.result.final_loss == pytest.approx(reference.result(), abs=1e-5)
     assert final.cost_usd > 0
     # The requests are withdrawn; the idle pods are terminated through RunPod's API
@@ -186,9 +202,8 @@ def test_replica_groups_outlive_a_notice_and_a_loss_and_the_job_trains_as_if_nei
           f"{running.started_at - decided.time:.1f} s; survivors' stall on the notice "
           f"{_s(noticed.stall_s)}, on the loss {_s(lost.stall_s)} (steps redone "
           f"{lost.lost_steps}); replaced after {_s(noticed.replaced_after_s)} and "
-          f"{_s(lost.replaced_after_s)} (the job ended "
-          f"{_s(final.finished_at - lost.time - (lost.replaced_after_s or 0))} after the last "
-          f"join); joins stalled "
+          f"{_s(lost.replaced_after_s)}; the job ended {ended_after_s:.1f} s after the loss; "
+          f"joins stalled "
           f"{_s(final.costs.group_stall_s.measured_s)} on average; ray up "
           f"{fake_cluster.took['up']:.1f} s, ray down {fake_cluster.took['down']:.1f} s")
 
