@@ -92,9 +92,9 @@ def test_replica_groups_outlive_a_notice_and_a_loss_and_the_job_trains_as_if_nei
     bought at once; the other trains on alone; then the pod is taken. The replacement heals
     from the live group and joins. Then the other group's pod is taken with no notice: at
     most the step in flight is redone, the survivor trains on, and its replacement heals and
-    joins too (if the job lasts long enough). The job never stops, never restarts from a checkpoint, and ends with the loss of an
-    uninterrupted run; then every worker pod is terminated through RunPod's API, and `ray
-    down` terminates the head."""
+    joins too (if the job lasts long enough). The job never stops, never restarts from a
+    checkpoint, and ends with the loss of an uninterrupted run; then every worker pod is
+    terminated through RunPod's API, and `ray down` terminates the head."""
     # The user's own token, made on the head pod over `ray exec`; `ray submit` runs a script
     # there that reads the service's health.
     made = fake_cluster.ray("exec", "raytrain token add alice --state-dir "
