@@ -216,10 +216,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.detach and not address:
         err.print("starting a local Ray cluster that outlives this command ...")
         address, head_pid, temp_dir = start_detached_head(
-            None, config.state_path / "ray-head.log")
+            None, config.state_path / "ray-head.log", config.state_path)
     # Ray's actors and workers do not stream into this terminal: jobs' output is in their
     # logs (raytrain logs ID) and the operator sees one line per job state change instead.
-    started_ray = connect_ray(address, quiet=True)
+    started_ray = connect_ray(address, quiet=True, state_dir=config.state_path)
     if head_pid is not None:
         lower_detached_daemons(head_pid)
     try:
@@ -283,10 +283,10 @@ def _embedded_service(args: argparse.Namespace, purpose: str) -> Iterator[tuple[
     import ray
 
     started = time.monotonic()
+    config = _service_config(args)
     err.print("starting a local Ray cluster and the raytrain service ...")
-    connect_ray(None, quiet=True)
+    connect_ray(None, quiet=True, state_dir=config.state_path)
     try:
-        config = _service_config(args)
         url = deploy(config, "127.0.0.1", args.port)
         remember_service(args.port, config.state_path)
         err.print(f"service up at {url} after {time.monotonic() - started:.1f} s; {purpose}",

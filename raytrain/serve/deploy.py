@@ -13,6 +13,7 @@ cluster would end with the process): it starts a head node as its own process gr
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -44,11 +45,13 @@ from raytrain.spec import ServiceConfig
 logger = logging.getLogger(__name__)
 
 
-def connect_ray(address: str | None, num_cpus: int | None = None, quiet: bool = False) -> bool:
+def connect_ray(address: str | None, num_cpus: int | None = None, quiet: bool = False,
+                state_dir: Path | None = None) -> bool:
     """Connect to the cluster at `address`, or start a local one; True if we started it.
 
     quiet: do not stream worker logs to this process (the demo draws a progress bar instead;
-    a failed job's error is in its status)."""
+    a failed job's error is in its status). state_dir: a local cluster keeps Ray's session
+    folders (its logs) there (`ray_folder`), not in /tmp/ray."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if ray.is_initialized():
         return False
@@ -75,6 +78,7 @@ def connect_ray(address: str | None, num_cpus: int | None = None, quiet: bool = 
         include_dashboard=False,
         logging_level=logging.WARNING,
         log_to_driver=not quiet,
+        _temp_dir=None if state_dir is None else ray_folder(state_dir),
     )
     _lower_ray_daemons(psutil.Process())
     return True
@@ -159,15 +163,57 @@ def undeploy(stop_jobs: bool) -> None:
             ray.kill(manager, no_restart=True)
 
 
-def start_detached_head(num_cpus: int | None, log_path: Path, timeout_s: float = 120.0
-                        ) -> tuple[str, int, str]:
+# Ray's session folders hold its Unix sockets, whose paths may not exceed 107 bytes on
+# Linux: the folder, then "/session_<date>_<time>_<microseconds>_<pid>/sockets/plasma_store"
+# (up to 64 bytes).
+RAY_FOLDER_MAX_BYTES = 40
+KEEP_RAY_SESSIONS = 5  # finished sessions' folders kept (their logs), newest first
+
+
+def ray_folder(state_dir: Path) -> str:
+    """Where a Ray cluster raytrain starts keeps its session folders (logs, sockets): the state
+    directory's `ray` folder, or, when that path is too long for Ray's sockets, a short folder
+    in the system's temporary directory that `ray` in the state directory links to. Finished
+    sessions beyond the newest KEEP_RAY_SESSIONS are removed; a session a process still uses
+    (its path in the process's command line) never is."""
+    state_dir = Path(os.path.abspath(state_dir))
+    wanted = state_dir / "ray"
+    if len(os.fsencode(str(wanted))) <= RAY_FOLDER_MAX_BYTES:
+        folder = wanted
+    else:
+        digest = hashlib.sha256(os.fsencode(str(state_dir))).hexdigest()[:12]
+        folder = Path(tempfile.gettempdir()) / f"raytrain-{digest}"
+    folder.mkdir(parents=True, exist_ok=True)
+    if folder != wanted and (wanted.is_symlink() or not wanted.exists()):
+        wanted.unlink(missing_ok=True)
+        wanted.parent.mkdir(parents=True, exist_ok=True)
+        wanted.symlink_to(folder, target_is_directory=True)
+    _prune_sessions(folder)
+    return str(folder)
+
+
+def _prune_sessions(folder: Path) -> None:
+    sessions = sorted((p for p in folder.glob("session_2*") if p.is_dir() and not p.is_symlink()),
+                      key=lambda p: p.stat().st_mtime, reverse=True)
+    if len(sessions) <= KEEP_RAY_SESSIONS:
+        return
+    in_use = " ".join(" ".join(p.info.get("cmdline") or [])
+                      for p in psutil.process_iter(["cmdline"]))
+    for session in sessions[KEEP_RAY_SESSIONS:]:
+        if session.name not in in_use:
+            shutil.rmtree(session, ignore_errors=True)
+
+
+def start_detached_head(num_cpus: int | None, log_path: Path, state_dir: Path,
+                        timeout_s: float = 120.0) -> tuple[str, int, str]:
     """Start a local Ray head node that outlives this process; return (address, pid,
     temp_dir). Its processes form their own session, so a Ctrl-C in this terminal does not
-    reach them, and `raytrain stop` ends them by signalling the head's process."""
+    reach them, and `raytrain stop` ends them by signalling the head's process. Its session
+    folder is in `ray_folder(state_dir)`."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    temp_dir = tempfile.mkdtemp(prefix="raytrain-", dir="/tmp")  # Ray's socket paths are short
+    temp_dir = ray_folder(state_dir)
     env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
     env.setdefault("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "1.0")
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # as connect_ray: nothing beyond this machine
@@ -192,7 +238,30 @@ def start_detached_head(num_cpus: int | None, log_path: Path, timeout_s: float =
             raise RaytrainError(f"Ray's head node did not start within {timeout_s:.0f} s; "
                                 f"its output is in {log_path}")
         time.sleep(0.5)
-    return address, head.pid, temp_dir
+    return address, head.pid, _session_of(head.pid, temp_dir)
+
+
+def _session_of(head_pid: int, temp_dir: str) -> str:
+    """The session folder of the head started as `head_pid` in `temp_dir` (its processes name
+    it on their command lines), so that `raytrain stop` ends and removes exactly that session;
+    `temp_dir` itself if none says yet."""
+    marker = os.path.join(temp_dir, "session_")
+    try:
+        family = [psutil.Process(head_pid), *psutil.Process(head_pid).children(recursive=True)]
+    except psutil.Error:
+        return temp_dir
+    for process in family:
+        try:
+            words = process.cmdline()
+        except psutil.Error:
+            continue
+        for word in words:
+            at = word.find(marker)
+            if at >= 0:
+                name = word[at + len(marker):].split("/")[0]
+                if name and name != "latest":
+                    return marker + name
+    return temp_dir
 
 
 def _gcs_answers(port: int) -> bool:

@@ -24,7 +24,7 @@ class DetachedService:
     url: str
     address: str  # the Ray cluster's GCS address
     head_pid: int | None  # the `ray start --head --block` process we started, if any
-    temp_dir: str | None  # that head's Ray temp dir
+    temp_dir: str | None  # that head's Ray session folder (its logs and sockets)
     started_at: float
 
     def save(self, state_dir: Path) -> Path:

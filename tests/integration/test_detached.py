@@ -43,6 +43,11 @@ def test_serve_detach_keeps_running_until_raytrain_stop(tmp_path: Path) -> None:
         assert "tokens.json" in started.stderr
         record = json.loads((state_dir / "service.json").read_text())
         assert psutil.pid_exists(record["head_pid"])
+        # Ray's session folder (its logs) is reached from the state dir, not /tmp/ray: a pytest
+        # path is too long for Ray's sockets, so `ray` there links to a short folder.
+        session = Path(record["temp_dir"])
+        assert session.name.startswith("session_2") and (session / "logs").is_dir()
+        assert session.parent == (state_dir / "ray").resolve()
         again = subprocess.run(
             [str(BIN / "raytrain"), "serve", "--detach", f"--port={free_port()}",
              f"--state-dir={state_dir}"], env=env, capture_output=True, text=True, timeout=60)
@@ -58,6 +63,7 @@ def test_serve_detach_keeps_running_until_raytrain_stop(tmp_path: Path) -> None:
         psutil.Process(record["head_pid"]).status() == psutil.STATUS_ZOMBIE
     assert not [p for p in psutil.process_iter(["cmdline"])
                 if record["temp_dir"] in " ".join(p.info.get("cmdline") or [])]
+    assert not session.exists()  # its session folder went with it
     assert others <= {p.pid for p in psutil.process_iter(["cmdline"])
                       if "raylet" in " ".join(p.info.get("cmdline") or [])}
     nothing = subprocess.run([str(BIN / "raytrain"), "stop", f"--state-dir={state_dir}"],
