@@ -40,6 +40,7 @@ from raytrain.serve.detached import (
 )
 from raytrain.serve.front import serve_app
 from raytrain.serve.manager_actor import find_manager
+from raytrain.serve.ray_probe import install_no_cloud_probe
 from raytrain.spec import ServiceConfig
 
 logger = logging.getLogger(__name__)
@@ -73,12 +74,16 @@ def connect_ray(address: str | None, num_cpus: int | None = None, quiet: bool = 
     # measurable share of the CPU training wants (BENCHMARKS.md, background CPU), and a
     # training service redeploys rarely. Only for clusters we start; an operator's wins.
     os.environ.setdefault("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "1.0")
+    temp_dir = None if state_dir is None else ray_folder(state_dir)
+    # ... and neither does Ray's dashboard process (raytrain.serve.ray_probe).
+    install_no_cloud_probe(Path(temp_dir) if temp_dir else
+                           Path(tempfile.gettempdir()) / f"raytrain-{os.getuid()}")
     ray.init(
         num_cpus=num_cpus or os.cpu_count() or 2,
         include_dashboard=False,
         logging_level=logging.WARNING,
         log_to_driver=not quiet,
-        _temp_dir=None if state_dir is None else ray_folder(state_dir),
+        _temp_dir=temp_dir,
     )
     _lower_ray_daemons(psutil.Process())
     return True
@@ -217,8 +222,8 @@ def start_detached_head(num_cpus: int | None, log_path: Path, state_dir: Path,
     env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
     env.setdefault("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "1.0")
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # as connect_ray: nothing beyond this machine
-    ray_cli = Path(sys.executable).parent / "ray"
-    command = [str(ray_cli) if ray_cli.exists() else "ray", "start", "--head",
+    # Ray's CLI, with its dashboard's cloud probe held at home (raytrain.serve.ray_probe)
+    command = [sys.executable, "-m", "raytrain.serve.ray_probe", temp_dir, "start", "--head",
                f"--port={port}", "--node-ip-address=127.0.0.1",
                f"--num-cpus={num_cpus or os.cpu_count() or 2}", "--include-dashboard=false",
                "--disable-usage-stats", f"--temp-dir={temp_dir}", "--block"]

@@ -227,13 +227,13 @@ def test_cli_and_curl_example_against_the_server(
 
 def test_a_local_run_reaches_nothing_beyond_this_machine(service: Service) -> None:
     """Every Python process of the local cluster recorded its connections beyond this machine
-    (tests/netaudit) while the jobs above trained: there must be none but Ray's own cloud
-    probe at cluster start, which no setting turns off (see tests/netaudit)."""
+    (tests/netaudit) while the jobs above trained: there must be none, not even Ray's
+    dashboard asking the cloud metadata address which cloud it runs on at the cluster's start
+    (raytrain/serve/ray_probe.py holds it at home; without it this log had two lines
+    `ray-usage-probe ... dashboard.py ... ('169.254.169.254', 80)`)."""
     log = service.state_dir / "connections-beyond-this-machine.log"
     assert log.is_file(), "the connection audit did not run"
-    lines = log.read_text().splitlines()
-    assert [line for line in lines if not line.startswith("ray-usage-probe ")] == []
-    assert all("dashboard.py" in line for line in lines)  # ... and only from that process
+    assert log.read_text().splitlines() == []
 
 
 def test_the_job_list_comes_in_pages_and_the_client_follows_them(service: Service) -> None:

@@ -5,13 +5,12 @@ of the local cluster (raylet-started workers, Serve replicas, the job manager, R
 workers) runs it at start-up. A `socket.connect` (or UDP `sendto`) to an address that is not
 loopback, not one of this machine's own addresses and not its DNS resolver is appended to the
 file named by RAYTRAIN_NET_AUDIT_LOG, tagged with who made it; the test then asserts that
-nothing but one known probe is there.
+there is none.
 
-The known probe: Ray 2.60's dashboard process (started even with include_dashboard=False, to
-run its usage-statistics module) asks 169.254.169.254 which cloud it runs on, once at cluster
-start, whether usage statistics are enabled or not (ray/_common/usage/usage_lib.py,
-get_cluster_config_to_report). raytrain turns usage statistics off for clusters it starts,
-which stops the reports, but not this probe; no setting does.
+Ray's dashboard process would ask 169.254.169.254 which cloud it runs on, once at cluster
+start, whatever the settings (ray/_common/usage/usage_lib.py, get_cluster_config_to_report);
+a cluster raytrain starts holds that probe at home (raytrain/serve/ray_probe.py). A connection
+from Ray's usage code is tagged `ray-usage-probe`.
 """
 
 import ipaddress

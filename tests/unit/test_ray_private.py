@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # module -> the names raytrain takes from it
@@ -20,6 +23,9 @@ PRIVATE_USES = {
     # The SSH runner a node provider hands out (NodeProvider.get_command_runner), for RunPod's
     # mapped SSH port (raytrain/cloud/runpod_ssh.py).
     "ray.autoscaler._private.command_runner": {"SSHCommandRunner"},
+    # The function that starts Ray's dashboard process, wrapped so that process probes no
+    # cloud (raytrain/serve/ray_probe.py).
+    "ray._private": {"services"},
 }
 
 
@@ -82,3 +88,39 @@ def test_rays_ssh_runner_has_what_the_runpod_runner_builds_on() -> None:
     options = SSHOptions("key")
     options.arg_dict["Port"] = 2222
     assert ["-o", "Port=2222"] == options.to_ssh_options_list()[-4:-2]
+
+
+def test_rays_dashboard_probes_no_cloud_with_an_empty_cluster_config_in_its_home(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What raytrain/serve/ray_probe.py relies on: the dashboard process is started by
+    `ray._private.services.start_api_server`, looked up when called; its usage module reads
+    `~/ray_bootstrap_config.yaml` and probes the cloud only when that file is missing, and
+    sends its report where RAY_USAGE_STATS_REPORT_URL says."""
+    import ray._common.usage.usage_lib as usage_lib
+    import ray._private.node
+    from ray._private import services
+    from ray.dashboard.modules.usage_stats.usage_stats_head import UsageStatsHead
+
+    from raytrain.serve.ray_probe import NOWHERE, dashboard_home, install_no_cloud_probe
+
+    assert "ray._private.services.start_api_server(" in inspect.getsource(ray._private.node)
+    assert '"~/ray_bootstrap_config.yaml"' in inspect.getsource(UsageStatsHead.run)
+    probed: list[str] = []
+    monkeypatch.setattr(usage_lib, "get_cloud_from_metadata_requests",
+                        lambda: probed.append("probe") or "unknown")
+    home = dashboard_home(tmp_path)
+    usage_lib.get_cluster_config_to_report(str(home / "ray_bootstrap_config.yaml"))
+    assert probed == []
+    usage_lib.get_cluster_config_to_report(str(tmp_path / "absent.yaml"))
+    assert probed == ["probe"]
+    monkeypatch.setenv("RAY_USAGE_STATS_REPORT_URL", NOWHERE)
+    assert usage_lib._usage_stats_report_url() == NOWHERE
+    # The wrapper gives the dashboard's start that environment, and only it.
+    seen: dict[str, str | None] = {}
+    monkeypatch.setattr(services, "start_api_server",
+                        lambda *a, **k: seen.update(home=os.environ.get("HOME")))
+    install_no_cloud_probe(tmp_path)
+    install_no_cloud_probe(tmp_path)  # twice: one wrapper, not two
+    services.start_api_server()
+    assert seen == {"home": str(home)} and os.environ.get("HOME") != str(home)
+    assert services.start_api_server.__wrapped__.__name__ == "<lambda>"
