@@ -22,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -44,6 +46,37 @@ from raytrain.serve.ray_probe import install_no_cloud_probe
 from raytrain.spec import ServiceConfig
 
 logger = logging.getLogger(__name__)
+
+
+# Ray's one-machine mode (its default on macOS and Windows), for a cluster `ray.init` starts
+# here: every process of it takes the loopback as the node's address, instead of finding the
+# machine's own by opening a UDP socket towards 8.8.8.8 (Ray's C++ core, in every process but
+# the driver), whose reverse lookups by the training ranks then ask the network's DNS. Its
+# raylets refuse to join another cluster, which none of such a cluster does. (Not for the
+# detached head: every process that connects to it by address, `raytrain stop` included,
+# would have to take the same mode, and one that did not would wait for a node at its own
+# address forever.)
+ONE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@contextmanager
+def one_machine() -> Iterator[None]:
+    """Ray's one-machine mode for the cluster started inside the block (an operator's setting
+    wins): in the environment the cluster's processes inherit, and in this process, whose Ray
+    read it when it was imported (`ray._private.ray_constants`, private: no public API sets it;
+    tests/unit/test_ray_private.py fails when it moves). Both are put back after, so that a
+    `ray start` this process runs later (a worker node) is not refused."""
+    from ray._private import ray_constants
+
+    before, flag = os.environ.get(ONE_MACHINE), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ.setdefault(ONE_MACHINE, "0")
+    ray_constants.ENABLE_RAY_CLUSTER = os.environ[ONE_MACHINE].lower() in ("1", "true")
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = flag
+        if before is None:
+            os.environ.pop(ONE_MACHINE, None)
 
 
 def connect_ray(address: str | None, num_cpus: int | None = None, quiet: bool = False,
@@ -78,13 +111,14 @@ def connect_ray(address: str | None, num_cpus: int | None = None, quiet: bool = 
     # ... and neither does Ray's dashboard process (raytrain.serve.ray_probe).
     install_no_cloud_probe(Path(temp_dir) if temp_dir else
                            Path(tempfile.gettempdir()) / f"raytrain-{os.getuid()}")
-    ray.init(
-        num_cpus=num_cpus or os.cpu_count() or 2,
-        include_dashboard=False,
-        logging_level=logging.WARNING,
-        log_to_driver=not quiet,
-        _temp_dir=temp_dir,
-    )
+    with one_machine():
+        ray.init(
+            num_cpus=num_cpus or os.cpu_count() or 2,
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+            log_to_driver=not quiet,
+            _temp_dir=temp_dir,
+        )
     _lower_ray_daemons(psutil.Process())
     return True
 

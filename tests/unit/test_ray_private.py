@@ -24,8 +24,9 @@ PRIVATE_USES = {
     # mapped SSH port (raytrain/cloud/runpod_ssh.py).
     "ray.autoscaler._private.command_runner": {"SSHCommandRunner"},
     # The function that starts Ray's dashboard process, wrapped so that process probes no
-    # cloud (raytrain/serve/ray_probe.py).
-    "ray._private": {"services"},
+    # cloud (raytrain/serve/ray_probe.py); the one-machine flag this process's Ray read at
+    # import (raytrain/serve/deploy.py, one_machine).
+    "ray._private": {"services", "ray_constants"},
 }
 
 
@@ -124,3 +125,23 @@ def test_rays_dashboard_probes_no_cloud_with_an_empty_cluster_config_in_its_home
     services.start_api_server()
     assert seen == {"home": str(home)} and os.environ.get("HOME") != str(home)
     assert services.start_api_server.__wrapped__.__name__ == "<lambda>"
+
+
+def test_rays_one_machine_mode_takes_the_loopback_without_asking_8_8_8_8(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What raytrain/serve/deploy.py's one_machine relies on: the flag Ray's processes read
+    from RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER at import, and that Ray's node address lookup
+    consults it when called (false: the loopback, without the UDP socket towards 8.8.8.8)."""
+    from ray._private import ray_constants, services, worker
+
+    from raytrain.serve.deploy import ONE_MACHINE, one_machine
+
+    assert ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR == ONE_MACHINE
+    assert "ray_constants.ENABLE_RAY_CLUSTER" in inspect.getsource(services.get_node_ip_address)
+    monkeypatch.delenv(ONE_MACHINE, raising=False)
+    monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
+    monkeypatch.setattr(worker, "_global_node", None)  # as in a process not connected yet
+    with one_machine():
+        assert os.environ[ONE_MACHINE] == "0"
+        assert services.get_node_ip_address() == "127.0.0.1"
+    assert ONE_MACHINE not in os.environ and ray_constants.ENABLE_RAY_CLUSTER is True
