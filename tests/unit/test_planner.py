@@ -65,6 +65,28 @@ def test_predicted_memory_matches_published_peaks(run) -> None:
     assert predicted_per_gpu(run)[1] == pytest.approx(run.memory_gib, rel=0.15)
 
 
+def test_dropping_full_recomputation_is_worth_what_it_was_measured_to_be() -> None:
+    """Korthikanti et al., Reducing Activation Recomputation in Large Transformer Models
+    (MLSys 2023): the 530B GPT on A100s (TP 8 x PP 35) ran at 54.2% MFU with sequence
+    parallelism and selective recomputation against 42.1% with full recomputation, 1.29x;
+    their 22B to 1T runs gained 1.29-1.32x. The planner, on the 530B run of
+    benchmarks/published_runs.yaml moved from full to selective recomputation (and sequence
+    parallelism) and on the other Megatron-LM runs of 8-way tensor parallelism, must predict
+    that gain, not the 1.38-1.58x it once did, nor the 1.34x of no recomputation at all (a
+    selective recomputation priced as free fails it). Not fitted: no constant saw these pairs."""
+    gains = {}
+    for run in published_runs():
+        if not run.name.startswith("Megatron-LM GPT") or run.layout.tp != 8:
+            continue
+        full = evaluate(run.dims, run.work, run.layout, run.shape)
+        selective = evaluate(run.dims, run.work, replace(
+            run.layout, recompute="selective", sequence_parallel=True), run.shape)
+        gains[run.name] = selective.tokens_per_s / full.tokens_per_s
+    assert len(gains) >= 5
+    assert gains["Megatron-LM GPT 530B, 2520 A100"] == pytest.approx(54.2 / 42.1, rel=0.025)
+    assert all(1.25 <= gain <= 1.33 for gain in gains.values()), gains
+
+
 def test_a_trillion_parameters_on_3072_gpus_plans_and_fits() -> None:
     """The time it takes is measured by benchmarks/planner_published.py (0.3-0.4 s idle,
     recorded in BENCHMARKS.md); here only a ceiling far above it, so a busy machine cannot
