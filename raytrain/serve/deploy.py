@@ -42,7 +42,7 @@ from raytrain.serve.detached import (
 )
 from raytrain.serve.front import serve_app
 from raytrain.serve.manager_actor import find_manager
-from raytrain.serve.ray_probe import install_no_cloud_probe
+from raytrain.serve.ray_probe import environment, install_no_cloud_probe
 from raytrain.spec import ServiceConfig
 
 logger = logging.getLogger(__name__)
@@ -68,15 +68,13 @@ def one_machine() -> Iterator[None]:
     `ray start` this process runs later (a worker node) is not refused."""
     from ray._private import ray_constants
 
-    before, flag = os.environ.get(ONE_MACHINE), ray_constants.ENABLE_RAY_CLUSTER
-    os.environ.setdefault(ONE_MACHINE, "0")
-    ray_constants.ENABLE_RAY_CLUSTER = os.environ[ONE_MACHINE].lower() in ("1", "true")
-    try:
-        yield
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = flag
-        if before is None:
-            os.environ.pop(ONE_MACHINE, None)
+    value, flag = os.environ.get(ONE_MACHINE, "0"), ray_constants.ENABLE_RAY_CLUSTER
+    with environment({ONE_MACHINE: value}):
+        ray_constants.ENABLE_RAY_CLUSTER = value.lower() in ("1", "true")
+        try:
+            yield
+        finally:
+            ray_constants.ENABLE_RAY_CLUSTER = flag
 
 
 def connect_ray(address: str | None, num_cpus: int | None = None, quiet: bool = False,
@@ -236,11 +234,15 @@ def _prune_sessions(folder: Path) -> None:
                       key=lambda p: p.stat().st_mtime, reverse=True)
     if len(sessions) <= KEEP_RAY_SESSIONS:
         return
-    in_use = " ".join(" ".join(p.info.get("cmdline") or [])
-                      for p in psutil.process_iter(["cmdline"]))
     for session in sessions[KEEP_RAY_SESSIONS:]:
-        if session.name not in in_use:
+        if not _processes_naming(session.name):
             shutil.rmtree(session, ignore_errors=True)
+
+
+def _processes_naming(text: str) -> list[psutil.Process]:
+    """The processes whose command line names `text` (a Ray session's folder, say)."""
+    return [p for p in psutil.process_iter(["cmdline"])
+            if text in " ".join(p.info.get("cmdline") or [])]
 
 
 def start_detached_head(num_cpus: int | None, log_path: Path, state_dir: Path,
@@ -340,9 +342,7 @@ def stop_detached(state_dir: Path) -> str:
         terminate_family(head, timeout_s=grace_s)
         stopped.append(f"the Ray cluster it started at {record.address}")
     if record.temp_dir:
-        leftovers = [p for p in psutil.process_iter(["cmdline"])
-                     if record.temp_dir in " ".join(p.info.get("cmdline") or [])]
-        for proc in leftovers:
+        for proc in _processes_naming(record.temp_dir):
             terminate_family(proc, timeout_s=5.0)
         shutil.rmtree(record.temp_dir, ignore_errors=True)
     (state_dir / SERVICE_RECORD).unlink(missing_ok=True)

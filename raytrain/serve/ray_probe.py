@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 # Where the dashboard's report goes instead of Ray's servers: the discard port on loopback.
 NOWHERE = "http://127.0.0.1:9/"
-_ENV = ("HOME", "RAY_USAGE_STATS_REPORT_URL")
 
 
 def dashboard_home(folder: Path) -> Path:
@@ -54,18 +54,21 @@ def install_no_cloud_probe(folder: Path) -> None:
 
     @functools.wraps(start)
     def start_api_server(*args: Any, **kwargs: Any) -> Any:
-        return _with_env(start, {"HOME": str(home), "RAY_USAGE_STATS_REPORT_URL": NOWHERE},
-                         *args, **kwargs)
+        with environment({"HOME": str(home), "RAY_USAGE_STATS_REPORT_URL": NOWHERE}):
+            return start(*args, **kwargs)
 
     start_api_server.raytrain_home = home  # type: ignore[attr-defined]
     services.start_api_server = start_api_server
 
 
-def _with_env(call: Callable[..., Any], env: dict[str, str], *args: Any, **kwargs: Any) -> Any:
-    before = {key: os.environ.get(key) for key in _ENV}
-    os.environ.update(env)
+@contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """`values` in this process's environment inside the block (the processes it starts
+    inherit them), each variable put back as it was after."""
+    before = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
     try:
-        return call(*args, **kwargs)
+        yield
     finally:
         for key, value in before.items():
             if value is None:
