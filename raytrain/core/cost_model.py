@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from raytrain.catalog.hardware import GPUKind, Link, NodeShape
+from raytrain.core.in_flight import layers_in_flight
 from raytrain.core.kernels import (
     KERNELS,
     KernelModel,
@@ -93,6 +94,18 @@ class ModelDims:
     def activation_values_per_token_layer(self) -> int:
         return 8 * self.dim + 2 * self.kv_dim + (3 if self.gated_mlp else 2) * self.ffn_dim
 
+    def saved_values_per_token_layer(self, fused: bool) -> int:
+        """Values a block saves for its backward, per token (what memory counts; the timing's
+        count above is the work between the matmuls). Eager PyTorch, as raytrain's block runs
+        and tests/unit/test_planner.py measures with saved-tensor hooks: each RMSNorm keeps
+        its input, its normalised input and its output (3d), q and the attention's output
+        (2d), k and v, and the MLP's hidden tensors (SwiGLU: the gate, its SiLU, the up
+        projection and their product, 4f; GELU: its input and output, 2f). Fused kernels
+        (fused_elementwise: Megatron-LM, Transformer Engine, torch.compile) keep a norm's
+        input and output only and a SwiGLU's two inputs and its product: 2d less, f less."""
+        mlp = (3 if fused else 4) * self.ffn_dim if self.gated_mlp else 2 * self.ffn_dim
+        return (6 if fused else 8) * self.dim + 2 * self.kv_dim + mlp
+
     def activation_values_on_rank(self, tp: int, sequence_parallel: bool) -> float:
         """A block's activation values per token on one tensor-parallel rank: all of them
         split over the ranks under sequence parallelism; without it, the 4*d around the norms
@@ -122,6 +135,10 @@ class Workload:
     # torchtitan's default); the reduce-scatters of their outputs stay in act_bytes.
     tp_gather_bytes: float | None = None
     data_parallel_only: bool = False  # a model of the user's own: DDP or FSDP, no tp or pp
+    # Sequence parallelism's linears save their input's shard and all-gather it again for
+    # the backward (Megatron-LM's way: less memory, one more all-gather per input); False:
+    # PyTorch's (raytrain's), which saves the gathered input whole.
+    sp_regather: bool = False
     kernels: KernelModel = KERNELS  # how fast kernels run (raytrain.core.kernels, fitted)
 
     @property
@@ -196,15 +213,14 @@ def root_params(dims: ModelDims, c: Layout) -> float:
 
 
 def memory_per_device(dims: ModelDims, work: Workload, c: Layout, shape: NodeShape) -> float:
-    """The most any rank needs: the first and the last pipeline rank bound the rest (earlier
-    stages are never smaller, and the first rank has the most microbatches in flight)."""
-    ranks = {0, c.pp - 1}
-    worst = max(_rank_memory(dims, work, c, rank) for rank in ranks)
+    """The most any pipeline rank needs (with the ends' stages a layer short, the first rank
+    need not be the fullest)."""
+    worst = max(_rank_memory(dims, work, c, rank) for rank in range(c.pp))
     return shape.gpu.runtime_reserve_bytes + worst
 
 
 def _rank_memory(dims: ModelDims, work: Workload, c: Layout, rank: int) -> float:
-    params, layers_here, last = rank_params(dims, c.pp, c.virtual_stages, rank)
+    params, _, last = rank_params(dims, c.pp, c.virtual_stages, rank)
     held = params / c.tp
     state = held / c.dp_shard * 16
     param_bytes = work.act_bytes
@@ -226,8 +242,13 @@ def _rank_memory(dims: ModelDims, work: Workload, c: Layout, rank: int) -> float
     elif c.data_parallel_wrapper == "ddp":
         state += held * 4  # gradient buckets
     tokens = c.micro_batch_size * dims.seq_len
-    per_layer = dims.activation_values_on_rank(c.tp, c.sequence_parallel)
-    if c.tp > 1 and c.sequence_parallel:
+    # Selective recomputation recomputes the elementwise work, as fused kernels avoid saving it.
+    fused = work.fused_elementwise or c.recompute == "selective"
+    per_layer: float = dims.saved_values_per_token_layer(fused)
+    if c.tp > 1:  # without sequence parallelism the 4d around the norms stay whole
+        per_layer = per_layer / c.tp if c.sequence_parallel else \
+            (per_layer - 4 * dims.dim) / c.tp + 4 * dims.dim
+    if c.tp > 1 and c.sequence_parallel and not work.sp_regather:
         # PyTorch's sequence parallelism all-gathers the attention's and the MLP's input to
         # the whole sequence, and the column-wise linears save it whole for their backward.
         per_layer += 2 * dims.dim * (1 - 1 / c.tp)
@@ -239,17 +260,7 @@ def _rank_memory(dims: ModelDims, work: Workload, c: Layout, rank: int) -> float
         layer_bytes, extra_once = full_layer_bytes / 2, 0.0
     else:
         layer_bytes, extra_once = full_layer_bytes, 0.0
-    # Microbatches whose activations this rank holds at once: 1F1B's rank r warms up with
-    # pp - r forwards; GPipe runs all m forwards first; interleaving adds a share.
-    if c.pp == 1:
-        in_flight = 1.0
-    elif c.gpipe:
-        in_flight = float(c.microbatches)
-    else:
-        in_flight = float(min(c.microbatches, c.pp - rank))
-        if c.virtual_stages > 1:
-            in_flight = min(c.microbatches, c.pp) * (1 + (c.pp - 1) / (c.pp * c.virtual_stages))
-    activations = in_flight * layers_here * layer_bytes + extra_once
+    activations = layers_in_flight(dims.num_layers, c, rank) * layer_bytes + extra_once
     loss_and_head = 0.0  # what only the last stage holds
     if last:
         logits_in_flight = c.microbatches if (c.gpipe and c.pp > 1) else 1
@@ -339,13 +350,15 @@ def step_time(dims: ModelDims, work: Workload, c: Layout,
             tokens * dims.dim * work.tp_gather_bytes
         gather = _collective_s(gather_bytes, c.tp, tp_link)
         scatter = _collective_s(act_bytes_mb, c.tp, tp_link) * tp_link.reduce_scatter_factor
-        tp_mb = layers_here * (tp_passes / 2) * (gather + scatter)
+        regather = 2 if (c.sequence_parallel and work.sp_regather) else 0
+        tp_mb = layers_here * ((tp_passes / 2 + regather) * gather + tp_passes / 2 * scatter)
         tp_mb += layers_here * gpu.tp_block_overhead_s
     pp_link = _link_for_span(c.world_size, shape) if c.pp > 1 else shape.intra
     pp_mb = 0.0
     if c.pp > 1:
         message = act_bytes_mb / c.tp
-        pp_mb = 2 * (message / (pp_link.bandwidth * pp_link.efficiency) + pp_link.latency_s)
+        pp_mb = 2 * c.virtual_stages * (message / (pp_link.bandwidth * pp_link.efficiency)
+                                         + pp_link.latency_s)
     held = stage_params(dims, c.pp, c.virtual_stages) / c.tp
     fsdp_mb, dp_step = (_fsdp_s(dims, work, c, shape, compute_mb, layers_here, held)
                         if c.data_parallel_wrapper == "fsdp" else (0.0, 0.0))

@@ -16,24 +16,34 @@ holds (fp32 master, fp32 gradient, two fp32 moments): a pipeline rank holds its 
 the root unit (embeddings and head, which FSDP2 keeps gathered from forward to backward) and
 two unsharded blocks (current and prefetched) in compute precision, plus the largest unit's
 unsharded fp32 gradient (the reduce-scatter's input); DDP adds its gradient buckets (4 bytes
-per parameter). Activations per token per layer, in compute precision:
-8*d + 2*d_kv + (3 or 2)*f values (norm inputs and outputs, q/k/v, attention output, the MLP's
-hidden activations); sequence parallel divides all of it by `tp` but adds the 2*d inputs of
-the attention and the MLP, gathered whole and saved by the column-wise linears; tensor
-parallel without it divides all but the 4*d around the norms; full recomputation keeps only
-each block's input (d) plus one block's activations; selective recomputation is counted as
-half. raytrain's AdamW is the fused kernel, which updates in place: it adds nothing to the
-peak.
-Microbatches in flight on pipeline rank r: one without a pipeline, m for GPipe, min(m, pp-r)
-for 1F1B, and min(m, pp) x (1 + (pp-1)/(pp*v)) for interleaved 1F1B (Narayanan et al.,
-2021). The loss's fp32 log-softmax sits on the last stage for each microbatch in flight
-there (m under GPipe, one under 1F1B; a pipeline stage also keeps its logits), and the
-backward of one adds two fp32 gradients of its size (measured: cost_model.loss_bytes_per_logit),
-whole unless the loss is computed tensor-parallel; beside them the final norm's input and the
-head's (whole: gathered under sequence parallelism). The first and the last pipeline rank are
-evaluated; the larger counts. A plan fits when all of it plus the device kind's runtime
-reserve (CUDA context, NCCL buffers and allocator slack on a GPU; measured on CPU) stays
-under 92% of device memory.
+per parameter). Activations per token per layer, in compute precision, as a block saves them
+for its backward (tests/unit/test_memory.py measures raytrain's block with saved-tensor
+hooks): 8*d + 2*d_kv + (4 or 2)*f values in eager PyTorch (each norm's input, normalised
+input and output; q and the attention's output; k and v; SwiGLU's gate, its SiLU, the up
+projection and their product, or GELU's input and output), 2*d and f less with fused kernels
+or selective recomputation (a norm keeps its input and output, a SwiGLU its two inputs and
+its product); sequence parallel divides all of it by `tp` but, as PyTorch runs it, adds the
+2*d inputs of the attention and the MLP, gathered whole and saved by the column-wise linears
+(a workload with `sp_regather`, Megatron-LM's way, keeps their shards and gathers them again
+in the backward: one more all-gather each); tensor parallel without it divides all but the
+4*d around the norms; full recomputation keeps only each block's input (d) plus one block's
+activations; selective recomputation is counted as half. raytrain's AdamW is the fused
+kernel, which updates in place: it adds nothing to the peak.
+Layers split over pipeline stages as evenly as they go, the stages a layer short taken from
+the ends (raytrain.spec.layout.stage_layers). The layer-micro-batches of activations a
+pipeline rank holds at once (raytrain.core.in_flight): its layers once without a pipeline,
+m times for GPipe, min(m, pp-r) times on 1F1B's rank r, and under interleaved 1F1B the peak
+of a walk through torch's own schedule order, stage by stage. The loss's fp32 log-softmax
+sits on the last stage for each microbatch in flight there (m under GPipe, one under 1F1B; a
+pipeline stage also keeps its logits), and the backward of one adds two fp32 gradients of its
+size (measured: cost_model.loss_bytes_per_logit), whole unless the loss is computed
+tensor-parallel; beside them the final norm's input and the head's (whole: gathered under
+sequence parallelism). Every pipeline rank is evaluated; the largest counts. A plan fits
+when all of it plus the device kind's runtime reserve (CUDA context, NCCL buffers and
+allocator slack on a GPU; measured on CPU) stays under 92% of device memory (the rest is
+the caching allocator's room for fragmentation); between that and the device's whole memory
+it is tight: never chosen by the search, reported with a warning when asked for, and not
+bought for by the capacity policy.
 
 Time per step. Compute is timed from the work's shapes (raytrain.core.kernels): each matmul
 of a block and the head from its M, N and K against the GPU's best matmul rate (bf16 on
@@ -49,7 +59,8 @@ mesh order of raytrain.parallel): a group stays on the intra-node link while its
 in a node. Tensor parallel: 8 collective passes of one activation per layer per microbatch
 (all-gather and reduce-scatter around attention and MLP, forward and backward; 12 with
 recomputation; reduce-scatters at the link's reduce-scatter cost), not overlapped.
-Pipeline: one point-to-point activation and gradient per microbatch, and the schedule's
+Pipeline: one point-to-point activation and gradient per microbatch and stage a rank holds
+(interleaving's v stages send v times as often), and the schedule's
 bubble: a step is (m + (pp-1)/v) microbatch times. FSDP: all-gather of the blocks' parameters
 in forward and again in backward, of the root unit's once (FSDP2 does not reshard the root),
 and reduce-scatter of fp32 gradients, per microbatch (once per step under a pipeline, which
@@ -116,10 +127,18 @@ class Plan:
     usd_per_million_tokens: float | None
     reason: str
     breakdown: dict[str, float] = field(default_factory=dict)
+    device_bytes: float = 0.0  # the device's whole memory, as it reports it
 
     @property
     def fits(self) -> bool:
         return self.memory_bytes <= self.memory_limit_bytes
+
+    @property
+    def tight(self) -> bool:
+        """Over the usable memory (the allocator's reserve kept free) but within the device:
+        it may run, as runs tuned to their last GiB do, or fail on fragmentation. The search
+        never picks it; a layout asked for is not refused for it."""
+        return self.memory_limit_bytes < self.memory_bytes <= self.device_bytes
 
 
 class NothingFits(ValueError):
@@ -151,7 +170,7 @@ def evaluate(dims: ModelDims, work: Workload, c: Layout, shape: NodeShape,
     if usd_per_device_hour is not None:
         usd = usd_for(usd_per_device_hour, 1e6 / tokens_per_s, c.world_size)
     plan = Plan(c, step_s, tokens_per_s, mfu, memory, limit,
-                tokens_per_s / (c.world_size * one_device), usd, "", parts)
+                tokens_per_s / (c.world_size * one_device), usd, "", parts, gpu.memory_bytes)
     return replace(plan, reason=_reason(plan, gpu.name))
 
 

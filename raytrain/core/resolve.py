@@ -146,7 +146,8 @@ def rank_plans(request: PlanRequest, offers: Sequence[Offer] = (),
             step_s=p.step_s, tokens_per_s=p.tokens_per_s,
             tflops_per_gpu=p.tokens_per_s * dims.flops_per_token / gpus / 1e12, mfu=p.mfu,
             memory_gib=p.memory_bytes / 2**30, memory_limit_gib=p.memory_limit_bytes / 2**30,
-            fits=p.fits, breakdown=p.breakdown, scaling_efficiency=p.scaling_efficiency,
+            fits=p.fits, tight=p.tight, breakdown=p.breakdown,
+            scaling_efficiency=p.scaling_efficiency,
             usd_per_million_tokens=p.usd_per_million_tokens, reason=p.reason,
         )
         for index, p in enumerate(plans, start=1)

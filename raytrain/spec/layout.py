@@ -168,11 +168,18 @@ class Problem:
 
 
 def stage_layers(num_layers: int, num_stages: int) -> list[range]:
-    """Contiguous layer ranges per stage, sizes differing by at most one (earlier ones larger)."""
+    """Contiguous layer ranges per stage, sizes differing by at most one. Where the layers do
+    not divide evenly, the stages one layer short are taken from the ends inwards (the first,
+    the last, the second, ...): the first stage also holds the embeddings and the most
+    micro-batches in flight, the last the head and the loss. Llama 3 balances its pipeline so
+    (Llama 3 Herd of Models, section 3.3.2), as torchtitan does by default."""
     base, extra = divmod(num_layers, num_stages)
+    ends = [end for pair in zip(range(num_stages), reversed(range(num_stages)))
+            for end in dict.fromkeys(pair)]
+    short = set(ends[:num_stages - extra]) if extra else set()
     ranges, start = [], 0
     for stage in range(num_stages):
-        size = base + (1 if stage < extra else 0)
+        size = base + (0 if stage in short else 1) if extra else base
         ranges.append(range(start, start + size))
         start += size
     return ranges

@@ -151,6 +151,9 @@ class PlanRow(Record):
     memory_limit_gib: float = Field(description="Usable memory per device.")
     fits: bool = Field(description="Whether the predicted memory fits the usable memory (a "
                        "ranking holds only plans that fit; a layout asked for may not).")
+    tight: bool = Field(False, description="Over the usable memory but within the device's: "
+                        "it may run, without the room the allocator's fragmentation needs. "
+                        "Never ranked; a layout asked for is kept, with a warning.")
     breakdown: dict[str, float] = Field(
         description="Seconds per step by part: compute, each kind of communication not "
         "hidden behind compute, the pipeline bubble, the optimizer; 'total' is step_s.")
