@@ -111,8 +111,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                   f"{best.memory_gib:.1f} GiB per device, over the {best.memory_limit_gib:.1f} "
                   "usable (the rest is the allocator's room) but within the device. It may "
                   "run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; to make room, "
-                  "use more pipeline or tensor parallelism, a smaller micro-batch or "
-                  "recompute=selective")
+                  "use more pipeline or tensor parallelism, a smaller micro-batch or more "
+                  "recomputation")
     elif not best.fits:
         err.print(f"[yellow]warning:[/yellow] {best.layout} does not fit: it needs "
                   f"{best.memory_gib:.1f} GiB per device of {best.memory_limit_gib:.1f} usable")

@@ -3,6 +3,7 @@ torch's interleaved schedule runs in, and the published runs that ran."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -106,3 +107,25 @@ def test_no_published_run_is_reported_as_not_fitting():
         verdicts[run.name] = "fits" if p.fits else "tight" if p.tight else "over"
     assert "over" not in verdicts.values(), verdicts
     assert verdicts["Llama 3 405B, 8192 H100, TP 8 x PP 16 x DP 64"] == "tight"
+
+
+def test_raytrain_plan_says_tight_not_does_not_fit_within_the_device(tmp_path, capsys):
+    """Llama 3 8B on 8 H100s, two sequences of 7,680 per micro-batch, selective recomputation:
+    77.3 GiB, over the 73.3 usable and under the device's 79.6. At 8,192 tokens a sequence
+    it is over the device: that one does not fit."""
+    from raytrain.cli import main
+
+    def plan(seq_len: int) -> tuple[dict, str]:
+        argv = ["plan", "--model-config", "examples/llama-3-8b-config.json", "--gpus", "8",
+                "--gpu", "h100-sxm", "--layout", "dp_shard=8,micro_batch_size=2,"
+                "recompute=selective", "--seq-len", str(seq_len), "--global-batch", "16",
+                "--state-dir", str(tmp_path)]
+        assert main([*argv, "--json"]) == 0
+        [row] = json.loads(capsys.readouterr().out)["plans"]
+        assert main(argv) == 0
+        return row, capsys.readouterr().err
+
+    row, said = plan(7680)
+    assert not row["fits"] and row["tight"] and "fits only tightly" in said
+    row, said = plan(8192)
+    assert not row["fits"] and not row["tight"] and "does not fit" in said
