@@ -105,6 +105,34 @@ def errors(kernels: KernelModel, role: str, rate: float | None = None,
             for r in (published_runs() if runs is None else runs) if r.role == role]
 
 
+GROUPS = {  # name: which runs belong (a run may be in more than one parallelism group)
+    "one node": lambda r: r.layout.world_size <= r.shape.gpus_per_node,
+    "many nodes": lambda r: r.layout.world_size > r.shape.gpus_per_node,
+    "A100": lambda r: r.shape.gpu.name.startswith("a100"),
+    "H100": lambda r: r.shape.gpu.name.startswith("h100"),
+    "FSDP": lambda r: r.layout.dp_shard > 1,
+    "tensor or pipeline parallel": lambda r: r.layout.tp > 1 or r.layout.pp > 1,
+    "data parallel only": lambda r: r.layout.tp == r.layout.pp == 1,
+    "no recomputation": lambda r: r.layout.recompute == "none",
+    "selective recomputation": lambda r: r.layout.recompute == "selective",
+    "full recomputation": lambda r: r.layout.recompute == "full",
+}
+
+
+def print_groups(runs: list[PublishedRun], kernels: KernelModel, rate: float | None) -> None:
+    """Tokens/s errors by kind of run, all runs and the held-out ones."""
+    print("\n| group | runs | median abs. error | worst | held out | median | worst |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, member in GROUPS.items():
+        cells = []
+        for among in ([r for r in runs if member(r)],
+                      [r for r in runs if member(r) and r.role == "validate"]):
+            found = [abs(math.exp(log_error(r, kernels, rate)) - 1) for r in among]
+            cells.append(f"{len(found)} | {statistics.median(found):.1%} | {max(found):.1%}"
+                         if found else "0 | | ")
+        print(f"| {name} | {' | '.join(cells)} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true", help="refit the kernel constants first")
@@ -131,6 +159,7 @@ def main() -> None:
         found = [abs(e) for e in errors(kernels, role, rate, runs)]
         print(f"\n{role}: {len(found)} runs, median |error| {statistics.median(found):.1%}, "
               f"worst {max(found):.1%}")
+    print_groups(runs, kernels, rate)
     times = []
     for _ in range(3):
         seconds, best = time_one_trillion()

@@ -10,7 +10,8 @@
 #    1-2 minutes per GPU count.
 # 2. With 2 GPUs or more: the layout parity tests over NCCL, then the strategies' throughput
 #    and memory. The CPU suite covers the same parity over gloo; this adds NCCL, CUDA
-#    kernels, bf16 autocast and fp16 loss scaling on real devices.
+#    kernels, bf16 autocast, fp16 loss scaling and (on GPUs with FP8 tensor cores) float8
+#    linears on real devices.
 # Nothing is fetched: the models are built in place and the data are random tokens.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -58,6 +58,9 @@ class GPUKind:
     # end). 0.80 where no figure is published.
     gemm_efficiency: float | None = 0.80
     sms: int = 0  # streaming multiprocessors (a matmul's tiles run in waves of this many)
+    # Dense FP8 tensor-core FLOP/s with fp32 accumulation (what float8 training's scaled
+    # matmuls use); 0: no FP8 tensor cores, so no `precision: fp8`.
+    fp8_flops: float = 0.0
     # GPUs run collectives on their own streams beside compute; a CPU rank with one thread
     # runs both on the same core, one after the other.
     overlaps_communication: bool = True
@@ -120,8 +123,12 @@ MiB = 2**20
 # table, modal-labs/modal-client#2797), 24,564 on an RTX 4090, 143,771 on an H200. What the
 # CUDA context, NCCL and the allocator keep of it is GPUKind.runtime_reserve_bytes.
 GPUS: Mapping[str, GPUKind] = MappingProxyType({
-    "rtx4090": GPUKind("rtx4090", 165 * TB, 82.6 * TB, 24_564 * MiB, 1.008 * TB, sms=128),
-    "l40s": GPUKind("l40s", 362 * TB, 91.6 * TB, 46_068 * MiB, 0.864 * TB, sms=142),
+    # FP8 with fp32 accumulation (NVIDIA's Ada whitepaper, H100 and L40S datasheets, dense):
+    # the RTX 4090 runs it at its bf16 rate (165.2), the L40S at 733, H100 and H200 at 1,979.
+    "rtx4090": GPUKind("rtx4090", 165 * TB, 82.6 * TB, 24_564 * MiB, 1.008 * TB, sms=128,
+                       fp8_flops=165 * TB),
+    "l40s": GPUKind("l40s", 362 * TB, 91.6 * TB, 46_068 * MiB, 0.864 * TB, sms=142,
+                    fp8_flops=733 * TB),
     "a100-80gb-sxm": GPUKind("a100-80gb-sxm", 312 * TB, 19.5 * TB, 81_920 * MiB, 2.039 * TB,
                                gemm_efficiency=0.859, sms=108),
     "a100-40gb-sxm": GPUKind("a100-40gb-sxm", 312 * TB, 19.5 * TB, 40_960 * MiB, 1.555 * TB,
@@ -131,12 +138,14 @@ GPUS: Mapping[str, GPUKind] = MappingProxyType({
     "h100-sxm": GPUKind("h100-sxm", 989 * TB, 67 * TB, 81_559 * MiB, 3.35 * TB,
                         achievable=0.364,
                         calibration="torchtitan Llama 3.1 8B, 8x H100, FSDP, eager",
-                        gemm_efficiency=0.801, sms=132),
+                        gemm_efficiency=0.801, sms=132, fp8_flops=1979 * TB),
     "h100-pcie": GPUKind("h100-pcie", 756 * TB, 51 * TB, 81_559 * MiB, 2.0 * TB,
                          achievable=0.364,
-                         calibration="as h100-sxm", gemm_efficiency=0.801, sms=114),
+                         calibration="as h100-sxm", gemm_efficiency=0.801, sms=114,
+                         fp8_flops=1513 * TB),
     "h200": GPUKind("h200", 989 * TB, 67 * TB, 143_771 * MiB, 4.8 * TB, achievable=0.364,
-                    calibration="as h100-sxm", gemm_efficiency=0.801, sms=132),
+                    calibration="as h100-sxm", gemm_efficiency=0.801, sms=132,
+                    fp8_flops=1979 * TB),
     # The GPUs of the spot fleets whose preemption traces the simulator replays (p3, g4dn).
     "v100-16gb": GPUKind("v100-16gb", 125 * TB, 15.7 * TB, 16 * GB, 0.9 * TB, sms=80),
     "t4": GPUKind("t4", 65 * TB, 8.1 * TB, 15_360 * MiB, 0.32 * TB, sms=40),

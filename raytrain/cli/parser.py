@@ -227,7 +227,7 @@ def add_plan_command(command: Command) -> None:
     planning.add_argument("--shape-file", help="YAML describing your own node: gpu, "
                           "gpus_per_node, intra_link or intra_gbytes_per_s, "
                           "inter_gbits_per_gpu, rdma")
-    planning.add_argument("--precision", choices=("fp32", "bf16"),
+    planning.add_argument("--precision", choices=("fp32", "bf16", "fp8"),
                           help="default: the spec's, else bf16 on GPUs that have it")
     planning.add_argument("--state-dir", help="where `raytrain calibrate` stored this "
                           "machine's CPU profile, if it has (default $RAYTRAIN_STATE_DIR, "

@@ -121,12 +121,11 @@ class ModelDims:
 @dataclass(frozen=True)
 class Workload:
     global_batch: int  # sequences per optimizer step
-    precision: str = "bf16"  # compute precision: bf16 | fp32
+    precision: str = "bf16"  # compute precision: bf16 | fp32 | fp8 (bf16, float8 linears)
     recompute_options: tuple[str, ...] = ("none", "full")
     micro_batch_options: tuple[int, ...] = (1, 2, 4, 8, 16)
     loss_parallel: bool = False  # logits sharded over tp for the loss (torchtitan: yes)
     max_tp: int = 16
-    compute_speedup: float = 1.0  # matmul and attention speed-up (e.g. float8), stated
     attention: str = "flash"  # flash (scaled_dot_product_attention) | unfused
     fused_elementwise: bool = False  # norms, activations fused (torch.compile, Megatron)
     grad_reduce_bytes: int = 4  # bytes per gradient value data parallelism all-reduces

@@ -27,6 +27,10 @@ own, each part stated:
   times, fewer where kernels are fused (torch.compile, Megatron's fused kernels) than in
   eager PyTorch. With sequence parallelism they are split over the tensor-parallel ranks;
   without it only the MLP's are.
+- **Float8** (precision fp8, GPUs with FP8 tensor cores): a block's linears run their three
+  matmuls at `gpu.fp8_flops` (one byte a value), after scaling and casting their input,
+  weight and output gradient (FLOAT8_CAST_BYTES through memory per value); the attention
+  and the head stay bf16.
 - Full recomputation runs every block's forward twice: x4/3 on all of the above.
   Selective recomputation: +5%.
 
@@ -96,6 +100,23 @@ def linear_s(m: float, k: float, n: float, gpu: GPUKind, flops: float, value_byt
             + matmul_s(k, n, m, gpu, flops, value_bytes, rate))
 
 
+# Float8 training (torchao's Float8Linear, dynamic tensorwise scaling) scales each linear's
+# input, weight and output gradient by its absolute maximum and casts it to float8: read for
+# the maximum, read again to cast, write one byte; 5 bytes a bf16 value in eager PyTorch,
+# 3 where compilation fuses the maximum into the op that made the tensor. Stated, not fitted.
+FLOAT8_CAST_BYTES = {False: 5.0, True: 3.0}
+
+
+def _block_linear_s(tokens: float, k: float, n: float, gpu: GPUKind, work: Work,
+                    flops: float, rate: float) -> float:
+    """A block's linear, forward and backward; under fp8 its three matmuls run at the FP8
+    rate and its input, weight and output gradient are scaled and cast first."""
+    if work.precision != "fp8" or not gpu.fp8_flops:  # no FP8 cores: refused before here
+        return linear_s(tokens, k, n, gpu, flops, work.act_bytes, rate)
+    casts = (tokens * k + k * n + tokens * n) * FLOAT8_CAST_BYTES[work.fused_elementwise]
+    return linear_s(tokens, k, n, gpu, gpu.fp8_flops, 1, rate) + casts / gpu.memory_bandwidth
+
+
 class Dimensions(Protocol):
     """What a micro-batch's timing reads of a model (cost_model.ModelDims is one)."""
 
@@ -124,8 +145,6 @@ class Work(Protocol):
     @property
     def attention(self) -> str: ...
     @property
-    def compute_speedup(self) -> float: ...
-    @property
     def fused_elementwise(self) -> bool: ...
     @property
     def kernels(self) -> KernelModel: ...
@@ -143,17 +162,17 @@ def microbatch_compute_s(dims: Dimensions, work: Work, gpu: GPUKind, c: Microbat
     recompute = {"full": 4 / 3, "selective": 1.05}.get(c.recompute, 1.0)
     if gpu.gemm_efficiency is None:
         return tokens * flops_per_token * recompute / c.tp / (
-            gpu.flops(work.precision) * gpu.achievable * work.compute_speedup) \
+            gpu.flops(work.precision) * gpu.achievable) \
             + layers * gpu.block_overhead_s
-    flops = gpu.flops(work.precision) * work.compute_speedup
+    flops = gpu.flops(work.precision)
     rate = gpu.gemm_efficiency * work.kernels.sustained
     b = work.act_bytes
     d, tp = dims.dim, c.tp
     mlp_out = dims.ffn_dim * (2 if dims.gated_mlp else 1)
-    block = (linear_s(tokens, d, (d + 2 * dims.kv_dim) / tp, gpu, flops, b, rate)
-             + linear_s(tokens, d / tp, d, gpu, flops, b, rate)
-             + linear_s(tokens, d, mlp_out / tp, gpu, flops, b, rate)
-             + linear_s(tokens, dims.ffn_dim / tp, d, gpu, flops, b, rate))
+    # (in, out) of the block's four linears on this rank
+    linears = ((d, (d + 2 * dims.kv_dim) / tp), (d / tp, d), (d, mlp_out / tp),
+               (dims.ffn_dim / tp, d))
+    block = sum(_block_linear_s(tokens, k, n, gpu, work, flops, rate) for k, n in linears)
     heads = dims.num_heads / tp
     sequences = c.micro_batch_size * heads
     if work.attention == "flash":

@@ -56,7 +56,9 @@ def planner_inputs(spec: JobSpec, gpus: int | None = None, accelerator: str | No
                               gpt.tie_embeddings)
     work = Workload(
         global_batch=spec.training.global_batch_size,
-        precision="fp32" if spec.training.precision == "fp32" else "bf16",
+        precision=planned_precision(spec.training.precision),
+        # fp8 does not combine with tensor parallelism (raytrain.spec.job says why)
+        max_tp=1 if spec.training.precision == "fp8" else Workload.max_tp,
         recompute_options=(spec.parallel.recompute_mode,),
         micro_batch_options=(spec.training.micro_batch_size,),
         data_parallel_only=spec.model.kind != "gpt",
@@ -130,6 +132,12 @@ def rank_plans(request: PlanRequest, offers: Sequence[Offer] = (),
     gpus = request.gpus or (choice.devices if choice is not None else None)
     dims, work, _, gpus = planner_inputs(spec, gpus, kind)
     work = replace(work, precision=request.precision or default_precision(spec, kind))
+    if work.precision == "fp8" and not shape.gpu.fp8_flops and kind != "cpu":
+        able = ", ".join(sorted(k for k, g in hardware.gpus.items() if g.fp8_flops > 0))
+        raise SpecError([FieldError(("precision",), (
+            f"{kind} has no FP8 tensor cores. To fix: plan for bf16, or for one of {able}"))])
+    if work.precision == "fp8":
+        work = replace(work, max_tp=1)
     if choice is not None:
         plans = [evaluate(dims, work, chosen_layout(choice, spec, dims, work, gpus), shape,
                           request.usd_per_gpu_hour)]
@@ -164,8 +172,13 @@ def default_precision(spec: JobSpec, kind: str) -> str:
     """What a plan assumes: the spec's precision when it states one, else bf16 where the
     device has it (what a GPU job should train in) and fp32 elsewhere."""
     if "precision" in spec.training.model_fields_set:
-        return "fp32" if spec.training.precision == "fp32" else "bf16"
+        return planned_precision(spec.training.precision)
     return "fp32" if kind in NO_BF16 else "bf16"
+
+
+def planned_precision(precision: str) -> str:
+    """The planner's precision for a spec's: fp16 is timed as bf16 (the same tensor cores)."""
+    return precision if precision in ("fp32", "fp8") else "bf16"
 
 
 def request_shape(request: PlanRequest, offers: Sequence[Offer] = (),

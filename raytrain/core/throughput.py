@@ -12,7 +12,7 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import Callable, Iterable, TypeVar
 
-from raytrain.catalog.hardware import CATALOG, Catalog
+from raytrain.catalog.hardware import CATALOG, GPUS, Catalog
 from raytrain.core.autoscale import Goal, Throughput
 from raytrain.core.elastic import elastic_groups
 from raytrain.core.planner import ModelDims, Workload, evaluate, fastest
@@ -77,7 +77,13 @@ def offer_matches(spec: JobSpec, offer: Offer) -> bool:
     if not spec.resources.use_gpu:
         return offer.gpu_kind == "cpu"
     wanted = spec.resources.accelerator
+    if spec.training.precision == "fp8" and not _has_fp8(offer.gpu_kind):
+        return False
     return offer.gpu_kind != "cpu" and (wanted is None or offer.gpu_kind == wanted)
+
+
+def _has_fp8(kind: str) -> bool:
+    return kind in GPUS and GPUS[kind].fp8_flops > 0
 
 
 def device_mismatch(spec: JobSpec, offers: Iterable[Offer]) -> str | None:
@@ -95,6 +101,9 @@ def device_mismatch(spec: JobSpec, offers: Iterable[Offer]) -> str | None:
         return ("no offer has GPU nodes, and the job asks for GPUs (resources.gpus_per_worker "
                 f"{spec.resources.gpus_per_worker:g}). To fix: set resources.gpus_per_worker 0 "
                 "to train on CPU nodes, or use a service that buys GPU nodes")
+    if spec.training.precision == "fp8" and spec.resources.accelerator is None:
+        return ("no offer has GPUs with FP8 tensor cores, which training.precision 'fp8' "
+                f"needs (offers have: {', '.join(gpus)}). To fix: use precision 'bf16'")
     wanted = spec.resources.accelerator or "GPU"
     return (f"no offer has {wanted} nodes. To fix: set resources.accelerator to one of "
             f"{', '.join(gpus)}")

@@ -170,7 +170,7 @@ class ParallelModel:
     def _autocast(self):
         if self.precision == "fp32":
             return nullcontext()
-        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
+        dtype = torch.float16 if self.precision == "fp16" else torch.bfloat16  # fp8: bf16 too
         return torch.autocast(self.device.type, dtype=dtype)
 
     def forward_backward(self, micro_batches: list[torch.Tensor]) -> torch.Tensor:
@@ -220,6 +220,16 @@ class ParallelModel:
         return torch.zeros((), device=self.device)
 
 
+def _in_precision(model: nn.Module, precision: str) -> nn.Module:
+    """The model with its linear layers in float8 under precision 'fp8' (as built, before
+    any parallelism); unchanged otherwise."""
+    if precision != "fp8":
+        return model
+    from raytrain.parallel.float8 import to_float8
+
+    return to_float8(model)
+
+
 def build_mesh(layout: Layout, device: torch.device) -> DeviceMesh:
     shape = (layout.pp, layout.dp_replicate, layout.dp_shard, layout.tp)
     return init_device_mesh(device.type, shape, mesh_dim_names=MESH_DIMS)
@@ -231,7 +241,8 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
     parallel, training = spec.parallel, spec.training
     scaler = torch.amp.GradScaler(device.type) if training.precision == "fp16" else None
     if layout.world_size == 1:
-        model = build_model(spec.model, seed=training.seed).to(device)
+        model = _in_precision(build_model(spec.model, seed=training.seed), training.precision)
+        model = model.to(device)
         _set_recompute(model, layout.recompute)
         return ParallelModel(layout, device, [model], [model], precision=training.precision,
                              scaler=scaler)
@@ -245,13 +256,15 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
     for stage in stage_ids:
         if spec.model.kind == "gpt":
             with torch.device("meta"):
-                part = build_model(spec.model, seed=training.seed)
+                part = _in_precision(build_model(spec.model, seed=training.seed),
+                                     training.precision)
             if layout.pp > 1:
                 gpt_stage(part, stage, layout.num_stages)
             if layout.tp > 1:
                 apply_tensor_parallel(part, mesh["tp"], layout.sequence_parallel)
         else:  # a user model: data parallel only (the spec rejects anything else)
-            part = build_model(spec.model, seed=training.seed).to(device)
+            part = _in_precision(build_model(spec.model, seed=training.seed),
+                                 training.precision).to(device)
         _set_recompute(part, layout.recompute)
         if wrapper == "fsdp":
             dp_mesh = (mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1

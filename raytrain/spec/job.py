@@ -12,6 +12,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails
 
+from raytrain.catalog.hardware import GPUS
 from raytrain.errors import FieldError, SpecError
 from raytrain.spec._base import Strict, field_error, raise_if_any
 from raytrain.spec.fixes import with_fix
@@ -72,6 +73,7 @@ class JobSpec(Strict):
                     training.precision,
                 )
             )
+        errors.extend(_fp8_errors(self))
         if self.model.kind == "gpt" and self.data.seq_len > self.model.gpt.max_seq_len:
             errors.append(
                 field_error(
@@ -153,6 +155,13 @@ class JobSpec(Strict):
                    "parallelism")
                 + ". To fix: set compression to 'none', or use data parallelism "
                 "(dp_replicate > 1) without tp or dp_shard",
+            ))
+        if training.precision == "fp8" and layout.tp > 1:
+            problems.append(Problem(
+                ("training", "precision"),
+                "fp8 does not combine with tensor parallelism yet (its linears would need "
+                "float8-aware sharding to scale as one process does). To fix: set tp to 1 "
+                "(FSDP or pipeline parallelism scale fp8 alike), or use 'bf16'",
             ))
         if training.precision == "fp16" and layout.pp > 1:
             problems.append(Problem(
@@ -240,3 +249,21 @@ def read_document(path: Path, what: str) -> dict[str, Any]:
             source=what,
         ) from None
     return document if document is not None else {}
+
+
+def _fp8_errors(spec: JobSpec) -> list[InitErrorDetails]:
+    """precision fp8 on a GPU kind without FP8 tensor cores cannot run (torch's scaled
+    matmul needs them); on CPU it is emulated."""
+    resources = spec.resources
+    kind = resources.accelerator
+    if spec.training.precision != "fp8" or not resources.use_gpu or kind is None:
+        return []
+    if GPUS[kind].fp8_flops > 0:
+        return []
+    able = ", ".join(sorted(k for k, g in GPUS.items() if g.fp8_flops > 0))
+    return [field_error(
+        ("training", "precision"),
+        f"fp8 needs GPUs with FP8 tensor cores, and resources.accelerator is {kind}. To fix: "
+        f"use 'bf16', or set resources.accelerator to one of {able}",
+        "fp8",
+    )]

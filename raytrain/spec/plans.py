@@ -99,8 +99,9 @@ class PlanRequest(Strict):
         "runpod/secure/8x-rtx4090). Default: the device kind's usual node.")
     node_shape: ShapeSpec | None = Field(
         None, description="A node shape of one's own, instead of `shape`.")
-    precision: Literal["fp32", "bf16"] | None = Field(
-        None, description="Compute precision planned for. Default: the spec's "
+    precision: Literal["fp32", "bf16", "fp8"] | None = Field(
+        None, description="Compute precision planned for (fp8: bf16 with float8 linears, on "
+        "GPUs with FP8 tensor cores). Default: the spec's "
         "training.precision when it states one, else bf16 on GPUs that have it and fp32 on "
         "others and on CPU.")
 
@@ -170,6 +171,7 @@ class PlanResponse(Record):
     accelerator: str = Field(description="The device kind planned for.")
     gpus: int = Field(description="The number of devices planned for.")
     shape: str = Field(description="The node shape planned on (GPUs per node and links).")
-    precision: str = Field(description="The compute precision planned for: fp32 or bf16.")
+    precision: str = Field(description="The compute precision planned for: fp32, bf16 or "
+                           "fp8.")
     catalog_version: str = Field(description="The hardware catalog the plans were made with.")
     plans: list[PlanRow] = Field(description="Feasible layouts, fastest first.")

@@ -113,10 +113,14 @@ class TrainingSpec(Strict):
         3, ge=0, le=100, description="Restarts from the latest checkpoint after a worker "
         "failure."
     )
-    precision: Literal["fp32", "bf16", "fp16"] = Field(
+    precision: Literal["fp32", "bf16", "fp16", "fp8"] = Field(
         "fp32",
         description="Compute precision. 'bf16' runs matmuls in bfloat16 with fp32 weights and "
-        "optimizer; 'fp16' adds dynamic loss scaling and needs GPUs. fp32 suits CPUs.",
+        "optimizer; 'fp16' adds dynamic loss scaling and needs GPUs; 'fp8' is bf16 with the "
+        "model's linear layers' matmuls in float8 (torchao's Float8Linear, dynamic scaling; "
+        "not the output head), on GPUs with FP8 tensor cores (" + ", ".join(
+            sorted(k for k, g in GPUS.items() if g.fp8_flops > 0)) + ") and emulated, "
+        "slower, on CPU, to try a job before it runs on GPUs. fp32 suits CPUs.",
     )
     lr_scaling: Literal["none", "linear", "sqrt"] = Field(
         "none",
