@@ -97,7 +97,7 @@ class ModelDims:
     def saved_values_per_token_layer(self, fused: bool) -> int:
         """Values a block saves for its backward, per token (what memory counts; the timing's
         count above is the work between the matmuls). Eager PyTorch, as raytrain's block runs
-        and tests/unit/test_planner.py measures with saved-tensor hooks: each RMSNorm keeps
+        and tests/unit/test_memory.py measures with saved-tensor hooks: each RMSNorm keeps
         its input, its normalised input and its output (3d), q and the attention's output
         (2d), k and v, and the MLP's hidden tensors (SwiGLU: the gate, its SiLU, the up
         projection and their product, 4f; GELU: its input and output, 2f). Fused kernels

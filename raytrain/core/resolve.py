@@ -139,8 +139,12 @@ def rank_plans(request: PlanRequest, offers: Sequence[Offer] = (),
     if work.precision == "fp8":
         work = replace(work, max_tp=1)
     if choice is not None:
-        plans = [evaluate(dims, work, chosen_layout(choice, spec, dims, work, gpus), shape,
-                          request.usd_per_gpu_hour)]
+        chosen = chosen_layout(choice, spec, dims, work, gpus)
+        if work.precision == "fp8" and chosen.tp > 1:
+            raise SpecError([FieldError(("layout", "tp"), (
+                "fp8 does not combine with tensor parallelism yet. To fix: set tp to 1, or "
+                "plan for bf16"))])
+        plans = [evaluate(dims, work, chosen, shape, request.usd_per_gpu_hour)]
     else:
         # Ranking searches micro-batch sizes and recomputation too, not only the spec's own.
         work = replace(work, micro_batch_options=(1, 2, 4, 8, 16),

@@ -69,4 +69,7 @@ def test_fp8_plans_are_faster_on_an_h100_and_never_tensor_parallel():
     bf16, fp8 = (rank_plans(PlanRequest(spec=spec, accelerator="h100-sxm", gpus=8, precision=p))
                  for p in ("bf16", "fp8"))
     assert fp8.precision == "fp8" and all(row.tp == 1 for row in fp8.plans)
+    with pytest.raises(SpecError, match="tensor parallelism"):
+        rank_plans(PlanRequest(spec=spec, accelerator="h100-sxm", precision="fp8",
+                               layout={"dp_shard": 4, "tp": 2}))
     assert fp8.plans[0].tokens_per_s > 1.1 * bf16.plans[0].tokens_per_s
