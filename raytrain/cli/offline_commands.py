@@ -148,6 +148,8 @@ def _plan_spec(args: argparse.Namespace) -> JobSpec:
         document = {"data": {"seq_len": seq_len},
                     "training": {"global_batch_size": args.global_batch or 512,
                                  "micro_batch_size": 1, "precision": "bf16"},
+                    # the layout is the planner's to choose (or --layout's), not data parallel's
+                    "parallel": {"strategy": "auto"},
                     "resources": {"num_workers": args.gpus or 8}}
     document["model"] = {"kind": "gpt", "gpt": gpt.model_dump(mode="json")}
     try:

@@ -129,3 +129,19 @@ def test_raytrain_plan_says_tight_not_does_not_fit_within_the_device(tmp_path, c
     assert not row["fits"] and row["tight"] and "fits only tightly" in said
     row, said = plan(8192)
     assert not row["fits"] and not row["tight"] and "does not fit" in said
+
+
+def test_a_model_config_is_planned_at_the_layout_asked_for_not_data_parallels(tmp_path, capsys):
+    """Without a spec file, --model-config's job is the planner's to lay out: a global batch
+    that data parallelism over every GPU could not split (12 over 8) is fine for the layout
+    asked for (4 FSDP ranks x 2 stages: 3 micro-batches each). It was refused, as if the job
+    were data parallel."""
+    from raytrain.cli import main
+
+    argv = ["plan", "--model-config", "examples/llama-3-8b-config.json", "--gpus", "8",
+            "--gpu", "h100-sxm", "--layout", "dp_shard=4,pp=2", "--global-batch", "12",
+            "--state-dir", str(tmp_path), "--json"]
+    assert main(argv) == 0, capsys.readouterr().err
+    [row] = json.loads(capsys.readouterr().out)["plans"]
+    layout = row["layout"]
+    assert (layout["dp_shard"], layout["pp"], layout["microbatches"]) == (4, 2, 3)
