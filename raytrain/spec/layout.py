@@ -345,13 +345,16 @@ def _pipeline_problems(layout: Layout, shape: ModelShape, built_in_model: bool
         if not built_in_model:
             problems.append(_needs_built_in("pp", "pipeline parallelism", "it is split by "
                                             "layer", "'fsdp'"))
-        elif shape.num_layers is not None and layout.num_stages > shape.num_layers:
+        elif shape.num_layers is not None and layout.num_stages > shape.num_layers + 2:
+            # The first stage may hold only the embeddings and the last only the head (the
+            # stages a layer short are the ends': stage_layers), as Llama 3 splits its model.
+            most = shape.num_layers + 2
             problems.append(Problem(
                 ("parallel", "pp"),
                 f"pp={layout.pp} x virtual_stages={layout.virtual_stages} = "
-                f"{layout.num_stages} stages, but the model has {shape.num_layers} layers "
-                f"(each stage needs one). To fix: use at most {shape.num_layers} stages, or "
-                "more layers",
+                f"{layout.num_stages} stages, but the model has {shape.num_layers} layers: "
+                f"every stage but the first and the last needs one. To fix: use at most "
+                f"{most} stages, or more layers",
             ))
         if layout.schedule != "gpipe" and layout.microbatches < layout.pp:
             problems.append(Problem(

@@ -224,10 +224,10 @@ def test_a_resolved_layout_covers_the_workers_or_says_why(
 def test_layout_checks_name_what_would_fit() -> None:
     layout, _ = resolve_layout("hybrid", 8, {"pp": 4, "tp": 2}, virtual_stages=2,
                                schedule="interleaved_1f1b", microbatches=6)
-    problems = check_layout(layout, ModelShape(num_layers=6, num_heads=4, hidden_dim=64,
+    problems = check_layout(layout, ModelShape(num_layers=5, num_heads=4, hidden_dim=64,
                                                vocab_size=100), seq_len=32, built_in_model=True)
     messages = " | ".join(p.message for p in problems)
-    assert "8 stages, but the model has 6 layers" in messages
+    assert "8 stages, but the model has 5 layers" in messages
     assert "multiple of pp=4" in messages
     assert layout.describe() == "tp2 pp4 interleaved_1f1b v2 mb1x6 sequence parallel"
 

@@ -13,6 +13,7 @@ from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B, _Com
 from benchmarks.published_runs import published_runs
 from raytrain.core.in_flight import interleaved_peak, layers_in_flight
 from raytrain.core.planner import ModelDims, evaluate
+from raytrain.errors import SpecError
 from raytrain.models.gpt import GPT
 from raytrain.spec import GPTConfig
 from raytrain.spec.layout import Layout, stage_layers
@@ -145,3 +146,24 @@ def test_a_model_config_is_planned_at_the_layout_asked_for_not_data_parallels(tm
     [row] = json.loads(capsys.readouterr().out)["plans"]
     layout = row["layout"]
     assert (layout["dp_shard"], layout["pp"], layout["microbatches"]) == (4, 2, 3)
+
+
+def test_a_pipeline_may_end_in_stages_of_only_the_embeddings_and_the_head():
+    """Llama 3's split: with two stages more than layers, the first holds only the embeddings
+    and the last only the head (tests/unit/test_parallel.py trains 4 layers on 6 stages as one
+    process does); a third more would leave a middle stage empty, and is refused."""
+    from raytrain.spec import parse_job_spec
+
+    def spec(virtual_stages: int):
+        return parse_job_spec({
+            "model": {"gpt": {"vocab_size": 64, "dim": 32, "num_layers": 4, "num_heads": 4,
+                              "max_seq_len": 16}},
+            "data": {"seq_len": 16},
+            "training": {"steps": 2, "global_batch_size": 8, "micro_batch_size": 2},
+            "parallel": {"strategy": "pipeline", "pipeline_schedule": "interleaved_1f1b",
+                         "virtual_stages": virtual_stages},
+            "resources": {"num_workers": 2}})
+
+    spec(3)
+    with pytest.raises(SpecError, match="at most 6 stages"):
+        spec(4)

@@ -71,6 +71,10 @@ TWO_RANKS = {
     "pp2_1f1b": {"strategy": "pipeline", "pipeline_schedule": "1f1b"},
     "pp2_interleaved_1f1b_v2": {"strategy": "pipeline", "pipeline_schedule": "interleaved_1f1b",
                                 "virtual_stages": 2},
+    # 6 stages for 4 layers: the first holds only the embeddings, the last only the head
+    "pp2_interleaved_1f1b_v3_bare_ends": {"strategy": "pipeline",
+                                          "pipeline_schedule": "interleaved_1f1b",
+                                          "virtual_stages": 3},
     "fsdp2_recompute": {"strategy": "fsdp", "activation_checkpointing": True},
     # 2 micro-batches per step (as fsdp2), reduce-scattered once, on the last
     "fsdp2_reduce_scatter_once": {"strategy": "fsdp", "reduce_scatter_once": True},
