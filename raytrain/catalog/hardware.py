@@ -161,6 +161,11 @@ GPUS: Mapping[str, GPUKind] = MappingProxyType({
                    runtime_reserve_bytes=22 * 2**20, staging_bandwidth=1.44 * GB),
 })
 
+
+def fp8_kinds(gpus: Mapping[str, GPUKind] = GPUS) -> list[str]:
+    """The GPU kinds with FP8 tensor cores (precision 'fp8' trains on these), by name."""
+    return sorted(name for name, gpu in gpus.items() if gpu.fp8_flops > 0)
+
 LINKS: Mapping[str, Link] = MappingProxyType({
     "nvlink4": Link("nvlink4", 450 * GB, 10e-6),
     "nvlink3": Link("nvlink3", 300 * GB, 10e-6),

@@ -203,7 +203,9 @@ def candidates(dims: ModelDims, work: Workload, world: int,
 
     found = []
     for tp in divisors(world):
-        if tp > work.max_tp or not trains(Layout(tp=tp)) or work.data_parallel_only and tp > 1:
+        # fp8 does not combine with tensor parallelism (raytrain.spec.job says why)
+        single = work.data_parallel_only or work.precision == "fp8"
+        if tp > work.max_tp or not trains(Layout(tp=tp)) or single and tp > 1:
             continue
         for pp in divisors(world // tp):
             if work.data_parallel_only and pp > 1:

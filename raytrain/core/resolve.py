@@ -23,6 +23,7 @@ from raytrain.catalog.hardware import (
     Catalog,
     Link,
     NodeShape,
+    fp8_kinds,
     network_link,
     with_cpu_share,
 )
@@ -57,8 +58,6 @@ def planner_inputs(spec: JobSpec, gpus: int | None = None, accelerator: str | No
     work = Workload(
         global_batch=spec.training.global_batch_size,
         precision=planned_precision(spec.training.precision),
-        # fp8 does not combine with tensor parallelism (raytrain.spec.job says why)
-        max_tp=1 if spec.training.precision == "fp8" else Workload.max_tp,
         recompute_options=(spec.parallel.recompute_mode,),
         micro_batch_options=(spec.training.micro_batch_size,),
         data_parallel_only=spec.model.kind != "gpt",
@@ -133,11 +132,9 @@ def rank_plans(request: PlanRequest, offers: Sequence[Offer] = (),
     dims, work, _, gpus = planner_inputs(spec, gpus, kind)
     work = replace(work, precision=request.precision or default_precision(spec, kind))
     if work.precision == "fp8" and not shape.gpu.fp8_flops and kind != "cpu":
-        able = ", ".join(sorted(k for k, g in hardware.gpus.items() if g.fp8_flops > 0))
         raise SpecError([FieldError(("precision",), (
-            f"{kind} has no FP8 tensor cores. To fix: plan for bf16, or for one of {able}"))])
-    if work.precision == "fp8":
-        work = replace(work, max_tp=1)
+            f"{kind} has no FP8 tensor cores. To fix: plan for bf16, or for one of "
+            f"{', '.join(fp8_kinds(hardware.gpus))}"))])
     if choice is not None:
         chosen = chosen_layout(choice, spec, dims, work, gpus)
         if work.precision == "fp8" and chosen.tp > 1:

@@ -12,7 +12,7 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import Callable, Iterable, TypeVar
 
-from raytrain.catalog.hardware import CATALOG, GPUS, Catalog
+from raytrain.catalog.hardware import CATALOG, Catalog, fp8_kinds
 from raytrain.core.autoscale import Goal, Throughput
 from raytrain.core.elastic import elastic_groups
 from raytrain.core.planner import ModelDims, Workload, evaluate, fastest
@@ -77,13 +77,9 @@ def offer_matches(spec: JobSpec, offer: Offer) -> bool:
     if not spec.resources.use_gpu:
         return offer.gpu_kind == "cpu"
     wanted = spec.resources.accelerator
-    if spec.training.precision == "fp8" and not _has_fp8(offer.gpu_kind):
+    if spec.training.precision == "fp8" and offer.gpu_kind not in fp8_kinds():
         return False
     return offer.gpu_kind != "cpu" and (wanted is None or offer.gpu_kind == wanted)
-
-
-def _has_fp8(kind: str) -> bool:
-    return kind in GPUS and GPUS[kind].fp8_flops > 0
 
 
 def device_mismatch(spec: JobSpec, offers: Iterable[Offer]) -> str | None:

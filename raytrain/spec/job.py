@@ -12,7 +12,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails
 
-from raytrain.catalog.hardware import GPUS
+from raytrain.catalog.hardware import fp8_kinds
 from raytrain.errors import FieldError, SpecError
 from raytrain.spec._base import Strict, field_error, raise_if_any
 from raytrain.spec.fixes import with_fix
@@ -258,12 +258,12 @@ def _fp8_errors(spec: JobSpec) -> list[InitErrorDetails]:
     kind = resources.accelerator
     if spec.training.precision != "fp8" or not resources.use_gpu or kind is None:
         return []
-    if GPUS[kind].fp8_flops > 0:
+    able = fp8_kinds()
+    if kind in able:
         return []
-    able = ", ".join(sorted(k for k, g in GPUS.items() if g.fp8_flops > 0))
     return [field_error(
         ("training", "precision"),
         f"fp8 needs GPUs with FP8 tensor cores, and resources.accelerator is {kind}. To fix: "
-        f"use 'bf16', or set resources.accelerator to one of {able}",
+        f"use 'bf16', or set resources.accelerator to one of {', '.join(able)}",
         "fp8",
     )]

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 from pydantic_core import InitErrorDetails
 
-from raytrain.catalog.hardware import GPUS
+from raytrain.catalog.hardware import GPUS, fp8_kinds
 from raytrain.spec._base import (
     Strict,
     factory_errors,
@@ -118,8 +118,8 @@ class TrainingSpec(Strict):
         description="Compute precision. 'bf16' runs matmuls in bfloat16 with fp32 weights and "
         "optimizer; 'fp16' adds dynamic loss scaling and needs GPUs; 'fp8' is bf16 with the "
         "model's linear layers' matmuls in float8 (torchao's Float8Linear, dynamic scaling; "
-        "not the output head), on GPUs with FP8 tensor cores (" + ", ".join(
-            sorted(k for k, g in GPUS.items() if g.fp8_flops > 0)) + ") and emulated, "
+        "not the output head), on GPUs with FP8 tensor cores (" + ", ".join(fp8_kinds())
+        + ") and emulated, "
         "slower, on CPU, to try a job before it runs on GPUs. fp32 suits CPUs.",
     )
     lr_scaling: Literal["none", "linear", "sqrt"] = Field(
