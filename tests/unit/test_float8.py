@@ -66,7 +66,8 @@ def test_fp8_plans_are_faster_on_an_h100_and_never_tensor_parallel():
         "data": {"seq_len": 4096}, "parallel": {"strategy": "auto"},
         "training": {"steps": 2, "global_batch_size": 64, "micro_batch_size": 1,
                      "precision": "bf16"}})
-    bf16, fp8 = (rank_plans(PlanRequest(spec=spec, accelerator="h100-sxm", gpus=8, precision=p))
+    bf16, fp8 = (rank_plans(PlanRequest(spec=spec, accelerator="h100-sxm", gpus=8, precision=p,
+                                        keep=200))
                  for p in ("bf16", "fp8"))
     assert fp8.precision == "fp8" and all(row.tp == 1 for row in fp8.plans)
     with pytest.raises(SpecError, match="tensor parallelism"):
