@@ -106,11 +106,13 @@ class ModelDims:
         mlp = (3 if fused else 4) * self.ffn_dim if self.gated_mlp else 2 * self.ffn_dim
         return (6 if fused else 8) * self.dim + 2 * self.kv_dim + mlp
 
-    def activation_values_on_rank(self, tp: int, sequence_parallel: bool) -> float:
-        """A block's activation values per token on one tensor-parallel rank: all of them
-        split over the ranks under sequence parallelism; without it, the 4*d around the norms
-        whole on every rank."""
-        values = self.activation_values_per_token_layer
+    def activation_values_on_rank(self, tp: int, sequence_parallel: bool,
+                                  values: float | None = None) -> float:
+        """A block's activation values per token on one tensor-parallel rank (`values`: of
+        the whole block; default the timing's count): all of them split over the ranks under
+        sequence parallelism; without it, the 4*d around the norms whole on every rank."""
+        if values is None:
+            values = self.activation_values_per_token_layer
         if tp == 1:
             return values
         if sequence_parallel:
@@ -243,10 +245,8 @@ def _rank_memory(dims: ModelDims, work: Workload, c: Layout, rank: int) -> float
     tokens = c.micro_batch_size * dims.seq_len
     # Selective recomputation recomputes the elementwise work, as fused kernels avoid saving it.
     fused = work.fused_elementwise or c.recompute == "selective"
-    per_layer: float = dims.saved_values_per_token_layer(fused)
-    if c.tp > 1:  # without sequence parallelism the 4d around the norms stay whole
-        per_layer = per_layer / c.tp if c.sequence_parallel else \
-            (per_layer - 4 * dims.dim) / c.tp + 4 * dims.dim
+    per_layer = dims.activation_values_on_rank(c.tp, c.sequence_parallel,
+                                               dims.saved_values_per_token_layer(fused))
     if c.tp > 1 and c.sequence_parallel and not work.sp_regather:
         # PyTorch's sequence parallelism all-gathers the attention's and the MLP's input to
         # the whole sequence, and the column-wise linears save it whole for their backward.
