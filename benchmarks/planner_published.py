@@ -123,11 +123,12 @@ def print_groups(runs: list[PublishedRun], kernels: KernelModel, rate: float | N
     """Tokens/s errors by kind of run, all runs and the held-out ones."""
     print("\n| group | runs | median abs. error | worst | held out | median | worst |")
     print("|---|---:|---:|---:|---:|---:|---:|")
+    error = {r.name: abs(math.exp(log_error(r, kernels, rate)) - 1) for r in runs}
     for name, member in GROUPS.items():
         cells = []
         for among in ([r for r in runs if member(r)],
                       [r for r in runs if member(r) and r.role == "validate"]):
-            found = [abs(math.exp(log_error(r, kernels, rate)) - 1) for r in among]
+            found = [error[r.name] for r in among]
             cells.append(f"{len(found)} | {statistics.median(found):.1%} | {max(found):.1%}"
                          if found else "0 | | ")
         print(f"| {name} | {' | '.join(cells)} |")
