@@ -78,6 +78,11 @@ def _accepted(client: Client) -> bool:
     return True
 
 
+def _pods_created(cluster: FakeCluster) -> int:
+    """Pods the autoscaler has asked RunPod for so far (through its REST create)."""
+    return sum(r.get("rest") == "POST /v1/pods" for r in cluster.runpod.requests)
+
+
 def _wait_step(client: Client, job_id: str, step: int) -> None:
     wait_for(lambda: (s := client.get(job_id)).progress.step >= step or s.state.is_terminal,
              300, f"step {step}")
@@ -164,6 +169,7 @@ def test_replica_groups_outlive_a_notice_and_a_loss_and_the_job_trains_as_if_nei
     second = wait_for(lambda: (nodes := groups()) and nodes[1] not in first and nodes, 300,
                       "the replacement to heal and join")
     _wait_step(client, job.id, client.get(job.id).progress.step + 30)
+    bought_before_loss = _pods_created(fake_cluster)
     fake_cluster.take_node(second[0])  # the other group's pod, with no notice
 
     def rejoined() -> bool:  # the loss's replacement trains beside the survivor, or the end
@@ -182,13 +188,13 @@ def test_replica_groups_outlive_a_notice_and_a_loss_and_the_job_trains_as_if_nei
     assert (lost.group, lost.notice) == (0, False) and lost.lost_steps <= 1
     assert final.lost_steps == lost.lost_steps
     assert noticed.survivors == lost.survivors == 1 and noticed.replaced_after_s
-    # The loss's replacement joins too, unless the job ends before one could: on a fast host
-    # the survivor trains the last steps sooner than a pod boots (the notice's replacement
-    # measures how long that takes here). tests/unit/test_elastic_training.py heals one after a
-    # loss with no end in sight.
+    # The loss's replacement is bought at once (the survivors report the loss within seconds)
+    # and joins too, unless the job ends first: how soon the survivor trains the last steps
+    # against how long a pod and a fit take to start varies with the host's speed (the end came
+    # 15-38 s after the loss, a replacement took 25-46 s). tests/unit/test_elastic_training.py
+    # heals one after a loss with no end in sight.
+    assert lost.replaced_after_s or _pods_created(fake_cluster) > bought_before_loss, lost
     ended_after_s = final.finished_at - lost.time
-    assert lost.replaced_after_s or ended_after_s < noticed.replaced_after_s + 10, (
-        lost, ended_after_s)
     assert final.result.final_loss == pytest.approx(reference.result(), abs=1e-5)
     assert final.cost_usd > 0
     # The requests are withdrawn; the idle pods are terminated through RunPod's API
