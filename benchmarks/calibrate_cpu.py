@@ -175,31 +175,40 @@ def _prediction(parallel: dict, ranks: int, model: dict, steps: int):
 
     job = document(parallel, ranks, steps, 8 * ranks, 2, "cpu", model)
     spec = parse_job_spec(job)
-    return predicted(spec, job_layout(spec))
+    return predicted(spec, job_layout(spec), _catalog())
+
+
+_MEASURED: dict[str, object] = {}  # what this run measured: the `cpu` kind's figures, links
+
+
+def _catalog():
+    """The shipped catalog with what this run has measured so far (a new Catalog value)."""
+    import dataclasses
+    from types import MappingProxyType
+
+    from raytrain.catalog.hardware import CATALOG, Catalog
+
+    links = {**CATALOG.links, **{k: v for k, v in _MEASURED.items() if k != "cpu"}}
+    cpu = _MEASURED.get("cpu", CATALOG.gpus["cpu"])
+    local = links["gloo-local"]
+    shape = dataclasses.replace(CATALOG.shapes["cpu-local"], gpu=cpu, intra=local, inter=local)
+    return Catalog(MappingProxyType({**CATALOG.gpus, "cpu": cpu}),
+                   MappingProxyType({**CATALOG.shapes, "cpu-local": shape}),
+                   MappingProxyType(links))
 
 
 def _set_link(name: str, bandwidth: float, latency: float, factor: float) -> None:
     """Predict with a gloo link just measured (`gloo-local`: the CPU node shape's own)."""
     import dataclasses
 
-    from raytrain.catalog import hardware
-
-    hardware.LINKS[name] = dataclasses.replace(hardware.LINKS[name], bandwidth=bandwidth,
-                                               latency_s=latency, reduce_scatter_factor=factor)
-    if name == "gloo-local":
-        hardware.NODE_SHAPES["cpu-local"] = dataclasses.replace(
-            hardware.NODE_SHAPES["cpu-local"], intra=hardware.LINKS[name],
-            inter=hardware.LINKS[name])
+    _MEASURED[name] = dataclasses.replace(_catalog().links[name], bandwidth=bandwidth,
+                                          latency_s=latency, reduce_scatter_factor=factor)
 
 
 def _set_cpu(**figures: float) -> None:
     import dataclasses
 
-    from raytrain.catalog import hardware
-
-    hardware.GPUS["cpu"] = dataclasses.replace(hardware.GPUS["cpu"], **figures)
-    hardware.NODE_SHAPES["cpu-local"] = dataclasses.replace(
-        hardware.NODE_SHAPES["cpu-local"], gpu=hardware.GPUS["cpu"])
+    _MEASURED["cpu"] = dataclasses.replace(_catalog().gpus["cpu"], **figures)
 
 
 def measure_compute(steps: int) -> dict[str, float]:
@@ -208,7 +217,6 @@ def measure_compute(steps: int) -> dict[str, float]:
     and a tiny FSDP run on 2 ranks, each read against the planner's prediction without the
     fixed cost it isolates; the runtime reserve is a tiny 2-rank DDP run's peak live memory
     above its tensors. Nothing here uses the validation runs."""
-    from raytrain.catalog import hardware
     from raytrain.core.planner import ModelDims
 
     def dims(model: dict) -> ModelDims:
@@ -220,7 +228,7 @@ def measure_compute(steps: int) -> dict[str, float]:
         return dims(model).flops_per_token * 8 * model["max_seq_len"]
 
     def optimizer_s(model: dict) -> float:
-        return dims(model).params * 28 / hardware.GPUS["cpu"].memory_bandwidth
+        return dims(model).params * 28 / _catalog().gpus["cpu"].memory_bandwidth
 
     big = run({"strategy": "data"}, 1, steps, 8, 2, "cpu")["step_s"] - optimizer_s(MODEL)
     tiny = run({"strategy": "data"}, 1, steps, 8, 2, "cpu", TINY)["step_s"] - optimizer_s(TINY)
@@ -281,7 +289,7 @@ def validate(steps: int) -> None:
         job = document(parallel, ranks, steps, 8 * ranks, 2, "cpu")
         job["resources"]["cpus_per_worker"] = min(1.0, CORES / ranks)  # 4 ranks share 2 cores
         spec = parse_job_spec(job)
-        predicted = _predicted(spec, job_layout(spec))
+        predicted = _predicted(spec, job_layout(spec), _catalog())
         measured = run(parallel, ranks, steps, global_batch=8 * ranks, micro_batch=2,
                        device="cpu")
         live = run(parallel, ranks, steps, global_batch=8 * ranks, micro_batch=2,

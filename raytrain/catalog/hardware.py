@@ -29,7 +29,7 @@ on the A100, NDR 400 on the H100). The GPU clouds' shapes are their offers'
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 CATALOG_VERSION = "2026-12-02"
@@ -250,11 +250,12 @@ def node_shape(gpu_kind: str) -> NodeShape:
     return CATALOG.node_shape(gpu_kind)
 
 
-def with_cpu_share(shape: NodeShape, cpus_per_device: float) -> NodeShape:
+def with_cpu_share(shape: NodeShape, cpus_per_device: float, shared: Link | None = None
+                   ) -> NodeShape:
     """A CPU node shape whose ranks each get `cpus_per_device` cores (4 ranks on 2 cores:
     0.5 each), their compute scaled accordingly and gloo as measured between that many ranks
-    (`gloo-local-shared`, two per core; other shares scale from it). GPU shapes are returned
-    unchanged."""
+    (`shared`, two per core, by default the shipped `gloo-local-shared`; other shares scale
+    from it). GPU shapes are returned unchanged."""
     if shape.gpu.name != "cpu" or cpus_per_device >= 1:
         return shape
     # Compute, the fixed costs and memory copies (CPU work too) stretch by the share.
@@ -266,7 +267,7 @@ def with_cpu_share(shape: NodeShape, cpus_per_device: float) -> NodeShape:
                   step_overhead_s=shape.gpu.step_overhead_s / cpus_per_device,
                   memory_bandwidth=shape.gpu.memory_bandwidth * cpus_per_device,
                   staging_bandwidth=shape.gpu.copy_bandwidth * cpus_per_device)
-    shared = LINKS["gloo-local-shared"]
+    shared = shared or LINKS["gloo-local-shared"]
     factor = cpus_per_device * 2  # 1 at the measured two ranks per core
     link = replace(shared, bandwidth=shared.bandwidth * factor,
                    latency_s=shared.latency_s / factor)
@@ -300,12 +301,17 @@ class Catalog:
 
     gpus: Mapping[str, GPUKind]
     shapes: Mapping[str, NodeShape]
+    links: Mapping[str, Link] = field(default_factory=lambda: LINKS)
 
     def node_shape(self, gpu_kind: str) -> NodeShape:
         """The default node shape for a GPU kind; KeyError names the kinds there are."""
         if gpu_kind not in DEFAULT_SHAPE:
             raise KeyError(f"unknown GPU kind {gpu_kind!r}; known: {', '.join(DEFAULT_SHAPE)}")
         return self.shapes[DEFAULT_SHAPE[gpu_kind]]
+
+    def cpu_share(self, shape: NodeShape, cpus_per_device: float) -> NodeShape:
+        """with_cpu_share with this catalog's gloo between ranks that share cores."""
+        return with_cpu_share(shape, cpus_per_device, self.links["gloo-local-shared"])
 
     def with_cpu_profile(self, figures: Mapping[str, float], calibration: str) -> Catalog:
         """This catalog with this machine's measured CPU figures (of CPU_PROFILE_FIELDS, as
@@ -316,7 +322,7 @@ class Catalog:
                       calibration=calibration)
         return Catalog(MappingProxyType({**self.gpus, "cpu": cpu}),
                        MappingProxyType({**self.shapes, "cpu-local": replace(
-                           self.shapes["cpu-local"], gpu=cpu)}))
+                           self.shapes["cpu-local"], gpu=cpu)}), self.links)
 
 
 CATALOG = Catalog(GPUS, NODE_SHAPES)

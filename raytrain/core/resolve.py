@@ -25,7 +25,6 @@ from raytrain.catalog.hardware import (
     NodeShape,
     fp8_kinds,
     network_link,
-    with_cpu_share,
 )
 from raytrain.core.planner import ModelDims, NothingFits, Plan, Workload, evaluate, plan
 from raytrain.core.shapes import node_shape_of
@@ -93,7 +92,7 @@ def predicted(spec: JobSpec, layout: Layout, hardware: Catalog = CATALOG) -> Pla
     if spec.model.planned_shape is None or spec.resources.device_kind is None:
         return None
     dims, work, kind, _ = planner_inputs(spec)
-    shape = with_cpu_share(hardware.node_shape(kind), spec.resources.cpus_per_worker)
+    shape = hardware.cpu_share(hardware.node_shape(kind), spec.resources.cpus_per_worker)
     return evaluate(dims, work, layout, shape)
 
 
