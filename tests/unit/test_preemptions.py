@@ -79,8 +79,13 @@ def test_five_preemptions_of_both_kinds_then_a_move_end_as_an_uninterrupted_run(
         if record.notice:  # checkpointed one step after hearing it: nothing lost
             assert record.lost_steps == 0 and record.checkpoint_step == record.reached_step
             assert record.notice_to_checkpoint_s is not None
-        else:
-            assert 0 < record.lost_steps <= 10 and record.checkpoint_step % 10 == 0
+        else:  # back to the interval's last checkpoint, or the one before it when the last
+            # was not yet reported committed as the node went (saves run behind training): at
+            # most the interval and the steps of one save lost (here 2 and 6 from the last one;
+            # 12 from the one before on a busy host, step 30's commit not reported by step 33)
+            last = record.reached_step // 10 * 10
+            assert record.checkpoint_step in (last, last - 10), record
+            assert 0 < record.lost_steps == record.reached_step - record.checkpoint_step
     assert final.lost_steps == sum(r.lost_steps for r in log)
     moves = [d for d in final.decisions if d.event != "progress"]  # reviews: a new interval
     assert [d.event for d in moves] == ["submit"] + ["preemption"] * 5 + ["prices"]
