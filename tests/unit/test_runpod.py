@@ -47,7 +47,7 @@ def fake() -> Iterator[FakeRunPod]:
 @pytest.fixture
 def api(fake: FakeRunPod) -> Iterator[RunPodAPI]:
     # A ceiling far above the fake's answers, so that a busy machine cannot turn a slow answer
-    # into a kept price; the one test of the timeout makes its own client with a short one.
+    # into a kept price; the tests of late answers use `hurried` below.
     client = RunPodAPI(fake.key, url=fake.url, rest_url=fake.rest_url, timeout_s=30.0)
     yield client
     client.close()
