@@ -2,7 +2,8 @@
 worker training a job over torchft (a Lighthouse in the caller's process, gloo between the
 groups). Files in one folder are the signals and the records: start-G, notice-G, kill-G and
 slow are the caller's; ready-G, steps-G.txt (each step a group trains, with the time its
-forward and backward ended), losses-G.json, result-G.json and events.jsonl the groups'.
+forward and backward ended), losses-G.json, groups-G.json (the groups in each step it led),
+result-G.json and events.jsonl the groups'.
 tests/unit/test_elastic_training.py and benchmarks/group_throughput.py drive it."""
 
 from __future__ import annotations
@@ -38,10 +39,13 @@ def group_main(group: int, lighthouse: str, folder: str, job: dict[str, Any],
 
     class Sink(NullSink):
         losses: dict[int, float] = {}
+        groups: dict[int, int] = {}
 
         def progress(self, payload: dict[str, Any]) -> None:
             self.losses[payload["step"]] = payload["loss"]
+            self.groups[payload["step"]] = payload["groups"]
             (out / f"losses-{group}.json").write_text(json.dumps(self.losses))
+            (out / f"groups-{group}.json").write_text(json.dumps(self.groups))
             # Until the caller has seen the first two groups in one quorum: the first to start
             # waits for the other to be about to train, then steps slowly until it has joined.
             while (out / "slow").exists() and len(list(out.glob("ready-*"))) < 2:

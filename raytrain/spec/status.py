@@ -42,6 +42,9 @@ class Progress(Record):
         "the plan's predicted_step_s is compared with).")
     elapsed_s: float = Field(0.0, description="Seconds since training started.")
     eta_s: float | None = Field(None, description="Estimated seconds to finish.")
+    groups: int | None = Field(None, description=(
+        "Elastic jobs: the replica groups that took part in the latest step reported (null: "
+        "not an elastic job)."))
 
 
 class Resources(Record):

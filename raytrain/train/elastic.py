@@ -130,7 +130,7 @@ def train_group(spec: JobSpec, layout: Layout, worker: WorkerInfo, group: int,
             stop_asked, move_asked = bool(flags[1] > 0), bool(flags[2] > 0)
             leaving = notices.stop_requested
             if me == 0 and meter.record(steps_done, loss_value):
-                sink.progress(meter.snapshot())
+                sink.progress({**meter.snapshot(), "groups": alive})
             interval = sink.checkpoint_every_s() if me == 0 else None
             rule = after_step(steps_done, training.steps, training.checkpoint_every_steps,
                               time.monotonic() - saved_at, interval, stop_asked, False,

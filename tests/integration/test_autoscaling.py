@@ -153,14 +153,10 @@ def test_replica_groups_outlive_a_notice_and_a_loss_and_the_job_trains_as_if_nei
     assert offers.ranking[0].market == "spot" and offers.decision
     assert offers.source == "file" and offers.offers[0].id == "local/here/cpu-2"
 
-    _wait_step(client, job.id, 50)
-    # Both groups in one quorum before the notice: a group that joins one already training is
-    # reported with its stall; two that formed their first quorum together report nothing,
-    # so then 300 steps. (A group noticed before any other joined it is recorded by the runner
-    # when its fit ends, elastic_launcher._after_its_end; the others start from the
-    # checkpoint it left.)
-    wait_for(lambda: (s := client.get(job.id)).costs.group_stall_s.samples >= 1
-             or s.progress.step >= 300, 300, "both groups in one quorum")
+    # Both groups in one quorum before the notice, as the leader reports the groups of each
+    # step. (A group noticed before any other joined it is recorded by the runner when its fit
+    # ends, elastic_launcher._after_its_end; the others start from the checkpoint it left.)
+    wait_for(lambda: client.get(job.id).progress.groups == 2, 300, "both groups in one quorum")
     fake_cluster.metadata.interrupt(node=first[1])  # the cloud: this node goes in 2 minutes
     left = wait_for(lambda: (s := client.get(job.id)).preemption_log and s, 120,
                     "the noticed group to leave")

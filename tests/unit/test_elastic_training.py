@@ -97,6 +97,12 @@ def test_groups_leave_die_and_join_and_train_exactly_as_one_process(tmp_path: Pa
     for path in tmp_path.glob("losses-*.json"):
         losses.update({int(k): v for k, v in json.loads(path.read_text()).items()})
     assert sorted(losses) == list(range(1, STEPS + 1))  # every step once, none skipped
+    # The leader reports the groups in each step: both while two train, one while one is alone
+    in_step: dict[int, int] = {}
+    for path in tmp_path.glob("groups-*.json"):
+        in_step.update({int(k): v for k, v in json.loads(path.read_text()).items()})
+    assert sorted(in_step) == sorted(losses) and set(in_step.values()) == {1, 2}
+    assert in_step[together + 1] == 2  # reports count steps done: step `together` is the 1st
     for step, loss in losses.items():
         assert loss == pytest.approx(expected[step], abs=1e-5), step
     for group in (2, 3):
