@@ -125,7 +125,8 @@ def status_table(job: JobStatus) -> Table:
          f"step {job.checkpoint.step}: {job.checkpoint.path}" if job.checkpoint else "-"),
     ]
     if job.groups:  # an elastic job's replica groups
-        rows.append(("replica groups", ", ".join(f"{g.index} {g.state}" for g in job.groups)))
+        rows.append(("replica groups", ", ".join(f"{g.index} {g.state}" for g in job.groups)
+                     + (f"; {p.groups} in the latest step" if p.groups else "")))
     for record in job.preemption_log[-3:]:  # the latest preemptions and what they cost
         rows.append(("preemption", preemption_text(record)))
     if job.decisions:  # bought capacity: what the policy prices with, measured or assumed

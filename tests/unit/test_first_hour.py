@@ -297,6 +297,25 @@ def test_a_checkpoint_path_is_never_cut_on_an_80_column_terminal() -> None:
     assert path in folded
 
 
+def test_status_shows_an_elastic_jobs_groups_and_how_many_trained_its_latest_step() -> None:
+    import io
+
+    from rich.console import Console
+
+    from raytrain.cli.views import status_table
+    from raytrain.spec import JobStatus
+    from tests.unit.test_api import small_job
+
+    job = JobStatus.model_validate({
+        "id": "j", "state": "RUNNING", "spec": small_job(), "created_at": 0.0,
+        "progress": {"step": 40, "total_steps": 100, "groups": 1},
+        "groups": [{"index": 0, "state": "training", "nodes": ["n1"], "since": 0.0},
+                   {"index": 1, "state": "gone", "since": 0.0}]})
+    drawn = io.StringIO()
+    Console(file=drawn, width=200).print(status_table(job))
+    assert "0 training, 1 gone; 1 in the latest step" in drawn.getvalue()
+
+
 def test_the_cli_says_first_that_a_job_from_a_file_can_never_start_there(tmp_path: Path) -> None:
     """100,000 workers with a batch that does not divide among them, from a file, against a
     64-CPU service: the CLI shows the service's answer, the capacity refusal first, not the
