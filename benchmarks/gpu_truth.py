@@ -11,7 +11,8 @@ this machine, each row is one torchrun, one after another so their ratios share 
    default on GPUs), the layout a job of `--ranks` workers gets (data parallel on one GPU,
    FSDP2 over several), beside the figures a job's status shows for it: the planner's
    predicted step time and memory for that layout on the GPU kind found (`plan_summary`);
-2. the same in fp32, whose prediction uses the fp32 peak;
+2. the same in fp32, whose prediction uses the fp32 peak; on a GPU kind with FP8 tensor cores,
+   also in fp8 (torchao's float8 linears, raytrain.parallel.float8), predicted at the FP8 rate;
 3. a torchtitan-style loop on the same model and batch (`reference_worker` below): FSDP2 on
    each block and the root with bf16 parameters and fp32 gradient reduction, fused AdamW,
    gradient clipping, no torch.compile, no autocast.
@@ -133,11 +134,15 @@ def measure(size: str, ranks: int, steps: int, device: str) -> dict[str, Any]:
 
     name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
     kind = catalog_kind(name) if device == "cuda" else "cpu"
+    from raytrain.catalog.hardware import fp8_kinds
+
     rows = []
-    for label, precision, script in (
-            ("raytrain loop, bf16", "bf16", RAYTRAIN_WORKER),
-            ("raytrain loop, fp32", "fp32", RAYTRAIN_WORKER),
-            ("torchtitan-style loop, bf16, FSDP2", "bf16", HERE)):
+    settings = [("raytrain loop, bf16", "bf16", RAYTRAIN_WORKER),
+                ("raytrain loop, fp32", "fp32", RAYTRAIN_WORKER),
+                ("torchtitan-style loop, bf16, FSDP2", "bf16", HERE)]
+    if kind in fp8_kinds():  # float8 linears (torchao), beside the bf16 row they speed up
+        settings.insert(1, ("raytrain loop, fp8", "fp8", RAYTRAIN_WORKER))
+    for label, precision, script in settings:
         doc = job_document(size, ranks, steps, device, kind, precision)
         spec = parse_job_spec(doc)
         ours = script == RAYTRAIN_WORKER
