@@ -129,13 +129,12 @@ def measure(size: str, ranks: int, steps: int, device: str) -> dict[str, Any]:
 
     from benchmarks.parallel_strategies import HERE as RAYTRAIN_WORKER
     from benchmarks.parallel_strategies import run
+    from raytrain.catalog.hardware import fp8_kinds
     from raytrain.core.resolve import plan_summary
     from raytrain.spec import parse_job_spec
 
     name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
     kind = catalog_kind(name) if device == "cuda" else "cpu"
-    from raytrain.catalog.hardware import fp8_kinds
-
     rows = []
     settings = [("raytrain loop, bf16", "bf16", RAYTRAIN_WORKER),
                 ("raytrain loop, fp32", "fp32", RAYTRAIN_WORKER),

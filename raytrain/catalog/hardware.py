@@ -250,12 +250,11 @@ def node_shape(gpu_kind: str) -> NodeShape:
     return CATALOG.node_shape(gpu_kind)
 
 
-def with_cpu_share(shape: NodeShape, cpus_per_device: float, shared: Link | None = None
-                   ) -> NodeShape:
+def with_cpu_share(shape: NodeShape, cpus_per_device: float, shared: Link) -> NodeShape:
     """A CPU node shape whose ranks each get `cpus_per_device` cores (4 ranks on 2 cores:
     0.5 each), their compute scaled accordingly and gloo as measured between that many ranks
-    (`shared`, two per core, by default the shipped `gloo-local-shared`; other shares scale
-    from it). GPU shapes are returned unchanged."""
+    (`shared`, two per core: a catalog's `gloo-local-shared`, Catalog.cpu_share; other shares
+    scale from it). GPU shapes are returned unchanged."""
     if shape.gpu.name != "cpu" or cpus_per_device >= 1:
         return shape
     # Compute, the fixed costs and memory copies (CPU work too) stretch by the share.
@@ -267,7 +266,6 @@ def with_cpu_share(shape: NodeShape, cpus_per_device: float, shared: Link | None
                   step_overhead_s=shape.gpu.step_overhead_s / cpus_per_device,
                   memory_bandwidth=shape.gpu.memory_bandwidth * cpus_per_device,
                   staging_bandwidth=shape.gpu.copy_bandwidth * cpus_per_device)
-    shared = shared or LINKS["gloo-local-shared"]
     factor = cpus_per_device * 2  # 1 at the measured two ranks per core
     link = replace(shared, bandwidth=shared.bandwidth * factor,
                    latency_s=shared.latency_s / factor)

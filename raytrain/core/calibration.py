@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from raytrain.catalog.hardware import GPUS, NODE_SHAPES, GPUKind, with_cpu_share
+from raytrain.catalog.hardware import CATALOG, GPUKind
 from raytrain.core.planner import evaluate
 from raytrain.core.resolve import job_layout, planner_inputs
 from raytrain.spec import JobSpec
@@ -71,8 +71,8 @@ class Profile:
 
 def _predict(spec: JobSpec, gpu: GPUKind) -> float:
     dims, work, _, _ = planner_inputs(spec)
-    shape = with_cpu_share(replace(NODE_SHAPES["cpu-local"], gpu=gpu),
-                           spec.resources.cpus_per_worker)
+    shape = CATALOG.cpu_share(replace(CATALOG.shapes["cpu-local"], gpu=gpu),
+                              spec.resources.cpus_per_worker)
     return evaluate(dims, work, job_layout(spec), shape).step_s
 
 
@@ -86,7 +86,7 @@ def solve_profile(measured: Sequence[tuple[JobSpec, float]],
     """The rate, block cost and step cost that best explain `measured` (job, seconds per
     step) under the planner's model of `base` (default: the catalog's CPU), none negative.
     ValueError when the jobs cannot separate them or a figure comes out impossible."""
-    base = base or GPUS["cpu"]
+    base = base or CATALOG.gpus["cpu"]
     if len(measured) < 3:
         raise ValueError("three jobs or more are needed to separate three figures")
     rows, targets = [], []

@@ -202,9 +202,9 @@ def candidates(dims: ModelDims, work: Workload, world: int,
         return not check_layout(layout, model, dims.seq_len, built_in)
 
     found = []
+    # fp8 does not combine with tensor parallelism (raytrain.spec.job says why)
+    single = work.data_parallel_only or work.precision == "fp8"
     for tp in divisors(world):
-        # fp8 does not combine with tensor parallelism (raytrain.spec.job says why)
-        single = work.data_parallel_only or work.precision == "fp8"
         if tp > work.max_tp or not trains(Layout(tp=tp)) or single and tp > 1:
             continue
         for pp in divisors(world // tp):
