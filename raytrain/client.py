@@ -163,10 +163,19 @@ class Client:
         return JobLogs.model_validate(self._request(
             "GET", f"/v1/jobs/{job_id}/logs", job_id, params=params))
 
-    def history(self, job_id: str) -> JobHistory:
-        """The job's progress points (time, step, loss, tokens/s, dollars), oldest first."""
-        return JobHistory.model_validate(self._request(
+    def history(self, job_id: str, all_steps: bool = True) -> JobHistory:
+        """The job's progress points (time, step, loss, tokens/s, dollars), oldest first, and
+        its steps' rows (loss, lr, grad_norm, tokens): every one, the pages followed
+        (`all_steps=False`: the first page only)."""
+        first = JobHistory.model_validate(self._request(
             "GET", f"/v1/jobs/{job_id}/history", job_id))
+        steps, after = list(first.steps), first.next_after_step
+        while all_steps and after is not None:
+            page = JobHistory.model_validate(self._request(
+                "GET", f"/v1/jobs/{job_id}/history", job_id, params={"after_step": after}))
+            steps += page.steps
+            after = page.next_after_step
+        return first.model_copy(update={"steps": steps, "next_after_step": after})
 
     def offers(self, spec: JobSpec | None = None, job_id: str | None = None,
                policy: str | None = None) -> OffersResponse:

@@ -33,6 +33,7 @@ from raytrain.cli.progress_view import JobProgressView
 from raytrain.cli.views import (
     jobs_table,
     status_table,
+    steps_table,
     summary_table,
 )
 from raytrain.client import DEFAULT_URL, Client
@@ -112,6 +113,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    if args.steps:
+        steps = _client(args).history(args.id).steps
+        if args.json:
+            print_json([step.model_dump(mode="json") for step in steps])
+        else:
+            out.print(steps_table(steps))
+        return 0
     job = _client(args).get(args.id)
     if args.json:
         print_json(job.model_dump(mode="json"))
@@ -147,8 +155,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     client = _client(args)
     job = client.get(client.resume(args.id, args.budget_usd).id)
-    return _print_job(args, job, f"job {job.id} queued, going on from {args.id}'s checkpoint "
-                      f"{job.spec.training.resume_from}")
+    if not args.json:  # the id alone on stdout, as submit prints it: R=$(raytrain resume ID)
+        err.print(f"job [bold]{job.id}[/bold] queued, going on from {args.id}'s checkpoint "
+                  f"{job.spec.training.resume_from}", soft_wrap=True)
+    return _print_job(args, job, job.id)
 
 
 def cmd_delete(args: argparse.Namespace) -> int:

@@ -162,6 +162,9 @@ def add_job_commands(command: Command) -> None:
 
     status = command("status", "one job's status", json_flag=True)
     status.add_argument("id")
+    status.add_argument("--steps", action="store_true",
+                        help="every step's loss, learning rate, gradient norm and tokens "
+                        "(from the job's history) instead of the status")
     status.set_defaults(func=cmd_status)
 
     listing = command("list", "all jobs, oldest first", json_flag=True)
@@ -304,8 +307,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         message = (f"`raytrain {args.command}` runs the service or training on this machine, "
                    f"and this install has the client only (no module named {exc.name!r}). To "
-                   "fix: pip install 'raytrain[server]' (with torch==2.13.0 on a machine "
-                   "without a GPU)")
+                   "fix: install the server extra from a clone of raytrain, pip install "
+                   "'.[server]' there (with torch==2.13.0 on a machine without a GPU)")
         err.print(f"[red]error:[/red] {escape(message)}", highlight=False)
         return 1
     except SpecError as exc:

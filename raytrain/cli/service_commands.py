@@ -219,7 +219,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             None, config.state_path / "ray-head.log", config.state_path)
     # Ray's actors and workers do not stream into this terminal: jobs' output is in their
     # logs (raytrain logs ID) and the operator sees one line per job state change instead.
-    started_ray = connect_ray(address, quiet=True, state_dir=config.state_path)
+    started_ray = connect_ray(address, quiet=True, state_dir=config.state_path,
+                              local_head=head_pid is not None)
     if head_pid is not None:
         lower_detached_daemons(head_pid)
     try:
@@ -250,7 +251,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
             DetachedService("", address, head_pid, temp_dir, time.time()).save(
                 config.state_path)
-            stop_detached(config.state_path)
+            err.print(f"stopped {stop_detached(config.state_path, keep_logs=True)}",
+                      highlight=False, soft_wrap=True)
         raise
     finally:
         if started_ray and not args.detach:

@@ -24,6 +24,7 @@ from raytrain.spec import (
     PlanResponse,
     PlanRow,
     PreemptionRecord,
+    StepRecord,
 )
 
 
@@ -90,6 +91,18 @@ def jobs_table(jobs: Sequence[JobStatus]) -> Table:
             "-" if p.loss is None else f"{p.loss:.4f}", count_text(p.tokens_per_s),
             usd_text(job.cost_usd), duration_text(now - job.created_at),
         )
+    return table
+
+
+def steps_table(steps: list[StepRecord]) -> Table:
+    """Every step's row of a job's history: step, loss, learning rate, gradient norm."""
+    table = Table(box=None)
+    for name in ("step", "loss", "lr", "grad norm", "tokens"):
+        table.add_column(name, justify="right")
+    for row in steps:
+        table.add_row(str(row.step), *("-" if v is None else f"{v:.6g}"
+                                       for v in (row.loss, row.lr, row.grad_norm)),
+                      "-" if row.tokens is None else str(row.tokens))
     return table
 
 

@@ -5,7 +5,8 @@ real per-worker loop (raytrain.train.loop) and for the workers a trace replay si
 A checkpoint is due every `checkpoint_every_steps`, at the last step, when the service's
 interval for the capacity held has passed since the last save (the policy's, for its
 preemption risk), when a node may be taken (a rebalance recommendation), and before stopping
-for a notice or a move. The service's stop (a cancel) stops without a checkpoint.
+for a notice, a move or the service's stop (a cancel: a job resumed later goes on from the
+step it was cancelled at, not from its last periodic checkpoint).
 
     due = after_step(steps_done=120, total_steps=1000, every_steps=50, since_save_s=700.0,
                      interval_s=600.0)      # StepRule(checkpoint=True, stop=False, ...)
@@ -30,5 +31,5 @@ def after_step(steps_done: int, total_steps: int, every_steps: int, since_save_s
     for some rank's node, or the service's move."""
     on_time = interval_s is not None and since_save_s >= interval_s
     checkpoint = (steps_done % every_steps == 0 or steps_done == total_steps or on_time
-                  or checkpoint_asked or leave)
+                  or checkpoint_asked or leave or service_stop)
     return StepRule(checkpoint, service_stop or leave, leave)

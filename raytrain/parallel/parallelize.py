@@ -46,8 +46,10 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
+from raytrain.models.contract import logits_of
 from raytrain.models.gpt import GPT
 from raytrain.models.registry import build_model
+from raytrain.parallel.blocks import describe_units, transformer_blocks
 from raytrain.parallel.compression import register_compression
 from raytrain.spec import JobSpec
 from raytrain.spec.layout import Layout, stage_layers, stages_of_rank
@@ -122,9 +124,12 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bo
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool,
-               reduce_dtype: torch.dtype | None = None) -> None:
+               reduce_dtype: torch.dtype | None = None, block_class: str | None = None) -> str:
     """FSDP2 per transformer block (one all-gather each), then the rest at the root;
-    `reduce_dtype`: the gradients' dtype in the reduce-scatter (None: the parameters').
+    `reduce_dtype`: the gradients' dtype in the reduce-scatter (None: the parameters'). The
+    blocks: the built-in GPT's `layers` (a pipeline stage's share of them), or a user
+    model's repeated blocks (raytrain.parallel.blocks, `block_class` from model.block_class).
+    Returns what was made, in words, for the job's status.
 
     The root (embeddings, final norm, head) is never resharded after forward: the backward
     starts with the head at once. That is FSDP2's own default for the root, but only when no
@@ -133,14 +138,21 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: boo
     bytes)."""
     policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
     layers = getattr(model, "layers", None)
-    if isinstance(layers, nn.ModuleDict):
-        for block in layers.values():
-            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
-                        mp_policy=policy)
+    blocks = list(layers.values()) if isinstance(model, GPT) and layers is not None \
+        else transformer_blocks(model, block_class)
+    units = describe_units(model, blocks)  # before fully_shard renames the classes
+    for block in blocks:
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
+                    mp_policy=policy)
     fully_shard(model, mesh=dp_mesh, reshard_after_forward=False, mp_policy=policy)
+    return units
 
 
-def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def _cross_entropy(output: Any, targets: torch.Tensor) -> torch.Tensor:
+    """The mean next-token loss of a forward's output (the built-in GPT's logits, or what a
+    user's model returns: raytrain.models.contract) against `targets`, in fp32."""
+    logits = output if isinstance(output, torch.Tensor) and output.dim() == 3 \
+        else logits_of(output)
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
@@ -159,6 +171,7 @@ class ParallelModel:
     owns_loss: bool = True  # this rank's loss counts in the job's loss (last stage, tp rank 0)
     precision: str = "fp32"
     scaler: torch.amp.GradScaler | None = None
+    fsdp_units: str | None = None  # what FSDP shards one by one, in words (None: no FSDP)
 
     @property
     def pp_group(self) -> dist.ProcessGroup | None:
@@ -197,7 +210,11 @@ class ParallelModel:
                 else nullcontext()
             with sync:
                 with self._autocast():
-                    loss = _cross_entropy(runner(tokens[:, :-1]), tokens[:, 1:]) / count
+                    output = runner(tokens[:, :-1])
+                    if not (isinstance(output, torch.Tensor) and output.dim() == 3):
+                        # a user's model: what it may return (raytrain.models.contract)
+                        output = logits_of(output, self.parts[0])
+                    loss = _cross_entropy(output, tokens[:, 1:]) / count
                 (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
             total += loss.detach()
         return total if self.owns_loss else torch.zeros((), device=self.device)
@@ -253,6 +270,7 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
     wrapper = layout.data_parallel_wrapper
     parts: list[nn.Module] = []
     runners: list[nn.Module] = []
+    units: list[str] = []
     for stage in stage_ids:
         if spec.model.kind == "gpt":
             with torch.device("meta"):
@@ -269,10 +287,10 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
         if wrapper == "fsdp":
             dp_mesh = (mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1
                        else mesh["dp_shard"])
-            apply_fsdp(part, dp_mesh,
-                       reshard_after_forward=layout.pp == 1 and not layout.zero2,
-                       reduce_dtype=torch.bfloat16 if parallel.grad_reduce_dtype == "bf16"
-                       else None)
+            units.append(apply_fsdp(
+                part, dp_mesh, reshard_after_forward=layout.pp == 1 and not layout.zero2,
+                reduce_dtype=torch.bfloat16 if parallel.grad_reduce_dtype == "bf16" else None,
+                block_class=spec.model.block_class))
         if isinstance(part, GPT) and _on_meta(part):
             part.to_empty(device=device)
             part.init_weights()
@@ -296,6 +314,7 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
         dp_rank=rep_rank * layout.dp_shard + shard_rank,
         owns_loss=(pp_rank == layout.pp - 1 and tp_rank == 0),
         precision=training.precision, scaler=scaler,
+        fsdp_units="; ".join(units) if units else None,
     )
     if layout.pp > 1:
         from torch.distributed import pipelining

@@ -37,16 +37,9 @@ def check_admission(records: Iterable[Record], spec: JobSpec, caller: str | None
     """None if the job may be queued; the job this caller's `key` queued before, if it did;
     else JobStateError (the key came with another spec) or ServiceBusyError."""
     records = list(records)
-    if key is not None:
-        for record in records:
-            job = record.status
-            if job.idempotency_key == key and job.submitted_by == caller and \
-                    now - job.created_at < IDEMPOTENCY_WINDOW_S:
-                if job.spec != spec:
-                    raise JobStateError(
-                        f"Idempotency-Key {key!r} was used for job {job.id} with a different "
-                        "spec. To fix: send a new key for a new job")
-                return job
+    earlier = keyed_earlier(records, spec, caller, key, now)
+    if earlier is not None:
+        return earlier
     active = sum(1 for r in records if not r.status.state.is_terminal)
     if active >= max_active:
         raise ServiceBusyError(
@@ -54,6 +47,37 @@ def check_admission(records: Iterable[Record], spec: JobSpec, caller: str | None
             f"{max_active}). To fix: retry after some end, or ask its operator to raise "
             "max_active_jobs", BUSY_RETRY_AFTER_S)
     return None
+
+
+def keyed_earlier(records: Iterable[Record], spec: JobSpec, caller: str | None,
+                  key: str | None, now: float) -> JobStatus | None:
+    """The job this caller's `key` queued within IDEMPOTENCY_WINDOW_S, if any (a retried
+    request); JobStateError if that key came with another spec."""
+    if key is None:
+        return None
+    for record in records:
+        job = record.status
+        if job.idempotency_key == key and job.submitted_by == caller and \
+                now - job.created_at < IDEMPOTENCY_WINDOW_S:
+            if job.spec != spec:
+                raise JobStateError(
+                    f"Idempotency-Key {key!r} was used for job {job.id} with a different "
+                    "spec. To fix: send a new key for a new job")
+            return job
+    return None
+
+
+def check_not_resumed(job: JobStatus, jobs: Iterable[JobStatus]) -> None:
+    """JobStateError if a job resumed from `job`'s checkpoint is still queued or running:
+    resuming it again would train the same steps twice, on two bills."""
+    path = job.checkpoint.path if job.checkpoint else None
+    for other in jobs:
+        if path and other.id != job.id and other.spec.training.resume_from == path and \
+                not other.state.is_terminal:
+            raise JobStateError(
+                f"job {job.id} was already resumed as job {other.id} ({other.state.value}). "
+                f"To fix: follow {other.id} (raytrain status {other.id}), or cancel it before "
+                "resuming again")
 
 
 def resumed(job: JobStatus, budget_usd: float | None) -> JobSpec:

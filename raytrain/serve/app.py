@@ -42,6 +42,7 @@ from raytrain.serve.answers import add_refusals, manager_away, refused_submit
 from raytrain.serve.auth import BearerAuth
 from raytrain.serve.dashboard import ASSETS, PAGES, add_pages
 from raytrain.serve.feeds import Feeds, ManagerAway
+from raytrain.serve.history import STEPS_PER_ANSWER
 from raytrain.serve.http_limits import JSONBodies, SlotStream, StreamLimits
 from raytrain.serve.metrics import (
     CONTENT_TYPE_OPENMETRICS,
@@ -214,10 +215,17 @@ def output_routes(api: FastAPI, manager: Any) -> None:
     """What a job left: its progress history and its workers' output."""
     @api.get("/v1/jobs/{job_id}/history", response_model=JobHistory,
              responses=errors(404, 422))
-    async def history(job_id: str) -> Response:
+    async def history(job_id: str,
+                      after_step: int = Query(-1, ge=-1, description="Step rows after this "
+                                              "step only (the `next_after_step` of the "
+                                              "previous answer)"),
+                      max_steps: int = Query(STEPS_PER_ANSWER, ge=1, le=STEPS_PER_ANSWER,
+                                             description="Step rows in this answer, at most")
+                      ) -> Response:
         """The job's progress reports for charts (step, loss, tokens/s, dollars), oldest
-        first; kept across service restarts, thinned evenly past `points_kept`."""
-        points = await manager.history.remote(job_id)
+        first, kept across service restarts and thinned evenly past `points_kept`; and every
+        optimizer step's loss, learning rate, gradient norm and tokens, by step, in pages."""
+        points = await manager.history.remote(job_id, after_step, max_steps)
         if points is None:
             raise _not_found(job_id)
         return _json(points)

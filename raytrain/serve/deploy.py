@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import httpx
@@ -34,6 +34,7 @@ from ray import serve
 from raytrain.errors import RaytrainError
 from raytrain.serve.app import APP_NAME
 from raytrain.serve.auth import operator_token
+from raytrain.serve.deploy_failure import deploy_failure, replica_errors
 from raytrain.serve.detached import (
     SERVICE_RECORD,
     head_process,
@@ -52,11 +53,34 @@ logger = logging.getLogger(__name__)
 # here: every process of it takes the loopback as the node's address, instead of finding the
 # machine's own by opening a UDP socket towards 8.8.8.8 (Ray's C++ core, in every process but
 # the driver), whose reverse lookups by the training ranks then ask the network's DNS. Its
-# raylets refuse to join another cluster, which none of such a cluster does. (Not for the
-# detached head: every process that connects to it by address, `raytrain stop` included,
-# would have to take the same mode, and one that did not would wait for a node at its own
-# address forever.)
+# raylets refuse to join another cluster, which none of such a cluster does. The detached
+# head `serve --detach` starts takes it too (without it, Ray turns its --node-ip-address
+# 127.0.0.1 into the machine's outward address): every raytrain process that connects to that
+# head (`serve --detach` itself, `raytrain stop`) connects in the same mode, as a driver in
+# the other mode would wait for a node at its own outward address forever.
 ONE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@contextmanager
+def neutral_directory(folder: Path | str | None = None) -> Iterator[str]:
+    """Run the block from `folder` (default: an empty folder of this user's in the system's
+    temporary directory), and come back after.
+
+    `ray.init` adds the driver's working directory to the import path of every worker the
+    job starts (`JobConfig._py_driver_sys_path`), and Serve's controller and replicas keep
+    the job config of the driver that started them: run from a folder holding a `raytrain/`
+    folder (the parent of a clone) or a user's `mylab/`, the workers imported that folder
+    instead of the installed package. From an empty folder, workers import only what is
+    installed, whatever the directory `raytrain` was started from."""
+    here = os.getcwd()
+    target = Path(folder) if folder is not None else \
+        Path(tempfile.gettempdir()) / f"raytrain-cwd-{os.getuid()}"
+    target.mkdir(parents=True, exist_ok=True)
+    os.chdir(target)
+    try:
+        yield str(target)
+    finally:
+        os.chdir(here)
 
 
 @contextmanager
@@ -78,18 +102,21 @@ def one_machine() -> Iterator[None]:
 
 
 def connect_ray(address: str | None, num_cpus: int | None = None, quiet: bool = False,
-                state_dir: Path | None = None) -> bool:
+                state_dir: Path | None = None, local_head: bool = False) -> bool:
     """Connect to the cluster at `address`, or start a local one; True if we started it.
 
     quiet: do not stream worker logs to this process (the demo draws a progress bar instead;
     a failed job's error is in its status). state_dir: a local cluster keeps Ray's session
-    folders (its logs) there (`ray_folder`), not in /tmp/ray."""
+    folders (its logs) there (`ray_folder`), not in /tmp/ray. local_head: `address` is a head
+    `start_detached_head` started (one-machine mode, as it runs)."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if ray.is_initialized():
         return False
     if address:
         try:
-            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=not quiet)
+            with neutral_directory(), (one_machine() if local_head else nullcontext()):
+                ray.init(address=address, logging_level=logging.WARNING,
+                         log_to_driver=not quiet)
         except ConnectionError as exc:
             raise RaytrainError(
                 f"cannot connect to the Ray cluster at {address}: {exc}. To fix: check the "
@@ -109,7 +136,7 @@ def connect_ray(address: str | None, num_cpus: int | None = None, quiet: bool = 
     # ... and neither does Ray's dashboard process (raytrain.serve.ray_probe).
     install_no_cloud_probe(Path(temp_dir) if temp_dir else
                            Path(tempfile.gettempdir()) / f"raytrain-{os.getuid()}")
-    with one_machine():
+    with one_machine(), neutral_directory():
         ray.init(
             num_cpus=num_cpus or os.cpu_count() or 2,
             include_dashboard=False,
@@ -167,7 +194,12 @@ def deploy(config: ServiceConfig, host: str, port: int, timeout_s: float = 120.0
         proxy_location="Disabled",
         logging_config={"log_level": "WARNING", "enable_access_log": False},
     )
-    serve.run(serve_app(config, host, port), name=APP_NAME, route_prefix=None)
+    try:
+        serve.run(serve_app(config, host, port), name=APP_NAME, route_prefix=None)
+    except RuntimeError as exc:  # Serve says only that the deployment failed, not why
+        if "Deploying application" not in str(exc):
+            raise
+        raise RaytrainError(deploy_failure(str(exc), replica_errors(APP_NAME))) from None
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     deadline = time.monotonic() + timeout_s
@@ -258,6 +290,7 @@ def start_detached_head(num_cpus: int | None, log_path: Path, state_dir: Path,
     env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
     env.setdefault("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "1.0")
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # as connect_ray: nothing beyond this machine
+    env[ONE_MACHINE] = os.environ.get(ONE_MACHINE, "0")  # on loopback (one_machine)
     # Ray's CLI, with its dashboard's cloud probe held at home (raytrain.serve.ray_probe)
     command = [sys.executable, "-m", "raytrain.serve.ray_probe", temp_dir, "start", "--head",
                f"--port={port}", "--node-ip-address=127.0.0.1",
@@ -265,8 +298,11 @@ def start_detached_head(num_cpus: int | None, log_path: Path, state_dir: Path,
                "--disable-usage-stats", f"--temp-dir={temp_dir}", "--block"]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
+        # From the Ray folder: its workers start in the raylet's directory, never in a
+        # user's folder holding packages of the same names as installed ones.
         head = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                cwd=temp_dir)
     address = f"127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
     while not _gcs_answers(port):
@@ -318,8 +354,9 @@ def lower_detached_daemons(head_pid: int) -> None:
         pass
 
 
-def stop_detached(state_dir: Path) -> str:
-    """Stop what `serve --detach` recorded in `state_dir`; say what was stopped."""
+def stop_detached(state_dir: Path, keep_logs: bool = False) -> str:
+    """Stop what `serve --detach` recorded in `state_dir`; say what was stopped. With
+    `keep_logs` (a start that failed), Ray's session folder stays, its logs in it."""
     record = recorded_service(state_dir)
     head = head_process(record)
     stopped = []
@@ -329,9 +366,9 @@ def stop_detached(state_dir: Path) -> str:
     grace_s = 30.0
     if head is not None or record.head_pid is None:
         try:  # let the job manager save every running job's state before the cluster goes
-            connect_ray(record.address, quiet=True)
+            connect_ray(record.address, quiet=True, local_head=record.head_pid is not None)
             undeploy(stop_jobs=record.head_pid is not None)
-            stopped.append(f"the service at {record.url}")
+            stopped.append("the service" + (f" at {record.url}" if record.url else ""))
             grace_s = 5.0
         except Exception as exc:  # a dead or half-dead cluster: stop its processes anyway
             logger.warning("could not stop the service cleanly: %s", exc)
@@ -344,6 +381,9 @@ def stop_detached(state_dir: Path) -> str:
     if record.temp_dir:
         for proc in _processes_naming(record.temp_dir):
             terminate_family(proc, timeout_s=5.0)
-        shutil.rmtree(record.temp_dir, ignore_errors=True)
+        if keep_logs:
+            stopped.append(f"kept its logs in {record.temp_dir}/logs")
+        else:
+            shutil.rmtree(record.temp_dir, ignore_errors=True)
     (state_dir / SERVICE_RECORD).unlink(missing_ok=True)
     return " and ".join(stopped) if stopped else "nothing was running any more"

@@ -12,9 +12,15 @@ store holds no more. Reports come at most once a second: a job is thinned at mos
 POINTS_KEPT / 2 seconds. The store is written on each of the job's saves, with only what
 changed since the last.
 
+Beside the points, every optimizer step's figures (loss, learning rate, gradient norm,
+tokens), whatever the report rate: rank 0 batches the steps since its last report into the
+report (`steps`, rows of [step, loss, lr, grad_norm, tokens]), and they are written with the
+job's next save, in one transaction, read back in pages by step.
+
     history = History(store)
     history.add(job_id, point_of(event_data, now)); history.save(job_id)
-    history.json(job_id) -> '{"job_id": ..., "points_kept": 2000, "points": [...]}'
+    history.add_steps(job_id, payload.pop("steps", []))
+    history.json(job_id) -> '{"job_id": ..., "points_kept": 2000, "points": [...], ...}'
 """
 
 from __future__ import annotations
@@ -28,6 +34,24 @@ from typing import Any, Mapping, Sequence
 from raytrain.serve.store import JobStore
 
 POINTS_KEPT = 2000
+STEPS_PER_ANSWER = 10_000  # step rows in one history answer (more: ask again after the last)
+
+StepRow = tuple[int, "float | None", "float | None", "float | None", "int | None"]
+
+
+def step_rows(rows: Any) -> list[StepRow]:
+    """A report's `steps` ([step, loss, lr, grad_norm, tokens] each) as rows; what is not
+    such a row is left out (a report is the workers' word, not to be trusted blindly)."""
+    def number(value: Any) -> float | None:
+        return float(value) if isinstance(value, (int, float)) and math.isfinite(value) \
+            else None
+
+    out: list[StepRow] = []
+    for row in rows if isinstance(rows, list) else []:
+        if isinstance(row, (list, tuple)) and len(row) == 5 and isinstance(row[0], int):
+            tokens = row[4] if isinstance(row[4], int) else None
+            out.append((row[0], number(row[1]), number(row[2]), number(row[3]), tokens))
+    return out
 
 
 def thinned(numbers: Sequence[int], limit: int, stride: int) -> tuple[list[int], int]:
@@ -69,6 +93,13 @@ class History:
         self._unsaved: dict[str, dict[int, dict[str, Any]]] = {}  # by job, by number
         self._dropped: dict[str, set[int]] = {}  # numbers the store still has
         self._retry: dict[str, bool] = {}  # jobs whose save failed: released after it?
+        self._steps: dict[str, dict[int, StepRow]] = {}  # unsaved step rows, by job, by step
+
+    def add_steps(self, job_id: str, rows: list[StepRow]) -> None:
+        """Keep steps' rows for the job's next save (a step reported again replaces its
+        row: a run resumed from a checkpoint does those steps again)."""
+        if rows:
+            self._steps.setdefault(job_id, {}).update((row[0], row) for row in rows)
 
     def _of(self, job_id: str) -> list[dict[str, Any]]:
         if job_id not in self._points:
@@ -102,6 +133,14 @@ class History:
         """Write what changed of the job's points since the last save; with `release` (the
         job has ended: no more points come), drop them from memory too. A disk that does not
         take the write keeps them in memory for `retry` (serve.durable)."""
+        steps = self._steps.get(job_id)
+        if steps:
+            try:
+                self._store.save_steps(job_id, [steps[step] for step in sorted(steps)])
+                self._steps.pop(job_id, None)
+            except sqlite3.Error:
+                self._retry[job_id] = self._retry.get(job_id, False) or release
+                return
         if job_id not in self._points:
             return
         unsaved, dropped = self._unsaved[job_id], self._dropped[job_id]
@@ -122,16 +161,33 @@ class History:
         for job_id, release in list(self._retry.items()):
             self.save(job_id, release)
 
-    def json(self, job_id: str) -> str:
-        """The job's history as JobHistory's JSON: from memory while the job reports, else
-        read from the store (and not held: an ended job's points stay out of memory)."""
+    def json(self, job_id: str, after_step: int = -1,
+             max_steps: int = STEPS_PER_ANSWER) -> str:
+        """The job's history as JobHistory's JSON: the points from memory while the job
+        reports, else read from the store (and not held: an ended job's points stay out of
+        memory); up to `max_steps` step rows after `after_step`, saved or not yet saved."""
         points = self._points.get(job_id)
         if points is None:
             points = [json.loads(p) for p in self._store.points(job_id)]
-        return json.dumps({"job_id": job_id, "points_kept": self.limit, "points": points})
+        try:
+            saved = self._store.steps(job_id, after_step, max_steps + 1)
+        except sqlite3.Error:  # a failing disk: what is in memory still answers
+            saved = []
+        merged = {row[0]: row for row in saved}
+        merged.update((step, row) for step, row in self._steps.get(job_id, {}).items()
+                      if step > after_step)
+        rows = [merged[step] for step in sorted(merged)]
+        more = len(rows) > max_steps
+        rows = rows[:max_steps]
+        return json.dumps({
+            "job_id": job_id, "points_kept": self.limit, "points": points,
+            "steps": [dict(zip(("step", "loss", "lr", "grad_norm", "tokens"), row))
+                      for row in rows],
+            "next_after_step": rows[-1][0] if more else None})
 
     def forget(self, job_id: str) -> None:
         """Drop a job's points from memory (a deleted job's go from the store with its
         record)."""
-        for kept in (self._points, self._stride, self._unsaved, self._dropped, self._retry):
+        for kept in (self._points, self._stride, self._unsaved, self._dropped, self._retry,
+                     self._steps):
             kept.pop(job_id, None)

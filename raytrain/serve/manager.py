@@ -42,7 +42,9 @@ from raytrain.models.factories import resolve_factory
 from raytrain.serve.admission import (
     check_admission,
     check_deletable,
+    check_not_resumed,
     check_paths_on_head_node,
+    keyed_earlier,
     new_job,
     resumed,
 )
@@ -50,7 +52,7 @@ from raytrain.serve.auth import token_digests
 from raytrain.serve.cluster import Cluster
 from raytrain.serve.durable import RETRY_AFTER_S, DurableRecords, service_id
 from raytrain.serve.events import EventLog
-from raytrain.serve.history import History, point_of
+from raytrain.serve.history import History, point_of, step_rows
 from raytrain.serve.manager_reads import JobReads
 from raytrain.serve.provisioning import Provisioner
 from raytrain.serve.ray_cluster import RayCluster
@@ -241,6 +243,11 @@ class JobManager(JobReads):
             record = self._record(job_id)
             self._check_writable()
             spec = resumed(record.status, budget_usd)
+            earlier = keyed_earlier(self.records.values(), spec, caller, key,
+                                    self.cluster.now())
+            if earlier is not None:  # a retried request: the job it queued
+                return earlier
+            check_not_resumed(record.status, (r.status for r in self.records.values()))
         return self.submit(spec, caller, key)
 
     def offers(self, spec: JobSpec | None, policy: str | None, keep: int,
@@ -330,10 +337,14 @@ class JobManager(JobReads):
 
     def report_progress(self, job_id: str, attempt: int,
                         payload: dict[str, Any]) -> dict[str, bool]:
-        """Record rank 0's report; the reply tells the workers whether to stop."""
+        """Record rank 0's report; the reply tells the workers whether to stop. Its `steps`
+        (every step since the last report) go to the job's history, not to its status."""
         if job_id not in self.records:
             return {"stop": True}
-        return self.apply(job_id, lc.ProgressReported(attempt, payload))
+        rows = step_rows(payload.pop("steps", None))
+        with self.lock:
+            self._history.add_steps(job_id, rows)  # written with the job's next save
+            return self.apply(job_id, lc.ProgressReported(attempt, payload))
 
     def report_checkpoint(self, job_id: str, attempt: int, step: int, path: str,
                           save_s: float | None = None,

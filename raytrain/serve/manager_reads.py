@@ -19,7 +19,7 @@ from raytrain.core.tally import Tally, snapshot
 from raytrain.errors import JobNotFoundError, ServiceUnavailableError, StoreError
 from raytrain.serve.durable import RETRY_AFTER_S, DurableRecords
 from raytrain.serve.events import EventLog
-from raytrain.serve.history import History
+from raytrain.serve.history import STEPS_PER_ANSWER, History
 from raytrain.serve.reads import Versions, list_cursor
 from raytrain.spec import JobStatus, ServiceConfig
 from raytrain.train.worker_logs import read_stored_logs
@@ -70,10 +70,13 @@ class JobReads:
                 pass
             return self._versions.changes(epoch, since, self.records, self._json)
 
-    def history(self, job_id: str) -> str | None:
-        """The job's progress points as JobHistory's JSON text; None for no such job."""
+    def history(self, job_id: str, after_step: int = -1,
+                max_steps: int = STEPS_PER_ANSWER) -> str | None:
+        """The job's progress points and step rows as JobHistory's JSON text; None for no
+        such job."""
         with self.lock:
-            return self._history.json(job_id) if job_id in self.records else None
+            return self._history.json(job_id, after_step, max_steps) \
+                if job_id in self.records else None
 
     def _json(self, job_id: str) -> str:
         """A job's status as JSON, encoded once per change (reads far outnumber changes)."""

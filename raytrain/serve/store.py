@@ -88,6 +88,11 @@ class JobStore:
         self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
         self._db.execute("CREATE TABLE IF NOT EXISTS points (job_id TEXT NOT NULL, "
                          "n INTEGER NOT NULL, point TEXT NOT NULL, PRIMARY KEY (job_id, n))")
+        # Every optimizer step's figures (serve.history.StepRows): a step done again after a
+        # restart replaces its earlier row.
+        self._db.execute("CREATE TABLE IF NOT EXISTS steps (job_id TEXT NOT NULL, "
+                         "step INTEGER NOT NULL, loss REAL, lr REAL, grad_norm REAL, "
+                         "tokens INTEGER, PRIMARY KEY (job_id, step))")
         for companion in (path, path.with_name(path.name + "-journal")):
             try:
                 os.chmod(companion, 0o600)
@@ -129,6 +134,7 @@ class JobStore:
             self._db.execute("BEGIN")
             self._db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
             self._db.execute("DELETE FROM points WHERE job_id = ?", (job_id,))
+            self._db.execute("DELETE FROM steps WHERE job_id = ?", (job_id,))
 
     def save_points(self, job_id: str, points: dict[int, str], drop: Iterable[int] = ()) -> None:
         """Write a job's progress points {report number: JSON text} and remove the numbers in
@@ -140,6 +146,24 @@ class JobStore:
             self._db.executemany("INSERT OR REPLACE INTO points (job_id, n, point) "
                                  "VALUES (?, ?, ?)",
                                  [(job_id, n, point) for n, point in points.items()])
+
+    def save_steps(self, job_id: str, rows: Iterable[tuple[int, float | None, float | None,
+                                                          float | None, int | None]]) -> None:
+        """Write steps' rows (step, loss, lr, grad_norm, tokens), replacing any of the same
+        step (done again after a restart), in one transaction."""
+        with self._lock, self._db:
+            self._db.execute("BEGIN")
+            self._db.executemany("INSERT OR REPLACE INTO steps (job_id, step, loss, lr, "
+                                 "grad_norm, tokens) VALUES (?, ?, ?, ?, ?, ?)",
+                                 [(job_id, *row) for row in rows])
+
+    def steps(self, job_id: str, after_step: int, limit: int
+              ) -> list[tuple[int, float | None, float | None, float | None, int | None]]:
+        """Up to `limit` of a job's step rows with a step above `after_step`, by step."""
+        with self._lock:
+            return self._db.execute(
+                "SELECT step, loss, lr, grad_norm, tokens FROM steps WHERE job_id = ? AND "
+                "step > ? ORDER BY step LIMIT ?", (job_id, after_step, limit)).fetchall()
 
     def points(self, job_id: str) -> list[str]:
         """A job's progress points (JSON texts) by report number."""

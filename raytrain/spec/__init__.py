@@ -74,6 +74,7 @@ from raytrain.spec.status import (
     ProgressPoint,
     RankLog,
     Resources,
+    StepRecord,
 )
 
 __all__ = [
@@ -105,6 +106,7 @@ __all__ = [
     "Resources",
     "RankLog",
     "JobHistory",
+    "StepRecord",
     "JobLogs",
     "PlanSummary",
     "CheckpointInfo",

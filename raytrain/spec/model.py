@@ -92,9 +92,19 @@ class ModelSpec(Strict):
         None,
         max_length=256,
         description="For kind 'import': 'package.module:callable' returning an nn.Module that "
-        "maps int64 tokens [batch, seq] to logits [batch, seq, vocab]. Only packages the "
-        "operator allows (service config allowed_import_packages) are accepted.",
+        "maps int64 tokens [batch, seq] to logits [batch, seq, vocab], returned as a tensor, "
+        "a tuple whose first item is the logits, or an object with `.logits` (as Hugging "
+        "Face models return). The factory is called with model.options as keyword arguments "
+        "after torch.manual_seed(training.seed). Only packages the operator allows (service "
+        "config allowed_import_packages) are accepted.",
     )
+    block_class: str | None = Field(
+        None, max_length=200, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="For kind 'import' under FSDP: the class name of the model's repeated "
+        "block (LlamaDecoderLayer for a Hugging Face Llama), each sharded as one FSDP unit, "
+        "as transformer_layer_cls_to_wrap does elsewhere. null: the largest list of "
+        "same-class modules (model.layers, model.model.layers, transformer.h); the job's "
+        "status says which units were made (progress.fsdp_units).")
     options: dict[str, Any] = Field(
         default_factory=dict, max_length=64,
         description="Keyword arguments passed to the factory (at most 64; the whole request "
@@ -110,7 +120,8 @@ class ModelSpec(Strict):
     @model_validator(mode="after")
     def _factory_matches_kind(self) -> ModelSpec:
         errors = factory_errors(self.kind == "import", self.factory)
-        unused = ("factory", "options", "shape") if self.kind == "gpt" else ("gpt",)
+        unused = ("factory", "options", "shape", "block_class") if self.kind == "gpt" \
+            else ("gpt",)
         errors += unused_fields(self, unused, "model.kind")
         raise_if_any("ModelSpec", errors)
         return self

@@ -87,7 +87,9 @@ class TrainingSpec(Strict):
         0.1, ge=0, le=1, description="Final learning rate as a fraction of the peak."
     )
     warmup_steps: int | None = Field(
-        None, ge=0, description="Steps of linear warmup from zero; default 10% of steps."
+        None, ge=0, description="Steps of linear warmup W: step s (from 0) uses the peak "
+        "times (s + 1) / W, so the first step already moves; default 10% of steps (README: "
+        "What a step does)."
     )
     weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay on matrices.")
     betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas.")

@@ -45,6 +45,9 @@ class Progress(Record):
     groups: int | None = Field(None, description=(
         "Elastic jobs: the replica groups that took part in the latest step reported (null: "
         "not an elastic job)."))
+    fsdp_units: str | None = Field(None, max_length=500, description=(
+        "What FSDP shards one unit at a time, e.g. '4 x LlamaDecoderLayer, then the rest at "
+        "the root' (null: no FSDP)."))
 
 
 class Resources(Record):
@@ -251,6 +254,19 @@ class ProgressPoint(Record):
     usd_per_hour: float = Field(0.0, description="Hourly price of the capacity held then.")
 
 
+class StepRecord(Record):
+    """One optimizer step, as rank 0 measured it."""
+
+    step: int = Field(description="The step's number, from 1 (a step done again after a "
+                      "restart from an older checkpoint replaces its row).")
+    loss: float | None = Field(None, description="The step's training loss: the mean over "
+                               "its global batch, before the step's update.")
+    lr: float | None = Field(None, description="The learning rate the step's update used.")
+    grad_norm: float | None = Field(None, description="The global gradient norm before "
+                                    "clipping.")
+    tokens: int | None = Field(None, description="Tokens the step trained on.")
+
+
 class JobHistory(Record):
     """A job's progress reports, oldest first, kept across service restarts: every one, or
     past `points_kept` of them every 2nd, 4th, ... from the first, and the latest."""
@@ -258,6 +274,10 @@ class JobHistory(Record):
     job_id: str = Field(description="The job.")
     points_kept: int = Field(description="The most points kept per job.")
     points: list[ProgressPoint] = Field(description="The reports, oldest first.")
+    steps: list[StepRecord] = Field(default_factory=list, description=(
+        "Every optimizer step's figures, by step (the first `max_steps` after `after_step`)."))
+    next_after_step: int | None = Field(None, description=(
+        "More step rows follow: ask again with after_step set to this (null: no more)."))
 
 
 class RankLog(Record):

@@ -41,12 +41,20 @@ from torch.distributed.tensor import DTensor
 
 from raytrain.core.batching import BatchPlan
 from raytrain.core.elastic import share_of_step
-from raytrain.core.schedule import lr_multiplier, peak_learning_rate
 from raytrain.core.step_rules import after_step
 from raytrain.parallel.parallelize import ParallelModel, clip_grad_norm
 from raytrain.spec import JobSpec, Layout
 from raytrain.train.checkpoint import CheckpointManager, _state
-from raytrain.train.loop import NoNotices, Notices, WorkerInfo, build_rank, resume_rank, save_step
+from raytrain.train.loop import (
+    NoNotices,
+    Notices,
+    WorkerInfo,
+    build_rank,
+    resume_rank,
+    save_step,
+    start_meter,
+    step_learning_rate,
+)
 from raytrain.train.progress import ProgressMeter, ProgressSink
 
 logger = logging.getLogger(__name__)
@@ -99,8 +107,7 @@ def train_group(spec: JobSpec, layout: Layout, worker: WorkerInfo, group: int,
     manager = _torchft_manager(setup, worker, group, model, optimizers)
     manager.load_state_dict({"step": start_step, "batches_committed": 0})
     sink.started(start_step)
-    meter = ProgressMeter(training.steps, spec.tokens_per_step, start_step, time.monotonic,
-                          interval_s=progress_interval_s, first_loss=first_loss)
+    meter = start_meter(spec, model, start_step, first_loss, progress_interval_s)
     params = model.parameters()
     members: set[int] | None = None
     failed, failed_since = 0, None  # uncommitted steps, and when the first of them began
@@ -124,9 +131,11 @@ def train_group(spec: JobSpec, layout: Layout, worker: WorkerInfo, group: int,
             members = _report_members(events, members, flags, setup.groups, step, failed, stall,
                                       quorum_s)
             failed, failed_since = 0, None
-            _optimizer_step(model, optimizers, spec, step)
+            lr, grad_norm = _optimizer_step(model, optimizers, spec, step)
             steps_done = step + 1
             loss_value = float(flags[0])
+            if me == 0:
+                meter.add_step(steps_done, loss_value, lr, grad_norm)
             stop_asked, move_asked = bool(flags[1] > 0), bool(flags[2] > 0)
             leaving = notices.stop_requested
             if me == 0 and meter.record(steps_done, loss_value):
@@ -260,16 +269,16 @@ def _forward_backward(model: Any, source: Any, plan: BatchPlan, step: int, mine:
 
 
 def _optimizer_step(model: Any, optimizers: list[torch.optim.Optimizer], spec: JobSpec,
-                    step: int) -> None:
-    training = spec.training
-    scale = lr_multiplier(step, training.warmup, training.steps, training.min_lr_ratio)
+                    step: int) -> tuple[float, float]:
+    """The update; its learning rate and the gradient norm before clipping."""
+    lr = step_learning_rate(step, spec)
     for optimizer in optimizers:
         for group in optimizer.param_groups:
-            group["lr"] = peak_learning_rate(training) * scale
-    if training.grad_clip_norm is not None:
-        clip_grad_norm(model, training.grad_clip_norm)
+            group["lr"] = lr
+    grad_norm = clip_grad_norm(model, spec.training.grad_clip_norm)
     for optimizer in optimizers:
         optimizer.step()
+    return lr, float(grad_norm)
 
 
 def _local(state: dict[str, Any]) -> dict[str, Any]:

@@ -102,10 +102,14 @@ class NoNotices:
 
 @dataclass(frozen=True)
 class Synced:
-    loss: float
+    losses: tuple[float, ...]  # each step's since the last sync, the latest last
     stop: bool  # the service asked the job to stop
     checkpoint: bool  # some rank's node may be taken: checkpoint now
     preempt: bool  # some rank's node is being taken: checkpoint and stop
+
+    @property
+    def loss(self) -> float:
+        return self.losses[-1]
 
 
 class LossSync:
@@ -142,7 +146,8 @@ class LossSync:
 
     def reduce(self, loss_sum: torch.Tensor, stop_here: bool, checkpoint_here: bool = False,
                preempt_here: bool = False) -> Synced:
-        """Mean loss over data-parallel ranks (others pass 0) and whether any rank was asked to
+        """Mean loss over data-parallel ranks (others pass 0) of each step since the last
+        sync (`loss_sum`: one value a step, the latest last) and whether any rank was asked to
         stop, to checkpoint, or to checkpoint and stop; sets the next interval."""
         now = self.clock()
         next_interval = 0.0
@@ -151,15 +156,17 @@ class LossSync:
             wanted = self.target_s / step_s if step_s > 0 else self.MAX_INTERVAL
             next_interval = float(min(self.MAX_INTERVAL, max(1, int(wanted))))
         flags = [float(stop_here), float(checkpoint_here), float(preempt_here), next_interval]
-        values = torch.cat([loss_sum.to(torch.float64).reshape(1),
-                            torch.tensor(flags, dtype=torch.float64, device=loss_sum.device)])
+        losses = loss_sum.to(torch.float64).reshape(-1)
+        values = torch.cat([torch.tensor(flags, dtype=torch.float64, device=loss_sum.device),
+                            losses])
         if self.world_size > 1:
             dist.all_reduce(values)
-        self.interval = max(1, int(values[4])) if self.target_s > 0 else 1
+        read = values.tolist()  # one read of the device
+        self.interval = max(1, int(read[3])) if self.target_s > 0 else 1
         self._since = 0
         self._window_started = now
-        return Synced(float(values[0]) / self.dp, bool(values[1] > 0), bool(values[2] > 0),
-                      bool(values[3] > 0))
+        return Synced(tuple(v / self.dp for v in read[4:]), read[0] > 0, read[1] > 0,
+                      read[2] > 0)
 
 
 def train(
@@ -194,14 +201,7 @@ def train(
     start_step, first_loss, loss_value = resume_rank(checkpoints, spec, model, optimizers, worker)
     sink.started(start_step)
 
-    meter = ProgressMeter(
-        training.steps,
-        spec.tokens_per_step,
-        start_step,
-        time.monotonic,
-        interval_s=progress_interval_s,
-        first_loss=first_loss,
-    )
+    meter = start_meter(spec, model, start_step, first_loss, progress_interval_s)
     last_step = training.steps
     if stop_after_steps is not None:
         last_step = min(last_step, start_step + stop_after_steps)
@@ -209,17 +209,24 @@ def train(
     steps_done = start_step
     sync = LossSync(worker.world_size, worker.rank, progress_interval_s / 2, dp=layout.dp)
     saved_at = time.monotonic()  # rank 0's clock: the service's interval counts from here
+    unsynced: list[tuple[int, float, torch.Tensor, torch.Tensor]] = []  # step, lr, loss, norm
     for step in range(start_step, last_step):
-        loss_sum = _train_step(step, model, optimizers, source, plan, spec)
+        loss_sum, lr, grad_norm = _train_step(step, model, optimizers, source, plan, spec)
         steps_done = step + 1
+        unsynced.append((steps_done, lr, loss_sum, grad_norm))
         checkpoint_due = after_step(steps_done, training.steps, training.checkpoint_every_steps,
                                     0.0, None).checkpoint
         if sync.due(forced=checkpoint_due or steps_done == last_step):
-            rule, loss_value = _agree(steps_done, loss_sum, sync, sink, notices,
-                                      worker.rank == 0, spec, time.monotonic() - saved_at)
+            rule, losses = _agree(steps_done, torch.stack([u[2] for u in unsynced]), sync,
+                                  sink, notices, worker.rank == 0, spec,
+                                  time.monotonic() - saved_at)
+            loss_value = losses[-1]
             preempted = rule.preempted
             stopped = rule.stop
             checkpoint_due = checkpoint_due or rule.checkpoint
+            if worker.rank == 0:
+                _note_steps(meter, unsynced, losses)
+            unsynced.clear()
             if meter.record(steps_done, loss_value) and worker.rank == 0:
                 sink.progress(meter.snapshot())
         # A notice, a stop or the last step waits for the save to be durable; a periodic
@@ -241,6 +248,27 @@ def train(
     if worker.rank == 0:
         sink.finished(result)
     return result
+
+
+def start_meter(spec: JobSpec, model: ParallelModel, start_step: int,
+                first_loss: float | None, interval_s: float) -> ProgressMeter:
+    """The progress meter of a run going on from `start_step`; its reports say what FSDP
+    shards (progress.fsdp_units)."""
+    meter = ProgressMeter(spec.training.steps, spec.tokens_per_step, start_step, time.monotonic,
+                          interval_s=interval_s, first_loss=first_loss)
+    if model.fsdp_units is not None:
+        meter.fixed["fsdp_units"] = model.fsdp_units
+    return meter
+
+
+def _note_steps(meter: ProgressMeter, unsynced: list[tuple[int, float, torch.Tensor,
+                                                           torch.Tensor]],
+                losses: tuple[float, ...]) -> None:
+    """Every step's figures since the last sync, the gradient norms in one read of the
+    device."""
+    norms = torch.stack([u[3] for u in unsynced]).tolist()
+    for (done, lr, _, _), loss, norm in zip(unsynced, losses, norms):
+        meter.add_step(done, loss, lr, norm)
 
 
 def build_rank(spec: JobSpec, layout: Layout, worker: WorkerInfo
@@ -273,7 +301,7 @@ def save_step(checkpoints: CheckpointManager, steps_done: int, model: ParallelMo
 
 def _agree(steps_done: int, loss_sum: torch.Tensor, sync: LossSync, sink: ProgressSink,
            notices: Notices, rank0: bool, spec: JobSpec, since_save_s: float
-           ) -> tuple[StepRule, float]:
+           ) -> tuple[StepRule, tuple[float, ...]]:
     """At a step where ranks sync: what every rank does next (stop, checkpoint, leave), from
     what each heard (rank 0: the service; every rank: its node's notices), and the loss."""
     training = spec.training
@@ -285,7 +313,7 @@ def _agree(steps_done: int, loss_sum: torch.Tensor, sync: LossSync, sink: Progre
                          notices.stop_requested or (rank0 and sink.should_move()))
     rule = after_step(steps_done, training.steps, training.checkpoint_every_steps, 0.0, None,
                       synced.stop, synced.checkpoint, synced.preempt)
-    return rule, synced.loss
+    return rule, synced.losses
 
 
 def resume_rank(checkpoints: CheckpointManager, spec: JobSpec, model: ParallelModel,
@@ -316,19 +344,14 @@ def _result(spec: JobSpec, worker: WorkerInfo, meter: ProgressMeter, notices: No
         dist.all_reduce(earliest, op=dist.ReduceOp.MIN)
         noticed_at = float(earliest) if float(earliest) != float("inf") else None
     wall_s = time.monotonic() - meter.started_at
-    result = {
+    return {
         "first_loss": meter.first_loss if meter.first_loss is not None else loss_value,
-        "final_loss": loss_value,
-        "stopped": stopped,
-        "preempted": preempted,
+        "final_loss": loss_value, "stopped": stopped, "preempted": preempted,
         # When this rank heard of the interruption, and when its checkpoint was durable.
-        "noticed_at": noticed_at,
-        "checkpointed_at": time.time() if preempted else None,
-        "steps": steps_done,
-        "train_wall_s": wall_s,
+        "noticed_at": noticed_at, "checkpointed_at": time.time() if preempted else None,
+        "steps": steps_done, "train_wall_s": wall_s,
         "tokens_per_s": steps_run * spec.tokens_per_step / wall_s if wall_s > 0 else 0.0,
     }
-    return result
 
 
 def _train_step(
@@ -338,13 +361,15 @@ def _train_step(
     source: TokenSource,
     plan: BatchPlan,
     spec: JobSpec,
-) -> torch.Tensor:
-    """One optimizer step over the step's micro-batches; returns this rank's loss share."""
+) -> tuple[torch.Tensor, float, torch.Tensor]:
+    """One optimizer step over the step's micro-batches; returns this rank's loss share, the
+    learning rate of the update and the gradient norm before clipping (a tensor on the
+    device, read in a batch at the next sync)."""
     training = spec.training
-    scale = lr_multiplier(step, training.warmup, training.steps, training.min_lr_ratio)
+    lr = step_learning_rate(step, spec)
     for optimizer in optimizers:
         for group in optimizer.param_groups:
-            group["lr"] = peak_learning_rate(training) * scale
+            group["lr"] = lr
     micro_batches = [
         source.batch(plan.sample_range(step, micro_step, model.dp_rank))
         for micro_step in range(plan.grad_accum_steps)
@@ -354,8 +379,7 @@ def _train_step(
     if scaler is not None:
         for optimizer in optimizers:
             scaler.unscale_(optimizer)
-    if training.grad_clip_norm is not None:
-        clip_grad_norm(model, training.grad_clip_norm)
+    grad_norm = clip_grad_norm(model, training.grad_clip_norm)  # None: measured, not clipped
     for optimizer in optimizers:
         if scaler is not None:
             scaler.step(optimizer)
@@ -364,4 +388,12 @@ def _train_step(
         optimizer.zero_grad(set_to_none=True)
     if scaler is not None:
         scaler.update()
-    return loss_share
+    return loss_share, lr, grad_norm
+
+
+def step_learning_rate(step: int, spec: JobSpec) -> float:
+    """The learning rate of step `step`'s update (counting from 0): the peak times the
+    schedule's multiplier (raytrain.core.schedule; the README's "What a step does")."""
+    training = spec.training
+    return peak_learning_rate(training) * lr_multiplier(step, training.warmup, training.steps,
+                                                        training.min_lr_ratio)

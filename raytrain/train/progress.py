@@ -7,7 +7,12 @@ throughput over the steps since the previous publication, which is what a progre
 and the seconds per step in the same window without its checkpoint saves, which is what the
 planner's predicted step time is compared with.
 
+Every step's figures (loss, learning rate, gradient norm, tokens) ride in the next
+publication as `steps`, however many steps it covers, so the job's history holds every step
+at one message a second.
+
     meter = ProgressMeter(total_steps=100, tokens_per_step=2048, start_step=0, clock=time.monotonic)
+    meter.add_step(step, loss, lr, grad_norm)
     if meter.record(step, loss): sink.progress(meter.snapshot())
 """
 
@@ -109,6 +114,12 @@ class ProgressMeter:
         self.tokens_per_s: float | None = None
         self.step_s: float | None = None
         self._saving_s = 0.0  # checkpoint saves in the current window
+        self._steps: list[list[Any]] = []  # [step, loss, lr, grad_norm, tokens] since the last
+        self.fixed: dict[str, Any] = {}  # sent with every snapshot (fsdp_units, ...)
+
+    def add_step(self, step: int, loss: float, lr: float, grad_norm: float | None) -> None:
+        """Note one step's figures, sent with the next snapshot."""
+        self._steps.append([step, loss, lr, grad_norm, self.tokens_per_step])
 
     def saved(self, seconds: float) -> None:
         """A checkpoint save took `seconds` of the current window: tokens/s counts it (it is
@@ -143,4 +154,10 @@ class ProgressMeter:
             "step_s": self.step_s,
             "elapsed_s": self.clock() - self.started_at,
             "eta_s": eta,
+            **self.fixed,
+            "steps": self._take_steps(),
         }
+
+    def _take_steps(self) -> list[list[Any]]:
+        steps, self._steps = self._steps, []
+        return steps

@@ -69,10 +69,29 @@ def _fileno(stream: object) -> int | None:
         return None
 
 
+# Libraries whose start-up notices say nothing about the job, and would fill every rank's log
+# (torchao's optional GPU kernels that do not load on this machine, torch's pytree deprecation
+# notices for torchao's enums, triton's autotuner chatter): their errors still come through.
+QUIET_LOGGERS = ("torchao", "torch.utils._pytree", "triton")
+
+
+def quiet_libraries() -> None:
+    """Keep QUIET_LOGGERS' warnings (logging, and Python warnings from their modules) out of
+    the job's logs; their errors stay."""
+    import logging
+    import warnings
+
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+        warnings.filterwarnings("ignore", module=name.replace(".", r"\.") + r"(\.|$)")
+
+
 @contextmanager
 def captured_output(log_dir: Path, rank: int, header: str,
                     max_bytes: int = MAX_LOG_BYTES) -> Iterator[Path]:
-    """Send this process's stdout and stderr to the rank's log file while inside."""
+    """Send this process's stdout and stderr to the rank's log file while inside (with the
+    libraries' start-up notices left out: quiet_libraries)."""
+    quiet_libraries()
     log_dir.mkdir(parents=True, exist_ok=True)
     path = log_path(log_dir, rank)
     sys.stdout.flush()

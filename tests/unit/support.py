@@ -55,6 +55,10 @@ class RecordingSink:
     def checkpoint_every_s(self) -> float | None:
         return None  # no service: only every checkpoint_every_steps
 
+    def step_rows(self) -> dict[int, list[Any]]:
+        """Every step's row ([step, loss, lr, grad_norm, tokens]) the reports carried."""
+        return {row[0]: row for report in self.reports for row in report.get("steps", [])}
+
     def should_stop(self) -> bool:
         return self.stop_at_step is not None and any(
             r["step"] >= self.stop_at_step for r in self.reports
@@ -109,3 +113,34 @@ class NoticeAfter:
     @property
     def stop_requested(self) -> bool:
         return self._mine() and self.calls >= self.syncs
+
+
+def make_hf_llama(vocab_size: int = 64, hidden_size: int = 32, num_layers: int = 4,
+                  num_heads: int = 4, num_kv_heads: int = 2) -> torch.nn.Module:
+    """A user's Hugging Face model as `transformers` builds it: a tiny LlamaForCausalLM (its
+    blocks in model.model.layers, an nn.ModuleList; its forward returns an output object)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size,
+                         intermediate_size=hidden_size * 2, num_hidden_layers=num_layers,
+                         num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+                         max_position_embeddings=64, use_cache=False, tie_word_embeddings=False)
+    return LlamaForCausalLM(config)
+
+
+class DictOutputModel(torch.nn.Module):
+    """Returns {'logits': ...}, or with `broken` a bare hidden state, to try the contract."""
+
+    def __init__(self, vocab_size: int = 50, dim: int = 16, broken: bool = False) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab_size, dim)
+        self.head = torch.nn.Linear(dim, vocab_size)
+        self.broken = broken
+
+    def forward(self, tokens: torch.Tensor) -> Any:
+        hidden = self.embed(tokens)
+        return hidden.sum(-1) if self.broken else {"logits": self.head(hidden)}
+
+
+def make_dict_output_model(broken: bool = False) -> torch.nn.Module:
+    return DictOutputModel(broken=broken)

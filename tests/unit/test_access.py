@@ -454,3 +454,17 @@ def test_the_operator_token_is_written_before_the_service_answers(
     with pytest.raises(RuntimeError, match="stop here"):
         deploy.deploy(ServiceConfig(state_dir=str(tmp_path)), "127.0.0.1", free_port())
     assert seen == {"token": True}
+
+
+def test_a_failed_deploy_shows_the_replicas_own_error_not_only_serves() -> None:
+    from raytrain.serve.deploy_failure import deploy_failure
+
+    traceback = ["Traceback (most recent call last):"] + [f"  frame {i}" for i in range(40)] \
+        + ["ImportError: cannot import name '__version__' from 'raytrain'"]
+    message = deploy_failure("Deploying application raytrain failed: Failed to update the "
+                             "deployments ['RaytrainAPI']", ["RaytrainAPI: " +
+                                                             "\n".join(traceback)])
+    assert "ImportError: cannot import name '__version__'" in message
+    assert "frame 39" in message and "frame 2\n" not in message  # the end, where the cause is
+    assert "To fix" in message and "logs" in message
+    assert "Failed to update" in deploy_failure("Failed to update the deployments", [])

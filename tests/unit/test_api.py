@@ -204,6 +204,9 @@ def test_a_stopped_job_goes_on_as_a_new_job_from_its_checkpoint(
     retried = service.request("POST", f"/v1/jobs/{job_id}/resume", json={"budget_usd": 5.0},
                               headers={"Idempotency-Key": "r-1"})
     assert retried.json()["id"] == new["id"]  # a retried resume queues nothing more
+    twice = service.request("POST", f"/v1/jobs/{job_id}/resume", json={})  # a new request
+    assert twice.status_code == 409 and f"already resumed as job {new['id']}" in \
+        twice.json()["detail"]
     assert service.request("POST", "/v1/jobs/nope/resume", json={}).status_code == 404
     running = service.request("POST", f"/v1/jobs/{new['id']}/resume", json={})
     assert running.status_code == 409 and "To fix" in running.json()["detail"]

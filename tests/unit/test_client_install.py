@@ -1,4 +1,5 @@
-"""`pip install raytrain` is the client and the command line: submitting, watching, planning
+"""The client-only install (the README's wheel, or `pip install .`) is the client and the
+command line: submitting, watching, planning
 and ranking offers work without torch, Ray or boto3, and the commands that run the service or
 training say which extra to install instead of a traceback. A Python that cannot import the
 `server` extra's packages (tests/clientonly/sitecustomize.py) stands in for that install."""
@@ -61,5 +62,36 @@ def test_server_commands_name_the_extra_to_install() -> None:
     for command in (["serve"], ["demo"], ["simulate", "--starts", "1"]):
         done = _client_only(*command)
         assert done.returncode == 1, (command, done.stderr)
-        assert "pip install 'raytrain[server]'" in done.stderr, done.stderr
+        assert "pip install '.[server]'" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_the_readmes_client_wheel_line_builds_a_wheel_that_runs_without_the_server(
+        tmp_path: Path) -> None:
+    """The README's line, run as written (python3 -> this Python) in a copy of the clone: the
+    wheel builds, installs, and its command line runs with no server package importable."""
+    import shutil
+
+    line = next(text for text in (ROOT / "README.md").read_text().splitlines()
+                if text.startswith("python3 -m pip wheel"))
+    build, install = (part.strip().replace("python3", sys.executable, 1)
+                      for part in line.split("&&"))
+    clone = tmp_path / "clone"
+    shutil.copytree(ROOT, clone, symlinks=True, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis"))
+    built = subprocess.run(build, shell=True, cwd=clone, capture_output=True, text=True,
+                           timeout=300)
+    assert built.returncode == 0, built.stderr[-2000:]
+    site = tmp_path / "site"  # its dependencies are this venv's: the wheel alone goes in
+    done = subprocess.run(f"{install} --no-deps --target {site}", shell=True, cwd=clone,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{BLOCKER}",
+           "RAYTRAIN_STATE_DIR": "/nonexistent"}
+    where = subprocess.run([sys.executable, "-c", "import raytrain; print(raytrain.__file__)"],
+                           env=env, capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert where.stdout.startswith(str(site)), where.stderr
+    plan = subprocess.run([sys.executable, "-m", "raytrain.cli", "plan", "--json",
+                           str(ROOT / "examples" / "demo.yaml")], env=env, capture_output=True,
+                          text=True, cwd=tmp_path, timeout=120)
+    assert plan.returncode == 0, plan.stderr

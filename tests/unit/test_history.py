@@ -15,7 +15,7 @@ from raytrain.serve import history
 from raytrain.serve.dashboard import WEB
 from raytrain.serve.history import History, stride_of, thinned
 from raytrain.serve.store import JobStore
-from tests.unit.test_api import Service, small_job
+from tests.unit.test_api import Service, progress, small_job
 
 
 @given(st.integers(0, 5000), st.integers(2, 400))
@@ -107,3 +107,43 @@ def test_the_pages_load_only_what_the_package_ships(tmp_path: Path) -> None:
     for library in ("uPlot", "js-yaml", "swagger-ui", "redoc"):
         assert f"{library}.LICENSE" in vendored, library
     # test_install.py checks that an installed package carries them.
+
+
+def test_every_step_is_kept_in_pages_whatever_the_report_rate(tmp_path: Path) -> None:
+    """60 steps in 14 reports (rank 0 batches the steps since its last report): the history
+    holds all 60, served in pages, kept across a restart; a step done again replaces its row.
+    (Without the manager passing `steps` on, the answer holds none.)"""
+    service = Service(tmp_path)
+    job_id = service.request("POST", "/v1/jobs", json=small_job()).json()["id"]
+    service.tick()
+    attempt = service.manager.worker_group_started(
+        job_id, 0, {"placement_group": "pg-1", "accelerator": "cpu", "nodes": 1})
+    reported = [0, 1, 2, 5, 9, 14, 20, 27, 33, 40, 46, 51, 55, 58, 60]
+    for before, step in zip(reported, reported[1:]):
+        service.cluster.advance(1.0)
+        rows = [[s, 5.0 - s / 100, 1e-3 * s, 0.5, 4096] for s in range(before + 1, step + 1)]
+        service.manager.report_progress(job_id, attempt, {**progress(step), "steps": rows})
+    service.manager.report_checkpoint(job_id, attempt, 60, "/ckpt/60", 0.5)
+    answer = service.request("GET", f"/v1/jobs/{job_id}/history").json()
+    assert [s["step"] for s in answer["steps"]] == list(range(1, 61))
+    assert answer["steps"][19] == {"step": 20, "loss": 4.8, "lr": 0.02, "grad_norm": 0.5,
+                                   "tokens": 4096}
+    assert answer["next_after_step"] is None
+    assert len(answer["points"]) == 14  # the chart's points: one a report
+    status = service.request("GET", f"/v1/jobs/{job_id}").json()
+    assert "steps" not in status["progress"]  # the status stays small
+
+    service.manager.shutdown()
+    restarted = Service(tmp_path, cluster=service.cluster)
+    pages, after = [], -1
+    while after is not None:
+        page = restarted.request("GET", f"/v1/jobs/{job_id}/history",
+                                 params={"after_step": after, "max_steps": 25}).json()
+        pages.append([s["step"] for s in page["steps"]])
+        after = page["next_after_step"]
+    assert pages == [list(range(1, 26)), list(range(26, 51)), list(range(51, 61))]
+    kept = History(JobStore(tmp_path / "jobs.db"))
+    kept.add_steps(job_id, [(30, 9.0, 0.1, 1.0, 4096)])  # done again after a restart
+    kept.save(job_id)
+    again = json.loads(kept.json(job_id))["steps"]
+    assert len(again) == 60 and again[29]["loss"] == 9.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 from pathlib import Path
@@ -107,6 +108,9 @@ def test_a_stop_request_ends_the_loop_at_the_next_step(tmp_path: Path) -> None:
     # The request arrives with step 5's report, so step 6 is the last one run.
     assert result["stopped"] and result["steps"] == 6
     assert max(sink.losses()) == 6
+    # ... and checkpointed there (a cancel loses no step to a later resume): 6, not the
+    # periodic 10 it never reached.
+    assert sink.checkpoints == [6] and latest_checkpoint(tmp_path).name == "step_000000006"
 
 
 def test_loss_sync_spaces_reductions_by_measured_step_time() -> None:
@@ -194,10 +198,13 @@ def _ddp_worker(rank: int, world_size: int, port: int, root: str, out: str) -> N
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         sink = RecordingSink()
+        # Reports every 60 s (the first and the last here): every step's loss still arrives,
+        # the steps between two loss syncs reduced in one all-reduce.
         train(small_spec(world_size, steps=10), WorkerInfo.from_process_group(torch.device("cpu")),
-              sink, Path(root), progress_interval_s=0.0)
+              sink, Path(root), progress_interval_s=60.0)
         if rank == 0:
-            Path(out).write_text(json.dumps(sink.losses()))
+            assert len(sink.reports) == 2
+            Path(out).write_text(json.dumps({s: row[1] for s, row in sink.step_rows().items()}))
     finally:
         dist.destroy_process_group()
 
@@ -210,3 +217,21 @@ def test_ddp_on_two_ranks_matches_one_process(tmp_path: Path) -> None:
     assert sorted(ddp) == list(range(1, 11))
     for step, loss in reference.items():
         assert ddp[step] == pytest.approx(loss, abs=1e-5), step
+
+
+def test_every_step_reaches_the_reports_whatever_their_rate(tmp_path: Path) -> None:
+    """Reports once a minute carry every step's loss, learning rate, gradient norm and tokens,
+    the same as reports after every step."""
+    spec = small_spec(1, steps=20, warmup_steps=5, grad_clip_norm=1.0)
+    every = run_single(spec, tmp_path / "every")
+    rare = RecordingSink()
+    train(spec, WorkerInfo.single_process(), rare, tmp_path / "rare", progress_interval_s=60.0)
+    assert len(rare.reports) == 2 < len(every.reports) == 20
+    rows = rare.step_rows()
+    assert sorted(rows) == list(range(1, 21))
+    assert {s: row[1] for s, row in rows.items()} == every.losses()
+    assert rows == every.step_rows()
+    # Row s is step s - 1's update: warmup (s) / 5, then the cosine from the peak to 0.1 of it.
+    assert [rows[s][2] for s in (1, 5, 6, 7)] == pytest.approx(
+        [0.01 / 5, 0.01, 0.01, 0.01 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 15)))])
+    assert all(row[3] > 0 and row[4] == spec.tokens_per_step for row in rows.values())
