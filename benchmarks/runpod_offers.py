@@ -1,7 +1,8 @@
 """The policy on the shipped offers: for the demo-size job and a 7B-class job with a 24-hour
-deadline, the best option on each of RunPod's RTX 4090 and H100 pods (interruptible and
-on-demand) and on AWS p5 spot, with its expected dollars per million tokens, and the
-policy's choice. Pure arithmetic on the catalog and the planner: no cloud is called.
+deadline, the best option on each of RunPod's RTX 4090 and H100 pods (on-demand; its
+interruptible pods join no cluster, so none is bought) and on AWS p5 spot, with its expected
+dollars per million tokens, and the policy's choice. Pure arithmetic on the catalog and the
+planner: no cloud is called.
 
     python -m benchmarks.runpod_offers
 """
@@ -52,7 +53,12 @@ def main() -> None:
                                             policy, markets=(market,))
                          if o.offer.provider == provider]
                 if not found:
-                    print(f"{provider + ' ' + kind:30} {market:10} nothing fits")
+                    unbought = market == "spot" and not any(
+                        o.spot_joins_cluster for o in catalog.offers
+                        if o.provider == provider and o.gpu_kind == kind)
+                    print(f"{provider + ' ' + kind:30} {market:10} " + (
+                        "not bought: its spot nodes join no cluster" if unbought
+                        else "nothing fits"))
                     continue
                 best = found[0]
                 print(f"{best.offer.id:30} {market:10} {best.nodes:>5} "

@@ -9,8 +9,11 @@ benchmarks of buying capacity and of surviving preemption.
 Creating a worker pod runs the pod's own start command (its docker args: `ray start`
 against the head with the node type's resource), so a real Ray worker node joins; RunPod
 terminating or reclaiming a pod kills that node and everything under it, as losing the
-machine would. The service prices the two worker node types (interruptible and on-demand) as
-one local CPU offer (cluster/local-fake-offers.yaml): these pods train on CPUs.
+machine would. The service prices the two worker node types as the two markets of one local
+CPU offer (cluster/local-fake-offers.yaml, cluster/local-fake-service.yaml): these pods train
+on CPUs. Both are bought as on-demand pods (RunPod's interruptible pods cannot be Ray nodes:
+raytrain.cloud.runpod); "cpu-spot" stands for some cloud's spot nodes, losing them and their
+notices (from the metadata server) are the test's to give.
 
 What differs from cluster/runpod.yaml, and why: the pods share this host and its
 installation (no pip install; the head's Ray on a free port, in this cluster's folder, one
@@ -27,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -39,7 +43,7 @@ from typing import Any, Iterator
 import psutil
 import yaml
 
-from raytrain.cloud.runpod import pod_env
+from raytrain.cloud.runpod import KEY_ENV, pod_env
 from raytrain.cloud.runpod_provider import NODE_ID_ENV
 from raytrain.serve.detached import kill_all, terminate_family
 from raytrain.spec.files import DEFAULT_POLICY_DIR
@@ -52,7 +56,7 @@ from tests.unit.support import SPOT_TEST_POLICY
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-NODE_TYPES = {"cpu-spot": True, "cpu-on-demand": False}  # name: interruptible
+NODE_TYPES = ("cpu-spot", "cpu-on-demand")  # the service's markets of the local offer
 GPU_TYPE = "NVIDIA GeForce RTX 4090"  # what the pods are bought as; they train on CPUs
 HEAD_GPU_TYPE = "NVIDIA RTX A4000"  # cluster/runpod.yaml's head
 STOP_GRACE_S = 10.0  # docker stop's default
@@ -127,8 +131,8 @@ class FakeCluster:
         return sorted(self.worker_nodes().values())
 
     def take_node(self, node_id: str) -> None:
-        """RunPod takes the pod of this Ray node back, with no notice, as it does an
-        interruptible pod: the node dies, and the autoscaler no longer finds the pod."""
+        """The pod of this Ray node is lost with no notice (its machine gone, as a spot node
+        is taken back): the node dies, and the autoscaler no longer finds the pod."""
         for pod in self.runpod.running():  # none if the autoscaler let it go first (idle)
             if pod_env(pod).get(NODE_ID_ENV) == node_id:
                 self.runpod.reclaim(pod["id"])
@@ -143,13 +147,10 @@ class FakeCluster:
         already there (ray/_private/node.py), and two `ray start` at once can take the same
         name, the second raylet then aborting ("bind: Address already in use"), which the
         autoscaler sees as a node lost a few seconds after its launch."""
-        if pod["supportPublicIp"] and "22/tcp" in pod["ports"]:
+        if KEY_ENV in pod_env(pod) and "22/tcp" in pod["ports"]:  # only the head has the key
             env = {**os.environ, **pod_env(pod), "RAY_AUTH_MODE": "disabled",
                    "RUNPOD_POD_ID": pod["id"]}
-            port = self.pods.start(pod["id"], env, self.root / "pods" / pod["id"])
-            pod["runtime"]["ports"].append({"ip": "127.0.0.1", "isIpPublic": True,
-                                            "privatePort": 22, "publicPort": port,
-                                            "type": "tcp"})
+            pod["ssh_port"] = self.pods.start(pod["id"], env, self.root / "pods" / pod["id"])
             return
         threading.Thread(target=self._boot, args=(pod,), daemon=True).start()
 
@@ -162,7 +163,7 @@ class FakeCluster:
                 return  # terminated before it booted
             before = set(sockets.glob("plasma_store*"))
             proc = self.started[pod["id"]] = subprocess.Popen(
-                pod["dockerStartCmd"], env=env, stdout=subprocess.DEVNULL,
+                shlex.split(pod["args"]), env=env, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, start_new_session=True)
             deadline = time.monotonic() + 60
             while set(sockets.glob("plasma_store*")) == before and proc.poll() is None \
@@ -256,10 +257,10 @@ def started_fake_cluster(max_spot_nodes: int = 1, workers_per_node: int = 2
         "idle_timeout_minutes": 0.1,  # idle nodes go after about 6 s
         "available_node_types": {"head": head, **{
             name: {"resources": {"CPU": 2, name: 1}, "min_workers": 0,
-                   "max_workers": max_spot_nodes if spot else 1,
+                   "max_workers": max_spot_nodes if name == "cpu-spot" else 1,
                    "node_config": {"gpu_type_id": GPU_TYPE, "gpu_count": 1,
-                                   "interruptible": spot, "docker_args": start}}
-            for name, spot in NODE_TYPES.items()}},
+                                   "interruptible": False, "docker_args": start}}
+            for name in NODE_TYPES}},
         "head_setup_commands": [],  # the pods share this host's installation
         "head_start_ray_commands": _here(config["head_start_ray_commands"], root, port,
                                          http_port),

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-CATALOG_VERSION = "2026-12-02"
+CATALOG_VERSION = "2026-12-06"  # RunPod spot nodes join no cluster (spot_joins_cluster)
 
 TB = 1e12
 GB = 1e9

@@ -163,8 +163,9 @@ def _refresh_runpod(catalog: Any) -> Any:
     from raytrain.cloud import runpod
 
     try:
-        api = runpod.RunPodAPI(runpod.api_key(), url=os.environ.get("RUNPOD_API_URL",
-                                                                    runpod.API_URL))
+        api = runpod.RunPodAPI(runpod.api_key(),
+                               url=os.environ.get("RUNPOD_API_URL", runpod.API_URL),
+                               rest_url=os.environ.get("RUNPOD_REST_URL", runpod.REST_URL))
     except runpod.RunPodError as exc:
         return catalog.model_copy(update={"warnings": [
             *catalog.warnings, f"RunPod prices kept from before: {exc}"]})

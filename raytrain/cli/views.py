@@ -244,10 +244,16 @@ def offers_table(response: OffersResponse, catalog: OfferCatalog) -> Table:
         table.add_row(o.provider, o.instance_type, f"{o.gpus_per_node}x {o.gpu_kind}",
                       _LINKS.get(o.intra_link, o.intra_link),
                       f"{o.network_gbps:g}" + ("*" if o.rdma else ""),
-                      usd_text(o.on_demand_usd_per_hour), usd_text(o.spot_usd_per_hour),
+                      usd_text(o.on_demand_usd_per_hour),
+                      usd_text(o.spot_usd_per_hour) + ("" if o.spot_joins_cluster else "†"),
                       "-" if o.spot_usd_per_hour is None
                       else rate_text(o.spot_interruptions_per_hour).removeprefix("every "))
     table.caption = "* RDMA (EFA / InfiniBand)"
+    if any(not o.spot_joins_cluster and o.spot_usd_per_hour is not None
+           for o in response.offers):
+        table.caption += ("; † shown for comparison, not bought: these spot nodes cannot "
+                          "join the cluster (RunPod's interruptible pods have no private "
+                          "network to the head)")
     table.caption_justify = "left"
     return table
 

@@ -83,12 +83,16 @@ def _runpod_problems(here: tuple[str, ...], node_config: dict[str, Any],
                            f"{node_config.get('gpu_count')!r} x {node_config['gpu_type_id']}. "
                            f"To fix: use one of {sizes}")]
     if not isinstance(node_config.get("interruptible"), bool):
-        return [FieldError(here + ("node_config", "interruptible"), "missing. To fix: true "
-                           "for interruptible (spot) pods, false for on-demand")]
-    if "deploy_input" in node_config:
-        from raytrain.cloud.runpod import DEPLOY_INPUT_GONE
+        return [FieldError(here + ("node_config", "interruptible"), "missing. To fix: false "
+                           "(on-demand pods: RunPod's interruptible pods cannot join a Ray "
+                           "cluster)")]
+    from raytrain.cloud.runpod import node_config_problem
 
-        return [FieldError(here + ("node_config", "deploy_input"), DEPLOY_INPUT_GONE)]
+    problem = node_config_problem(node_config)
+    if problem:
+        key = next((k for k in ("deploy_input", "support_public_ip", "bid_per_gpu")
+                    if k in node_config), "interruptible")
+        return [FieldError(here + ("node_config", key), problem)]
     return []
 
 

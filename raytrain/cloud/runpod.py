@@ -1,32 +1,34 @@
-"""The only code that talks to RunPod: its REST API to create pods and its GraphQL API for the
-rest, over httpx, with the key in an `Authorization: Bearer` header (never in the URL, so no
-log line carries it).
+"""The only code that talks to RunPod, through the APIs RunPod serves today (checked against
+its OpenAPI document and reference pages, docs.runpod.io/api-reference-v2, on 2026-12-06):
 
-Pods are created through the REST API, `POST https://rest.runpod.io/v1/pods` (RunPod's API
-reference, docs.runpod.io/api-reference/pods/POST/pods), because only its input has both
-`interruptible` and `globalNetworking`: a pod joins the head over RunPod's global network,
-whichever the market. The REST API takes no bid; an interruptible pod is rented at the going
-price, and a node type's `bid_per_gpu`, if set, is a ceiling checked against that price
-first (no pod is created above it).
-
-The GraphQL operations (https://api.runpod.io/graphql, the schema at graphql-spec.runpod.io),
-as RunPod's own Python SDK (runpod-python, runpod/api/) sends them:
-- `gpuTypes { ... lowestPrice(input: {gpuCount}) { minimumBidPrice uninterruptablePrice
-  stockStatus } }`: GPU types, their on-demand price, the lowest interruptible price and
-  stock;
-- `myself { pods { id name desiredStatus env costPerHr gpuCount ... } }`: the account's pods;
-- `podTerminate(input: {podId})`.
-Variables carry every value, so no input is ever spliced into a query.
+- REST API v2, `https://api.runpod.io/v2` (generally available since 2026-08-18; REST API
+  v1, which raytrain called before, stopped serving on 2026-11-15 with 410 Gone, RunPod's
+  pages also naming December 1): `POST /v2/pods` (create), `GET /v2/pods` (list; one
+  `{"pods": [...]}` answer, no paging in the document), `GET` and `DELETE /v2/pods/{id}`,
+  `GET /v2/catalog/gpus?include=AVAILABILITY&product=POD&count=N` (on-demand prices per
+  cloud, stock) and `GET /v2/catalog/datacenters` (which offer global networking).
+- GraphQL, `https://api.runpod.io/graphql` (deprecated, rate-limited in stages since
+  2026-09-17, to stop serving "in early 2027"), only for what v2 lacks: the interruptible
+  (spot) price, `gpuTypes { lowestPrice(input: {gpuCount}) { minimumBidPrice } }`. v2 has no
+  interruptible pods and no spot prices (its OpenAPI document names neither, and no version
+  of it ever has); GraphQL's `podRentInterruptable` takes no global networking, so an
+  interruptible pod cannot reach the head on RunPod's private network and cannot be a Ray
+  node: the node provider refuses interruptible node types, and the offers say that
+  RunPod's spot market takes no cluster job (Offer.spot_joins_cluster).
+Variables carry every GraphQL value, so no input is ever spliced into a query. Requests go
+through raytrain.cloud.runpod_http (the key as a bearer header, problem documents, rate
+limits, 410 Gone).
 
 Errors say what failed and how to fix it, and never include the key:
-- `RunPodAuthError`: the key was refused;
-- `NoCapacity`: no machine has the GPU type in stock, or its interruptible price is above the
-  node type's ceiling (the autoscaler's request is not met; the service's policy moves to its
-  next offer);
-- `RunPodUnavailable`: a timeout, no connection, or a 5xx (worth retrying later).
+- `RunPodAuthError`: the key was refused (401, 403);
+- `NoCapacity`: no machine has the GPU type in stock (the create's 400, or a catalog
+  availability of NONE): the autoscaler's request is not met, the policy moves on;
+- `RunPodUnavailable`: a timeout, no connection, a 5xx, or 429s past the retries;
+- `RunPodRetired`: a 410 Gone; `RunPodError` for the rest (402: no balance; 422: a create
+  field RunPod refuses; an answer in a shape v2 does not document).
 
     api = RunPodAPI(api_key())                       # RUNPOD_API_KEY, or a key file
-    api.gpu_types(); api.deploy(...); api.pods(); api.terminate(pod_id)
+    api.gpus(count=2); api.create(PodRequest(...)); api.pods(); api.terminate(pod_id)
     catalog = refresh(load_offers(state_dir), api, now=time.time())
 """
 
@@ -36,57 +38,54 @@ import datetime as dt
 import logging
 import os
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from raytrain.errors import RaytrainError
+from raytrain.cloud.runpod_http import (
+    KEY_ENV,
+    KEY_FILE_ENV,
+    NoCapacity,
+    RunPodAuthError,
+    RunPodError,
+    RunPodHTTP,
+    RunPodRetired,
+    RunPodUnavailable,
+    auth_error,
+    problem_text,
+)
 from raytrain.spec import Offer, OfferCatalog
 
 logger = logging.getLogger(__name__)
 
-API_URL = "https://api.runpod.io/graphql"
-REST_URL = "https://rest.runpod.io/v1"
-KEY_ENV = "RUNPOD_API_KEY"
-KEY_FILE_ENV = "RUNPOD_API_KEY_FILE"
+__all__ = ["KEY_ENV", "NoCapacity", "PodRequest", "RunPodAPI", "RunPodAuthError",
+           "RunPodError", "RunPodRetired", "RunPodUnavailable", "api_key", "refresh"]
+
+REST_URL = "https://api.runpod.io/v2"
+API_URL = "https://api.runpod.io/graphql"  # GraphQL: spot prices only
+REST_API = "REST API v2"
+GRAPHQL_API = "GraphQL API (to be retired in early 2027)"
 # runpodctl and the runpod SDK keep the key here (`apikey = "..."`).
 DEFAULT_KEY_FILE = Path("~/.runpod/config.toml")
 TIMEOUT_S = 30.0
-# What the catalog calls the GPU types RunPod names (gpuTypes' ids).
+# What the catalog calls the GPU types RunPod names (v2's GpuType ids).
 GPU_KINDS = {"NVIDIA GeForce RTX 4090": "rtx4090", "NVIDIA H100 80GB HBM3": "h100-sxm"}
 INTRA_LINKS = {"rtx4090": "pcie4-no-p2p", "h100-sxm": "nvlink4"}
 # Pods reach each other only over RunPod's global networking, at 100 Mbit/s: enough for Ray's
 # control plane, far too slow for gradients. Each offer is one pod (max_nodes 1).
 POD_NETWORK_GBPS = 0.1
+# A pod in these states runs nothing (stopped, failed, gone); the node provider ends it.
+STOPPED = ("EXITED", "ERROR", "TERMINATED")
 
 # A node_config key of the GraphQL deploy, refused by the cluster checks and the provider.
 DEPLOY_INPUT_GONE = ("deploy_input held the GraphQL deploy's fields; pods are created through "
-                     "RunPod's REST API now. To fix: rename it create_input and use the REST "
-                     "API's field names")
+                     "RunPod's REST API v2 now. To fix: rename it create_input and use v2's "
+                     "field names (POST /v2/pods: image, disk, dataCenterIds, ...)")
 
 _NO_STOCK = re.compile(r"no longer any instances available|not enough|out of stock|"
-                       r"no (gpu|machine)s? available", re.I)
-_LOW_BID = re.compile(r"bid", re.I)
+                       r"no (gpu|machine|instance)s? (are )?available|capacity", re.I)
 _NO_GLOBAL_NETWORK = re.compile(r"global network", re.I)
-_AUTH = re.compile(r"unauthori[sz]ed|invalid (api key|authorization)|UNAUTHENTICATED", re.I)
-
-
-class RunPodError(RaytrainError):
-    """A RunPod API call failed; the message says how to fix it."""
-
-
-class RunPodAuthError(RunPodError):
-    pass
-
-
-class NoCapacity(RunPodError):
-    pass
-
-
-class RunPodUnavailable(RunPodError):
-    pass
 
 
 def api_key(environ: dict[str, str] | None = None) -> str:
@@ -110,59 +109,44 @@ def api_key(environ: dict[str, str] | None = None) -> str:
                           f"it in a file and set {KEY_FILE_ENV}")
 
 
-GPU_TYPES = """
-query GpuTypes($count: Int!) {
-  gpuTypes {
-    id displayName memoryInGb maxGpuCount securePrice communityPrice
-    secureSpotPrice communitySpotPrice
-    lowestPrice(input: {gpuCount: $count}) { minimumBidPrice uninterruptablePrice stockStatus }
-  }
+SPOT_PRICES = """
+query SpotPrices($count: Int!) {
+  gpuTypes { id lowestPrice(input: {gpuCount: $count}) { minimumBidPrice } }
 }"""
-POD_FIELDS = ("id name desiredStatus env costPerHr gpuCount machineId "
-              "runtime { ports { ip isIpPublic privatePort publicPort type } }")
-PODS = f"query Pods {{ myself {{ pods {{ {POD_FIELDS} }} }} }}"
-TERMINATE = "mutation Terminate($input: PodTerminateInput!) { podTerminate(input: $input) }"
 
 
 @dataclass
 class PodRequest:
-    """One pod to create."""
+    """One on-demand pod to create on the account's global network (a Ray node)."""
 
     name: str
     image: str
     gpu_type_id: str
     gpu_count: int
-    interruptible: bool
     env: dict[str, str] = field(default_factory=dict)
-    bid_per_gpu: float | None = None  # interruptible only: the most to pay per GPU-hour
-    cloud_type: str = "SECURE"
-    container_disk_gb: int = 50
-    docker_args: str = ""  # a shell command the container runs
+    cloud: str = "SECURE"
+    disk_gb: int = 50
+    command: str = ""  # a shell command the container runs (bash -c)
     ports: tuple[str, ...] = ("22/tcp",)
-    support_public_ip: bool = False  # the head's: `ray up` reaches its SSH port
-    extra: dict[str, Any] = field(default_factory=dict)  # more create fields, as named
+    extra: dict[str, Any] = field(default_factory=dict)  # more create fields, as v2 names them
 
     def body(self) -> dict[str, Any]:
-        """The REST API's create input (PodCreateInput)."""
+        """v2's CreatePodRequest."""
         body: dict[str, Any] = {
-            "name": self.name, "imageName": self.image, "computeType": "GPU",
-            "gpuTypeIds": [self.gpu_type_id], "gpuCount": self.gpu_count,
-            "cloudType": self.cloud_type, "interruptible": self.interruptible,
-            "globalNetworking": True, "containerDiskInGb": self.container_disk_gb,
-            "volumeInGb": 0, "ports": list(self.ports), "supportPublicIp": self.support_public_ip,
-            "env": dict(sorted(self.env.items())),
+            "name": self.name, "image": self.image,
+            "gpu": {"id": self.gpu_type_id, "count": self.gpu_count},
+            "cloud": self.cloud, "disk": self.disk_gb, "ports": list(self.ports),
+            "env": dict(sorted(self.env.items())), "globalNetworking": True,
         }
-        if self.docker_args:
-            body["dockerStartCmd"] = ["bash", "-c", self.docker_args]
+        if self.command:
+            body["args"] = shlex.join(["bash", "-c", self.command])
         return {**body, **self.extra}
 
 
 class RunPodAPI:
     def __init__(self, key: str, url: str = API_URL, rest_url: str = REST_URL,
                  timeout_s: float = TIMEOUT_S) -> None:
-        self._http = httpx.Client(timeout=timeout_s,
-                                  headers={"Authorization": f"Bearer {key}",
-                                           "Content-Type": "application/json"})
+        self._http = RunPodHTTP(key, timeout_s)
         self.url, self.rest_url, self.timeout_s = url, rest_url.rstrip("/"), timeout_s
         self._key = key
 
@@ -173,31 +157,71 @@ class RunPodAPI:
         return self._key
 
     def __repr__(self) -> str:  # never the key
-        return f"RunPodAPI({self.url!r}, {self.rest_url!r})"
+        return f"RunPodAPI({self.rest_url!r}, {self.url!r})"
 
     def close(self) -> None:
         self._http.close()
 
-    def _post(self, url: str, body: dict[str, Any], what: str,
-              changes: str = "nothing was changed if it was a query") -> httpx.Response:
-        """One request; RunPodUnavailable when it gets no answer, RunPodAuthError for a
-        refused key."""
-        try:
-            answer = self._http.post(url, json=body)
-        except httpx.TimeoutException:
-            raise RunPodUnavailable(f"RunPod did not answer {what} within {self.timeout_s:.0f} "
-                                    f"s. To fix: retry later; {changes}") from None
-        except httpx.HTTPError as exc:
-            raise RunPodUnavailable(f"cannot reach RunPod for {what}: {type(exc).__name__}. To "
-                                    "fix: check this machine's network") from None
-        if answer.status_code in (401, 403):
-            raise _auth_error()
-        return answer
+    # ------------------------------------------------------------------ REST v2
 
-    def call(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The `data` of one GraphQL request; the errors above for anything else."""
-        what = query.split("(")[0].split("{")[0].strip()
-        answer = self._post(self.url, {"query": query, "variables": variables or {}}, what)
+    def _rest(self, method: str, path: str, what: str, changes: str = "nothing was changed",
+              **kwargs: Any) -> Any:
+        """A v2 call's JSON answer (None for 204 and 404); the errors above for the rest."""
+        answer = self._http.request(method, f"{self.rest_url}{path}", what, REST_API,
+                                    changes, **kwargs)
+        if answer.status_code in (204, 404):
+            return None
+        if answer.status_code >= 400:
+            _raise_refusal(what, problem_text(answer), answer.status_code)
+        try:
+            return answer.json()
+        except ValueError:
+            raise RunPodError(f"RunPod's {REST_API} answered {what} with {answer.status_code} "
+                              "and no JSON. To fix: retry later; if it persists, upgrade "
+                              "raytrain") from None
+
+    def gpus(self, count: int = 1) -> list[dict[str, Any]]:
+        """v2's GPU types with their on-demand prices and pod availability for `count`."""
+        document = self._rest("GET", "/catalog/gpus", f"list GPU types ({count} per pod)",
+                              params={"include": "AVAILABILITY", "product": "POD",
+                                      "count": count})
+        return _listed(document, "gpus", "list GPU types")
+
+    def data_centers(self) -> list[dict[str, Any]]:
+        return _listed(self._rest("GET", "/catalog/datacenters", "list data centers"),
+                       "dataCenters", "list data centers")
+
+    def create(self, request: PodRequest) -> dict[str, Any]:
+        """Create an on-demand pod; NoCapacity when none can be had."""
+        what = f"create pod ({request.gpu_count} x {request.gpu_type_id})"
+        pod = self._rest("POST", "/pods", what, json=request.body(),
+                         changes="the pod, if made, is found by its name and terminated")
+        if not isinstance(pod, dict) or not pod.get("id"):
+            raise RunPodError(f"RunPod's {REST_API} answered {what} with no pod id. To fix: "
+                              "retry; if it persists, upgrade raytrain")
+        return pod
+
+    def pods(self) -> list[dict[str, Any]]:
+        return _listed(self._rest("GET", "/pods", "list pods"), "pods", "list pods")
+
+    def pod(self, pod_id: str) -> dict[str, Any] | None:
+        """One pod, or None when RunPod has none of that id (any more)."""
+        found = self._rest("GET", f"/pods/{pod_id}", f"read pod {pod_id}")
+        return found if isinstance(found, dict) else None
+
+    def terminate(self, pod_id: str) -> None:
+        """Terminate a pod (one already gone is no error)."""
+        self._rest("DELETE", f"/pods/{pod_id}", f"terminate pod {pod_id}",
+                   changes="the pod may still run: the next listing terminates it")
+
+    # ------------------------------------------------------------------ GraphQL
+
+    def spot_prices(self, count: int = 1) -> dict[str, float | None]:
+        """The interruptible price per GPU-hour of each GPU type for pods of `count` GPUs (None:
+        none to be had now), from GraphQL: v2 has no spot prices."""
+        what = "read interruptible prices"
+        answer = self._http.request("POST", self.url, what, GRAPHQL_API,
+                                    json={"query": SPOT_PRICES, "variables": {"count": count}})
         if answer.status_code >= 500:
             raise RunPodUnavailable(f"RunPod answered {answer.status_code} to {what}. To fix: "
                                     "retry later (RunPod's side)")
@@ -209,123 +233,129 @@ class RunPodAPI:
         errors = document.get("errors") or []
         if errors:
             message = "; ".join(str(e.get("message", e)) for e in errors)[:300]
-            codes = {str((e.get("extensions") or {}).get("code", "")) for e in errors}
-            if "UNAUTHENTICATED" in codes or _AUTH.search(message):
-                raise _auth_error()
-            _raise_refusal(what, message)
-        if answer.status_code >= 400 or not isinstance(document.get("data"), dict):
-            raise RunPodError(f"RunPod answered {what} with {answer.status_code} and no data")
-        return document["data"]
-
-    def gpu_types(self, gpu_count: int = 1) -> list[dict[str, Any]]:
-        return list(self.call(GPU_TYPES, {"count": gpu_count})["gpuTypes"] or [])
-
-    def deploy(self, request: PodRequest) -> dict[str, Any]:
-        """Create a pod (REST); NoCapacity when none can be had, or not under the ceiling."""
-        if request.interruptible and request.bid_per_gpu is not None:
-            going = lowest_bid(self.gpu_types(request.gpu_count), request.gpu_type_id)
-            if going > request.bid_per_gpu:
-                raise NoCapacity(f"RunPod's interruptible {request.gpu_type_id} costs "
-                                 f"${going:.3f} per GPU-hour now, above this node type's bid "
-                                 f"ceiling of ${request.bid_per_gpu:.3f}. To fix: nothing; the "
-                                 "policy tries on-demand or another offer (or raise bid_per_gpu)")
-        what = f"create pod ({request.gpu_count} x {request.gpu_type_id})"
-        answer = self._post(f"{self.rest_url}/pods", request.body(), what,
-                            changes="the pod, if made, is found by its name and terminated")
-        try:
-            document = answer.json()
-        except ValueError:
-            document = {"error": answer.text[:300]}
-        if answer.status_code >= 400:
-            message = str(document.get("error") or document.get("message") or document)[:300]
-            _raise_refusal(what, message, answer.status_code)
-        if not isinstance(document, dict) or not document.get("id"):
-            raise NoCapacity(f"RunPod created no {request.gpu_count} x {request.gpu_type_id} "
-                             "pod (no machine free). To fix: nothing; the policy tries the "
-                             "next offer")
-        return document
-
-    def pods(self) -> list[dict[str, Any]]:
-        return list((self.call(PODS)["myself"] or {}).get("pods") or [])
-
-    def terminate(self, pod_id: str) -> None:
-        self.call(TERMINATE, {"input": {"podId": pod_id}})
+            if any((e.get("extensions") or {}).get("code") == "UNAUTHENTICATED"
+                   for e in errors):
+                raise auth_error()
+            raise RunPodError(f"RunPod's {GRAPHQL_API} refused {what}: {message}")
+        types = (document.get("data") or {}).get("gpuTypes")
+        if not isinstance(types, list):
+            raise RunPodError(f"RunPod's {GRAPHQL_API} answered {what} with no gpuTypes. To "
+                              "fix: retry later; if it persists, upgrade raytrain")
+        return {str(g.get("id")): _positive((g.get("lowestPrice") or {}).get("minimumBidPrice"))
+                for g in types if isinstance(g, dict)}
 
 
-def _raise_refusal(what: str, message: str, status: int = 200) -> None:
-    """RunPod refused `what` with `message` (at HTTP `status`): no capacity, whatever the
-    status (the policy moves on); else RunPodUnavailable for a 5xx, or an error that names
-    the refusal."""
-    if _NO_STOCK.search(message):
+def _positive(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def _listed(document: Any, key: str, what: str) -> list[dict[str, Any]]:
+    """The list under `key` of a v2 answer; RunPodError for an answer v2 does not document."""
+    if not isinstance(document, dict) or not isinstance(document.get(key), list):
+        raise RunPodError(f"RunPod's {REST_API} answered {what} with a body raytrain cannot read "
+                          f"(no {key!r} list). To fix: upgrade raytrain, or retry if RunPod's "
+                          "side was changing")
+    return [item for item in document[key] if isinstance(item, dict)]
+
+
+def _raise_refusal(what: str, message: str, status: int) -> None:
+    """RunPod refused `what` with `message` at HTTP `status` (a v2 problem document)."""
+    if status == 400 and _NO_STOCK.search(message):
         raise NoCapacity(f"RunPod has no machine for {what} now: {message}. To fix: nothing; "
                          "the policy tries the next offer")
-    if _LOW_BID.search(message):
-        raise NoCapacity(f"RunPod refused the price for {what}: {message}. To fix: nothing; "
-                         "the policy tries on-demand or another offer")
     if _NO_GLOBAL_NETWORK.search(message):
         raise RunPodError(f"RunPod refused {what}: {message}. The pods reach each other only "
                           "over RunPod's global network. To fix: list only data centers that "
-                          "offer it in the node type's create_input.dataCenterIds (RunPod's "
-                          "console shows them under Global Networking), or leave it out")
+                          "offer it (GET /v2/catalog/datacenters, globalNetwork) in the node "
+                          "type's create_input.dataCenterIds, or leave it out")
+    if status == 402:
+        raise RunPodError(f"RunPod refused {what}: the account's balance is too low "
+                          f"({message}). To fix: add funds in RunPod's console, Billing")
+    if status == 422:
+        raise RunPodError(f"RunPod refused a field of {what}: {message}. To fix: name only "
+                          "fields of v2's create (POST /v2/pods) in the node type's "
+                          "create_input")
     if status >= 500:
         raise RunPodUnavailable(f"RunPod answered {status} to {what}: {message}. To fix: retry "
                                 "later (RunPod's side)")
-    raise RunPodError(f"RunPod refused {what}: {message}")
+    raise RunPodError(f"RunPod refused {what} ({status}): {message}")
 
 
-def _auth_error() -> RunPodAuthError:
-    return RunPodAuthError(f"RunPod refused the API key. To fix: set {KEY_ENV} (or the file "
-                           f"{KEY_FILE_ENV} names) to a current key from RunPod's console, "
-                           "Settings, API Keys")
-
-
-def lowest_bid(gpu_types: list[dict[str, Any]], gpu_type_id: str) -> float:
-    for gpu in gpu_types:
-        if gpu.get("id") == gpu_type_id:
-            price = (gpu.get("lowestPrice") or {}).get("minimumBidPrice")
-            if price:
-                return float(price)
-            raise NoCapacity(f"RunPod lists no interruptible {gpu_type_id} now (no minimum "
-                             "bid). To fix: nothing; the policy tries the next offer")
-    raise RunPodError(f"RunPod has no GPU type {gpu_type_id!r}. To fix: use one of "
-                      + ", ".join(sorted(str(g.get("id")) for g in gpu_types)))
+def node_config_problem(node_config: dict[str, Any]) -> str:
+    """Why a RunPod node type's node_config cannot make a Ray node ("" if it can): what v2
+    and RunPod's networking rule out, with the fix."""
+    if "deploy_input" in node_config:
+        return DEPLOY_INPUT_GONE
+    if node_config.get("interruptible"):
+        return ("RunPod's interruptible pods cannot join a Ray cluster: only its GraphQL API "
+                "creates them, without global networking, so they cannot reach the head. To "
+                "fix: set interruptible: false (on-demand pods), or train on AWS spot nodes")
+    for gone, why in (("support_public_ip", "REST API v2 publishes a pod's SSH itself "
+                       "(ssh.direct) when 22/tcp is in its ports"),
+                      ("bid_per_gpu", "there are no interruptible Ray nodes on RunPod")):
+        if gone in node_config:
+            return f"{gone} is no longer used: {why}. To fix: remove it"
+    return ""
 
 
 def pod_env(pod: dict[str, Any]) -> dict[str, str]:
-    """A pod's environment, which RunPod lists as "KEY=value" strings."""
-    env = pod.get("env") or []
+    """A pod's environment (v2: an object of strings)."""
+    env = pod.get("env") or {}
     if isinstance(env, dict):
         return {str(k): str(v) for k, v in env.items()}
-    return dict(item.split("=", 1) for item in env if "=" in item)
+    return dict(item.split("=", 1) for item in env if isinstance(item, str) and "=" in item)
+
+
+def pod_ssh(pod: dict[str, Any]) -> tuple[str, int] | None:
+    """Where the pod's sshd answers from outside: `ssh.direct` (its public address and the
+    port `22/tcp` is published on); None until RunPod assigns one (while it boots)."""
+    direct = (pod.get("ssh") or {}).get("direct") or {}
+    if direct.get("host") and isinstance(direct.get("port"), int):
+        return str(direct["host"]), int(direct["port"])
+    return None
+
+
+def pod_private_ip(pod: dict[str, Any]) -> str:
+    """The pod's address on RunPod's global network ("" until it has one)."""
+    network = pod.get("globalNetworking") or {}
+    return str(network.get("ip") or "") if network.get("enabled") else ""
 
 
 def refresh(catalog: OfferCatalog, api: RunPodAPI, now: float) -> OfferCatalog:
-    """The catalog with its RunPod offers' prices from the API: on-demand from each GPU type's
-    `uninterruptablePrice` for that pod size, interruptible from its `minimumBidPrice`. What
-    fails keeps the previous figures with a warning; other providers' rows are unchanged."""
+    """The catalog with its RunPod offers' prices from RunPod: on-demand from v2's catalog
+    (the Secure Cloud price per GPU, times the pod's GPUs), interruptible from GraphQL's
+    lowest bid (v2 has none). What fails keeps the previous figures with a warning; other
+    providers' rows are unchanged."""
     rows = [o for o in catalog.offers if o.provider == "runpod"]
     warnings: list[str] = []
     refreshed: dict[str, Offer] = {}
     by_kind = {kind: gpu_id for gpu_id, kind in GPU_KINDS.items()}
     for count in sorted({o.gpus_per_node for o in rows}):
         try:
-            types = {g["id"]: g for g in api.gpu_types(count)}
+            types = {g.get("id"): g for g in api.gpus(count)}
         except RunPodError as exc:
             warnings.append(f"RunPod prices for {count}-GPU pods kept from before: {exc}")
             continue
+        try:
+            spot: dict[str, float | None] | None = api.spot_prices(count)
+        except RunPodError as exc:
+            spot = None
+            warnings.append(f"RunPod interruptible prices for {count}-GPU pods kept from "
+                            f"before: {exc}")
         for offer in (o for o in rows if o.gpus_per_node == count):
-            gpu = types.get(by_kind.get(offer.gpu_kind, ""))
+            gpu_id = by_kind.get(offer.gpu_kind, "")
+            gpu = types.get(gpu_id)
             if gpu is None:
                 warnings.append(f"RunPod lists no {offer.gpu_kind} now; {offer.id} keeps its "
                                 "previous prices")
                 continue
-            lowest = gpu.get("lowestPrice") or {}
+            price = _positive((gpu.get("price") or {}).get(offer.region))
             update: dict[str, Any] = {"note": f"refreshed from RunPod {_day(now)}; stock "
-                                              f"{lowest.get('stockStatus') or 'unknown'}"}
-            if lowest.get("uninterruptablePrice"):
-                update["on_demand_usd_per_hour"] = float(lowest["uninterruptablePrice"]) * count
-            if lowest.get("minimumBidPrice"):
-                update["spot_usd_per_hour"] = float(lowest["minimumBidPrice"]) * count
+                                              f"{gpu.get('availability') or 'unknown'}"}
+            if price is not None:
+                update["on_demand_usd_per_hour"] = price * count
+            if spot is not None and spot.get(gpu_id) is not None:
+                update["spot_usd_per_hour"] = float(spot[gpu_id] or 0.0) * count
             refreshed[offer.id] = Offer.model_validate({**offer.model_dump(), **update})
     for warning in warnings:
         logger.warning("offer refresh: %s", warning)

@@ -8,30 +8,37 @@ Ray's NodeProvider interface is the contract; what RunPod lacks is written here:
   later (its status) are kept beside it in a small JSON file on the head
   (`provider.tags_file`, default ~/.raytrain/runpod-tags-<cluster>.json), read back on start.
 - The head is a pod too: `ray up` creates it (its node type's node_config, on demand, on the
-  global network, its SSH port public), reaches it over its mapped SSH port
-  (raytrain.cloud.runpod_ssh) and runs the config's setup and start commands there; the
-  autoscaler on the head then buys the workers. Only the head pod is given the RunPod API key
-  (in its environment, as RunPod passes any pod's: the autoscaler there needs it) and every
+  global network, `22/tcp` published), reaches it where RunPod publishes its SSH
+  (`ssh.direct`: raytrain.cloud.runpod_ssh) and runs the config's setup and start commands
+  there; the autoscaler on the head then buys the workers. Only the head pod is given the
+  RunPod API key (in its environment, as RunPod passes any pod's: the autoscaler there needs
+  it) and every
   pod the public half of `auth.ssh_private_key` (PUBLIC_KEY, which RunPod's images add to
   root's authorized keys). `ray down` terminates the workers, then the head.
-- Worker pods start Ray themselves (their docker args run `ray start` against the head over
+- Worker pods start Ray themselves (their command runs `ray start` against the head over
   RunPod's global networking), so the config sets `disable_node_updaters` and each worker is
   up to date as created. A node's internal IP is its private address on that network.
+- Every pod is on-demand. RunPod's interruptible pods exist only in its GraphQL API, whose
+  create takes no global networking: such a pod cannot reach the head, so it cannot be a
+  Ray node, and an `interruptible: true` node type is refused with the fix.
+- The listing is cached (`provider.list_cache_s`, default LIST_CACHE_S) and read fresh only
+  after a create or a terminate, so that the autoscaler's many questions per update do not
+  spend RunPod's rate limit; a pod of the cluster found stopped (EXITED, ERROR) holds its
+  disk and runs nothing, and is terminated.
 - Nothing is left running unaccounted: a create that fails half-way (a timeout after RunPod
   may have made the pod) looks the pod up by the unique name it was given and terminates it;
   if RunPod cannot be reached for that either, the name is kept and the next listing finishes
-  the job. A pod RunPod takes back (interruptible, no notice) is simply gone from the
+  the job. A pod RunPod takes back (a host lost) is simply gone from the
   listing: Ray sees its node die, and the service treats it as a preemption.
-- No stock, or an interruptible price above the node type's ceiling: create_node raises
-  NoCapacity, the autoscaler's request stays unmet, and the service's policy moves the job to
-  its next offer.
+- No stock: create_node raises NoCapacity, the autoscaler's request stays unmet, and the
+  service's policy moves the job to its next offer. Data centers named in create_input that
+  do not offer global networking are refused before anything is bought.
 
-Node config per node type: gpu_type_id, gpu_count, interruptible (true: spot), ports (the
-pod's exposed ports, default ["22/tcp"]), support_public_ip (the head's: true),
-bid_per_gpu (optional: the most an interruptible GPU-hour may cost; RunPod rents at the going
-price), image, cloud_type, container_disk_gb, docker_args (the shell command that installs
+Node config per node type: gpu_type_id, gpu_count, interruptible (false: RunPod's are not
+Ray nodes, above), ports (the pod's published ports, default ["22/tcp"]), image, cloud_type
+(SECURE or COMMUNITY), container_disk_gb, docker_args (the shell command that installs
 raytrain and starts Ray; `{head_ip}` and `{resources}` are filled in), create_input (more
-fields of RunPod's REST create input, as its API reference names them, e.g.
+fields of RunPod's v2 create, POST /v2/pods, as its reference names them, e.g.
 `dataCenterIds`). Every pod is created on the account's global network.
 
 With Ray's `use_node_id_as_ip` set in the provider config (every "pod" on one host, as in
@@ -59,15 +66,18 @@ from ray.autoscaler.tags import (
 
 from raytrain.cloud.runpod import (
     API_URL,
-    DEPLOY_INPUT_GONE,
     KEY_ENV,
     REST_URL,
+    STOPPED,
     NoCapacity,
     PodRequest,
     RunPodAPI,
     RunPodError,
     api_key,
+    node_config_problem,
     pod_env,
+    pod_private_ip,
+    pod_ssh,
 )
 
 logger = logging.getLogger(__name__)
@@ -76,8 +86,7 @@ CLUSTER_ENV = "RAYTRAIN_CLUSTER"
 TAGS_ENV = "RAYTRAIN_NODE_TAGS"
 NODE_ID_ENV = "RAYTRAIN_RAY_NODE_ID"
 PUBLIC_KEY_ENV = "PUBLIC_KEY"  # RunPod's images add it to root's authorized_keys
-LIST_CACHE_S = 2.0
-GONE = ("TERMINATED", "EXITED")
+LIST_CACHE_S = 10.0
 DEFAULT_IMAGE = "runpod/pytorch:2.8.0-py3.11-cuda12.8.1-cudnn-devel-ubuntu22.04"
 
 
@@ -93,6 +102,7 @@ class RunPodNodeProvider(NodeProvider):
         self._lock = threading.RLock()
         self._pods: dict[str, dict[str, Any]] = {}
         self._listed_at = -float("inf")
+        self.list_cache_s = float(provider_config.get("list_cache_s", LIST_CACHE_S))
         self._later_tags: dict[str, dict[str, str]] = self._read_tags()
         self._unfinished: set[str] = set()  # names of creates that may have left a pod
 
@@ -100,13 +110,13 @@ class RunPodNodeProvider(NodeProvider):
 
     def _list(self, fresh: bool = False) -> dict[str, dict[str, Any]]:
         with self._lock:
-            if fresh or time.monotonic() - self._listed_at > LIST_CACHE_S:
+            if fresh or time.monotonic() - self._listed_at > self.list_cache_s:
                 pods = self.api.pods()
-                mine = {p["id"]: p for p in pods
-                        if pod_env(p).get(CLUSTER_ENV) == self.cluster_name
-                        and p.get("desiredStatus") not in GONE}
-                self._pods, self._listed_at = mine, time.monotonic()
+                ours = [p for p in pods if pod_env(p).get(CLUSTER_ENV) == self.cluster_name]
+                self._pods = {p["id"]: p for p in ours if p.get("status") not in STOPPED}
+                self._listed_at = time.monotonic()
                 self._finish_unfinished(pods)
+                self._end_stopped([p for p in ours if p.get("status") in ("EXITED", "ERROR")])
             return self._pods
 
     @property
@@ -137,20 +147,21 @@ class RunPodNodeProvider(NodeProvider):
         pod = self._list().get(node_id) or {}
         if self.provider_config.get("use_node_id_as_ip"):
             return pod_env(pod).get(NODE_ID_ENV, "")
-        return _ip(pod, public=False)
+        return pod_private_ip(pod)
 
     def external_ip(self, node_id: str) -> str:
-        return _ip(self._list().get(node_id) or {}, public=True)
+        address = pod_ssh(self._list().get(node_id) or {})
+        return address[0] if address else ""
 
     def ssh_address(self, node_id: str, public: bool) -> tuple[str, int] | None:
-        """Where the pod's SSH answers: its public address and the public port RunPod maps
-        its port 22 to, or its private address and port 22; None until RunPod says."""
+        """Where the pod's SSH answers: `ssh.direct` (its public address and the port RunPod
+        publishes its 22/tcp on), or its private address and port 22; None until RunPod
+        says (while the pod boots)."""
         pod = self._list(fresh=True).get(node_id) or {}
-        for port in (pod.get("runtime") or {}).get("ports") or []:  # null while it boots
-            if port.get("privatePort") == 22 and bool(port.get("isIpPublic")) == public \
-                    and port.get("ip"):
-                return str(port["ip"]), int(port["publicPort"] if public else 22)
-        return None
+        if public:
+            return pod_ssh(pod)
+        private = pod_private_ip(pod)
+        return (private, 22) if private else None
 
     def get_command_runner(self, log_prefix: str, node_id: str, auth_config: dict[str, Any],
                            cluster_name: str, process_runner: Any, use_internal_ip: bool,
@@ -184,7 +195,7 @@ class RunPodNodeProvider(NodeProvider):
         for _ in range(count):
             request = self._request(node_config, tags)
             try:
-                pod = self.api.deploy(request)
+                pod = self.api.create(request)
             except NoCapacity as exc:
                 self._clean_up_after(request.name)
                 if tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD:  # nothing to move to
@@ -198,9 +209,8 @@ class RunPodNodeProvider(NodeProvider):
                 self._clean_up_after(request.name)
                 raise
             created[pod["id"]] = pod
-            logger.info("RunPod pod %s created (%s x %s, %s)", pod["id"], request.gpu_count,
-                        request.gpu_type_id, "interruptible" if request.interruptible
-                        else "on-demand")
+            logger.info("RunPod pod %s created (%s x %s, on-demand)", pod["id"],
+                        request.gpu_count, request.gpu_type_id)
         with self._lock:
             self._listed_at = -float("inf")
         return created
@@ -208,8 +218,9 @@ class RunPodNodeProvider(NodeProvider):
     def _request(self, node_config: dict[str, Any], tags: dict[str, str]) -> PodRequest:
         node_type = tags.get(TAG_RAY_USER_NODE_TYPE, "worker")
         head = tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD
-        if "deploy_input" in node_config:
-            raise RunPodError(f"node type {node_type!r}: {DEPLOY_INPUT_GONE}")
+        problem = node_config_problem(node_config)
+        if problem:
+            raise RunPodError(f"node type {node_type!r}: {problem}")
         if "gpu_type_id" not in node_config or "gpu_count" not in node_config:
             raise RunPodError(f"node type {node_type!r} names no gpu_type_id and gpu_count, so "
                               "no pod can be bought for it. To fix: add them to its node_config "
@@ -227,18 +238,32 @@ class RunPodNodeProvider(NodeProvider):
             args = str(node_config.get("docker_args", "")).format(head_ip=self.head_ip,
                                                                    resources=resources)
             env["RAY_HEAD_IP"] = self.head_ip
+        extra = dict(node_config.get("create_input", {}))
+        self._check_data_centers(node_type, extra.get("dataCenterIds"))
         return PodRequest(
             name=f"ray-{self.cluster_name}-{node_type}-{uuid.uuid4().hex[:8]}",
             image=node_config.get("image", DEFAULT_IMAGE),
             gpu_type_id=node_config["gpu_type_id"], gpu_count=int(node_config["gpu_count"]),
-            interruptible=bool(node_config.get("interruptible", False)),
-            bid_per_gpu=node_config.get("bid_per_gpu"),
-            cloud_type=node_config.get("cloud_type", "SECURE"),
-            container_disk_gb=int(node_config.get("container_disk_gb", 50)),
-            docker_args=args, extra=dict(node_config.get("create_input", {})),
-            ports=tuple(node_config.get("ports", ("22/tcp",))),
-            support_public_ip=bool(node_config.get("support_public_ip", head)),
+            cloud=node_config.get("cloud_type", "SECURE"),
+            disk_gb=int(node_config.get("container_disk_gb", 50)),
+            command=args, extra=extra, ports=tuple(node_config.get("ports", ("22/tcp",))),
             env={**env, TAGS_ENV: json.dumps(tags, sort_keys=True), **self._node_id_env()})
+
+    def _check_data_centers(self, node_type: str, wanted: Any) -> None:
+        """Data centers named for a pod must offer global networking (GET
+        /v2/catalog/datacenters), or the pod could never reach the head: refused before
+        anything is bought, naming those that do."""
+        if not wanted:
+            return
+        centers = {d.get("id"): bool(d.get("globalNetwork")) for d in self.api.data_centers()}
+        bad = [c for c in wanted if not centers.get(c)]
+        if bad:
+            good = sorted(str(c) for c, network in centers.items() if network)
+            raise RunPodError(
+                f"node type {node_type!r}: data centers {', '.join(map(str, bad))} in "
+                "create_input.dataCenterIds do not offer RunPod's global network (or do not "
+                "exist), which the pods reach the head over. To fix: list only some of "
+                f"{', '.join(good)}, or leave dataCenterIds out")
 
     def _node_id_env(self) -> dict[str, str]:
         if not self.provider_config.get("use_node_id_as_ip"):
@@ -256,6 +281,18 @@ class RunPodNodeProvider(NodeProvider):
             except RunPodError as exc:
                 logger.warning("RunPod cannot be asked whether pod %s exists (%s); the next "
                                "listing terminates it if it does", name, exc)
+
+    def _end_stopped(self, pods: list[dict[str, Any]]) -> None:
+        """Terminate pods of this cluster that stopped (their container exited or failed):
+        they run no Ray node and would keep their disk, billed, until someone noticed."""
+        for pod in pods:
+            try:
+                self.api.terminate(pod["id"])
+                logger.warning("RunPod pod %s of cluster %s was %s: terminated", pod["id"],
+                               self.cluster_name, pod.get("status"))
+            except RunPodError as exc:
+                logger.warning("RunPod pod %s is %s and not terminated yet (%s); the next "
+                               "listing tries again", pod["id"], pod.get("status"), exc)
 
     def _finish_unfinished(self, pods: list[dict[str, Any]]) -> None:
         """Terminate the pods of failed creates; a name whose pod RunPod would not terminate
@@ -287,6 +324,7 @@ class RunPodNodeProvider(NodeProvider):
         self.api.terminate(node_id)
         with self._lock:
             self._pods.pop(node_id, None)
+            self._listed_at = -float("inf")
             self._later_tags.pop(node_id, None)
             self._write_tags()
         logger.info("RunPod pod %s terminated", node_id)
@@ -304,13 +342,6 @@ class RunPodNodeProvider(NodeProvider):
         partial = self.tags_file.with_suffix(".partial")
         partial.write_text(json.dumps(self._later_tags, sort_keys=True))
         partial.replace(self.tags_file)
-
-
-def _ip(pod: dict[str, Any], public: bool) -> str:
-    for port in (pod.get("runtime") or {}).get("ports") or []:
-        if bool(port.get("isIpPublic")) == public and port.get("ip"):
-            return str(port["ip"])
-    return ""
 
 
 def ssh_public_key(auth: dict[str, Any]) -> str:

@@ -3,7 +3,7 @@ Ray's own SSH command runner, pointed at the pod's mapped SSH port, with files c
 that same SSH connection as a tar stream.
 
 Why not Ray's runner as it is: it connects to port 22 of a node's address, and RunPod maps a
-pod's port 22 to another public port (the pod's `runtime.ports`, `privatePort` 22). Its
+pod's port 22 to another public port (v2's `ssh.direct` {host, port} of the pod). Its
 `ssh` takes `-o Port=...` (the port goes in the options it builds, so the control path, the
 retries and the login-shell wrapping stay Ray's). Its file sync runs `rsync` on both ends,
 and RunPod's images do not ship rsync: `tar` and `cat` over ssh need nothing on the pod

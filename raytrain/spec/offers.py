@@ -44,6 +44,12 @@ class Offer(Strict):
     notice_share: float | None = Field(None, ge=0, le=1, description=(
         "Share of spot preemptions that come with that notice (AWS and GCP give it on a best "
         "effort basis); null: the provider's figure."))
+    spot_joins_cluster: bool = Field(True, description=(
+        "Whether this offer's spot nodes can join the Ray cluster, and so take a job. false: "
+        "RunPod's interruptible pods, which have no private network to the head (its REST "
+        "API v2 has no interruptible pods, and its GraphQL create takes no global "
+        "networking): the spot price is shown for comparison, never bought, by the policy "
+        "and the simulator alike."))
     note: str = Field("", description="Where the figures come from.")
 
     @property
@@ -76,7 +82,10 @@ class Offer(Strict):
         return self.spot_usd_per_hour if market == "spot" else self.on_demand_usd_per_hour
 
     def markets(self) -> list[str]:
-        return [m for m in ("spot", "on-demand") if self.usd_per_hour(m) is not None]
+        """The markets a job can be bought in: those with a price, spot only where its nodes
+        join the cluster."""
+        return [m for m in ("spot", "on-demand") if self.usd_per_hour(m) is not None
+                and (m == "on-demand" or self.spot_joins_cluster)]
 
 
 class OfferCatalog(Record):

@@ -80,7 +80,7 @@ def _accepted(client: Client) -> bool:
 
 def _pods_created(cluster: FakeCluster) -> int:
     """Pods the autoscaler has asked RunPod for so far (through its REST create)."""
-    return sum(r.get("rest") == "POST /v1/pods" for r in cluster.runpod.requests)
+    return sum(r.get("rest") == "POST /v2/pods" for r in cluster.runpod.requests)
 
 
 def _wait_step(client: Client, job_id: str, step: int) -> None:
@@ -92,7 +92,7 @@ def test_replica_groups_outlive_a_notice_and_a_loss_and_the_job_trains_as_if_nei
     fake_cluster: FakeCluster,
 ) -> None:
     """A job of two workers: the policy picks spot, and the autoscaler buys exactly that node
-    type, two interruptible pods through RunPod's API, one replica group on each. A notice
+    type, two pods through RunPod's REST API v2, one replica group on each. A notice
     for the node of one: it leaves at a step boundary (nothing redone) and its replacement is
     bought at once; the other trains on alone; then the pod is taken. The replacement heals
     from the live group and joins. Then the other group's pod is taken with no notice: at
@@ -146,8 +146,7 @@ def test_replica_groups_outlive_a_notice_and_a_loss_and_the_job_trains_as_if_nei
     assert set(types) == {"cpu-spot"} and len(types) >= 2, types
     pods = [p for p in fake_cluster.runpod.running()
             if not p["name"].startswith("ray-raytrain-local-head-")]  # the head: on demand
-    assert len(pods) >= 2 and all(fake_cluster.runpod.pods[p["id"]]["interruptible"]
-                                  and p["name"].startswith("ray-raytrain-local-cpu-spot-")
+    assert len(pods) >= 2 and all(p["name"].startswith("ray-raytrain-local-cpu-spot-")
                                   for p in pods), pods
     offers = client.offers(job_id=job.id)
     assert offers.ranking[0].market == "spot" and offers.decision
