@@ -9,8 +9,10 @@ raytrain.cloud.runpod calls:
   errors as RFC 9457 problem documents (400 no capacity, 402 no balance, 404, 422); the
   `RateLimit` / `RateLimit-Policy` headers on every answer and a 429 with `Retry-After` past
   the quota;
-- GraphQL only for what raytrain still asks of it: the interruptible price
-  (`gpuTypes { lowestPrice { minimumBidPrice } }`), executed by graphql-core;
+- GraphQL only for what raytrain still asks of it, executed by graphql-core: the
+  interruptible price (`gpuTypes { lowestPrice { minimumBidPrice } }`) and the interruptible
+  pod (`podRentInterruptable`: no global networking, as RunPod's; the pod then shows in v2's
+  listing like any other, and `reclaim` takes it back);
 - REST v1 (`/v1/...`): 410 Gone, as RunPod has answered since 2026-11-15.
 
     with FakeRunPod(stock={"NVIDIA GeForce RTX 4090": 8}) as fake:
@@ -37,7 +39,15 @@ from graphql import build_schema, graphql_sync
 
 SCHEMA = build_schema("""
 type Query { gpuTypes(input: GpuTypeFilter): [GpuType] }
+type Mutation { podRentInterruptable(input: PodRentInterruptableInput!): Pod }
 input GpuTypeFilter { id: String }
+input EnvVar { key: String! value: String! }
+input PodRentInterruptableInput {
+  bidPerGpu: Float! gpuTypeId: String! gpuCount: Int name: String imageName: String
+  cloudType: String containerDiskInGb: Int volumeInGb: Int ports: String startSsh: Boolean
+  dockerArgs: String env: [EnvVar] minVcpuCount: Int minMemoryInGb: Int
+}
+type Pod { id: String! name: String desiredStatus: String costPerHr: Float }
 input LowestPriceInput { gpuCount: Int }
 type GpuType { id: String displayName: String lowestPrice(input: LowestPriceInput): LowestPrice }
 type LowestPrice { minimumBidPrice: Float uninterruptablePrice: Float stockStatus: String }
@@ -272,6 +282,33 @@ class FakeRunPod:
 
         return [{"id": g, "displayName": g, "lowestPrice": spot(g)} for g in PRICES
                 if input is None or input.get("id") in (None, g)]
+
+    def podRentInterruptable(self, info: Any, input: dict[str, Any]) -> dict[str, Any]:  # noqa: A002,N802
+        """As RunPod: refused below the going price, or with no machine free."""
+        gpu_id, count = input["gpuTypeId"], input.get("gpuCount") or 1
+        if gpu_id not in PRICES:
+            raise ValueError(f"unknown GPU type {gpu_id}")
+        if input["bidPerGpu"] < PRICES[gpu_id][1]:
+            raise ValueError(f"Your bid {input['bidPerGpu']} is below the minimum bid "
+                             f"{PRICES[gpu_id][1]}")
+        with self.lock:
+            if self.stock.get(gpu_id, 0) < count:
+                raise ValueError(NO_STOCK)
+            self.stock[gpu_id] -= count
+            pod = {"id": uuid.uuid4().hex[:14], "name": input.get("name") or "",
+                   "image": input.get("imageName", ""), "args": input.get("dockerArgs", ""),
+                   "disk": input.get("containerDiskInGb", 50),
+                   "ports": [p for p in (input.get("ports") or "").split(",") if p],
+                   "env": {e["key"]: e["value"] for e in input.get("env") or []},
+                   "registry": None, "cloud": input.get("cloudType", "SECURE"),
+                   "dataCenterId": "US-GA-1", "gpu": {"id": gpu_id, "count": count},
+                   "cost": round(input["bidPerGpu"] * count, 4), "globalNetworking": False,
+                   "interruptible": True, "created": time.monotonic(),
+                   "status": "PROVISIONING", "ssh_port": None}
+            self.pods[pod["id"]] = pod
+        self.on_create(pod)
+        return {"id": pod["id"], "name": pod["name"], "desiredStatus": "RUNNING",
+                "costPerHr": pod["cost"]}
 
     def _gpus(self, query: dict[str, list[str]]) -> dict[str, Any]:
         include = ",".join(query.get("include", []))

@@ -161,6 +161,7 @@ def _plan_spec(args: argparse.Namespace) -> JobSpec:
 def _refresh_runpod(catalog: Any) -> Any:
     """The catalog with RunPod's prices from its API when a key is set; else a warning."""
     from raytrain.cloud import runpod
+    from raytrain.cloud.runpod_offers import refresh
 
     try:
         api = runpod.RunPodAPI(runpod.api_key(),
@@ -171,7 +172,7 @@ def _refresh_runpod(catalog: Any) -> Any:
             *catalog.warnings, f"RunPod prices kept from before: {exc}"]})
     with err.status("refreshing RunPod offers"):
         try:
-            return runpod.refresh(catalog, api, now=time.time())
+            return refresh(catalog, api, now=time.time())
         finally:
             api.close()
 

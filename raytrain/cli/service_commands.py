@@ -70,12 +70,18 @@ def _service_config(args: argparse.Namespace) -> ServiceConfig:
         raise spec_error_from_validation(exc, "service config", ServiceConfig) from None
     cluster_path = getattr(args, "cluster_config", None)
     if cluster_path:
-        from raytrain.cloud.cluster import load_cluster_config, node_type_bindings
+        from raytrain.cloud.cluster import load_cluster_config, node_type_bindings, pod_types
         from raytrain.spec.files import catalog_for
 
-        bindings = node_type_bindings(load_cluster_config(Path(cluster_path)),
-                                      catalog_for(config))
-        config = config.model_copy(update={"node_types": bindings})
+        document, catalog = load_cluster_config(Path(cluster_path)), catalog_for(config)
+        pod_bindings, pods = pod_types(document, catalog)
+        update: dict[str, Any] = {
+            "node_types": {**node_type_bindings(document, catalog), **pod_bindings},
+            "pod_types": pods}
+        key = (document.get("auth") or {}).get("ssh_private_key")
+        if pods and key:  # `ray up` copies it to the head (~/ray_bootstrap_key.pem)
+            update["pod_ssh_private_key"] = str(key)
+        config = config.model_copy(update=update)
     return config
 
 

@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 from raytrain.errors import FieldError, SpecError
 from raytrain.spec import NodeTypeBinding, OfferCatalog
+from raytrain.spec.offers import PodType
 
 
 def load_cluster_config(path: Path) -> dict[str, Any]:
@@ -166,6 +168,44 @@ def node_type_bindings(document: dict[str, Any], catalog: OfferCatalog
         bindings[name] = NodeTypeBinding(offer=offer, market=_market(node_config),
                                          max_nodes=spec.get("max_workers", 0))
     return bindings
+
+
+def pod_types(document: dict[str, Any], catalog: OfferCatalog
+              ) -> tuple[dict[str, NodeTypeBinding], dict[str, PodType]]:
+    """A RunPod cluster's `provider.pod_types`: node types that are no Ray node types but
+    RunPod interruptible pods the service rents and drives over SSH, one a job
+    (raytrain.cloud.pod_runs); each bound to its offer's spot market. SpecError names each
+    bad one."""
+    provider = document.get("provider") or {}
+    declared = provider.get("pod_types") or {}
+    if declared and not _is_runpod(provider):
+        raise SpecError([FieldError(("provider", "pod_types"), "pod types are RunPod's "
+                                    "interruptible pods. To fix: use them with raytrain's RunPod "
+                                    "provider, or remove them")], "cluster config")
+    bindings, types, problems = {}, {}, []
+    for name, fields in declared.items():
+        here = ("provider", "pod_types", name)
+        try:
+            pod = PodType.model_validate(fields)
+        except ValidationError as exc:
+            problems += [FieldError(here + tuple(str(p) for p in e["loc"]), e["msg"])
+                         for e in exc.errors()]
+            continue
+        offer = _runpod_offer_id({"gpu_type_id": pod.gpu_type_id, "gpu_count": pod.gpu_count})
+        if offer is None or catalog.find(offer) is None:
+            problems.append(FieldError(here + ("gpu_type_id",), f"no RunPod offer of "
+                                       f"{pod.gpu_count} x {pod.gpu_type_id}. To fix: use a "
+                                       "GPU type and count the catalog prices"))
+            continue
+        if name in _worker_types(document):
+            problems.append(FieldError(here, f"{name} is also a Ray node type. To fix: give "
+                                       "the pod type a name of its own"))
+            continue
+        bindings[name] = NodeTypeBinding(offer=offer, market="spot", max_nodes=1)
+        types[name] = pod
+    if problems:
+        raise SpecError(problems, "cluster config")
+    return bindings, types
 
 
 def validate_with_ray(document: dict[str, Any], fill_defaults: bool = True) -> None:

@@ -8,13 +8,15 @@ its OpenAPI document and reference pages, docs.runpod.io/api-reference-v2, on 20
   `GET /v2/catalog/gpus?include=AVAILABILITY&product=POD&count=N` (on-demand prices per
   cloud, stock) and `GET /v2/catalog/datacenters` (which offer global networking).
 - GraphQL, `https://api.runpod.io/graphql` (deprecated, rate-limited in stages since
-  2026-09-17, to stop serving "in early 2027"), only for what v2 lacks: the interruptible
-  (spot) price, `gpuTypes { lowestPrice(input: {gpuCount}) { minimumBidPrice } }`. v2 has no
-  interruptible pods and no spot prices (its OpenAPI document names neither, and no version
-  of it ever has); GraphQL's `podRentInterruptable` takes no global networking, so an
-  interruptible pod cannot reach the head on RunPod's private network and cannot be a Ray
-  node: the node provider refuses interruptible node types, and the offers say that
-  RunPod's spot market takes no cluster job (Offer.spot_joins_cluster).
+  2026-09-17, to stop serving "in early 2027"), only for what v2 lacks: interruptible (spot)
+  pods, `podRentInterruptable(input: {bidPerGpu, ...})`, and their price, `gpuTypes {
+  lowestPrice(input: {gpuCount}) { minimumBidPrice } }`. v2 has neither (its OpenAPI
+  document names neither, and no version of it ever has). `podRentInterruptable` takes no
+  global networking, so an interruptible pod cannot reach the head on RunPod's private
+  network and cannot be a Ray node: the node provider refuses interruptible node types, the
+  offers say that RunPod's spot market takes no cluster job (Offer.spot_joins_cluster), and
+  a one-pod job runs on such a pod driven over its public SSH (raytrain.cloud.pod_runs).
+  When GraphQL is retired, that market goes with it; nothing else here does.
 Variables carry every GraphQL value, so no input is ever spliced into a query. Requests go
 through raytrain.cloud.runpod_http (the key as a bearer header, problem documents, rate
 limits, 410 Gone).
@@ -29,12 +31,11 @@ Errors say what failed and how to fix it, and never include the key:
 
     api = RunPodAPI(api_key())                       # RUNPOD_API_KEY, or a key file
     api.gpus(count=2); api.create(PodRequest(...)); api.pods(); api.terminate(pod_id)
-    catalog = refresh(load_offers(state_dir), api, now=time.time())
+    (prices into the offer catalog: raytrain.cloud.runpod_offers.refresh)
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import os
 import re
@@ -55,12 +56,12 @@ from raytrain.cloud.runpod_http import (
     auth_error,
     problem_text,
 )
-from raytrain.spec import Offer, OfferCatalog
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["KEY_ENV", "NoCapacity", "PodRequest", "RunPodAPI", "RunPodAuthError",
-           "RunPodError", "RunPodRetired", "RunPodUnavailable", "api_key", "refresh"]
+__all__ = ["KEY_ENV", "InterruptibleRequest", "NoCapacity", "PodRequest", "RunPodAPI",
+           "RunPodAuthError",
+           "RunPodError", "RunPodRetired", "RunPodUnavailable", "api_key"]
 
 REST_URL = "https://api.runpod.io/v2"
 API_URL = "https://api.runpod.io/graphql"  # GraphQL: spot prices only
@@ -109,6 +110,10 @@ def api_key(environ: dict[str, str] | None = None) -> str:
                           f"it in a file and set {KEY_FILE_ENV}")
 
 
+RENT_INTERRUPTIBLE = """
+mutation RentInterruptible($input: PodRentInterruptableInput!) {
+  podRentInterruptable(input: $input) { id name desiredStatus costPerHr }
+}"""
 SPOT_PRICES = """
 query SpotPrices($count: Int!) {
   gpuTypes { id lowestPrice(input: {gpuCount: $count}) { minimumBidPrice } }
@@ -141,6 +146,28 @@ class PodRequest:
         if self.command:
             body["args"] = shlex.join(["bash", "-c", self.command])
         return {**body, **self.extra}
+
+
+@dataclass
+class InterruptibleRequest:
+    """One interruptible pod to rent: reached over its public SSH only (22/tcp)."""
+
+    name: str
+    image: str
+    gpu_type_id: str
+    gpu_count: int
+    bid_per_gpu: float
+    env: dict[str, str] = field(default_factory=dict)
+    cloud: str = "SECURE"
+    disk_gb: int = 50
+
+    def input(self) -> dict[str, Any]:
+        """GraphQL's PodRentInterruptableInput (as runpod-python and SkyPilot send it)."""
+        return {"name": self.name, "imageName": self.image, "gpuTypeId": self.gpu_type_id,
+                "gpuCount": self.gpu_count, "bidPerGpu": self.bid_per_gpu,
+                "cloudType": self.cloud, "containerDiskInGb": self.disk_gb, "volumeInGb": 0,
+                "ports": "22/tcp", "startSsh": True,
+                "env": [{"key": k, "value": v} for k, v in sorted(self.env.items())]}
 
 
 class RunPodAPI:
@@ -216,12 +243,10 @@ class RunPodAPI:
 
     # ------------------------------------------------------------------ GraphQL
 
-    def spot_prices(self, count: int = 1) -> dict[str, float | None]:
-        """The interruptible price per GPU-hour of each GPU type for pods of `count` GPUs (None:
-        none to be had now), from GraphQL: v2 has no spot prices."""
-        what = "read interruptible prices"
+    def _graphql(self, query: str, variables: dict[str, Any], what: str) -> dict[str, Any]:
+        """The `data` of one GraphQL request; the errors above for anything else."""
         answer = self._http.request("POST", self.url, what, GRAPHQL_API,
-                                    json={"query": SPOT_PRICES, "variables": {"count": count}})
+                                    json={"query": query, "variables": variables})
         if answer.status_code >= 500:
             raise RunPodUnavailable(f"RunPod answered {answer.status_code} to {what}. To fix: "
                                     "retry later (RunPod's side)")
@@ -236,16 +261,40 @@ class RunPodAPI:
             if any((e.get("extensions") or {}).get("code") == "UNAUTHENTICATED"
                    for e in errors):
                 raise auth_error()
+            if _NO_STOCK.search(message):
+                raise NoCapacity(f"RunPod has no machine for {what} now: {message}. To fix: "
+                                 "nothing; the policy tries the next offer")
             raise RunPodError(f"RunPod's {GRAPHQL_API} refused {what}: {message}")
-        types = (document.get("data") or {}).get("gpuTypes")
+        if not isinstance(document.get("data"), dict):
+            raise RunPodError(f"RunPod's {GRAPHQL_API} answered {what} with no data. To fix: "
+                              "retry later; if it persists, upgrade raytrain")
+        return document["data"]
+
+    def rent_interruptible(self, request: InterruptibleRequest) -> dict[str, Any]:
+        """Rent an interruptible pod at `request.bid_per_gpu` (GraphQL: v2 has none). It has
+        no private network to other pods: the service drives it over its public SSH
+        (raytrain.cloud.pod_runs)."""
+        what = f"rent interruptible pod ({request.gpu_count} x {request.gpu_type_id})"
+        pod = self._graphql(RENT_INTERRUPTIBLE, {"input": request.input()},
+                            what).get("podRentInterruptable")
+        if not isinstance(pod, dict) or not pod.get("id"):
+            raise NoCapacity(f"RunPod rented no pod for {what} (no machine at that price). "
+                             "To fix: nothing; the policy tries the next offer")
+        return pod
+
+    def spot_prices(self, count: int = 1) -> dict[str, float | None]:
+        """The interruptible price per GPU-hour of each GPU type for pods of `count` GPUs (None:
+        none to be had now), from GraphQL: v2 has no spot prices."""
+        what = "read interruptible prices"
+        types = self._graphql(SPOT_PRICES, {"count": count}, what).get("gpuTypes")
         if not isinstance(types, list):
             raise RunPodError(f"RunPod's {GRAPHQL_API} answered {what} with no gpuTypes. To "
                               "fix: retry later; if it persists, upgrade raytrain")
-        return {str(g.get("id")): _positive((g.get("lowestPrice") or {}).get("minimumBidPrice"))
+        return {str(g.get("id")): positive((g.get("lowestPrice") or {}).get("minimumBidPrice"))
                 for g in types if isinstance(g, dict)}
 
 
-def _positive(value: Any) -> float | None:
+def positive(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
@@ -319,51 +368,3 @@ def pod_private_ip(pod: dict[str, Any]) -> str:
     """The pod's address on RunPod's global network ("" until it has one)."""
     network = pod.get("globalNetworking") or {}
     return str(network.get("ip") or "") if network.get("enabled") else ""
-
-
-def refresh(catalog: OfferCatalog, api: RunPodAPI, now: float) -> OfferCatalog:
-    """The catalog with its RunPod offers' prices from RunPod: on-demand from v2's catalog
-    (the Secure Cloud price per GPU, times the pod's GPUs), interruptible from GraphQL's
-    lowest bid (v2 has none). What fails keeps the previous figures with a warning; other
-    providers' rows are unchanged."""
-    rows = [o for o in catalog.offers if o.provider == "runpod"]
-    warnings: list[str] = []
-    refreshed: dict[str, Offer] = {}
-    by_kind = {kind: gpu_id for gpu_id, kind in GPU_KINDS.items()}
-    for count in sorted({o.gpus_per_node for o in rows}):
-        try:
-            types = {g.get("id"): g for g in api.gpus(count)}
-        except RunPodError as exc:
-            warnings.append(f"RunPod prices for {count}-GPU pods kept from before: {exc}")
-            continue
-        try:
-            spot: dict[str, float | None] | None = api.spot_prices(count)
-        except RunPodError as exc:
-            spot = None
-            warnings.append(f"RunPod interruptible prices for {count}-GPU pods kept from "
-                            f"before: {exc}")
-        for offer in (o for o in rows if o.gpus_per_node == count):
-            gpu_id = by_kind.get(offer.gpu_kind, "")
-            gpu = types.get(gpu_id)
-            if gpu is None:
-                warnings.append(f"RunPod lists no {offer.gpu_kind} now; {offer.id} keeps its "
-                                "previous prices")
-                continue
-            price = _positive((gpu.get("price") or {}).get(offer.region))
-            update: dict[str, Any] = {"note": f"refreshed from RunPod {_day(now)}; stock "
-                                              f"{gpu.get('availability') or 'unknown'}"}
-            if price is not None:
-                update["on_demand_usd_per_hour"] = price * count
-            if spot is not None and spot.get(gpu_id) is not None:
-                update["spot_usd_per_hour"] = float(spot[gpu_id] or 0.0) * count
-            refreshed[offer.id] = Offer.model_validate({**offer.model_dump(), **update})
-    for warning in warnings:
-        logger.warning("offer refresh: %s", warning)
-    source = "aws+runpod" if catalog.source in ("aws", "aws+runpod") else "runpod"
-    return OfferCatalog(version=catalog.version, source=source,  # type: ignore[arg-type]
-                        fetched_at=now, warnings=[*catalog.warnings, *warnings],
-                        offers=[refreshed.get(o.id, o) for o in catalog.offers])
-
-
-def _day(now: float) -> str:
-    return dt.datetime.fromtimestamp(now, dt.timezone.utc).strftime("%Y-%m-%d")

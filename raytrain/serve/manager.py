@@ -54,6 +54,7 @@ from raytrain.serve.durable import RETRY_AFTER_S, DurableRecords, service_id
 from raytrain.serve.events import EventLog
 from raytrain.serve.history import History, point_of, step_rows
 from raytrain.serve.manager_reads import JobReads
+from raytrain.serve.pod_cluster import with_pods
 from raytrain.serve.provisioning import Provisioner
 from raytrain.serve.ray_cluster import RayCluster
 from raytrain.serve.reads import Versions
@@ -79,7 +80,7 @@ class JobManager(JobReads):
     def __init__(self, config: dict[str, Any], cluster: Cluster[Any] | None = None,
                  schedule: bool = True) -> None:
         self.config = ServiceConfig.model_validate(config)
-        self.cluster: Cluster[Any] = cluster if cluster is not None else RayCluster()
+        self.cluster: Cluster[Any] = with_pods(cluster or RayCluster(), self.config, self)
         self.lock = threading.RLock()
         self._changed = threading.Condition(self.lock)
         self._schedule = schedule

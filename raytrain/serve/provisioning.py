@@ -250,9 +250,10 @@ class Provisioner:
             offer = self.catalog.find(binding.offer)
             if offer is None or offer.usd_per_hour(binding.market) is None:
                 continue
-            other = "on_demand_usd_per_hour" if binding.market == "spot" \
-                else "spot_usd_per_hour"
-            offers.append(offer.model_copy(update={other: None}))
+            other = "on_demand_usd_per_hour" if binding.market == "spot" else "spot_usd_per_hour"
+            # A pod type's spot is one pod a job, driven over SSH (cloud.pod_runs).
+            offers.append(offer.model_copy(update={other: None, "spot_joins_cluster": (
+                offer.spot_joins_cluster or name in self.config.pod_types)}))
             node_type[(offer.id, binding.market)] = name
         return offers, node_type
 

@@ -259,6 +259,26 @@ class NodeTypeBinding(Strict):
     max_nodes: int = Field(0, ge=0, description="The node type's max_workers; 0: no limit.")
 
 
+class PodType(Strict):
+    """A node type served by RunPod interruptible pods that join no cluster: one pod a job,
+    rented by the service and driven over its public SSH (raytrain.cloud.pod_runs)."""
+
+    gpu_type_id: str = Field(max_length=200, description="RunPod's GPU type id, e.g. 'NVIDIA "
+                             "GeForce RTX 4090'.")
+    gpu_count: int = Field(1, ge=1, le=8, description="GPUs of the pod (its offer's).")
+    cpus: float = Field(8.0, gt=0, description="CPUs the pod gives the job's ranks.")
+    image: str = Field("runpod/pytorch:2.8.0-py3.11-cuda12.8.1-cudnn-devel-ubuntu22.04",
+                       max_length=500, description="The pod's image (one of RunPod's: it "
+                       "starts sshd with PUBLIC_KEY).")
+    disk_gb: int = Field(50, ge=1, le=10_000, description="Container disk, GB.")
+    command: str = Field(
+        "python3 -m raytrain.train.pod_main", max_length=2000,
+        description="What the pod runs for a job, over SSH: raytrain's pod runner, with "
+        "raytrain installed (`pip install ... && python3 -m raytrain.train.pod_main`).")
+    bid_per_gpu: float | None = Field(None, gt=0, description="The most an interruptible "
+                                      "GPU-hour may cost; null: the going price.")
+
+
 # What a capacity decision does: start on an option, stay where the job is, switch to
 # another option, or wait (nothing holds the job now).
 Action = Literal["start", "stay", "switch", "wait"]

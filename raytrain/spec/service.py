@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from raytrain.spec._base import Strict
-from raytrain.spec.offers import NodeTypeBinding
+from raytrain.spec.offers import NodeTypeBinding, PodType
 
 
 class ServiceConfig(Strict):
@@ -60,6 +60,17 @@ class ServiceConfig(Strict):
         "offer and market it buys (`raytrain serve --cluster-config` fills it from a cluster "
         "YAML). Empty: a fixed cluster; jobs run on what is there.",
     )
+    pod_types: dict[str, PodType] = Field(
+        default_factory=dict,
+        description="Node types (also in node_types, bound to an offer's spot market) served "
+        "by RunPod interruptible pods, which cannot join the Ray cluster: the service rents "
+        "one pod a job and runs the job on it over SSH (RUNPOD_API_KEY in the service's "
+        "environment). Their jobs' storage must be a bucket or a folder the pods mount.",
+    )
+    pod_ssh_private_key: str = Field(
+        "~/.ssh/raytrain", max_length=1024,
+        description="The key the service reaches pod_types' pods with; its .pub beside it "
+        "goes to each pod (PUBLIC_KEY).")
     offers_file: str | None = Field(
         None, description="An offer catalog (YAML or JSON) to use instead of the refreshed "
         "cache in state_dir or the shipped snapshot.",
@@ -135,6 +146,17 @@ class ServiceConfig(Strict):
             raise ValueError("s3:// names no bucket. To fix: write s3://BUCKET or "
                              "s3://BUCKET/PREFIX")
         return value
+
+    @model_validator(mode="after")
+    def _pod_types_bound(self) -> ServiceConfig:
+        for name in self.pod_types:
+            binding = self.node_types.get(name)
+            if binding is None or binding.market != "spot":
+                raise ValueError(
+                    f"pod_types.{name} is not a node type bound to a spot market. To fix: "
+                    f"add node_types.{name}: {{offer: runpod/secure/<n>x-<gpu>, market: "
+                    "spot, max_nodes: ...}, or remove it from pod_types")
+        return self
 
     @field_validator("storage_endpoint")
     @classmethod

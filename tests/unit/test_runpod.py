@@ -17,7 +17,12 @@ import yaml
 from ray.autoscaler.tags import TAG_RAY_NODE_KIND, TAG_RAY_NODE_STATUS, TAG_RAY_USER_NODE_TYPE
 
 from raytrain.cloud import runpod
-from raytrain.cloud.cluster import check_cluster_config, node_type_bindings, validate_with_ray
+from raytrain.cloud.cluster import (
+    check_cluster_config,
+    node_type_bindings,
+    pod_types,
+    validate_with_ray,
+)
 from raytrain.cloud.runpod import (
     NoCapacity,
     PodRequest,
@@ -27,9 +32,11 @@ from raytrain.cloud.runpod import (
     RunPodUnavailable,
     api_key,
 )
+from raytrain.cloud.runpod_offers import refresh
 from raytrain.cloud.runpod_provider import RunPodNodeProvider
 from raytrain.core.autoscale import options
 from raytrain.core.throughput import job_goal, job_throughput
+from raytrain.errors import SpecError
 from raytrain.spec import JobSpec
 from raytrain.spec.files import load_policies, snapshot
 from tests.integration.conftest import wait_for
@@ -171,7 +178,7 @@ def test_the_key_comes_from_the_environment_or_a_file(tmp_path: Path) -> None:
 
 def test_offers_take_runpods_prices_and_keep_the_rest(fake: FakeRunPod, api: RunPodAPI) -> None:
     before = snapshot()
-    after = runpod.refresh(before, api, now=1_796_200_000.0)
+    after = refresh(before, api, now=1_796_200_000.0)
     assert after.warnings == before.warnings  # every RunPod row refreshed, none kept
     rows = {o.id: o for o in after.offers}
     assert rows["runpod/secure/4x-rtx4090"].on_demand_usd_per_hour == pytest.approx(4 * 0.59)
@@ -187,12 +194,12 @@ def test_offers_take_runpods_prices_and_keep_the_rest(fake: FakeRunPod, api: Run
     asked = [r["query"] for r in fake.requests if "query" in r]
     assert asked and all("SpotPrices" in q for q in asked)
     fake.fail_next(status=500, operation="GET /v2/catalog")  # the 1-GPU catalog fails
-    kept = runpod.refresh(before, api, now=1_796_200_000.0)
+    kept = refresh(before, api, now=1_796_200_000.0)
     one = next(o for o in kept.offers if o.id == "runpod/secure/1x-rtx4090")
     assert one == next(o for o in before.offers if o.id == one.id)
     assert any("kept from before" in w for w in kept.warnings)
     fake.fail_next(status=200, message="rate limited", operation="gpuTypes")
-    spot_kept = runpod.refresh(before, api, now=1_796_200_000.0)
+    spot_kept = refresh(before, api, now=1_796_200_000.0)
     one = next(o for o in spot_kept.offers if o.id == "runpod/secure/1x-rtx4090")
     assert one.on_demand_usd_per_hour == pytest.approx(0.59)  # v2's price still taken
     assert one.spot_usd_per_hour == next(o for o in before.offers
@@ -433,6 +440,23 @@ def test_the_runpod_cluster_config_passes_rays_schema_and_ours() -> None:
     broken["available_node_types"]["rtx4090x2-on-demand"]["node_config"]["gpu_count"] = 3
     [problem] = check_cluster_config(broken, snapshot())
     assert problem.loc[-1] == "gpu_count" and "[1, 2, 4, 8]" in problem.msg
+    # The interruptible pods: no Ray node types, each its offer's spot market, one pod a job.
+    bindings, pods = pod_types(document, snapshot())
+    assert {(b.offer, b.market, b.max_nodes) for b in bindings.values()} == {
+        (f"runpod/secure/{n}x-rtx4090", "spot", 1) for n in (1, 2, 4, 8)} | {
+        ("runpod/secure/8x-h100-sxm", "spot", 1)}
+    assert pods["h100x8-spot"].gpu_type_id == H100 and pods["rtx4090x2-spot"].gpu_count == 2
+    assert "raytrain.train.pod_main" in pods["rtx4090x1-spot"].command
+    for change, fix in (({"gpu_count": 3}, "no RunPod offer of 3 x"),
+                        ({"bid": 1.0}, "Extra inputs")):
+        changed = copy.deepcopy(document)
+        changed["provider"]["pod_types"]["rtx4090x1-spot"].update(change)
+        with pytest.raises(SpecError, match=fix):
+            pod_types(changed, snapshot())
+    clash = copy.deepcopy(document)
+    clash["provider"]["pod_types"]["h100x8-on-demand"] = {"gpu_type_id": H100, "gpu_count": 8}
+    with pytest.raises(SpecError, match="also a Ray node type"):
+        pod_types(clash, snapshot())
     for key, value, fix in (("deploy_input", {}, "create_input"),
                             ("interruptible", True, "cannot join a Ray cluster"),
                             ("support_public_ip", True, "ssh.direct")):
