@@ -1,14 +1,17 @@
 """The policy on the shipped offers: for the demo-size job and a 7B-class job with a 24-hour
-deadline, the best option on each of RunPod's RTX 4090 and H100 pods (on-demand; its
-interruptible pods join no cluster, so none is bought) and on AWS p5 spot, with its expected
-dollars per million tokens, and the policy's choice. Pure arithmetic on the catalog and the
-planner: no cloud is called.
+deadline, the best option on each of RunPod's RTX 4090 and H100 pods (on-demand, and
+interruptible as cluster/runpod.yaml's pod types rent them: one pod a job, over SSH) and on
+AWS p5 spot, with its expected dollars per million tokens, and the policy's choice. Pure
+arithmetic on the catalog and the planner: no cloud is called.
 
     python -m benchmarks.runpod_offers
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from raytrain.cloud.cluster import load_cluster_config, pod_types
 from raytrain.core.autoscale import choose, options
 from raytrain.core.throughput import job_goal, job_throughput
 from raytrain.spec import JobSpec
@@ -31,6 +34,7 @@ JOBS = {
         "resources": {"num_workers": 8, "gpus_per_worker": 1, "accelerator": "rtx4090"},
         "capacity": {"deadline_hours": 24}},
 }
+CLUSTER = Path(__file__).resolve().parents[1] / "cluster" / "runpod.yaml"
 CHOICES = [("runpod", "rtx4090", "spot"), ("runpod", "rtx4090", "on-demand"),
            ("runpod", "h100-sxm", "spot"), ("runpod", "h100-sxm", "on-demand"),
            ("aws", "h100-sxm", "spot")]
@@ -38,7 +42,14 @@ CHOICES = [("runpod", "rtx4090", "spot"), ("runpod", "rtx4090", "on-demand"),
 
 def main() -> None:
     catalog, policy = snapshot(), load_policies()["cost-first"]
-    print(f"catalog {catalog.version} (snapshot); policy {policy.name}")
+    # What the service on cluster/runpod.yaml buys: its pod types take RunPod's spot market
+    # (one pod a job, over SSH), as the provisioner applies them.
+    served, _ = pod_types(load_cluster_config(CLUSTER), catalog)
+    offers = [o.served_by_pods() if o.id in {b.offer for b in served.values()} else o
+              for o in catalog.offers]
+    catalog = catalog.model_copy(update={"offers": offers})
+    print(f"catalog {catalog.version} (snapshot, with {CLUSTER.name}'s pod types); policy "
+          f"{policy.name}")
     for title, document in JOBS.items():
         spec = JobSpec.model_validate(document)
         goal = job_goal(spec)

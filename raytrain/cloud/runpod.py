@@ -121,13 +121,19 @@ query SpotPrices($count: Int!) {
 
 
 @dataclass
-class PodRequest:
-    """One on-demand pod to create on the account's global network (a Ray node)."""
+class PodShape:
+    """What every pod asked of RunPod is: its name, image and GPUs."""
 
     name: str
     image: str
     gpu_type_id: str
     gpu_count: int
+
+
+@dataclass
+class PodRequest(PodShape):
+    """One on-demand pod to create on the account's global network (a Ray node)."""
+
     env: dict[str, str] = field(default_factory=dict)
     cloud: str = "SECURE"
     disk_gb: int = 50
@@ -149,13 +155,9 @@ class PodRequest:
 
 
 @dataclass
-class InterruptibleRequest:
+class InterruptibleRequest(PodShape):
     """One interruptible pod to rent: reached over its public SSH only (22/tcp)."""
 
-    name: str
-    image: str
-    gpu_type_id: str
-    gpu_count: int
     bid_per_gpu: float
     env: dict[str, str] = field(default_factory=dict)
     cloud: str = "SECURE"

@@ -251,9 +251,9 @@ class Provisioner:
             if offer is None or offer.usd_per_hour(binding.market) is None:
                 continue
             other = "on_demand_usd_per_hour" if binding.market == "spot" else "spot_usd_per_hour"
-            # A pod type's spot is one pod a job, driven over SSH (cloud.pod_runs).
-            offers.append(offer.model_copy(update={other: None, "spot_joins_cluster": (
-                offer.spot_joins_cluster or name in self.config.pod_types)}))
+            if name in self.config.pod_types:
+                offer = offer.served_by_pods()
+            offers.append(offer.model_copy(update={other: None}))
             node_type[(offer.id, binding.market)] = name
         return offers, node_type
 

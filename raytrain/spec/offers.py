@@ -81,6 +81,11 @@ class Offer(Strict):
     def usd_per_hour(self, market: str) -> float | None:
         return self.spot_usd_per_hour if market == "spot" else self.on_demand_usd_per_hour
 
+    def served_by_pods(self) -> Offer:
+        """This offer as a pod type serves it (ServiceConfig.pod_types): its spot market
+        takes a one-pod job, driven over SSH (raytrain.cloud.pod_runs)."""
+        return self.model_copy(update={"spot_joins_cluster": True})
+
     def markets(self) -> list[str]:
         """The markets a job can be bought in: those with a price, spot only where its nodes
         join the cluster."""

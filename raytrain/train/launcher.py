@@ -36,7 +36,7 @@ from raytrain.cloud.interruption import Ec2Metadata, Watcher
 from raytrain.cloud.object_store import join, parent
 from raytrain.spec import JobSpec, Layout
 from raytrain.train.loop import WorkerInfo, train
-from raytrain.train.progress import NullSink, ProgressSink, ServiceAnswer
+from raytrain.train.progress import AnsweredSink, NullSink, ProgressSink, ServiceAnswer
 from raytrain.train.worker_logs import stored_output
 
 logger = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 NODE_ID_LABEL = "ray.io/node-id"  # a label Ray gives every node: its id
 
 
-class ManagerSink:
+class ManagerSink(AnsweredSink):
     """Progress of one job's rank 0, sent to the job manager actor.
 
     Progress is fire-and-forget (the training step never waits for it); `started`, checkpoint
@@ -75,22 +75,10 @@ class ManagerSink:
 
     def progress(self, payload: dict[str, Any]) -> None:
         sent = {**payload, "sent_at": time.time()}
-        self._poll_reply()
+        self._poll()
         self._last_reply = self.manager.report_progress.remote(self.job_id, self.attempt, sent)
 
-    def should_stop(self) -> bool:
-        self._poll_reply()
-        return self.answer.stop
-
-    def should_move(self) -> bool:
-        self._poll_reply()
-        return self.answer.move
-
-    def checkpoint_every_s(self) -> float | None:
-        self._poll_reply()
-        return self.answer.checkpoint_every_s
-
-    def _poll_reply(self) -> None:
+    def _poll(self) -> None:
         """Read the manager's answer to the last report if it has come; never waits."""
         if self._last_reply is None:
             return

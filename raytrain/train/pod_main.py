@@ -31,6 +31,8 @@ import threading
 import traceback
 from typing import Any, TextIO
 
+from raytrain.train.progress import AnsweredSink
+
 LINE_PREFIX = "@raytrain "
 
 
@@ -129,7 +131,7 @@ def _rank(rank: int, world_size: int, config: dict[str, Any], outbox: Any,
                 dist.destroy_process_group()
 
 
-class PodSink:
+class PodSink(AnsweredSink):
     """Rank 0's sink on a pod: its reports go out as lines, the service's answers come back
     as lines. `started` waits for the run's attempt, as the Ray sink waits for the manager."""
 
@@ -170,17 +172,6 @@ class PodSink:
     def finished(self, result: dict[str, Any]) -> None:
         self.outbox.put({"kind": "finished", "result": result})
 
-    def should_stop(self) -> bool:
-        self._poll()
-        return self.answer.stop
-
-    def should_move(self) -> bool:
-        self._poll()
-        return self.answer.move
-
-    def checkpoint_every_s(self) -> float | None:
-        self._poll()
-        return self.answer.checkpoint_every_s
 
 
 if __name__ == "__main__":

@@ -65,6 +65,28 @@ class ServiceAnswer:
             self.checkpoint_every_s = reply["checkpoint_every_s"]
 
 
+class AnsweredSink:
+    """A rank 0 sink whose service answers come back in their own time: each question reads
+    the latest answer, after `_poll` took in what has arrived (never waiting)."""
+
+    answer: ServiceAnswer
+
+    def _poll(self) -> None:
+        raise NotImplementedError
+
+    def should_stop(self) -> bool:
+        self._poll()
+        return self.answer.stop
+
+    def should_move(self) -> bool:
+        self._poll()
+        return self.answer.move
+
+    def checkpoint_every_s(self) -> float | None:
+        self._poll()
+        return self.answer.checkpoint_every_s
+
+
 class NullSink:
     """For ranks other than 0, and runs nobody watches."""
 
