@@ -139,3 +139,73 @@ def events(folder: Path) -> list[dict[str, Any]]:
     path = folder / "events.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() \
         else []
+
+
+def group_rank_main(group: int, rank: int, lighthouse: str, folder: str, job: dict[str, Any],
+                    groups: int, pg_port: int, store_port: int, interval_s: float) -> None:
+    """One rank of a replica group of two ranks (spawned): the group's own gloo process group
+    on `pg_port`, its torchft store on `store_port` (rank 0's). Rank 0 hears the service's
+    checkpoint interval (`interval_s`); a node's notice (notice-G-R) reaches that rank only,
+    as on two nodes. Records losses-G.json, checkpoints-G.json (rank 0 of each group) and
+    result-G.json."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ.setdefault("RUST_LOG", "error")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(pg_port))
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import TCPStore
+
+    from raytrain.core.resolve import job_layout
+    from raytrain.spec import JobSpec
+    from raytrain.train.elastic import GroupEvents, GroupSetup, train_group
+    from raytrain.train.loop import WorkerInfo
+    from raytrain.train.progress import NullSink
+
+    torch.set_num_threads(1)
+    out = Path(folder)
+    while not (out / f"start-{group}").exists():
+        time.sleep(0.01)
+    store = TCPStore("127.0.0.1", store_port, is_master=True, wait_for_workers=False) \
+        if rank == 0 else None
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    spec = JobSpec.model_validate(job)
+
+    class Sink(NullSink):
+        losses: dict[int, float] = {}
+        saved: list[int] = []
+
+        def progress(self, payload: dict[str, Any]) -> None:
+            self.losses[payload["step"]] = payload["loss"]
+            (out / f"losses-{group}.json").write_text(json.dumps(self.losses))
+            if (out / "slow").exists():
+                time.sleep(0.1)
+
+        def checkpoint(self, step: int, path: str, save_s: float,
+                       durable_s: float | None = None) -> None:
+            self.saved.append(step)
+            (out / f"checkpoints-{group}.json").write_text(json.dumps(self.saved))
+
+        def checkpoint_every_s(self) -> float | None:
+            return interval_s
+
+        def finished(self, result: dict[str, Any]) -> None:
+            (out / f"result-{group}.json").write_text(json.dumps(result))
+
+    class Notice:
+        noticed_at = None
+
+        @property
+        def stop_requested(self) -> bool:
+            return (out / f"notice-{group}-{rank}").exists()
+
+        def take_checkpoint_request(self) -> bool:
+            return False
+
+    setup = GroupSetup(lighthouse, "127.0.0.1", store_port, "g", groups, timeout_s=30)
+    try:
+        train_group(spec, job_layout(spec), WorkerInfo(rank, 2, torch.device("cpu")), group,
+                    setup, Sink() if rank == 0 else NullSink(), out / f"ckpt-{group}",
+                    Notice(), GroupEvents(), progress_interval_s=0.0)
+    finally:
+        dist.destroy_process_group()
+        del store

@@ -19,6 +19,7 @@ training loop.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import time
@@ -44,6 +45,13 @@ class Store(Protocol):
     def keys(self, prefix: str) -> Iterator[str]: ...  # every key under the prefix
 
     def delete_prefix(self, prefix: str) -> None: ...
+
+    # A version tag of a key's content, and a write only if it is still that version: what
+    # makes the service's lease atomic (serve.durable).
+    def get_tagged(self, key: str) -> tuple[bytes | None, str | None]: ...
+
+    def put_if(self, key: str, data: bytes, tag: str | None) -> str | None: ...
+    # the new tag, or None when the key's version is not `tag` (None: when the key exists)
 
 
 def is_remote(uri: str | None) -> bool:
@@ -133,7 +141,8 @@ class LocalStore:
             return
         for path in sorted(folder.rglob("*")):
             key = path.relative_to(self.root).as_posix()
-            if path.is_file() and key.startswith(prefix) and ".tmp" not in path.name:
+            if path.is_file() and key.startswith(prefix) and ".tmp" not in path.name \
+                    and not path.name.endswith(".lock"):
                 yield key
 
     def delete_prefix(self, prefix: str) -> None:
@@ -142,6 +151,24 @@ class LocalStore:
             shutil.rmtree(path, ignore_errors=True)
         elif path.exists():
             path.unlink(missing_ok=True)
+
+    def get_tagged(self, key: str) -> tuple[bytes | None, str | None]:
+        data = self.get_bytes(key)
+        return data, None if data is None else hashlib.sha256(data).hexdigest()
+
+    def put_if(self, key: str, data: bytes, tag: str | None) -> str | None:
+        """Under an exclusive lock on the key's lock file, so processes on this host (or on
+        a filesystem with working locks) agree."""
+        import fcntl
+
+        lock = self._path(key).with_name(self._path(key).name + ".lock")
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        with open(lock, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            if self.get_tagged(key)[1] != tag:
+                return None
+            self.put_bytes(key, data)
+            return hashlib.sha256(data).hexdigest()
 
 
 class S3Store:
@@ -215,6 +242,38 @@ class S3Store:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         return True
+
+    def get_tagged(self, key: str) -> tuple[bytes | None, str | None]:
+        from botocore.exceptions import ClientError
+
+        try:
+            answer = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+            return answer["Body"].read(), str(answer["ETag"])
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None, None
+            raise StoreError(self.uri, f"reading {key}", exc, _s3_fix(exc)) from exc
+        except Exception as exc:  # noqa: BLE001 - botocore's transport errors
+            raise StoreError(self.uri, f"reading {key}", exc, _s3_fix(exc)) from exc
+
+    def put_if(self, key: str, data: bytes, tag: str | None) -> str | None:
+        """S3's conditional write: If-None-Match: * to create, If-Match: ETag to replace;
+        412 (or 409, a concurrent conditional write) when another writer came first."""
+        from botocore.exceptions import ClientError
+
+        condition = {"IfNoneMatch": "*"} if tag is None else {"IfMatch": tag}
+        try:
+            answer = self._client.put_object(Bucket=self.bucket, Key=self._key(key),
+                                             Body=data, **condition)
+        except ClientError as exc:
+            code = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in (409, 412) or exc.response.get("Error", {}).get("Code") in (
+                    "PreconditionFailed", "ConditionalRequestConflict"):
+                return None
+            raise StoreError(self.uri, f"writing {key}", exc, _s3_fix(exc)) from exc
+        except Exception as exc:  # noqa: BLE001 - botocore's transport errors
+            raise StoreError(self.uri, f"writing {key}", exc, _s3_fix(exc)) from exc
+        return str(answer["ETag"])
 
     def keys(self, prefix: str) -> Iterator[str]:
         paginator = self._client.get_paginator("list_objects_v2")

@@ -14,9 +14,10 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterable
 
+from raytrain.cloud.object_store import is_remote, open_store
 from raytrain.core.capacity import never_fits
 from raytrain.core.lifecycle import Record
-from raytrain.errors import FieldError, JobStateError, ServiceBusyError, SpecError
+from raytrain.errors import FieldError, JobStateError, ServiceBusyError, SpecError, StoreError
 from raytrain.spec import JobSpec, JobState, JobStatus, PlanSummary, Progress, parse_job_spec
 
 IDEMPOTENCY_WINDOW_S = 24 * 3600.0
@@ -116,15 +117,20 @@ def check_deletable(record: Record, jobs: Iterable[JobStatus]) -> None:
                 f"own yet. To fix: delete {job.id} once {other.id} has checkpointed or ended")
 
 
-def check_paths_on_head_node(spec: JobSpec) -> None:
-    """Refuse at submit a token file or a checkpoint to resume from that does not exist where
-    the service runs (the head node): on a cluster it must be on storage every node mounts,
-    the head node included."""
+def check_paths_on_head_node(spec: JobSpec, endpoint: str | None = None) -> None:
+    """Refuse at submit a token file that does not exist where the service runs (the head
+    node: on a cluster it must be on storage every node mounts, the head node included), or
+    a checkpoint to resume from that is not committed where it lives: a folder the service
+    mounts, or a bucket (any bucket or prefix the service's credentials read; `endpoint`:
+    the service's S3 endpoint)."""
     resume = spec.training.resume_from
-    if resume and not (Path(resume).expanduser() / COMMITTED).is_file():
-        raise SpecError([FieldError(("training", "resume_from"), (
-            f"{resume} is not a committed checkpoint on the service's node. To fix: give the "
-            "checkpoint.path of an ended job, on storage every node mounts"))])
+    if resume:
+        where, why = checkpoint_committed(resume, endpoint)
+        if not where:
+            raise SpecError([FieldError(("training", "resume_from"), (
+                f"{resume} is not a committed checkpoint the service can read ({why}). To "
+                "fix: give the checkpoint.path of an ended job, on storage every node reaches "
+                "(a folder they mount, or a bucket their credentials read)"))])
     if spec.data.kind == "token_file" and spec.data.path:
         path = Path(spec.data.path).expanduser()
         if not path.is_file():
@@ -137,6 +143,20 @@ def check_paths_on_head_node(spec: JobSpec) -> None:
             raise SpecError([FieldError(("data", "path"), (
                 f"{spec.data.path} holds {tokens} tokens, fewer than seq_len + 1 = "
                 f"{spec.data.seq_len + 1}. To fix: lower data.seq_len or give a longer file"))])
+
+
+def checkpoint_committed(ref: str, endpoint: str | None = None) -> tuple[bool, str]:
+    """Whether the checkpoint at `ref` (a folder, or s3://BUCKET/.../step_N) is committed
+    (its marker written last, raytrain.train.checkpoint), and if not, why not."""
+    if not is_remote(ref):
+        found = (Path(ref).expanduser() / COMMITTED).is_file()
+        return found, "" if found else "no COMMITTED marker in that folder on this node"
+    folder, _, name = ref.rstrip("/").rpartition("/")
+    try:
+        marker = open_store(folder, endpoint).get_bytes(f"{name}/{COMMITTED}")
+    except StoreError as exc:
+        return False, str(exc)
+    return marker is not None, "" if marker is not None else "no COMMITTED marker there"
 
 
 def check_fits_the_cluster(spec: JobSpec, nodes: Any) -> None:

@@ -14,9 +14,12 @@ Two copies, with one promise: what they end up holding is what the API said.
   never holds the manager's lock. A new head node with an empty state directory and the same
   storage reads them back (`load`), so it lists every job and resumes the ones that were
   running.
-- A lease (`_service/lease.json`: holder, host, renewed_at) renewed by that thread: a second
-  service on the same storage waits for a lease to lapse (the head that held it is gone) and
-  refuses to start while it is being renewed, naming its holder.
+- A lease (`_service/lease.json`: holder, host, renewed_at) renewed by that thread with a
+  conditional write (S3's If-Match on the version it wrote last): a second service on the
+  same storage waits a lease's time to see whether it is still renewed (the head that held
+  it is gone if not), refuses to start while it is, naming its holder, and takes it over
+  with a conditional write too, so of two heads racing exactly one holds it; a service whose
+  lease was taken over stops writing at its next renewal.
 
 Written here because SQLite and the bucket differ in what they promise (a transaction against
 a put per object), and neither says how to buffer through its own outage.
@@ -81,6 +84,7 @@ class DurableRecords:
         self._wake = threading.Condition()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lease_tag = ""  # the version of the lease this service last wrote
 
     # ------------------------------------------------------------------ start and stop
 
@@ -89,7 +93,8 @@ class DurableRecords:
         mirror's thread; raise naming the holder if another service renews it."""
         if self.mirror is None:
             return
-        acquire_lease(self.mirror, self.holder, self.lease_s, wait_for_lease)
+        self._lease_tag = acquire_lease(self.mirror, self.holder, self.lease_s,
+                                        wait_for_lease)
         self._thread = threading.Thread(target=self._mirror_forever, name="record-mirror",
                                         daemon=True)
         self._thread.start()
@@ -223,7 +228,8 @@ class DurableRecords:
                 return
             try:
                 if time.monotonic() - renewed >= self.lease_s / 3:
-                    renew_lease(self.mirror, self.holder)  # type: ignore[arg-type]
+                    self._lease_tag = renew_lease(self.mirror, self.holder,  # type: ignore[arg-type]
+                                                  self._lease_tag)
                     renewed = time.monotonic()
                 self._upload()
                 if self.mirror_degraded is not None:
@@ -272,39 +278,69 @@ def read_mirror(store: Store) -> tuple[list[tuple[JobStatus, int]], dict[str, An
     return loaded, json.loads(tally) if tally else None
 
 
-def _lease(store: Store) -> dict[str, Any] | None:
-    data = store.get_bytes(LEASE_KEY)
-    return json.loads(data) if data else None
+def _lease(store: Store) -> tuple[dict[str, Any] | None, str | None]:
+    data, tag = store.get_tagged(LEASE_KEY)
+    return (json.loads(data) if data else None), tag
 
 
-def renew_lease(store: Store, holder: str, check: bool = True) -> None:
-    held = _lease(store) if check else None
-    if held is not None and held.get("holder") != holder:
-        raise RaytrainError(f"the service {held.get('holder')} on {held.get('host')} took "
-                            f"over {store}; this one stops writing to it")
-    store.put_bytes(LEASE_KEY, json.dumps({
-        "holder": holder, "host": socket.gethostname(), "pid": os.getpid(),
-        "renewed_at": time.time()}).encode())
+def _lease_document(holder: str) -> bytes:
+    return json.dumps({"holder": holder, "host": socket.gethostname(), "pid": os.getpid(),
+                       "renewed_at": time.time()}).encode()
+
+
+def renew_lease(store: Store, holder: str, tag: str) -> str:
+    """Renew the lease `holder` holds at version `tag` (a conditional write: it fails if
+    anyone wrote the lease since); the new version. RaytrainError if it was taken over."""
+    renewed = store.put_if(LEASE_KEY, _lease_document(holder), tag)
+    if renewed is None:
+        held, _ = _lease(store)
+        raise RaytrainError(f"the service {(held or {}).get('holder')} on "
+                            f"{(held or {}).get('host')} took over {store}; this one stops "
+                            "writing to it")
+    return renewed
 
 
 def acquire_lease(store: Store, holder: str, lease_s: float,
-                  progress: Callable[[str], None] | None = None) -> None:
-    """Hold `store`'s lease for `holder` (module doc)."""
-    first = _lease(store)
-    if first is not None and first.get("holder") != holder:
-        age = time.time() - float(first.get("renewed_at", 0))
-        if age < lease_s:
+                  progress: Callable[[str], None] | None = None,
+                  clock: Callable[[], float] = time.monotonic,
+                  sleep: Callable[[float], None] = time.sleep) -> str:
+    """Take `store`'s lease for `holder`; its version, for `renew_lease`.
+
+    Atomic through the store's conditional writes (S3's If-None-Match / If-Match): a lease
+    that is not there is created only if it still is not, and one held by another service is
+    taken over only if it was not renewed for `lease_s` by this host's own clock (its
+    version unchanged), and only if nobody else took it meanwhile. So of two heads racing
+    for it exactly one wins, and no clocks are compared across hosts. The loser is told who
+    holds it."""
+    for _ in range(3):  # a lease that comes and goes while we look: look again
+        held, tag = _lease(store)
+        if held is None:
+            taken = store.put_if(LEASE_KEY, _lease_document(holder), None)
+        elif held.get("holder") == holder:  # ours (a restart of this service)
+            taken = store.put_if(LEASE_KEY, _lease_document(holder), tag)
+        else:
             if progress is not None:
-                progress(f"{store} is leased by service {first.get('holder')} on "
-                         f"{first.get('host')} (renewed {age:.0f} s ago); waiting up to "
-                         f"{lease_s - age:.0f} s for it to lapse")
-            time.sleep(lease_s - age + 0.5)
-            now = _lease(store)
-            if now is not None and now.get("renewed_at") != first.get("renewed_at"):
-                raise RaytrainError(
-                    f"another raytrain service drives {store}: service {now.get('holder')} "
-                    f"on host {now.get('host')} (pid {now.get('pid')}) renews its lease. "
-                    "Two services on one storage would run the same jobs twice. To fix: stop "
-                    "that service (`raytrain stop` on its head node), or give this one other "
-                    "storage (--storage-path)")
-    renew_lease(store, holder, check=False)
+                progress(f"{store} is leased by service {held.get('holder')} on "
+                         f"{held.get('host')}; waiting {lease_s:.0f} s to see whether it is "
+                         "still renewed")
+            started = clock()
+            sleep(lease_s + 0.5)
+            while clock() - started < lease_s:  # a sleep that came back early
+                sleep(0.5)
+            now, now_tag = _lease(store)
+            if now is not None and now_tag != tag:
+                raise _held_by(store, now)
+            taken = store.put_if(LEASE_KEY, _lease_document(holder), tag) \
+                if now is not None else store.put_if(LEASE_KEY, _lease_document(holder), None)
+        if taken is not None:
+            return taken
+    held, _ = _lease(store)
+    raise _held_by(store, held or {})
+
+
+def _held_by(store: Store, held: dict[str, Any]) -> RaytrainError:
+    return RaytrainError(
+        f"another raytrain service drives {store}: service {held.get('holder')} on host "
+        f"{held.get('host')} (pid {held.get('pid')}) holds its lease. Two services on one "
+        "storage would run the same jobs twice. To fix: stop that service (`raytrain stop` "
+        "on its head node), or give this one other storage (--storage-path)")

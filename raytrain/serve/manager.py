@@ -205,7 +205,7 @@ class JobManager(JobReads):
         check_imports_allowed(spec, self.config.allowed_import_packages)
         for loc, path in spec.import_paths():  # a typo is found now, not on a node bought
             resolve_factory(path, loc)  # for it
-        check_paths_on_head_node(spec)
+        check_paths_on_head_node(spec, self.config.storage_endpoint)
         self.provisioner.check_capacity(spec, self.cluster.node_resources)
         job = new_job(spec, plan, caller, key, self.cluster.now())
         with self.lock:

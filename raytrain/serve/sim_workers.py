@@ -82,6 +82,9 @@ class SimRun:
         self.state = {g: TRAINING for g in self.members}
         self.joins: dict[int, float] = {}  # healing group -> when it can join
         self.lost_at: dict[int, float] = {}  # gone group -> when
+        # Nodes its groups heard a notice on: no replacement goes there, as live (the job
+        # manager's run_view `avoid`, from the run's noticed nodes).
+        self.noticed_nodes: set[str] = set()
 
     # ------------------------------------------------------------------ the cloud asks
 
@@ -115,6 +118,7 @@ class SimRun:
         if not self.elastic:
             self.noticed_at = self.noticed_at or now
             return
+        self.noticed_nodes.add(node)
         for group, nodes in self.members.items():
             if node in nodes and self.state[group] == TRAINING:
                 self.state[group] = LEAVING
@@ -140,8 +144,10 @@ class SimRun:
                      f"lost, and {self.alive} replica group(s) are left")
 
     def node_free(self, node: str, now: float) -> bool:
-        """A node of the run's type is up and unused: a gone group starts on it. True if
-        taken."""
+        """A node of the run's type is up and unused: a gone group starts on it, unless its
+        notice was heard (it is going). True if taken."""
+        if node in self.noticed_nodes:
+            return False
         for group in sorted(self.members):
             if self.state[group] == GONE:
                 per_group = max(1, len(self.nodes) // len(self.members))

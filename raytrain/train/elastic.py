@@ -14,7 +14,9 @@ and this module does:
 - Healing with the job's whole state (weights, AdamW moments, the step), sharded or not, as
   local tensors (DTensors travel as their shards and are rebuilt on the same layout).
 - The service's flags for the whole job (stop, move) ride in the step's all-reduce, as they
-  do in the rigid loop's loss sync, so every group leaves at the same step.
+  do in the rigid loop's loss sync, so every group leaves at the same step; inside a group of
+  several ranks, one more all-reduce makes every rank take the same decisions (stop, move,
+  its nodes' notices, a checkpoint due by rank 0's clock), which only some ranks hear.
 - A group whose node has a notice leaves at the step boundary; the last group alive
   checkpoints first. A step whose all-reduce failed (a group died) is not committed and is
   done again by the survivors: at most one step redone.
@@ -136,13 +138,15 @@ def train_group(spec: JobSpec, layout: Layout, worker: WorkerInfo, group: int,
             loss_value = float(flags[0])
             if me == 0:
                 meter.add_step(steps_done, loss_value, lr, grad_norm)
-            stop_asked, move_asked = bool(flags[1] > 0), bool(flags[2] > 0)
-            leaving = notices.stop_requested
             if me == 0 and meter.record(steps_done, loss_value):
                 sink.progress({**meter.snapshot(), "groups": alive})
             interval = sink.checkpoint_every_s() if me == 0 else None
+            due = after_step(steps_done, training.steps, training.checkpoint_every_steps,
+                             time.monotonic() - saved_at, interval).checkpoint
+            stop_asked, move_asked, leaving, due = _agree_in_group(
+                worker, bool(flags[1] > 0), bool(flags[2] > 0), notices.stop_requested, due)
             rule = after_step(steps_done, training.steps, training.checkpoint_every_steps,
-                              time.monotonic() - saved_at, interval, stop_asked, False,
+                              0.0, None, stop_asked, due,
                               move_asked or (leaving and alive == 1))
             if me == 0 and rule.checkpoint and save_step(  # a stop or the last step waits for it
                     checkpoints, steps_done, model, optimizers, {
@@ -174,6 +178,23 @@ def _group_result(meter: ProgressMeter, loss_value: float, stopped: bool, preemp
             "checkpointed_at": time.time() if preempted and not leaving else None,
             "steps": steps, "tokens_per_s": 0.0,
             "train_wall_s": time.monotonic() - meter.started_at}
+
+
+def _agree_in_group(worker: WorkerInfo, stop: bool, move: bool, leaving: bool, due: bool
+                    ) -> tuple[bool, bool, bool, bool]:
+    """What every rank of this group does after the step, as the rigid loop's loss sync
+    agrees it: a stop or move any rank heard (the cross-group sum reaches each rank only
+    from its peers of the same rank in the other groups, and only the leader's rank 0 hears
+    the service), any rank's node notice, and a checkpoint due by rank 0's clock (the
+    service's interval reaches rank 0 alone). One small all-reduce over the group's ranks;
+    none for a group of one."""
+    if worker.world_size == 1:
+        return stop, move, leaving, due
+    flags = torch.tensor([float(stop), float(move), float(leaving), float(due)],
+                         dtype=torch.float64, device=worker.device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    agreed = [bool(v > 0) for v in flags.tolist()]
+    return agreed[0], agreed[1], agreed[2], agreed[3]
 
 
 def _quorum(manager: Any, units: int) -> tuple[int, int, int | None, list[int], float]:

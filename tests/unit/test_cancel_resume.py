@@ -3,13 +3,15 @@ checkpoints where the job stopped (a resume redoes no step; before, the last per
 checkpoint was all there was), `raytrain resume ID` prints the new job's id alone (as
 `submit` does: `R=$(raytrain resume ID)`), resuming the same job again is refused while its
 resume runs, and every step of both jobs is in their histories (`raytrain status ID
---steps`). On a service whose runs train for real, in this process (tests/fake_ray.py)."""
+--steps`). On a service whose runs train for real, in this process (tests/fake_ray.py), with
+its storage in a folder and in a bucket."""
 
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 import pytest
@@ -17,6 +19,7 @@ import pytest
 from raytrain.cli import main
 from tests.fake_ray import TrainingRay
 from tests.http_service import served_training
+from tests.s3_server import make_bucket, s3_server
 from tests.unit.test_preemptions import job
 
 
@@ -28,14 +31,28 @@ def _wait_for(client: httpx.Client, job_id: str, states: set[str]) -> dict:
     return status
 
 
+@pytest.fixture(params=["folder", "bucket"])
+def storage(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
+    """The service's storage: its state folder, or an S3 bucket (moto's server), whose
+    checkpoint a resume must be able to find (it was looked for on the head's disk)."""
+    if request.param == "folder":
+        yield {}
+        return
+    with s3_server() as endpoint:
+        make_bucket(endpoint, "jobs")
+        # A prefix of its own: moto keeps one store per process, across its servers.
+        yield {"storage_path": "s3://jobs/cancel-resume", "storage_endpoint": endpoint}
+
+
 def test_a_cancelled_job_resumes_from_where_it_stopped_by_its_id(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, storage: dict[str, str]) -> None:
     cluster = TrainingRay(cpus=1, hold_at=17)
     document = job(steps=40)
     document["training"]["checkpoint_every_steps"] = 50  # the end only, unless cancelled
-    with served_training(tmp_path / "state", cluster, scheduler_interval_s=0.05) as (
-            url, token), httpx.Client(base_url=url, timeout=30, headers={
+    with served_training(tmp_path / "state", cluster, scheduler_interval_s=0.05,
+                         **storage) as (url, token), httpx.Client(
+            base_url=url, timeout=30, headers={
                 "Authorization": f"Bearer {token}"}) as client:
         monkeypatch.setenv("RAYTRAIN_TOKEN", token)
         job_id = client.post("/v1/jobs", json=document).json()["id"]
@@ -49,6 +66,7 @@ def test_a_cancelled_job_resumes_from_where_it_stopped_by_its_id(
             time.sleep(0.05)
         stopped_at = cancelled["checkpoint"]["step"]
         assert 17 <= stopped_at < 40
+        assert cancelled["checkpoint"]["path"].startswith(storage.get("storage_path", "/"))
         capsys.readouterr()
 
         assert main(["resume", job_id, "--server", url]) == 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -220,3 +221,65 @@ def test_a_heal_before_the_first_step_leaves_both_groups_training_as_one_process
                 model, source, plan, index, list(range(units)), units, layout, worker))
             _optimizer_step(model, optimizers, spec, index)
     assert losses["sender"] == losses["untouched"] == losses["receiver"]
+
+
+@pytest.mark.timeout(300)
+def test_groups_of_two_ranks_agree_on_every_decision_and_train_as_one_process(
+        tmp_path: Path) -> None:
+    """Two replica groups of two ranks each (FSDP inside, dp_shard 2), with the service's
+    0.3 s checkpoint interval, which only each group's rank 0 hears: every rank of a group
+    checkpoints at the same step. Then rank 1 of group 1 alone hears its node's notice: the
+    whole group leaves, group 0 trains on alone, and every step's loss is one process's.
+    Without the agreement inside a group (rank 0 deciding a checkpoint alone), the groups
+    hung and failed at the first interval (a quorum timeout and "Connection closed by
+    peer" after about 21 s)."""
+    from torchft.coordination import LighthouseServer
+
+    from tests.elastic_groups import group_rank_main
+    from tests.unit.test_training import _free_port
+
+    os.environ.setdefault("RUST_LOG", "error")
+    job = {**JOB, "resources": {"num_workers": 2}, "parallel": {"strategy": "fsdp"}}
+    expected = run_single(JobSpec.model_validate(JOB), tmp_path / "reference").losses()
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=200,
+                                  heartbeat_timeout_ms=1500)
+    context = multiprocessing.get_context("spawn")
+    processes = []
+    for group in range(2):
+        ports = (_free_port(), _free_port())
+        for rank in range(2):
+            processes.append(context.Process(
+                target=group_rank_main, args=(group, rank, lighthouse.address(),
+                                              str(tmp_path), job, 2, *ports, 0.3),
+                daemon=True))
+    for process in processes:
+        process.start()
+    try:
+        (tmp_path / "slow").touch()  # steps of 0.1 s: the interval falls due every 3
+        (tmp_path / "start-0").touch()
+        (tmp_path / "start-1").touch()
+        wait_for_step(tmp_path, 12, timeout_s=180)
+        (tmp_path / "notice-1-1").touch()  # group 1's second node is being taken
+        deadline = time.monotonic() + 120
+        while processes[2].is_alive() or processes[3].is_alive():  # group 1 leaves
+            assert time.monotonic() < deadline, "group 1 did not leave on its rank's notice"
+            time.sleep(0.1)
+        (tmp_path / "slow").unlink()
+        for process in processes[:2]:
+            process.join(180)
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+        lighthouse.shutdown()
+    assert [p.exitcode for p in processes] == [0, 0, 0, 0]
+    assert json.loads((tmp_path / "result-0.json").read_text())["steps"] == STEPS
+    assert not (tmp_path / "result-1.json").exists()  # it left: not the job's end
+    saved = json.loads((tmp_path / "checkpoints-0.json").read_text())
+    assert len(saved) >= 3  # by the interval (the job's own steps: only the end)
+    losses: dict[int, float] = {}
+    for path in tmp_path.glob("losses-*.json"):
+        losses.update({int(k): v for k, v in json.loads(path.read_text()).items()})
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    for step, loss in losses.items():
+        assert loss == pytest.approx(expected[step], abs=1e-5), step

@@ -5,6 +5,7 @@ that recovers every job from the bucket alone."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import threading
@@ -229,7 +230,8 @@ def test_a_new_head_recovers_every_job_from_the_bucket_and_finishes_the_running_
         manager.scheduler.pass_once()
         time.sleep(0.02)
     assert manager.records[done].status.state == JobState.SUCCEEDED
-    assert manager.records[running].status.checkpoint.step >= 10
+    saved_before_loss = manager.records[running].status.checkpoint.step
+    assert saved_before_loss >= 10
     # The head goes: its job manager, its disk and its mirror thread stop; the run dies.
     manager._store.stop_mirror()
     cluster.manager = _GoneHead()
@@ -250,8 +252,63 @@ def test_a_new_head_recovers_every_job_from_the_bucket_and_finishes_the_running_
         time.sleep(0.02)
     resumed = again.records[running].status
     assert resumed.state == JobState.SUCCEEDED, resumed.error
+    # It went on from a checkpoint, not from the start (which ends at the same loss too): the
+    # new head saw its steps from just after the checkpoint it resumed from.
+    steps = [row["step"] for row in json.loads(again.history(running) or "{}")["steps"]]
+    assert steps and steps[0] > saved_before_loss and steps[-1] == 60
+    assert steps == list(range(steps[0], 61))
     assert again.records[queued].status.state == JobState.SUCCEEDED
     reference = run_single(JobSpec.model_validate(_job(60, "running")), tmp_path / "reference")
     assert resumed.result.final_loss == pytest.approx(reference.result["final_loss"],
                                                       abs=1e-5)
     again.shutdown()
+
+
+def test_two_heads_racing_for_the_lease_leave_exactly_one_holding_it(endpoint: str) -> None:
+    """Both start at once on an empty bucket; each that gets the lease renews it. Exactly
+    one holds it, the other is refused naming the holder. (With the lease read, then
+    written, both took it: each learned otherwise only at its next renewal.)"""
+    from raytrain.serve.durable import renew_lease
+
+    store = open_store("s3://jobs/race")
+    results: dict[str, str] = {}
+    stop, barrier = threading.Event(), threading.Barrier(2)
+
+    def head(name: str) -> None:
+        barrier.wait()
+        try:
+            tag = acquire_lease(store, name, 1.0)
+            results[name] = "holds"
+            while not stop.wait(0.2):
+                tag = renew_lease(store, name, tag)
+        except RaytrainError as exc:  # refused, or (a defect) taken over after holding it
+            results[name] = f"lost: {exc}" if results.get(name) == "holds" else str(exc)
+
+    threads = [threading.Thread(target=head, args=(n,), daemon=True) for n in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while len(results) < 2:
+        assert time.monotonic() < deadline, results
+        time.sleep(0.1)
+    stop.set()
+    for thread in threads:
+        thread.join(10)
+    [winner] = [n for n, r in results.items() if r == "holds"]
+    [loser] = [r for n, r in results.items() if n != winner]
+    assert "another raytrain service drives" in loser and f"service {winner}" in loser
+
+
+def test_a_lapsed_lease_is_taken_over_and_its_old_holder_stops(endpoint: str) -> None:
+    """A head that stopped renewing: a new one waits a lease's time by its own clock, takes
+    the lease over, and the old one's next renewal fails (it stops writing)."""
+    from raytrain.serve.durable import renew_lease
+
+    store = open_store("s3://jobs/lapsed")
+    old_tag = acquire_lease(store, "old-head", 1.0)
+    lines: list[str] = []
+    new_tag = acquire_lease(store, "new-head", 1.0, progress=lines.append)
+    assert new_tag != old_tag and "leased by service old-head" in lines[0]
+    with pytest.raises(RaytrainError, match="new-head .* took over"):
+        renew_lease(store, "old-head", old_tag)
+    assert renew_lease(store, "new-head", new_tag)

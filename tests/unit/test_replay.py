@@ -174,3 +174,27 @@ def test_a_preemption_costs_an_elastic_job_one_node_for_seconds(
              for name, run in runs.items()}
     assert costs["elastic"] * 10 <= costs["rigid"], costs
     assert runs["elastic"].status.cost_usd < runs["rigid"].status.cost_usd
+
+
+def test_a_replacement_never_goes_to_a_node_whose_notice_its_run_heard() -> None:
+    """As live (the job manager's run_view `avoid`): a node a group left on a notice is
+    going, so a group lost elsewhere is not restarted there; any other node is taken. (In a
+    p3 replay, 12 of 42 replacements landed on such nodes, and died with them.)"""
+    from types import SimpleNamespace
+
+    from raytrain.core.resolve import job_layout
+    from raytrain.serve.sim_workers import SimRun
+
+    offer = next(o for o in snapshot().offers if o.instance_type == "p3.2xlarge")
+    spec = gpt_job(offer, 3, 2 * HOUR, 5 * HOUR, "cost-first")
+    cloud = SimpleNamespace(times=TIMES, time=0.0, manager=None, nodes={}, committed={})
+    run = SimRun(cloud, "job", spec, job_layout(spec), ["n1", "n2", "n3"], step_s=1.0,
+                 heal_s=1.0, launched_at=0.0)
+    assert run.elastic and len(run.members) == 3
+    run.phase, run.boundary_at = "training", 5.0  # started (attempt 0: nothing reported)
+    run.hear_notice("n1", 10.0)  # n1's group leaves at its next step boundary
+    run.node_lost("n2", 11.0)  # n2's group dies with its node, no notice
+    assert not run.node_free("n1", 12.0)  # going: not a home for n2's group
+    assert run.node_free("n4", 12.0)  # a fresh node is
+    assert "n4" in run.using() and "n1" not in {n for g, ns in run.members.items()
+                                                if g != 0 for n in ns}
