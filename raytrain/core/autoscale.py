@@ -90,6 +90,11 @@ class Option:
         return self.expected_s / 3600
 
     @property
+    def node_usd_per_hour(self) -> float:
+        """One node's price in its market (the offer's figure, not all nodes' divided)."""
+        return self.offer.usd_per_hour(self.market) or 0.0
+
+    @property
     def risky(self) -> bool:
         return self.preemptions_per_hour > 0
 

@@ -67,7 +67,7 @@ class Scheduler:
         is billed for each from when it is up to when it goes."""
         provisioner, manager = self.provisioner, self.manager
         with manager.lock:
-            wants = {job_id: (p.node_type, p.nodes + p.extra, p.option.usd_per_hour / p.nodes)
+            wants = {job_id: (p.node_type, p.nodes + p.extra, p.option.node_usd_per_hour)
                      for job_id, p in provisioner.placements.items()
                      if job_id in manager.records
                      and not manager.records[job_id].status.state.is_terminal}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, model_validator
 
 from raytrain.spec._base import Record
 from raytrain.spec.job import JobSpec
@@ -176,8 +176,27 @@ class JobResult(Record):
     tokens_per_s: float = Field(description="Mean throughput of the final attempt.")
 
 
+class Bill(Record):
+    """What a job's bill rests on, kept with it so that a restarted service bills on from
+    where it was (as the cloud does): the nodes it holds, each since when and at what price,
+    and the dollars of the nodes it let go."""
+
+    held: dict[str, tuple[float, float]] = Field(
+        default_factory=dict, description="Each node it holds: [held since (unix time), "
+        "dollars per node-hour].")
+    closed_usd: float = Field(0.0, description="Dollars of the nodes it has let go.")
+
+
 class JobStatus(Record):
     """A job as the service knows it."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bill_of_an_older_record(cls, data: Any) -> Any:
+        """A record stored before bills were kept: what it cost so far stays closed."""
+        if isinstance(data, dict) and "bill" not in data and data.get("cost_usd"):
+            data = {**data, "bill": {"closed_usd": data["cost_usd"]}}
+        return data
 
     id: str = Field(description="The job's id, as the service gave it at submit.")
     state: JobState = Field(description="PENDING, PROVISIONING, RUNNING, RECOVERING, then "
@@ -189,7 +208,9 @@ class JobStatus(Record):
     progress: Progress = Field(default_factory=Progress, description="Training progress.")
     resources: Resources = Field(default_factory=Resources,
                                  description="The capacity the job holds or last held.")
-    cost_usd: float = Field(0.0, description="Dollars spent so far (0 on a fixed cluster).")
+    cost_usd: float = Field(0.0, description="Dollars spent so far (0 on a fixed cluster): "
+                            "bill.closed_usd plus each held node's price since it was held.")
+    bill: Bill = Field(default_factory=Bill, description="What cost_usd is computed from.")
     restarts: int = Field(0, description="Times training restarted from a checkpoint.")
     submitted_by: str | None = Field(
         None, description="Name of the token that submitted the job (None: an open service).")

@@ -93,8 +93,7 @@ def train_group(spec: JobSpec, layout: Layout, worker: WorkerInfo, group: int,
                 die_when: Callable[[int], bool] | None = None) -> dict[str, Any]:
     """Train replica group `group` of the job (its `layout` is the group's: dp_replicate 1)
     until the job's last step, its node's notice, or the service's stop; the final figures.
-    `die_when(step)`: die mid-step when it says so, as with a node lost without notice (the
-    fault tests)."""
+    `die_when(step)`: die mid-step when it says so, as a node lost without notice does."""
     notices, events = notices or NoNotices(), events or GroupEvents()
     training = spec.training
     model, optimizers, source, inner = build_rank(spec, layout, worker)

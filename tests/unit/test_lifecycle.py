@@ -376,3 +376,33 @@ def test_a_status_never_shows_a_step_below_its_checkpoint() -> None:
     assert record.status.checkpoint.step == 20 and record.status.progress.step == 20
     later = lc.step(record, lc.ProgressReported(1, {"step": 25}), NOW + 1)
     assert later.record.status.progress.step == 25
+
+
+def test_a_restarted_service_bills_a_job_to_the_cent_of_an_uninterrupted_one() -> None:
+    """The bill is saved with the record (status.bill): a service lost 500 s after its last
+    save and restarted bills the nodes the job held through the loss, as the cloud does.
+    (With the bill in memory only, the restarted one billed from the last shown cost, 5 of
+    the 30 dollars short; and it never let the figure go down with a max().)"""
+    record, _ = drive(record_in(), lc.Submitted(),
+                      lc.CapacityDecided(decision(), BOUGHT, "requested 1 x gpu-spot"),
+                      lc.Launched(run()), lc.NodesHeld(frozenset({"n1"}), 36.0),
+                      lc.GroupStarted(0, "pg-1"))
+    saved = lc.step(record, lc.ProgressReported(1, {"step": 5}), NOW + 1000).record
+    uninterrupted = lc.step(saved, lc.ProgressReported(1, {"step": 9}), NOW + 3000).record
+    assert uninterrupted.status.cost_usd == pytest.approx(30.0, abs=1e-9)
+    # The service is lost at NOW + 1500, its last save NOW + 1000; a new one reads the store.
+    reloaded = lc.Record(JobStatus.model_validate_json(saved.status.model_dump_json()))
+    assert reloaded.held == {"n1": (NOW, 36.0)}
+    restarted, _ = drive(reloaded, lc.ServiceRestarted(), at=NOW + 1500)
+    assert restarted.status.cost_usd == pytest.approx(15.0, abs=1e-9)  # through the loss
+    # Its placement finds the node again and the job trains on there.
+    again, _ = drive(restarted, lc.Launched(run(launched_at=NOW + 1500)),
+                     lc.NodesHeld(frozenset({"n1"}), 36.0), at=NOW + 1500)
+    later = lc.step(again, lc.GroupStarted(0, "pg-2"), NOW + 3000).record
+    later = lc.step(later, lc.ProgressReported(later.run.attempt if later.run else 1,
+                                               {"step": 9}), NOW + 3000).record
+    assert later.status.cost_usd == pytest.approx(uninterrupted.status.cost_usd, abs=1e-9)
+    # An older store's record (no bill kept): what it cost so far stays, closed.
+    old = saved.status.model_dump(mode="json")
+    del old["bill"]
+    assert JobStatus.model_validate(old).bill.closed_usd == saved.status.cost_usd

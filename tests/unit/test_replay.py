@@ -155,7 +155,7 @@ def test_a_preemption_costs_an_elastic_job_one_node_for_seconds(
     """The same job on the same fleet, with its replica groups training on (elastic) and
     without (rigid): elastic, each preemption takes one group, the others go on, nothing is
     lost after a notice and at most the step in flight without one, and a preemption costs
-    at least ten times fewer node-seconds that train nothing. It fails if the survivors
+    at least eight times fewer node-seconds that train nothing. It fails if the survivors
     stopped, or waited for the replacement."""
     from raytrain.serve.replay import as_sim_result
     from raytrain.serve.simulation import _rigid
@@ -172,7 +172,10 @@ def test_a_preemption_costs_an_elastic_job_one_node_for_seconds(
         assert record.survivors >= 1 and record.replaced_after_s is not None
     costs = {name: as_sim_result(run, name, "p3", 0, 5 * HOUR).preemption_node_s
              for name, run in runs.items()}
-    assert costs["elastic"] * 10 <= costs["rigid"], costs
+    # 9.0x on the p3 trace with the cloud's notice (191 against 1,721 node-seconds), since
+    # a replacement waits for a node the cloud is not taking back, as live; 10x and more
+    # while the simulator still let it start on the noticed node, which then died with it.
+    assert costs["elastic"] * 8 <= costs["rigid"], costs
     assert runs["elastic"].status.cost_usd < runs["rigid"].status.cost_usd
 
 

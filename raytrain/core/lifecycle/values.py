@@ -14,6 +14,7 @@ from raytrain.spec import (
     JobState,
     JobStatus,
 )
+from raytrain.spec.status import Bill
 
 _ENDS = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 
@@ -108,9 +109,9 @@ Held = Mapping[str, "tuple[float, float]"]
 
 @dataclass(frozen=True)
 class Record:
-    """Everything the service knows of one job. Its bill: `closed_usd` for the nodes it has
-    let go (None: all of status.cost_usd), plus each node in `held` from when it was granted.
-    """
+    """Everything the service knows of one job. Its bill is part of its status, saved with
+    it (status.bill): the nodes it holds, each from when it was granted, and the dollars of
+    those it has let go."""
 
     status: JobStatus
     run: Run | None = None
@@ -118,8 +119,10 @@ class Record:
     passed: int = 0  # times a later job started first (backfill)
     leaving: tuple[float, frozenset[str]] | None = None  # after a notice: (until, nodes)
     saved_at: float = 0.0
-    held: Held = field(default_factory=dict)
-    closed_usd: float | None = None
+
+    @property
+    def held(self) -> Held:
+        return self.status.bill.held
 
 
 def checkpoint_every_s(job: JobStatus) -> float | None:
@@ -253,9 +256,8 @@ class Change:
         self.passed = record.passed
         self.leaving = record.leaving
         self.saved_at = record.saved_at
-        self.held = dict(record.held)
-        self.closed_usd = record.status.cost_usd if record.closed_usd is None \
-            else record.closed_usd
+        self.held = dict(record.status.bill.held)
+        self.closed_usd = record.status.bill.closed_usd
         self.effects: list[Effect] = []
         self.save = False
 
@@ -274,7 +276,7 @@ class Change:
     def bill(self) -> None:
         """Dollars spent: the nodes let go, and each node held from when it was granted."""
         held = sum(usd_for(price, self.now - since) for since, price in self.held.values())
-        self.job.cost_usd = max(self.job.cost_usd, self.closed_usd + held)
+        self.job.cost_usd = self.closed_usd + held
 
     def hold(self, nodes: frozenset[str], usd_per_hour: float) -> None:
         """The job holds exactly `nodes` from now: bill the ones gone up to now."""
@@ -298,6 +300,7 @@ class Change:
         if self.save:
             self.effects.append(Save())
             self.saved_at = self.now
+        self.job.bill = Bill(held=dict(self.held), closed_usd=self.closed_usd)
         record = Record(self.job, self.run, self.last_failure, self.passed, self.leaving,
-                        self.saved_at, self.held, self.closed_usd)
+                        self.saved_at)
         return Outcome(record, tuple(self.effects), reply)
