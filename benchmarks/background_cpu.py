@@ -29,11 +29,11 @@ import psutil
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-from benchmarks.dp_throughput import job_document  # noqa: E402
-from raytrain.client import Client  # noqa: E402
+from benchmarks.dp_throughput import job_document
+from raytrain.client import Client
 from raytrain.serve.auth import operator_token
-from raytrain.serve.deploy import connect_ray, deploy, undeploy  # noqa: E402
-from raytrain.spec import ServiceConfig  # noqa: E402
+from raytrain.serve.deploy import connect_ray, deploy, undeploy
+from raytrain.spec import ServiceConfig
 
 
 def cpu_seconds_by_process() -> dict[int, tuple[str, float]]:

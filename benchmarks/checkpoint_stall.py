@@ -70,7 +70,7 @@ def _s3_server() -> tuple[subprocess.Popen[bytes], str]:
         try:
             boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bench")
             return server, endpoint
-        except Exception:  # noqa: BLE001 - not up yet
+        except Exception:  # not up yet
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)

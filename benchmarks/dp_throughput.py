@@ -31,10 +31,10 @@ from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-from raytrain.client import Client  # noqa: E402
+from raytrain.client import Client
 from raytrain.serve.auth import operator_token
-from raytrain.serve.deploy import connect_ray, deploy, port_is_free, undeploy  # noqa: E402
-from raytrain.spec import ServiceConfig  # noqa: E402
+from raytrain.serve.deploy import connect_ray, deploy, port_is_free, undeploy
+from raytrain.spec import ServiceConfig
 
 
 def job_document(steps: int) -> dict:

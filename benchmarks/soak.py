@@ -127,7 +127,7 @@ class Soak:
                 time.sleep(0.2)
             try:
                 job.cancel()
-            except Exception:  # already ended
+            except Exception:  # noqa: BLE001 - already ended
                 pass
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from raytrain.client import Client, Job  # noqa: E402
-from raytrain.errors import (  # noqa: E402
+from raytrain.client import Client, Job
+from raytrain.errors import (
     JobNotFoundError,
     JobStateError,
     RaytrainError,
@@ -19,7 +19,7 @@ from raytrain.errors import (  # noqa: E402
     SpecError,
     TrainingError,
 )
-from raytrain.spec import (  # noqa: E402
+from raytrain.spec import (
     JobEvent,
     JobSpec,
     JobState,

@@ -27,7 +27,7 @@ class MetadataServer:
                 node, _, rest = self.path[1:].partition("/")
                 return node, "/" + rest
 
-            def do_PUT(self) -> None:  # noqa: N802
+            def do_PUT(self) -> None:
                 if self._split()[1] != "/latest/api/token" or \
                         "X-aws-ec2-metadata-token-ttl-seconds" not in self.headers:
                     return self._send(400, "")
@@ -35,7 +35,7 @@ class MetadataServer:
                 server.tokens.add(token)
                 self._send(200, token)
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 if self.headers.get("X-aws-ec2-metadata-token") not in server.tokens:
                     return self._send(401, "")
                 server.polls += 1

@@ -131,13 +131,13 @@ class FakeRunPod:
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up waiting (a timeout the test asked for)
 
-            def do_GET(self) -> None:  # noqa: N802 (the stdlib's names)
+            def do_GET(self) -> None:  # the stdlib's names
                 self._handle("GET")
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 self._handle("POST")
 
-            def do_DELETE(self) -> None:  # noqa: N802
+            def do_DELETE(self) -> None:
                 self._handle("DELETE")
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -160,6 +160,11 @@ class FakeRunPod:
         "GET /v2/catalog", a GraphQL field such as gpuTypes) answers `status` (for GraphQL
         with 200, an error `message`)."""
         self._fail.append((status, message, operation))
+
+    @property
+    def failures_pending(self) -> int:
+        """Failures asked for with fail_next that no request has met yet."""
+        return len(self._fail)
 
     def reclaim(self, pod_id: str) -> None:
         """RunPod loses the pod (its host fails, or takes it back): no notice; the pod is gone

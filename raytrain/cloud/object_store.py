@@ -228,7 +228,7 @@ class S3Store:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 return None
             raise StoreError(self.uri, f"reading {key}", exc, _s3_fix(exc)) from exc
-        except Exception as exc:  # noqa: BLE001 - botocore's transport errors
+        except Exception as exc:  # botocore's transport errors
             raise StoreError(self.uri, f"reading {key}", exc, _s3_fix(exc)) from exc
 
     def put_file(self, path: Path, key: str) -> None:
@@ -253,7 +253,7 @@ class S3Store:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 return None, None
             raise StoreError(self.uri, f"reading {key}", exc, _s3_fix(exc)) from exc
-        except Exception as exc:  # noqa: BLE001 - botocore's transport errors
+        except Exception as exc:  # botocore's transport errors
             raise StoreError(self.uri, f"reading {key}", exc, _s3_fix(exc)) from exc
 
     def put_if(self, key: str, data: bytes, tag: str | None) -> str | None:
@@ -271,7 +271,7 @@ class S3Store:
                     "PreconditionFailed", "ConditionalRequestConflict"):
                 return None
             raise StoreError(self.uri, f"writing {key}", exc, _s3_fix(exc)) from exc
-        except Exception as exc:  # noqa: BLE001 - botocore's transport errors
+        except Exception as exc:  # botocore's transport errors
             raise StoreError(self.uri, f"writing {key}", exc, _s3_fix(exc)) from exc
         return str(answer["ETag"])
 

@@ -65,7 +65,8 @@ def bf16_hook(
     """torch's bf16 compression (cast, all-reduce, cast back). DDP refuses torch's own
     `bf16_compress_hook` unless the backend is NCCL or XCCL; this is the same function under
     another name, so gloo ranks can use it too."""
-    return default_hooks._compress_hook(torch.bfloat16, group, bucket)
+    return default_hooks._compress_hook(  # noqa: SLF001 - torch has no public one
+        torch.bfloat16, group, bucket)
 
 
 def register_compression(

@@ -319,10 +319,9 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
     if layout.pp > 1:
         from torch.distributed import pipelining
 
-        PipelineStage = pipelining.PipelineStage
         pp_group = mesh["pp"].get_group()
         stages = [
-            PipelineStage(runner, stage, layout.num_stages, device, group=pp_group)
+            pipelining.PipelineStage(runner, stage, layout.num_stages, device, group=pp_group)
             for runner, stage in zip(runners, stage_ids)
         ]
         schedule_cls = getattr(pipelining, SCHEDULES[layout.schedule])

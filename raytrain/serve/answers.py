@@ -56,7 +56,7 @@ def refused_submit(manager: Any) -> Any:
             if isinstance(document, dict):
                 try:
                     first = await manager.capacity_refusal.remote(document.get("resources"))
-                except Exception as exc:  # the field errors alone, rather than a 500
+                except Exception as exc:  # noqa: BLE001 - the field errors alone, not a 500
                     logger.warning("capacity check of a refused job failed: %r", exc)
             if first is not None:
                 errors = [{**first, "loc": ["body", *first["loc"]]}, *errors]

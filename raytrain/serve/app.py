@@ -160,7 +160,7 @@ def job_routes(api: FastAPI, manager: Any) -> None:
     """Submit, list, read, cancel, resume and delete jobs."""
     @api.post("/v1/jobs", status_code=202, response_model=JobStatus,
               responses=errors(400, 409, 413, 422, 429))
-    async def submit(spec: JobSpec, request: Request, idempotency_key: str = Header(  # type: ignore[assignment]  # noqa: E501
+    async def submit(spec: JobSpec, request: Request, idempotency_key: str = Header(  # type: ignore[assignment]
             None, max_length=200, description="Retrying with the same key returns the job the "
             "first request queued (for a day) instead of queueing another.")
                      ) -> dict[str, Any]:

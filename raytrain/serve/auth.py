@@ -177,7 +177,7 @@ class BearerAuth:
                 # refused, never counted)?
                 try:
                     known = await self._current()
-                except Exception:  # the manager is away: a stranger, for now
+                except Exception:  # noqa: BLE001 - the manager is away: a stranger, for now
                     known = None
                 scope.setdefault("state", {})["caller"] = \
                     caller_of(presented, known) if known is not None else None
@@ -185,7 +185,7 @@ class BearerAuth:
             return
         try:
             known = await self._current()
-        except Exception:
+        except Exception:  # noqa: BLE001 - the manager away, whatever Ray raised
             await send_json(send, 503, "the job manager is not answering yet, so the token "
                             "cannot be checked. To fix: retry shortly", {b"retry-after": b"2"})
             return

@@ -370,7 +370,7 @@ def stop_detached(state_dir: Path, keep_logs: bool = False) -> str:
             undeploy(stop_jobs=record.head_pid is not None)
             stopped.append("the service" + (f" at {record.url}" if record.url else ""))
             grace_s = 5.0
-        except Exception as exc:  # a dead or half-dead cluster: stop its processes anyway
+        except Exception as exc:  # noqa: BLE001 - a dead or half-dead cluster: stop it anyway
             logger.warning("could not stop the service cleanly: %s", exc)
         finally:
             if ray.is_initialized():

@@ -18,7 +18,7 @@ def replica_errors(app_name: str) -> list[str]:
     traceback is in the deployment's status message)."""
     try:
         app = serve.status().applications.get(app_name)
-    except Exception:  # the controller itself is gone: nothing more to say
+    except Exception:  # noqa: BLE001 - the controller itself is gone: nothing more to say
         return []
     if app is None:
         return []

@@ -112,7 +112,7 @@ class RayCluster:
         try:
             ray.get(handle.done)
             return None
-        except Exception as exc:  # the worker's error, wrapped by Ray
+        except Exception as exc:  # noqa: BLE001 - the worker's error, wrapped by Ray
             return describe_failure(exc)
 
     def stop(self, handle: RunHandle, placement_group: str | None = None) -> None:

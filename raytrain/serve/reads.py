@@ -162,7 +162,7 @@ class StatusCache:
                 self.apply(await self.manager.changes.remote(self.epoch, self.version, wait_s))
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # the manager away: reads go to the app, which says 503
+            except Exception as exc:  # noqa: BLE001 - the manager away: the app says 503
                 logger.info("status copy paused: %s", type(exc).__name__)
                 self.epoch = None
                 await asyncio.sleep(RETRY_S)

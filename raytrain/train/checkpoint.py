@@ -257,7 +257,7 @@ class CheckpointManager:
                                     durable_s if stall_s is None else stall_s, durable_s)
             elif self._remote:
                 shutil.rmtree(folder, ignore_errors=True)
-        except BaseException as exc:  # noqa: BLE001 - raised to the training loop at flush
+        except BaseException as exc:  # raised to the training loop at flush
             if self._inflight is not None and self._inflight.step == step:
                 self._inflight.error = exc
             if pending is None:

@@ -182,7 +182,7 @@ def run_elastic_job(spec: JobSpec, layout: Layout, groups: int, job_id: str,
                 error: BaseException | None = None
                 try:
                     future.result()
-                except Exception as exc:  # its node was lost (or it failed)
+                except Exception as exc:  # noqa: BLE001 - its node was lost (or it failed)
                     logger.warning("job %s: replica group %d ended: %s", job_id, group, exc)
                     error = exc
                 view = _after_its_end(manager, job_id, attempt, group)

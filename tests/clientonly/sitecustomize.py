@@ -10,7 +10,7 @@ SERVER = {"torch", "ray", "fastapi", "starlette", "uvicorn", "numpy", "psutil", 
 
 
 class _NotInstalled(MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):  # noqa: ANN001 - the finder protocol
+    def find_spec(self, name, path=None, target=None):  # the finder protocol's signature
         if name.split(".")[0] in SERVER:
             raise ModuleNotFoundError(f"No module named '{name}'", name=name)
         return None

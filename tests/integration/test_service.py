@@ -125,7 +125,7 @@ def test_the_readme_trains_the_demo_to_success_streaming_progress_then_cancels_o
     for snippet in (first, second):
         code = snippet.replace("http://127.0.0.1:8000", service.url).replace(
             '"examples/', f'"{ROOT}/examples/')
-        exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own README
+        exec(compile(code, "README.md", "exec"), namespace)  # our own README's snippet
         if snippet is first:
             check_the_demo_succeeded(service, namespace["job"], printed_at, submitted_at)
     out = capsys.readouterr().out

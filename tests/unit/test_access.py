@@ -238,9 +238,9 @@ def test_the_client_sends_the_local_token_only_to_this_machine(
     monkeypatch.delenv("RAYTRAIN_TOKEN")
 
     refused = Client("http://10.1.2.3:8000", token="rt_wrong")
-    assert refused._http.headers["authorization"] == "Bearer rt_wrong"
+    assert refused._http.headers["authorization"] == "Bearer rt_wrong"  # noqa: SLF001
     with pytest.raises(NotAuthorizedError):
-        Client._raise_for(httpx.Response(401, json={"detail": "no"}), None)
+        Client._raise_for(httpx.Response(401, json={"detail": "no"}), None)  # noqa: SLF001
 
 
 def test_the_token_command_adds_rotates_and_removes(

@@ -45,7 +45,7 @@ class _PricingAPI(BaseHTTPRequestHandler):
 
     requests: list[dict[str, Any]] = []
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         _PricingAPI.requests.append({"target": self.headers["X-Amz-Target"], **body})
         wanted = {f["Field"]: f["Value"] for f in body["Filters"]}

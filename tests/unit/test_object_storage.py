@@ -233,7 +233,7 @@ def test_a_new_head_recovers_every_job_from_the_bucket_and_finishes_the_running_
     saved_before_loss = manager.records[running].status.checkpoint.step
     assert saved_before_loss >= 10
     # The head goes: its job manager, its disk and its mirror thread stop; the run dies.
-    manager._store.stop_mirror()
+    manager._store.stop_mirror()  # noqa: SLF001 - what a lost head does
     cluster.manager = _GoneHead()
     cluster.go.set()
 

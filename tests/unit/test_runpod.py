@@ -164,7 +164,7 @@ def test_the_client_keeps_to_runpods_rate_limit(fake: FakeRunPod) -> None:
     finally:
         first.close()
         second.close()
-    assert not fake._fail
+    assert fake.failures_pending == 0
 
 
 def test_the_key_comes_from_the_environment_or_a_file(tmp_path: Path) -> None:
