@@ -28,7 +28,6 @@ import json
 import logging
 import subprocess
 import threading
-import time
 import uuid
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -50,7 +49,7 @@ from raytrain.train.pod_main import LINE_PREFIX
 logger = logging.getLogger(__name__)
 
 JOB_ENV = "RAYTRAIN_POD_JOB"  # the job a pod was rented for, in its environment
-LIST_EVERY_S = 3.0  # the fleet's view of RunPod's pods is at most this old
+LIST_EVERY_S = 5.0  # the fleet's view of RunPod's pods is at most this old
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
                "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
                "-o", "ConnectTimeout=15",
@@ -175,10 +174,11 @@ class _Rented:
 class PodFleet:
     """The interruptible pods the service rented, by job, and the runs on them.
 
-    Pods are rented by `request` (as the autoscaler buys nodes), are nodes once RUNNING with
-    their SSH published (`alive`), and are terminated when the job no longer wants them and
-    no run of it is on them (`request(job, type, 0)`, `withdraw`), so none is left running
-    unaccounted. Thread-safe: the job manager's scheduler and the runs' readers use it."""
+    What the job manager asks (`request`, `withdraw`, `alive`, `launch`) answers from memory
+    at once: it is asked with the manager's lock held, and RunPod may take seconds. A keeper
+    thread does the calls: every `list_every_s` (and at once when asked) it lists RunPod's
+    pods (a pod taken back drops out), rents the pods jobs want and lacks, and terminates
+    those no job wants that no live run is on, so none is left running unaccounted."""
 
     api: RunPodAPI
     types: dict[str, PodType]
@@ -187,31 +187,81 @@ class PodFleet:
     name_prefix: str = "raytrain-pod"
     list_every_s: float = LIST_EVERY_S
     _rented: dict[str, _Rented] = field(default_factory=dict)
-    _wanted: dict[str, int] = field(default_factory=dict)
+    _wanted: dict[str, tuple[str, int]] = field(default_factory=dict)  # job -> (type, pods)
     _listing: dict[str, dict[str, Any]] = field(default_factory=dict)
-    _listed_at: float = -float("inf")
     _lock: threading.RLock = field(default_factory=threading.RLock)
+    _wake: threading.Event = field(default_factory=threading.Event)
+    _keeper: threading.Thread | None = None
+    _closed: threading.Event = field(default_factory=threading.Event)
+
+    def close(self) -> None:
+        """Stop the keeper (the pods stay: their jobs' releases or `reclaim` end them)."""
+        self._closed.set()
+        self._wake.set()
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._keeper is None:
+                self._keeper = threading.Thread(target=self._keep_forever, name="pod-fleet",
+                                                daemon=True)
+                self._keeper.start()
 
     def request(self, job_id: str, node_type: str, count: int) -> None:
-        """Have `count` pods of `node_type` for the job: rent the missing ones now (a pod
-        RunPod cannot rent is logged; the policy's capacity wait moves the job on)."""
-        pod_type = self.types[node_type]
+        """The job wants `count` pods of `node_type`: rented by the keeper, at once."""
         with self._lock:
-            self._wanted[job_id] = count
-            have = [p for p, r in self._rented.items() if r.job_id == job_id]
-        for _ in range(count - len(have)):
-            try:
-                self._rent(job_id, node_type, pod_type)
-            except RunPodError as exc:
-                logger.warning("job %s: no interruptible pod of %s now: %s", job_id, node_type,
-                               exc)
-                return
-        self._end_unwanted(job_id)
+            self._wanted[job_id] = (node_type, count)
+        self._start()
+        self._wake.set()
 
     def withdraw(self, job_id: str) -> None:
         with self._lock:
-            self._wanted[job_id] = 0
-        self._end_unwanted(job_id)
+            if job_id not in self._wanted and not any(r.job_id == job_id
+                                                      for r in self._rented.values()):
+                return
+            kind = self._wanted.get(job_id, ("", 0))[0]
+            self._wanted[job_id] = (kind, 0)
+        self._start()
+        self._wake.set()
+
+    def _keep_forever(self) -> None:
+        while not self._closed.is_set():
+            self._wake.wait(self.list_every_s)
+            self._wake.clear()
+            if self._closed.is_set():
+                return
+            try:
+                self.keep()
+            except Exception:  # one bad round must not end the keeping
+                logger.exception("keeping RunPod's pods failed; trying again")
+
+    def keep(self) -> None:
+        """One round: list, rent what is wanted and missing, end what is not wanted."""
+        try:
+            listed = {p["id"]: p for p in self.api.pods()}
+        except RunPodError as exc:
+            logger.warning("cannot list RunPod's pods (%s); the last listing stands", exc)
+            listed = None
+        with self._lock:
+            if listed is not None:
+                for pod_id in [p for p in self._rented if p not in listed]:
+                    logger.warning("interruptible pod %s is gone (taken back)", pod_id)
+                    self._rented.pop(pod_id)
+                self._listing = {p: listed[p] for p in self._rented}
+            wanted = dict(self._wanted)
+        for job_id, (node_type, count) in wanted.items():
+            with self._lock:
+                have = sum(1 for r in self._rented.values() if r.job_id == job_id)
+            for _ in range(count - have):
+                try:
+                    self._rent(job_id, node_type, self.types[node_type])
+                except RunPodError as exc:
+                    logger.warning("job %s: no interruptible pod of %s now: %s", job_id,
+                                   node_type, exc)
+                    break
+            self._end_unwanted(job_id)
+            with self._lock:
+                if count == 0 and not any(r.job_id == job_id for r in self._rented.values()):
+                    self._wanted.pop(job_id, None)
 
     def _rent(self, job_id: str, node_type: str, pod_type: PodType) -> None:
         price = self.api.spot_prices(pod_type.gpu_count).get(pod_type.gpu_type_id)
@@ -228,14 +278,14 @@ class PodFleet:
             env={"PUBLIC_KEY": self.public_key, JOB_ENV: job_id}))
         with self._lock:
             self._rented[pod["id"]] = _Rented(job_id, node_type)
-            self._listed_at = -float("inf")
         logger.info("job %s: interruptible pod %s rented (%s, $%.3f per GPU-hour)", job_id,
                     pod["id"], node_type, price)
+        self._wake.set()  # list again soon: its SSH is published once it runs
 
     def _end_unwanted(self, job_id: str) -> None:
         """Terminate the job's pods beyond what it wants that no live run is on."""
         with self._lock:
-            wanted = self._wanted.get(job_id, 0)
+            wanted = self._wanted.get(job_id, ("", 0))[1]
             mine = [(p, r) for p, r in self._rented.items() if r.job_id == job_id]
             busy = [p for p, r in mine if r.run is not None and not r.run.done.is_set()]
             idle = [p for p, r in mine if p not in busy]
@@ -247,7 +297,7 @@ class PodFleet:
         try:
             self.api.terminate(pod_id)
         except RunPodError as exc:
-            logger.warning("pod %s is not terminated yet (%s); the next look tries again",
+            logger.warning("pod %s is not terminated yet (%s); the next round tries again",
                            pod_id, exc)
             return
         with self._lock:
@@ -255,27 +305,12 @@ class PodFleet:
             self._listing.pop(pod_id, None)
         logger.info("interruptible pod %s terminated", pod_id)
 
-    def alive(self, fresh: bool = False) -> dict[str, dict[str, Any]]:
-        """The rented pods that are RUNNING with their SSH published, by id; a pod RunPod
-        took back drops out (and out of the books)."""
+    def alive(self) -> dict[str, dict[str, Any]]:
+        """The rented pods that are RUNNING with their SSH published, by id, as the keeper
+        last listed them (a pod taken back drops out at its next round)."""
         with self._lock:
-            stale = time.monotonic() - self._listed_at > self.list_every_s
-        if fresh or stale:
-            try:
-                listed = {p["id"]: p for p in self.api.pods()}
-            except RunPodError as exc:
-                logger.warning("cannot list RunPod's pods (%s); the last listing stands", exc)
-                listed = None
-            if listed is not None:
-                with self._lock:
-                    for pod_id in [p for p in self._rented if p not in listed]:
-                        logger.warning("interruptible pod %s is gone (taken back)", pod_id)
-                        self._rented.pop(pod_id)
-                    self._listing = {p: listed[p] for p in self._rented}
-                    self._listed_at = time.monotonic()
-        with self._lock:
-            return {p: pod for p, pod in self._listing.items()
-                    if pod.get("status") == "RUNNING" and pod_ssh(pod) is not None}
+            return {p: pod for p, pod in self._listing.items() if p in self._rented
+                    and pod.get("status") == "RUNNING" and pod_ssh(pod) is not None}
 
     def resources(self, pod_id: str) -> dict[str, float]:
         with self._lock:
@@ -291,7 +326,7 @@ class PodFleet:
     def launch(self, reports: Reports, job_id: str, node_type: str, spec: JobSpec,
                layout: Layout, checkpoint_root: str, log_uri: str) -> PodRun:
         """Start the job's run on its pod of `node_type` (one that is alive and free)."""
-        alive = self.alive(fresh=True)
+        alive = self.alive()
         with self._lock:
             free = [p for p, r in self._rented.items() if r.job_id == job_id
                     and r.node_type == node_type and p in alive
@@ -314,9 +349,10 @@ class PodFleet:
         return run
 
     def _after(self, run: PodRun) -> None:
-        """Once a run ends, its pod goes unless its job still wants it."""
+        """Once a run ends, the keeper looks at once (its pod goes unless its job still wants
+        it; a pod taken back drops out of the listing)."""
         run.done.wait()
-        self._end_unwanted(run.job_id)
+        self._wake.set()
 
     def reclaim(self) -> None:
         """Terminate pods this service rented (by name) that its books do not hold: a lost

@@ -67,8 +67,9 @@ def runpod(tmp_path: Path) -> Iterator[tuple[FakeRunPod, PodServers, Path]]:
 
 def _service(tmp_path: Path, fake: FakeRunPod, key: Path,
              command: str = f"{sys.executable} -m raytrain.train.pod_main"
-             ) -> tuple[JobManager, RunPodAPI]:
-    """The job manager with one pod type ("pod-spot"), its runs reporting to it."""
+             ) -> tuple[JobManager, PodFleet]:
+    """The job manager with one pod type ("pod-spot"), its runs reporting to it; the fleet
+    (close it before the fake goes)."""
     offers = tmp_path / "offers.yaml"
     offers.write_text(yaml.safe_dump({"version": "test", "offers": [OFFER]}))
     config = ServiceConfig(
@@ -83,7 +84,7 @@ def _service(tmp_path: Path, fake: FakeRunPod, key: Path,
                      list_every_s=0.5)
     return JobManager(config.model_dump(mode="json"), cluster=WithPods(TrainingRay(cpus=0),
                                                                         fleet),
-                      schedule=False).start(), api
+                      schedule=False).start(), fleet
 
 
 def test_a_pod_that_cannot_run_the_job_fails_it_with_the_pods_own_words(
@@ -91,7 +92,7 @@ def test_a_pod_that_cannot_run_the_job_fails_it_with_the_pods_own_words(
     """raytrain missing on the pod (a command that cannot start the runner): the job fails
     with what the pod said, after its restarts, and no pod is left."""
     fake, _, key = runpod
-    manager, api = _service(tmp_path, fake, key, command="echo 'python3: No module named "
+    manager, fleet = _service(tmp_path, fake, key, command="echo 'python3: No module named "
                             "raytrain' >&2; exit 1")
     document = job()
     document["training"]["max_restarts"] = 0
@@ -106,13 +107,14 @@ def test_a_pod_that_cannot_run_the_job_fails_it_with_the_pods_own_words(
     # 1", with the fix) or the fake's SSH server closed the connection first (a busy host).
     assert "No module named raytrain" in str(status.error), status.error
     manager.shutdown()
-    api.close()
+    fleet.close()
+    fleet.api.close()
 
 
 def test_a_one_pod_job_loses_its_interruptible_pod_and_ends_as_if_it_had_not(
         tmp_path: Path, runpod: tuple[FakeRunPod, PodServers, Path]) -> None:
     fake, _, key = runpod
-    manager, api = _service(tmp_path, fake, key)
+    manager, fleet = _service(tmp_path, fake, key)
     job_id = manager.submit(JobSpec.model_validate(job())).id
     taken: list[str] = []
     deadline = time.monotonic() + 240
@@ -149,4 +151,5 @@ def test_a_one_pod_job_loses_its_interruptible_pod_and_ends_as_if_it_had_not(
         manager.scheduler.pass_once()
         time.sleep(0.1)
     manager.shutdown()
-    api.close()
+    fleet.close()
+    fleet.api.close()
