@@ -45,9 +45,7 @@ def main() -> None:
     # What the service on cluster/runpod.yaml buys: its pod types take RunPod's spot market
     # (one pod a job, over SSH), as the provisioner applies them.
     served, _ = pod_types(load_cluster_config(CLUSTER), catalog)
-    offers = [o.served_by_pods() if o.id in {b.offer for b in served.values()} else o
-              for o in catalog.offers]
-    catalog = catalog.model_copy(update={"offers": offers})
+    catalog = catalog.with_pods({b.offer for b in served.values()})
     print(f"catalog {catalog.version} (snapshot, with {CLUSTER.name}'s pod types); policy "
           f"{policy.name}")
     for title, document in JOBS.items():

@@ -141,7 +141,9 @@ class Provisioner:
         error = unknown_policy(name, self.policies, ("policy",))
         if error is not None:
             raise SpecError([error])
-        response = offers_response(self.catalog, self.policies[name], spec, keep,
+        catalog = self.catalog.with_pods({self.config.node_types[n].offer
+                                          for n in self.config.pod_types})
+        response = offers_response(catalog, self.policies[name], spec, keep,
                                    Observed(spot_history=dict(self.history)), self.hardware)
         return response.model_dump(mode="json")
 
@@ -251,9 +253,8 @@ class Provisioner:
             if offer is None or offer.usd_per_hour(binding.market) is None:
                 continue
             other = "on_demand_usd_per_hour" if binding.market == "spot" else "spot_usd_per_hour"
-            if name in self.config.pod_types:
-                offer = offer.served_by_pods()
-            offers.append(offer.model_copy(update={other: None}))
+            served = offer.served_by_pods() if name in self.config.pod_types else offer
+            offers.append(served.model_copy(update={other: None}))
             node_type[(offer.id, binding.market)] = name
         return offers, node_type
 
@@ -375,10 +376,9 @@ class Provisioner:
     def nodes_up(self, job_id: str, now: float) -> None:
         """The job's nodes are all up: the time since they were asked for is a measured
         node-ready time for the offer in its market (the policy's ready_s from now on), up to
-        the policy's capacity_wait_s: a longer wait is capacity the market did not have,
-        which the capacity-missing rule prices (waiting or moving), not the time a cloud
-        takes to bring up nodes it has. Counted whole, one start that waited hours for a
-        fleet to come back would price every later preemption at those hours."""
+        capacity_wait_s: a longer wait is capacity the market lacked, which the capacity-
+        missing rule prices, not a cloud's time to bring up nodes it has (counted whole, one
+        start that waited hours would price every later preemption at those hours)."""
         placement = self.placements.get(job_id)
         if placement is None or not placement.asked_at:
             return
@@ -390,7 +390,7 @@ class Provisioner:
         placement.asked_at = 0.0
 
     def _node_limits(self, node_type: dict[tuple[str, str], str]) -> dict[tuple[str, str], int]:
-        """Each (offer, market)'s node limit: its node type's max_workers."""
+        # Each (offer, market)'s node limit: its node type's max_workers.
         return {key: self.config.node_types[name].max_nodes or 10**9
                 for key, name in node_type.items()}
 

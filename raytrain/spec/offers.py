@@ -108,6 +108,12 @@ class OfferCatalog(Record):
     def find(self, offer_id: str) -> Offer | None:
         return next((o for o in self.offers if o.id == offer_id), None)
 
+    def with_pods(self, offer_ids: set[str]) -> OfferCatalog:
+        """The catalog as a service with pod types on `offer_ids` buys it: their spot markets
+        take one-pod jobs (Offer.served_by_pods)."""
+        return self.model_copy(update={"offers": [
+            o.served_by_pods() if o.id in offer_ids else o for o in self.offers]})
+
 
 class PolicySpec(Strict):
     """A named autoscaling policy (policies/*.yaml): how the service buys capacity."""
