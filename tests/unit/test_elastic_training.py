@@ -112,6 +112,11 @@ def test_groups_leave_die_and_join_and_train_exactly_as_one_process(tmp_path: Pa
     gone = {e["group"]: e for e in found if e["state"] == "gone"}
     assert gone[1]["redone"] == 0  # it left at a step boundary
     assert gone[0]["redone"] <= 1  # the step in flight, at most
+    # The survivors' stall, against the targets: 5 s for a group leaving on its notice or a
+    # group joining, 15 s for one lost without notice (about 1.5 s each here, with the
+    # machine's other core busy).
+    assert gone[1]["stall_s"] <= 5.0 and gone[0]["stall_s"] <= 15.0, found
+    assert all(e["stall_s"] <= 5.0 for e in found if e["state"] == "training"), found
     assert {e["group"] for e in found if e["state"] == "training"} >= {2, 3}
     (tmp_path / "stalls.json").write_text(json.dumps(found))
     print("events:", json.dumps(found))
