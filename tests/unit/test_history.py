@@ -122,7 +122,9 @@ def test_every_step_is_kept_in_pages_whatever_the_report_rate(tmp_path: Path) ->
     for before, step in zip(reported, reported[1:]):
         service.cluster.advance(1.0)
         rows = [[s, 5.0 - s / 100, 1e-3 * s, 0.5, 4096] for s in range(before + 1, step + 1)]
-        service.manager.report_progress(job_id, attempt, {**progress(step), "steps": rows})
+        service.manager.report_progress(job_id, attempt, {
+            **progress(step), "steps": rows,
+            "fsdp_units": "4 x LlamaDecoderLayer, then the rest at the root"})
     service.manager.report_checkpoint(job_id, attempt, 60, "/ckpt/60", 0.5)
     answer = service.request("GET", f"/v1/jobs/{job_id}/history").json()
     assert [s["step"] for s in answer["steps"]] == list(range(1, 61))
@@ -132,6 +134,7 @@ def test_every_step_is_kept_in_pages_whatever_the_report_rate(tmp_path: Path) ->
     assert len(answer["points"]) == 14  # the chart's points: one a report
     status = service.request("GET", f"/v1/jobs/{job_id}").json()
     assert "steps" not in status["progress"]  # the status stays small
+    assert status["progress"]["fsdp_units"] == "4 x LlamaDecoderLayer, then the rest at the root"
 
     service.manager.shutdown()
     restarted = Service(tmp_path, cluster=service.cluster)
