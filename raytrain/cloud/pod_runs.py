@@ -312,16 +312,14 @@ class PodFleet:
             return {p: pod for p, pod in self._listing.items() if p in self._rented
                     and pod.get("status") == "RUNNING" and pod_ssh(pod) is not None}
 
-    def resources(self, pod_id: str) -> dict[str, float]:
+    def nodes(self) -> dict[str, dict[str, float]]:
+        """The alive pods as the job manager counts nodes: each with its node type's
+        resource, its GPUs and CPUs (in one look, whatever the keeper does meanwhile)."""
         with self._lock:
-            node_type = self._rented[pod_id].node_type
-        pod_type = self.types[node_type]
-        return {node_type: 1.0, "GPU": float(pod_type.gpu_count), "CPU": pod_type.cpus}
-
-    def owner(self, pod_id: str) -> str | None:
-        with self._lock:
-            rented = self._rented.get(pod_id)
-            return rented.job_id if rented else None
+            return {pod_id: {rented.node_type: 1.0,
+                             "GPU": float(self.types[rented.node_type].gpu_count),
+                             "CPU": self.types[rented.node_type].cpus}
+                    for pod_id in self.alive() if (rented := self._rented.get(pod_id))}
 
     def launch(self, reports: Reports, job_id: str, node_type: str, spec: JobSpec,
                layout: Layout, checkpoint_root: str, log_uri: str) -> PodRun:

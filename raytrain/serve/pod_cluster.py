@@ -62,7 +62,7 @@ class WithPods(Generic[Inner]):
             self.inner.stop(handle, placement_group)
 
     def _pods(self) -> dict[str, dict[str, float]]:
-        return {pod_id: self.fleet.resources(pod_id) for pod_id in self.fleet.alive()}
+        return self.fleet.nodes()
 
     def total_resources(self) -> dict[str, float]:
         total = dict(self.inner.total_resources())
