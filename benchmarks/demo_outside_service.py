@@ -69,6 +69,7 @@ def raytrain_loop(steps: int) -> list[float]:
     import torch
 
     from raytrain import load_job_spec
+    from raytrain.core.resolve import job_layout
     from raytrain.train.loop import WorkerInfo, train
     from raytrain.train.progress import NullSink
 
@@ -84,7 +85,8 @@ def raytrain_loop(steps: int) -> list[float]:
     spec = spec.model_copy(update={"training": training})
     sink = Points()
     with tempfile.TemporaryDirectory() as checkpoints:
-        train(spec, WorkerInfo.from_process_group(torch.device("cpu")), sink, Path(checkpoints))
+        train(spec, WorkerInfo.from_process_group(torch.device("cpu")), sink, Path(checkpoints),
+              layout=job_layout(spec))
     points = [p for p in sink.points if p[0] > SKIP]
     return [(b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(points, points[1:]) if b[0] > a[0]]
 

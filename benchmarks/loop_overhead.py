@@ -31,6 +31,7 @@ def worker(steps: int, out: str) -> None:
     import torch.distributed as dist
 
     from benchmarks.dp_throughput import job_document
+    from raytrain.core.resolve import job_layout
     from raytrain.spec import JobSpec
     from raytrain.train.loop import WorkerInfo, train
     from raytrain.train.progress import NullSink
@@ -46,8 +47,9 @@ def worker(steps: int, out: str) -> None:
     dist.init_process_group("gloo")
     sink = StepTimes()
     with tempfile.TemporaryDirectory() as checkpoints:
-        train(JobSpec.model_validate(job_document(steps)),
-              WorkerInfo.from_process_group(torch.device("cpu")), sink, Path(checkpoints))
+        spec = JobSpec.model_validate(job_document(steps))
+        train(spec, WorkerInfo.from_process_group(torch.device("cpu")), sink, Path(checkpoints),
+              layout=job_layout(spec))
     if dist.get_rank() == 0:
         Path(out).write_text(json.dumps({"points": sink.points}))
     dist.destroy_process_group()

@@ -65,6 +65,7 @@ def worker(spec_path: str, out: str, device_type: str) -> None:
     import torch
     import torch.distributed as dist
 
+    from raytrain.core.resolve import job_layout
     from raytrain.spec import JobSpec
     from raytrain.train.loop import WorkerInfo, train
     from raytrain.train.progress import NullSink
@@ -94,7 +95,8 @@ def worker(spec_path: str, out: str, device_type: str) -> None:
     with tempfile.TemporaryDirectory() as checkpoints:
         # One step short of the end: the final checkpoint would add its own buffers to the peak.
         train(spec, WorkerInfo(rank, world, device), sink, Path(checkpoints),
-              stop_after_steps=spec.training.steps - 1, progress_interval_s=0.0)
+              layout=job_layout(spec), stop_after_steps=spec.training.steps - 1,
+              progress_interval_s=0.0)
     write_record(out, rank, sink.points, device, rss_before)
     if world > 1:
         dist.destroy_process_group()

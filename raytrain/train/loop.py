@@ -4,7 +4,8 @@ The same function runs inside Ray Train workers (raytrain.train.launcher), under
 benchmarks, and in one plain process in tests; the caller passes who this worker is, where
 checkpoints live and where progress goes. The process group, if any, is already set up.
 
-    result = train(spec, WorkerInfo.single_process(), NullSink(), Path("/tmp/ckpt"))
+    result = train(spec, WorkerInfo.single_process(), NullSink(), Path("/tmp/ckpt"),
+                   layout=job_layout(spec))
 
 Order of work: build this rank's share of the model under the job's parallel layout
 (raytrain.parallel.parallelize: pipeline stages, tensor parallel, FSDP2 or DDP), one AdamW per
@@ -30,7 +31,6 @@ import torch.distributed as dist
 from torch import nn
 
 from raytrain.core.batching import BatchPlan
-from raytrain.core.resolve import job_layout
 from raytrain.core.schedule import lr_multiplier, peak_learning_rate
 from raytrain.core.step_rules import StepRule, after_step
 from raytrain.data.sources import TokenSource, build_source
@@ -174,15 +174,17 @@ def train(
     worker: WorkerInfo,
     sink: ProgressSink,
     checkpoint_root: Path | str,
+    *,
+    layout: Layout,
     stop_after_steps: int | None = None,
     progress_interval_s: float = 1.0,
     notices: Notices | None = None,
-    layout: Layout | None = None,
 ) -> dict[str, Any]:
     """Train `spec` on this worker; return the final figures (meaningful on rank 0).
 
-    `layout`: the job's resolved layout, as stored with it (raytrain.core.resolve); None
-    resolves it here, for a spec run outside the service.
+    `layout`: the job's layout, as resolved once and stored with it (raytrain.core.resolve:
+    `plan_summary(spec).layout`, or `job_layout(spec)` for a spec run outside the service);
+    a worker never plans.
 
     `stop_after_steps` ends the run early after that many steps of this call (tests use it to
     compare a resumed run against an uninterrupted one). `notices`: this node's interruption
@@ -192,7 +194,6 @@ def train(
     """
     notices = notices or NoNotices()
     training = spec.training
-    layout = layout or job_layout(spec)
     model, optimizers, source, plan = build_rank(spec, layout, worker)
     checkpoints = CheckpointManager(
         checkpoint_root, worker.rank, keep=training.keep_checkpoints,

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from raytrain.core.resolve import job_layout
 from raytrain.spec import JobSpec
 from raytrain.train.checkpoint import latest_checkpoint
 from raytrain.train.loop import WorkerInfo, train
@@ -138,9 +139,9 @@ def _run_cases(rank: int, world_size: int, port: int, cases: list[tuple[str, dic
             dist.barrier()
             sink = RecordingSink()
             counts.update(dict.fromkeys(counts, 0))
-            train(JobSpec.model_validate(document),
-                  WorkerInfo.from_process_group(_device(rank)), sink, root,
-                  progress_interval_s=0.0, **kwargs)
+            spec = JobSpec.model_validate(document)
+            train(spec, WorkerInfo.from_process_group(_device(rank)), sink, root,
+                  layout=job_layout(spec), progress_interval_s=0.0, **kwargs)
             if rank == 0:
                 (root / "losses.json").write_text(json.dumps(sink.losses()))
                 for file, count in counts.items():
@@ -188,7 +189,8 @@ def _losses(path: Path) -> dict[int, float]:
 
 def _single(document: dict, root: Path, **kwargs: Any) -> dict[int, float]:
     sink = RecordingSink()
-    train(JobSpec.model_validate(document), WorkerInfo(0, 1, _device(0)), sink, root,
+    spec = JobSpec.model_validate(document)
+    train(spec, WorkerInfo(0, 1, _device(0)), sink, root, layout=job_layout(spec),
           progress_interval_s=0.0, **kwargs)
     return sink.losses()
 

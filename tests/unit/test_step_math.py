@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from raytrain.core.resolve import job_layout
 from raytrain.spec import JobSpec
 from raytrain.train.loop import WorkerInfo, train
 from tests.unit.support import RecordingSink, make_hf_llama
@@ -80,7 +81,8 @@ def test_a_plain_loop_from_the_readme_reproduces_a_jobs_losses(tmp_path: Path) -
     token_file = tmp_path / "tokens.bin"
     ids.tofile(token_file)
     sink = RecordingSink()
-    train(_job(token_file), WorkerInfo.single_process(), sink, tmp_path / "ckpt",
+    spec = _job(token_file)
+    train(spec, WorkerInfo.single_process(), sink, tmp_path / "ckpt", layout=job_layout(spec),
           progress_interval_s=0.0)
     rows = sink.step_rows()
     losses, lrs, norms = _plain_loop(ids)

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from raytrain.core.resolve import job_layout
 from raytrain.serve.admission import COMMITTED
 from raytrain.spec import JobSpec
 from raytrain.train.checkpoint import COMMIT_MARKER, latest_checkpoint
@@ -39,7 +40,8 @@ def small_spec(num_workers: int, **training: Any) -> JobSpec:
 
 def run_single(spec: JobSpec, root: Path, **kwargs: Any) -> RecordingSink:
     sink = RecordingSink()
-    train(spec, WorkerInfo.single_process(), sink, root, progress_interval_s=0.0, **kwargs)
+    train(spec, WorkerInfo.single_process(), sink, root, layout=job_layout(spec),
+          progress_interval_s=0.0, **kwargs)
     return sink
 
 
@@ -103,7 +105,8 @@ def test_resuming_a_finished_run_reports_its_final_loss(tmp_path: Path) -> None:
 
 def test_a_stop_request_ends_the_loop_at_the_next_step(tmp_path: Path) -> None:
     sink = RecordingSink(stop_at_step=5)
-    result = train(small_spec(1), WorkerInfo.single_process(), sink, tmp_path,
+    spec = small_spec(1)
+    result = train(spec, WorkerInfo.single_process(), sink, tmp_path, layout=job_layout(spec),
                    progress_interval_s=0.0)
     # The request arrives with step 5's report, so step 6 is the last one run.
     assert result["stopped"] and result["steps"] == 6
@@ -200,8 +203,9 @@ def _ddp_worker(rank: int, world_size: int, port: int, root: str, out: str) -> N
         sink = RecordingSink()
         # Reports every 60 s (the first and the last here): every step's loss still arrives,
         # the steps between two loss syncs reduced in one all-reduce.
-        train(small_spec(world_size, steps=10), WorkerInfo.from_process_group(torch.device("cpu")),
-              sink, Path(root), progress_interval_s=60.0)
+        spec = small_spec(world_size, steps=10)
+        train(spec, WorkerInfo.from_process_group(torch.device("cpu")), sink, Path(root),
+              layout=job_layout(spec), progress_interval_s=60.0)
         if rank == 0:
             assert len(sink.reports) == 2
             Path(out).write_text(json.dumps({s: row[1] for s, row in sink.step_rows().items()}))
@@ -225,7 +229,8 @@ def test_every_step_reaches_the_reports_whatever_their_rate(tmp_path: Path) -> N
     spec = small_spec(1, steps=20, warmup_steps=5, grad_clip_norm=1.0)
     every = run_single(spec, tmp_path / "every")
     rare = RecordingSink()
-    train(spec, WorkerInfo.single_process(), rare, tmp_path / "rare", progress_interval_s=60.0)
+    train(spec, WorkerInfo.single_process(), rare, tmp_path / "rare", layout=job_layout(spec),
+          progress_interval_s=60.0)
     assert len(rare.reports) == 2 < len(every.reports) == 20
     rows = rare.step_rows()
     assert sorted(rows) == list(range(1, 21))

@@ -21,6 +21,7 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
+from raytrain.core.resolve import job_layout
 from raytrain.errors import SpecError, TrainingError
 from raytrain.models.contract import logits_of
 from raytrain.parallel.blocks import describe_units, transformer_blocks
@@ -63,8 +64,9 @@ def test_a_hugging_face_model_and_a_dict_output_train_and_a_bad_output_says_the_
     for factory in ("tests.unit.support:make_hf_llama",
                     "tests.unit.support:make_dict_output_model"):
         sink = RecordingSink()
-        train(_job(1, "data", factory), WorkerInfo.single_process(), sink, tmp_path / factory,
-              progress_interval_s=0.0)
+        spec = _job(1, "data", factory)
+        train(spec, WorkerInfo.single_process(), sink, tmp_path / factory,
+              layout=job_layout(spec), progress_interval_s=0.0)
         losses = sink.losses()
         assert len(losses) == 6 and losses[6] < losses[1], factory
     broken = _job(1, "data", "tests.unit.support:make_dict_output_model")
@@ -72,7 +74,8 @@ def test_a_hugging_face_model_and_a_dict_output_train_and_a_bad_output_says_the_
         update={"options": {"broken": True}})})
     with pytest.raises(TrainingError, match="DictOutputModel's forward returned a tensor of "
                        r"shape \(2, 16\).*Hugging Face"):
-        train(broken, WorkerInfo.single_process(), RecordingSink(), tmp_path / "broken")
+        train(broken, WorkerInfo.single_process(), RecordingSink(), tmp_path / "broken",
+              layout=job_layout(broken))
 
 
 def test_the_repeated_blocks_are_found_or_named() -> None:
@@ -137,9 +140,9 @@ def _fsdp_worker(rank: int, port: int, root: str, out: str) -> None:
                  "one_unit": _gathered_peak_bytes(one_unit), "total": total, "block": block,
                  "units": units}
         sink = RecordingSink()
-        train(_job(2, "fsdp", "tests.unit.support:make_hf_llama"),
-              WorkerInfo.from_process_group(torch.device("cpu")), sink, Path(root),
-              progress_interval_s=0.0)
+        spec = _job(2, "fsdp", "tests.unit.support:make_hf_llama")
+        train(spec, WorkerInfo.from_process_group(torch.device("cpu")), sink, Path(root),
+              layout=job_layout(spec), progress_interval_s=0.0)
         if rank == 0:
             Path(out).write_text(json.dumps({**peaks, "losses": sink.losses(),
                                              "reported": sink.reports[-1].get("fsdp_units")}))
@@ -149,8 +152,9 @@ def _fsdp_worker(rank: int, port: int, root: str, out: str) -> None:
 
 def test_fsdp_shards_a_hugging_face_llama_one_decoder_block_at_a_time(tmp_path: Path) -> None:
     reference = RecordingSink()
-    train(_job(1, "data", "tests.unit.support:make_hf_llama"), WorkerInfo.single_process(),
-          reference, tmp_path / "single", progress_interval_s=0.0)
+    spec = _job(1, "data", "tests.unit.support:make_hf_llama")
+    train(spec, WorkerInfo.single_process(), reference, tmp_path / "single",
+          layout=job_layout(spec), progress_interval_s=0.0)
     out = tmp_path / "fsdp.json"
     mp.spawn(_fsdp_worker, args=(_free_port(), str(tmp_path / "fsdp"), str(out)), nprocs=2)
     got = json.loads(out.read_text())
