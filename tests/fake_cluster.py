@@ -266,8 +266,11 @@ def started_fake_cluster(max_spot_nodes: int = 1, workers_per_node: int = 2
                                          http_port),
     })
     config["auth"]["ssh_private_key"] = str(laptop / ".ssh" / "raytrain")
+    # The provider's listing cache in proportion to this cluster's autoscaler, which updates
+    # every second (AUTOSCALER_UPDATE_INTERVAL_S above) where a real one takes five.
     config["provider"].update({"api_url": runpod.url, "rest_url": runpod.rest_url,
-                               "head_ip": "127.0.0.1", "use_node_id_as_ip": True})
+                               "head_ip": "127.0.0.1", "use_node_id_as_ip": True,
+                               "list_cache_s": 2.0})
     (root / "cluster.yaml").write_text(yaml.safe_dump(config))
     laptop_env = {**os.environ, "HOME": str(laptop), "RUNPOD_API_KEY": runpod.key,
                   "RAY_AUTH_MODE": "disabled"}
