@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import threading
 import uuid
@@ -49,6 +50,8 @@ from raytrain.train.pod_main import LINE_PREFIX
 logger = logging.getLogger(__name__)
 
 JOB_ENV = "RAYTRAIN_POD_JOB"  # the job a pod was rented for, in its environment
+STORAGE_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+               "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 LIST_EVERY_S = 5.0  # the fleet's view of RunPod's pods is at most this old
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
                "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
@@ -335,7 +338,11 @@ class PodFleet:
         address = pod_ssh(alive[pod_id])
         assert address is not None
         pod_type = self.types[node_type]
-        config = {"job_id": job_id, "spec": spec.model_dump(mode="json"),
+        # The job's storage for the pod: its bucket's endpoint and the service's credentials,
+        # over the session's input (never in a command line, an environment RunPod shows,
+        # or a log).
+        storage = {key: os.environ[key] for key in STORAGE_ENV if os.environ.get(key)}
+        config = {"job_id": job_id, "env": storage, "spec": spec.model_dump(mode="json"),
                   "layout": asdict(layout), "checkpoint_root": checkpoint_root,
                   "log_uri": log_uri, "threads": max(1, int(spec.resources.cpus_per_worker))}
         run = PodRun(reports, job_id, pod_id, address, self.ssh_key, pod_type.command, config,

@@ -10,7 +10,8 @@ rank on the pod's devices (NCCL on GPUs, gloo on CPUs), checkpoints to the job's
 
 The service and this process speak JSON lines over the SSH session (LINE_PREFIX marks ours on
 stdout; anything else there is a library's output). In: the run's config first
-(`{"job_id", "spec", "layout", "checkpoint_root", "log_uri", "threads"}`), then the service's
+(`{"job_id", "env", "spec", "layout", "checkpoint_root", "log_uri", "threads"}`; `env`: the
+job storage's endpoint and credentials), then the service's
 answers (`{"kind": "started", "attempt": N}`, `{"kind": "reply", "stop", "move",
 "checkpoint_every_s"}`). Out: what rank 0's sink says (`started`, `progress`, `checkpoint`,
 `finished`), and `failed` with the error if a rank raises. The end of the input (the service
@@ -39,6 +40,7 @@ LINE_PREFIX = "@raytrain "
 def main() -> int:
     channel = os.fdopen(os.dup(1), "w", buffering=1)  # ours: ranks' output goes to the logs
     config = json.loads(sys.stdin.readline())
+    os.environ.update(config.pop("env", {}))  # the job's storage (its bucket's credentials)
     import torch.multiprocessing as mp
 
     from raytrain.spec import Layout

@@ -26,6 +26,7 @@ from raytrain.spec import JobSpec, JobState, ServiceConfig
 from tests.fake_pods import PodServers
 from tests.fake_ray import TrainingRay
 from tests.runpod_api import FakeRunPod
+from tests.s3_server import make_bucket, s3_server
 from tests.unit.test_training import run_single
 
 RTX4090 = "NVIDIA GeForce RTX 4090"
@@ -66,8 +67,8 @@ def runpod(tmp_path: Path) -> Iterator[tuple[FakeRunPod, PodServers, Path]]:
 
 
 def _service(tmp_path: Path, fake: FakeRunPod, key: Path,
-             command: str = f"{sys.executable} -m raytrain.train.pod_main"
-             ) -> tuple[JobManager, PodFleet]:
+             command: str = f"{sys.executable} -m raytrain.train.pod_main",
+             **storage: str) -> tuple[JobManager, PodFleet]:
     """The job manager with one pod type ("pod-spot"), its runs reporting to it; the fleet
     (close it before the fake goes)."""
     offers = tmp_path / "offers.yaml"
@@ -78,7 +79,7 @@ def _service(tmp_path: Path, fake: FakeRunPod, key: Path,
                                  "max_nodes": 1}},
         pod_types={"pod-spot": {"gpu_type_id": RTX4090, "gpu_count": 1, "cpus": 1,
                                 "command": command}},
-        pod_ssh_private_key=str(key))
+        pod_ssh_private_key=str(key), **storage)
     api = RunPodAPI(fake.key, url=fake.url, rest_url=fake.rest_url)
     fleet = PodFleet(api, dict(config.pod_types), key, (tmp_path / "id.pub").read_text(),
                      list_every_s=0.5)
@@ -111,10 +112,23 @@ def test_a_pod_that_cannot_run_the_job_fails_it_with_the_pods_own_words(
     fleet.api.close()
 
 
+@pytest.fixture(params=["folder", "bucket"])
+def storage(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
+    """The job's storage: a folder the pods mount (this host's), or a bucket (moto's S3),
+    whose credentials a pod has only from the service (its environment is RunPod's)."""
+    if request.param == "folder":
+        yield {}
+        return
+    with s3_server() as endpoint:
+        make_bucket(endpoint, "jobs")
+        yield {"storage_path": "s3://jobs/pods", "storage_endpoint": endpoint}
+
+
 def test_a_one_pod_job_loses_its_interruptible_pod_and_ends_as_if_it_had_not(
-        tmp_path: Path, runpod: tuple[FakeRunPod, PodServers, Path]) -> None:
+        tmp_path: Path, runpod: tuple[FakeRunPod, PodServers, Path],
+        storage: dict[str, str]) -> None:
     fake, _, key = runpod
-    manager, fleet = _service(tmp_path, fake, key)
+    manager, fleet = _service(tmp_path, fake, key, **storage)
     job_id = manager.submit(JobSpec.model_validate(job())).id
     taken: list[str] = []
     deadline = time.monotonic() + 240
@@ -128,6 +142,8 @@ def test_a_one_pod_job_loses_its_interruptible_pod_and_ends_as_if_it_had_not(
         time.sleep(0.05)
     assert status.state == JobState.SUCCEEDED, status.error
     assert taken and status.preemptions == 1 and status.restarts == 0
+    assert status.checkpoint is not None
+    assert status.checkpoint.path.startswith(storage.get("storage_path", str(tmp_path)))
     [lost] = status.preemption_log
     assert not lost.notice and lost.checkpoint_step is not None and lost.checkpoint_step >= 20
     assert lost.lost_steps == lost.reached_step - lost.checkpoint_step
