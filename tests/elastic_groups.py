@@ -15,6 +15,22 @@ from pathlib import Path
 from typing import Any
 
 
+class FileNotice:
+    """A node's interruption notice, heard once the file exists (the caller's signal)."""
+
+    noticed_at = None
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.path.exists()
+
+    def take_checkpoint_request(self) -> bool:
+        return False
+
+
 def group_main(group: int, lighthouse: str, folder: str, job: dict[str, Any],
                groups: int) -> None:
     """One replica group, one process (spawned): train, recording what it sees."""
@@ -56,15 +72,6 @@ def group_main(group: int, lighthouse: str, folder: str, job: dict[str, Any],
         def finished(self, result: dict[str, Any]) -> None:
             (out / f"result-{group}.json").write_text(json.dumps(result))
 
-    class Notice:
-        noticed_at = None
-
-        @property
-        def stop_requested(self) -> bool:
-            return (out / f"notice-{group}").exists()
-
-        def take_checkpoint_request(self) -> bool:
-            return False
 
     class Events(GroupEvents):
         def report(self, index: int, state: str, step: int, redone_steps: int = 0,
@@ -77,7 +84,8 @@ def group_main(group: int, lighthouse: str, folder: str, job: dict[str, Any],
     (out / f"ready-{group}").touch()
     setup = GroupSetup(lighthouse, "127.0.0.1", store.port, "g", groups, timeout_s=30)
     train_group(spec, layout, WorkerInfo.single_process(), group, setup, Sink(),
-                out / f"checkpoints-{group}", Notice(), Events(), progress_interval_s=0.0,
+                out / f"checkpoints-{group}", FileNotice(out / f"notice-{group}"), Events(),
+                progress_interval_s=0.0,
                 die_when=lambda step: _stepped(out, group, step)
                 or (out / f"kill-{group}").exists())
 
@@ -191,21 +199,13 @@ def group_rank_main(group: int, rank: int, lighthouse: str, folder: str, job: di
         def finished(self, result: dict[str, Any]) -> None:
             (out / f"result-{group}.json").write_text(json.dumps(result))
 
-    class Notice:
-        noticed_at = None
-
-        @property
-        def stop_requested(self) -> bool:
-            return (out / f"notice-{group}-{rank}").exists()
-
-        def take_checkpoint_request(self) -> bool:
-            return False
 
     setup = GroupSetup(lighthouse, "127.0.0.1", store_port, "g", groups, timeout_s=30)
     try:
         train_group(spec, job_layout(spec), WorkerInfo(rank, 2, torch.device("cpu")), group,
                     setup, Sink() if rank == 0 else NullSink(), out / f"ckpt-{group}",
-                    Notice(), GroupEvents(), progress_interval_s=0.0)
+                    FileNotice(out / f"notice-{group}-{rank}"), GroupEvents(),
+                    progress_interval_s=0.0)
     finally:
         dist.destroy_process_group()
         del store

@@ -51,3 +51,16 @@ def make_bucket(endpoint: str, name: str) -> None:
     import boto3
 
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=name)
+
+
+@contextmanager
+def job_storage(kind: str, prefix: str) -> Iterator[dict[str, str]]:
+    """A service's storage settings for a test: {} (its state folder) for "folder", or a
+    bucket on a local S3 server for "bucket", under a prefix of the test's own (moto keeps
+    one store per process, across its servers)."""
+    if kind == "folder":
+        yield {}
+        return
+    with s3_server() as endpoint:
+        make_bucket(endpoint, "jobs")
+        yield {"storage_path": f"s3://jobs/{prefix}", "storage_endpoint": endpoint}

@@ -19,7 +19,7 @@ import pytest
 from raytrain.cli import main
 from tests.fake_ray import TrainingRay
 from tests.http_service import served_training
-from tests.s3_server import make_bucket, s3_server
+from tests.s3_server import job_storage
 from tests.unit.test_preemptions import job
 
 
@@ -35,13 +35,8 @@ def _wait_for(client: httpx.Client, job_id: str, states: set[str]) -> dict:
 def storage(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
     """The service's storage: its state folder, or an S3 bucket (moto's server), whose
     checkpoint a resume must be able to find (it was looked for on the head's disk)."""
-    if request.param == "folder":
-        yield {}
-        return
-    with s3_server() as endpoint:
-        make_bucket(endpoint, "jobs")
-        # A prefix of its own: moto keeps one store per process, across its servers.
-        yield {"storage_path": "s3://jobs/cancel-resume", "storage_endpoint": endpoint}
+    with job_storage(request.param, "cancel-resume") as settings:
+        yield settings
 
 
 def test_a_cancelled_job_resumes_from_where_it_stopped_by_its_id(

@@ -26,7 +26,7 @@ from raytrain.spec import JobSpec, JobState, ServiceConfig
 from tests.fake_pods import PodServers
 from tests.fake_ray import TrainingRay
 from tests.runpod_api import FakeRunPod
-from tests.s3_server import make_bucket, s3_server
+from tests.s3_server import job_storage
 from tests.unit.test_training import run_single
 
 RTX4090 = "NVIDIA GeForce RTX 4090"
@@ -116,12 +116,8 @@ def test_a_pod_that_cannot_run_the_job_fails_it_with_the_pods_own_words(
 def storage(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
     """The job's storage: a folder the pods mount (this host's), or a bucket (moto's S3),
     whose credentials a pod has only from the service (its environment is RunPod's)."""
-    if request.param == "folder":
-        yield {}
-        return
-    with s3_server() as endpoint:
-        make_bucket(endpoint, "jobs")
-        yield {"storage_path": "s3://jobs/pods", "storage_endpoint": endpoint}
+    with job_storage(request.param, "pods") as settings:
+        yield settings
 
 
 def test_a_one_pod_job_loses_its_interruptible_pod_and_ends_as_if_it_had_not(
