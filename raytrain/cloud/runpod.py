@@ -233,11 +233,6 @@ class RunPodAPI:
     def pods(self) -> list[dict[str, Any]]:
         return _listed(self._rest("GET", "/pods", "list pods"), "pods", "list pods")
 
-    def pod(self, pod_id: str) -> dict[str, Any] | None:
-        """One pod, or None when RunPod has none of that id (any more)."""
-        found = self._rest("GET", f"/pods/{pod_id}", f"read pod {pod_id}")
-        return found if isinstance(found, dict) else None
-
     def terminate(self, pod_id: str) -> None:
         """Terminate a pod (one already gone is no error)."""
         self._rest("DELETE", f"/pods/{pod_id}", f"terminate pod {pod_id}",

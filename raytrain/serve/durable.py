@@ -330,8 +330,7 @@ def acquire_lease(store: Store, holder: str, lease_s: float,
             now, now_tag = _lease(store)
             if now is not None and now_tag != tag:
                 raise _held_by(store, now)
-            taken = store.put_if(LEASE_KEY, _lease_document(holder), tag) \
-                if now is not None else store.put_if(LEASE_KEY, _lease_document(holder), None)
+            taken = store.put_if(LEASE_KEY, _lease_document(holder), now_tag)  # unchanged
         if taken is not None:
             return taken
     held, _ = _lease(store)

@@ -135,8 +135,8 @@ def train_group(spec: JobSpec, layout: Layout, worker: WorkerInfo, group: int,
             lr, grad_norm = _optimizer_step(model, optimizers, spec, step)
             steps_done = step + 1
             loss_value = float(flags[0])
-            if me == 0:
-                meter.add_step(steps_done, loss_value, lr, grad_norm)
+            if me == 0:  # the leader's norm alone is read (a wait for the device)
+                meter.add_step(steps_done, loss_value, lr, float(grad_norm))
             if me == 0 and meter.record(steps_done, loss_value):
                 sink.progress({**meter.snapshot(), "groups": alive})
             interval = sink.checkpoint_every_s() if me == 0 else None
@@ -289,8 +289,9 @@ def _forward_backward(model: Any, source: Any, plan: BatchPlan, step: int, mine:
 
 
 def _optimizer_step(model: Any, optimizers: list[torch.optim.Optimizer], spec: JobSpec,
-                    step: int) -> tuple[float, float]:
-    """The update; its learning rate and the gradient norm before clipping."""
+                    step: int) -> tuple[float, torch.Tensor]:
+    """The update; its learning rate and the gradient norm before clipping (on the
+    device)."""
     lr = step_learning_rate(step, spec)
     for optimizer in optimizers:
         for group in optimizer.param_groups:
@@ -298,7 +299,7 @@ def _optimizer_step(model: Any, optimizers: list[torch.optim.Optimizer], spec: J
     grad_norm = clip_grad_norm(model, spec.training.grad_clip_norm)
     for optimizer in optimizers:
         optimizer.step()
-    return lr, float(grad_norm)
+    return lr, grad_norm
 
 
 def _local(state: dict[str, Any]) -> dict[str, Any]:
