@@ -70,8 +70,9 @@ def raytrain_loop(steps: int) -> list[float]:
 
     from raytrain import load_job_spec
     from raytrain.core.resolve import job_layout
-    from raytrain.train.loop import WorkerInfo, train
+    from raytrain.train.loop import train
     from raytrain.train.progress import NullSink
+    from raytrain.train.rank import WorkerInfo
 
     class Points(NullSink):
         def __init__(self) -> None:

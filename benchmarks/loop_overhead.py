@@ -33,8 +33,9 @@ def worker(steps: int, out: str) -> None:
     from benchmarks.dp_throughput import job_document
     from raytrain.core.resolve import job_layout
     from raytrain.spec import JobSpec
-    from raytrain.train.loop import WorkerInfo, train
+    from raytrain.train.loop import train
     from raytrain.train.progress import NullSink
+    from raytrain.train.rank import WorkerInfo
 
     class StepTimes(NullSink):
         def __init__(self) -> None:

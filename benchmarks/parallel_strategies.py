@@ -67,8 +67,9 @@ def worker(spec_path: str, out: str, device_type: str) -> None:
 
     from raytrain.core.resolve import job_layout
     from raytrain.spec import JobSpec
-    from raytrain.train.loop import WorkerInfo, train
+    from raytrain.train.loop import train
     from raytrain.train.progress import NullSink
+    from raytrain.train.rank import WorkerInfo
 
     spec = JobSpec.model_validate(json.loads(Path(spec_path).read_text()))
     torch.set_num_threads(1)

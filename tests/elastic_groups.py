@@ -41,9 +41,10 @@ def group_main(group: int, lighthouse: str, folder: str, job: dict[str, Any],
 
     from raytrain.core.resolve import job_layout
     from raytrain.spec import JobSpec
-    from raytrain.train.elastic import GroupEvents, GroupSetup, train_group
-    from raytrain.train.loop import WorkerInfo
+    from raytrain.train.elastic import GroupEvents, GroupSetup, ReplicaGroup
+    from raytrain.train.loop import train
     from raytrain.train.progress import NullSink
+    from raytrain.train.rank import WorkerInfo
 
     torch.set_num_threads(1)
     out = Path(folder)
@@ -83,11 +84,12 @@ def group_main(group: int, lighthouse: str, folder: str, job: dict[str, Any],
 
     (out / f"ready-{group}").touch()
     setup = GroupSetup(lighthouse, "127.0.0.1", store.port, "g", groups, timeout_s=30)
-    train_group(spec, layout, WorkerInfo.single_process(), group, setup, Sink(),
-                out / f"checkpoints-{group}", FileNotice(out / f"notice-{group}"), Events(),
-                progress_interval_s=0.0,
-                die_when=lambda step: _stepped(out, group, step)
-                or (out / f"kill-{group}").exists())
+    worker = WorkerInfo.single_process()
+    members = ReplicaGroup(setup, group, worker, Events(),
+                           die_when=lambda step: _stepped(out, group, step)
+                           or (out / f"kill-{group}").exists())
+    train(spec, worker, Sink(), out / f"checkpoints-{group}", layout=layout,
+          notices=FileNotice(out / f"notice-{group}"), progress_interval_s=0.0, members=members)
 
 
 def _stepped(folder: Path, group: int, step: int) -> bool:
@@ -165,9 +167,10 @@ def group_rank_main(group: int, rank: int, lighthouse: str, folder: str, job: di
 
     from raytrain.core.resolve import job_layout
     from raytrain.spec import JobSpec
-    from raytrain.train.elastic import GroupEvents, GroupSetup, train_group
-    from raytrain.train.loop import WorkerInfo
+    from raytrain.train.elastic import GroupSetup, ReplicaGroup
+    from raytrain.train.loop import train
     from raytrain.train.progress import NullSink
+    from raytrain.train.rank import WorkerInfo
 
     torch.set_num_threads(1)
     out = Path(folder)
@@ -202,10 +205,10 @@ def group_rank_main(group: int, rank: int, lighthouse: str, folder: str, job: di
 
     setup = GroupSetup(lighthouse, "127.0.0.1", store_port, "g", groups, timeout_s=30)
     try:
-        train_group(spec, job_layout(spec), WorkerInfo(rank, 2, torch.device("cpu")), group,
-                    setup, Sink() if rank == 0 else NullSink(), out / f"ckpt-{group}",
-                    FileNotice(out / f"notice-{group}-{rank}"), GroupEvents(),
-                    progress_interval_s=0.0)
+        worker = WorkerInfo(rank, 2, torch.device("cpu"))
+        train(spec, worker, Sink() if rank == 0 else NullSink(), out / f"ckpt-{group}",
+              layout=job_layout(spec), notices=FileNotice(out / f"notice-{group}-{rank}"),
+              progress_interval_s=0.0, members=ReplicaGroup(setup, group, worker))
     finally:
         dist.destroy_process_group()
         del store

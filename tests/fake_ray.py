@@ -217,7 +217,8 @@ class TrainingRay(FakeRay):
         return run
 
     def _train(self, run: FakeRun, node: str | None, checkpoint_root: str) -> None:
-        from raytrain.train.loop import WorkerInfo, train
+        from raytrain.train.loop import train
+        from raytrain.train.rank import WorkerInfo
 
         sink = DirectSink(self, run, node)
         try:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import ValidationError
 
@@ -63,6 +63,7 @@ from raytrain.serve.store import STORE_FILE, JobStore
 from raytrain.spec import (
     JobSpec,
     JobStatus,
+    PlanSummary,
     ResourcesSpec,
     ServiceConfig,
     check_imports_allowed,
@@ -78,8 +79,10 @@ class JobManager(JobReads):
     starts the scheduler thread (with `schedule`)."""
 
     def __init__(self, config: dict[str, Any], cluster: Cluster[Any] | None = None,
-                 schedule: bool = True) -> None:
+                 schedule: bool = True, planner: Callable[..., PlanSummary] = plan_summary
+                 ) -> None:
         self.config = ServiceConfig.model_validate(config)
+        self.planner = planner  # once at submit; once more per capacity change
         self.cluster: Cluster[Any] = with_pods(cluster or RayCluster(), self.config, self)
         self.lock = threading.RLock()
         self._changed = threading.Condition(self.lock)
@@ -122,7 +125,7 @@ class JobManager(JobReads):
         self.provisioner = Provisioner(self.config, request=self.cluster.request_nodes,
                                        history=self.tally.spot,  # counted as jobs are billed
                                        ready=self.tally.ready,  # added to as nodes come up
-                                       hardware=self.hardware)
+                                       hardware=self.hardware, planner=self.planner)
         self.scheduler = Scheduler(self)
         self.scheduler.reclaim_after_restart()
         for job_id, record in list(self.records.items()):
@@ -201,7 +204,7 @@ class JobManager(JobReads):
         if earlier is not None:
             return earlier
         # The layout, decided once: stored, never planned again.
-        plan = plan_summary(spec, hardware=self.hardware)
+        plan = self.planner(spec, hardware=self.hardware)
         check_imports_allowed(spec, self.config.allowed_import_packages)
         for loc, path in spec.import_paths():  # a typo is found now, not on a node bought
             resolve_factory(path, loc)  # for it

@@ -109,6 +109,8 @@ class Provisioner:
     ready: dict[str, tuple[int, float]] = field(default_factory=dict)
     # The devices the planner prices jobs on (this machine's CPU profile, if calibrated).
     hardware: Catalog = CATALOG
+    # How a job is planned on the capacity bought (raytrain.core.resolve.plan_summary).
+    planner: Callable[..., PlanSummary] = plan_summary
 
     def __post_init__(self) -> None:
         self.catalog = catalog_for(self.config)
@@ -354,12 +356,9 @@ class Provisioner:
         devices = option.nodes * offer.gpus_per_node
         resources = spec.resources
         on_gpu = resources.use_gpu
-        run_spec = JobSpec.model_validate({**spec.model_dump(), "resources": {
-            **resources.model_dump(), "num_workers": devices,
-            "accelerator": offer.gpu_kind if on_gpu else None}})
+        run_spec, plan = self._planned_on(job, devices, offer.gpu_kind if on_gpu else None)
         placement = Placement(node_type[(offer.id, option.market)], option.nodes, devices,
-                              option, run_spec, plan_summary(run_spec, hardware=self.hardware),
-                              now, missing)
+                              option, run_spec, plan, now, missing)
         same_nodes = old is not None and old.node_type == placement.node_type
         placement.asked_at = old.asked_at if same_nodes and old.asked_at else now
         self.placements[job.id] = placement
@@ -372,6 +371,20 @@ class Provisioner:
         return placement, CapacityDecided(
             record, held, f"requested {option.nodes} x {placement.node_type} from the autoscaler",
             shown, reference)
+
+    def _planned_on(self, job: JobStatus, devices: int, accelerator: str | None
+                    ) -> tuple[JobSpec, PlanSummary]:
+        """The job's spec and plan on `devices` workers of `accelerator`: the plan stored at
+        submit when that is what it assumed, else one re-plan through the same function
+        (stored with the job by the lifecycle when the capacity comes)."""
+        spec, resources = job.spec, job.spec.resources
+        if job.plan is not None and devices == resources.num_workers and \
+                accelerator == resources.accelerator:
+            return spec, job.plan
+        run_spec = spec.model_copy(update={"resources": resources.model_copy(
+            update={"num_workers": devices, "accelerator": accelerator})})
+        run_spec = JobSpec.model_validate(run_spec.model_dump())  # checked on what it holds
+        return run_spec, self.planner(run_spec, hardware=self.hardware)
 
     def nodes_up(self, job_id: str, now: float) -> None:
         """The job's nodes are all up: the time since they were asked for is a measured

@@ -7,7 +7,8 @@ but only for groups of one worker, at a fixed size, with the preemption watcher 
 knows nothing of our notices. A fit per group lets a group hold any layout of its own (FSDP,
 tensor parallel), lets a noticed group leave at a step boundary and be bought again at once,
 and keeps the job manager's record of each group. Each group's fit is the rigid job's fit
-with the group's share of the workers; the loop is raytrain.train.elastic.
+with the group's share of the workers; the loop is raytrain.train.loop's, among the groups of
+raytrain.train.elastic.
 
 The runner reports the run's start once (the groups share its attempt); each group's rank 0
 reports its own notice ("leaving") and its start as a replacement ("healing"); the group
@@ -34,10 +35,11 @@ import torch
 
 from raytrain.cloud.interruption import Watcher
 from raytrain.spec import JobSpec, Layout
-from raytrain.train.elastic import GroupEvents, GroupSetup, train_group
+from raytrain.train.elastic import GroupEvents, GroupSetup, ReplicaGroup
 from raytrain.train.launcher import ManagerSink, build_trainer, node_endpoint, watching
-from raytrain.train.loop import WorkerInfo
+from raytrain.train.loop import train
 from raytrain.train.progress import NullSink, ProgressSink
+from raytrain.train.rank import WorkerInfo
 from raytrain.train.worker_logs import stored_output
 
 logger = logging.getLogger(__name__)
@@ -89,8 +91,8 @@ def elastic_group_fn(config: dict[str, Any]) -> None:
             watching(endpoint) as watcher:
         notices = _Reporting(watcher, manager, config["job_id"], attempt, group) \
             if watcher is not None and worker.rank == 0 else watcher
-        result = train_group(spec, layout, worker, group, setup, sink,
-                             config["checkpoint_root"], notices, events)
+        result = train(spec, worker, sink, config["checkpoint_root"], layout=layout,
+                       notices=notices, members=ReplicaGroup(setup, group, worker, events))
     logger.info("replica group %d ended at step %d%s", group, result["steps"],
                 " (it left)" if result["left"] else "")
 

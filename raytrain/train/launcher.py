@@ -35,8 +35,9 @@ from ray.train.torch import TorchTrainer
 from raytrain.cloud.interruption import Ec2Metadata, Watcher
 from raytrain.cloud.object_store import join, parent
 from raytrain.spec import JobSpec, Layout
-from raytrain.train.loop import WorkerInfo, train
+from raytrain.train.loop import train
 from raytrain.train.progress import AnsweredSink, NullSink, ProgressSink, ServiceAnswer
+from raytrain.train.rank import WorkerInfo
 from raytrain.train.worker_logs import stored_output
 
 logger = logging.getLogger(__name__)

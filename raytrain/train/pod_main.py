@@ -101,8 +101,9 @@ def _rank(rank: int, world_size: int, config: dict[str, Any], outbox: Any,
     import torch.distributed as dist
 
     from raytrain.spec import JobSpec, Layout
-    from raytrain.train.loop import WorkerInfo, train
+    from raytrain.train.loop import train
     from raytrain.train.progress import NullSink, ProgressSink
+    from raytrain.train.rank import WorkerInfo
     from raytrain.train.worker_logs import stored_output
 
     torch.set_num_threads(int(config.get("threads", 1)))

@@ -10,18 +10,19 @@ import asyncio
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 import pytest
 
 from raytrain.core import lifecycle as lc
+from raytrain.core.resolve import plan_summary
 from raytrain.serve.app import InProcess, build_app
 from raytrain.serve.auth import operator_token
 from raytrain.serve.feeds import Feeds
 from raytrain.serve.http_limits import MAX_BODY_BYTES
 from raytrain.serve.manager import JobManager
-from raytrain.spec import ServiceConfig
+from raytrain.spec import JobSpec, PlanSummary, ServiceConfig
 from tests.fake_ray import FakeRay
 
 
@@ -37,11 +38,12 @@ def small_job(**resources: Any) -> dict[str, Any]:
 class Service:
     """A manager on the fake cluster and a synchronous client of its app."""
 
-    def __init__(self, state_dir: Path, cluster: FakeRay | None = None, **config: Any) -> None:
+    def __init__(self, state_dir: Path, cluster: FakeRay | None = None,
+                 planner: Callable[..., PlanSummary] = plan_summary, **config: Any) -> None:
         self.cluster = cluster or FakeRay(cpus=4)
         self.config = ServiceConfig(state_dir=str(state_dir), **config)
         self.manager = JobManager(self.config.model_dump(mode="json"), cluster=self.cluster,
-                                  schedule=False).start()
+                                  schedule=False, planner=planner).start()
         self.app = build_app(InProcess(self.manager), self.config.open_metrics,
                              self.config.auth)
         self.token = operator_token(self.config)
@@ -322,31 +324,42 @@ def test_small_jobs_pass_a_waiting_big_one_only_so_often(tmp_path: Path) -> None
     assert service.state(big) == "PROVISIONING" and service.state(small) == "PENDING"
 
 
-def test_an_auto_job_is_planned_once_at_submit_and_never_again(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The layout is stored with the job: a reload and the run read it, and a planner (or
-    hardware catalog) that has since changed cannot make a stored job invalid."""
+def test_an_auto_job_is_planned_once_in_its_life(tmp_path: Path) -> None:
+    """The layout is decided once, at submit, and stored with the job: a reload, the run and
+    every worker read it, and a planner (or hardware catalog) that has since changed cannot
+    make a stored job invalid. The planner's calls are counted over the job's whole life
+    (submit, a service restart, the run to its end): one. Planning again in the run (as the
+    service did after capacity came) makes it two."""
+    calls: list[JobSpec] = []
+
+    def counting(spec: JobSpec, **kwargs: Any) -> PlanSummary:
+        calls.append(spec)
+        return plan_summary(spec, **kwargs)
+
     job = small_job(num_workers=4, cpus_per_worker=0.5)
     job["parallel"] = {"strategy": "auto"}
-    first = Service(tmp_path)
+    first = Service(tmp_path, planner=counting)
     answer = first.request("POST", "/v1/jobs", json=job)
     assert answer.status_code == 202, answer.text
     planned = answer.json()["plan"]
     assert planned["layout"]["dp_replicate"] * planned["layout"]["dp_shard"] * \
         planned["layout"]["tp"] * planned["layout"]["pp"] == 4
     assert planned["catalog_version"] and planned["description"]
-
-    def no_planning(*args: Any, **kwargs: Any) -> None:
-        raise AssertionError("planned again")
-
-    monkeypatch.setattr("raytrain.core.planner.plan", no_planning)
-    monkeypatch.setattr("raytrain.core.resolve.plan", no_planning)
-    second = Service(tmp_path, cluster=first.cluster)  # a reload validates the stored job
-    assert second.request("GET", f"/v1/jobs/{answer.json()['id']}").json()["plan"] == planned
+    assert len(calls) == 1
+    second = Service(tmp_path, cluster=first.cluster, planner=counting)  # a reload
+    job_id = answer.json()["id"]
+    assert second.request("GET", f"/v1/jobs/{job_id}").json()["plan"] == planned
     second.tick()
-    run = second.cluster.runs[answer.json()["id"]]
+    run = second.cluster.runs[job_id]
     assert asdict(run.layout) == planned["layout"]  # what every worker builds
+    steps = job["training"]["steps"]
+    attempt = second.train(job_id, steps)
+    second.manager.report_finished(job_id, attempt, result(steps))
+    second.cluster.finish(job_id)
+    second.tick()
+    assert second.state(job_id) == "SUCCEEDED"
     assert second.request("GET", "/metrics").status_code == 200
+    assert len(calls) == 1
 
 
 def test_the_streams_of_one_job_share_one_wait_on_the_manager(service: Service) -> None:

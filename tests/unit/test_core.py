@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -134,24 +135,31 @@ def batch_plans(draw: st.DrawFn) -> BatchPlan:
     return BatchPlan(micro * dp * accum, micro, dp)
 
 
-MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 80
+# What one reading holds: past these a module is likely two and a function does two things,
+# which a warning says; a module is cut by concept, never to meet the figure. Past the hard
+# limits the test fails.
+MODULE_LINES, FUNCTION_LINES = (400, 600), (80, 120)
 
 
 def test_no_module_or_function_outgrows_what_one_reading_holds() -> None:
-    """Modules of at most 400 lines and functions of at most 80, in raytrain/: past that a
-    module is two and a function does two things."""
-    too_long = []
+    """Module doc of the limits above: the soft ones warn, the hard ones fail."""
+    soft, hard = [], []
     for module in PACKAGE.rglob("*.py"):
         text = module.read_text()
         name = module.relative_to(PACKAGE.parent)
-        if len(text.splitlines()) > MAX_MODULE_LINES:
-            too_long.append(f"{name}: {len(text.splitlines())} lines")
+        lines = len(text.splitlines())
+        for limit, found in zip(MODULE_LINES, (soft, hard)):
+            if lines > limit:
+                found.append(f"{name}: {lines} lines")
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 length = (node.end_lineno or node.lineno) - node.lineno + 1
-                if length > MAX_FUNCTION_LINES:
-                    too_long.append(f"{name}:{node.lineno} {node.name}: {length} lines")
-    assert too_long == []
+                for limit, found in zip(FUNCTION_LINES, (soft, hard)):
+                    if length > limit:
+                        found.append(f"{name}:{node.lineno} {node.name}: {length} lines")
+    for long in soft:
+        warnings.warn(f"long: {long}", stacklevel=1)
+    assert hard == []
 
 
 @given(batch_plans(), st.integers(0, 1000))

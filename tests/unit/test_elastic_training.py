@@ -133,8 +133,9 @@ def test_a_group_that_boots_after_the_last_step_leaves_the_end_to_the_others(
     from torchft.coordination import LighthouseServer
 
     from raytrain.core.resolve import job_layout
-    from raytrain.train.elastic import GroupSetup, train_group
-    from raytrain.train.loop import WorkerInfo
+    from raytrain.train.elastic import GroupSetup, ReplicaGroup
+    from raytrain.train.loop import train
+    from raytrain.train.rank import WorkerInfo
 
     os.environ.setdefault("RUST_LOG", "error")
     spec = JobSpec.model_validate(JOB)
@@ -143,10 +144,11 @@ def test_a_group_that_boots_after_the_last_step_leaves_the_end_to_the_others(
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     sink = RecordingSink()
     try:
-        result = train_group(spec, job_layout(spec), WorkerInfo.single_process(), 1,
-                             GroupSetup(lighthouse.address(), "127.0.0.1", store.port, "late",
-                                        2, timeout_s=10), sink, tmp_path / "checkpoints",
-                             progress_interval_s=0.0)
+        worker = WorkerInfo.single_process()
+        setup = GroupSetup(lighthouse.address(), "127.0.0.1", store.port, "late", 2,
+                           timeout_s=10)
+        result = train(spec, worker, sink, tmp_path / "checkpoints", layout=job_layout(spec),
+                       progress_interval_s=0.0, members=ReplicaGroup(setup, 1, worker))
     finally:
         lighthouse.shutdown()
     assert sink.result is None  # the end is the group's that trained the last step
@@ -159,14 +161,9 @@ def test_a_heal_hands_over_weights_and_optimizer_state_exactly() -> None:
     tensors) gives the healed group the same weights to the bit, and the next step keeps
     them equal: an optimizer without state yet (a fresh group) is filled, not stepped."""
     from raytrain.core.resolve import job_layout
-    from raytrain.train.elastic import (
-        _forward_backward,
-        _load_local,
-        _local,
-        _optimizer_step,
-        _state,
-    )
-    from raytrain.train.loop import WorkerInfo, build_rank
+    from raytrain.train.checkpoint import _state
+    from raytrain.train.elastic import _load_local, _local
+    from raytrain.train.rank import WorkerInfo, build_rank, forward_backward, optimizer_step
 
     spec = JobSpec.model_validate(JOB)
     layout, worker = job_layout(spec), WorkerInfo.single_process()
@@ -175,11 +172,8 @@ def test_a_heal_hands_over_weights_and_optimizer_state_exactly() -> None:
 
     def step(group: tuple[Any, ...], index: int) -> None:
         model, optimizers, source, plan = group
-        for param in model.parameters():
-            param.grad = None
-        _forward_backward(model, source, plan, index, list(range(units)), units, layout,
-                          worker)
-        _optimizer_step(model, optimizers, spec, index)
+        forward_backward(model, source, plan, index, list(range(units)), 1.0)
+        optimizer_step(model, optimizers, spec, index)
 
     def same() -> bool:
         return all(torch.equal(a, b) for a, b in zip(live[0].parameters(),
@@ -205,8 +199,8 @@ def test_a_heal_before_the_first_step_leaves_both_groups_training_as_one_process
     with `_state` reading the optimizer as torch leaves it."""
     from raytrain.core.resolve import job_layout
     from raytrain.train.checkpoint import _state
-    from raytrain.train.elastic import _forward_backward, _load_local, _local, _optimizer_step
-    from raytrain.train.loop import WorkerInfo, build_rank
+    from raytrain.train.elastic import _load_local, _local
+    from raytrain.train.rank import WorkerInfo, build_rank, forward_backward, optimizer_step
 
     spec = JobSpec.model_validate(JOB)
     layout, worker = job_layout(spec), WorkerInfo.single_process()
@@ -220,11 +214,9 @@ def test_a_heal_before_the_first_step_leaves_both_groups_training_as_one_process
                                                      ("sender", sender),
                                                      ("receiver", receiver)):
         for index in range(2):
-            for param in model.parameters():
-                param.grad = None
-            losses.setdefault(name, []).append(_forward_backward(
-                model, source, plan, index, list(range(units)), units, layout, worker))
-            _optimizer_step(model, optimizers, spec, index)
+            losses.setdefault(name, []).append(float(forward_backward(
+                model, source, plan, index, list(range(units)), 1.0)))
+            optimizer_step(model, optimizers, spec, index)
     assert losses["sender"] == losses["untouched"] == losses["receiver"]
 
 

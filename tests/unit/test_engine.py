@@ -5,15 +5,18 @@ provisioner."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from raytrain.core.autoscale import options
 from raytrain.core.engine import CapacityEngine, EngineEvent
+from raytrain.core.resolve import plan_summary
 from raytrain.core.throughput import job_goal, job_throughput
 from raytrain.serve.provisioning import Provisioner
-from raytrain.spec import JobSpec, JobStatus, ServiceConfig
+from raytrain.spec import JobSpec, JobState, JobStatus, PlanSummary, ServiceConfig
 from raytrain.spec.files import catalog_for
+from tests.unit.support import gpt_1b_job
 from tests.unit.test_preemptions import OFFER, job
 
 SPOT_ID = "local/here/cpu-1"
@@ -98,3 +101,37 @@ def test_a_node_ready_time_counts_a_wait_for_capacity_only_up_to_capacity_wait_s
     assert provisioner.ready == {f"{SPOT_ID}@spot": (1, wait_s)}
     assert provisioner.costs_for(status).ready_for(SPOT_ID, "on-demand") == \
         provisioner.policy_for(spec).ready_s
+
+
+def test_capacity_bought_is_planned_again_only_when_it_differs_from_the_plan(
+        tmp_path: Path) -> None:
+    """A job's stored plan is the layout on the capacity it was planned for; the provisioner
+    plans again (once, through the same function) only when what it buys differs: here a job
+    naming no accelerator, placed on H100s. A job that named H100s keeps its stored plan.
+    Planning on every placement (as it did) makes the first count 1."""
+    offers = tmp_path / "offers.yaml"
+    offers.write_text(yaml.safe_dump({"version": "test", "offers": [{
+        "provider": "test", "region": "r", "instance_type": "h8", "gpu_kind": "h100-sxm",
+        "gpus_per_node": 8, "intra_link": "nvlink4", "network_gbps": 3200, "rdma": True,
+        "on_demand_usd_per_hour": 20.0, "spot_usd_per_hour": 10.0,
+        "spot_interruptions_per_hour": 0.01}]}))
+    config = ServiceConfig(state_dir=str(tmp_path / "state"), offers_file=str(offers),
+                           node_types={"h8": {"offer": "test/r/h8", "market": "spot",
+                                              "max_nodes": 2}})
+    calls: list[JobSpec] = []
+
+    def counting(spec: JobSpec, **kwargs: Any) -> PlanSummary:
+        calls.append(spec)
+        return plan_summary(spec, **kwargs)
+
+    provisioner = Provisioner(config, request=lambda job_id, bundles: None, planner=counting)
+    for accelerator, replans in (("h100-sxm", 0), (None, 1)):
+        spec = JobSpec.model_validate(gpt_1b_job(accelerator))
+        status = JobStatus(id=f"j-{accelerator}", state=JobState.PENDING, spec=spec,
+                           plan=plan_summary(spec), created_at=0.0)
+        calls.clear()
+        placement, _ = provisioner.place(status, 0.0)
+        assert placement is not None and len(calls) == replans, accelerator
+        assert placement.spec.resources.accelerator == "h100-sxm"
+        if replans == 0:
+            assert placement.plan == status.plan

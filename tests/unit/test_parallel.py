@@ -23,7 +23,8 @@ import torch.multiprocessing as mp
 from raytrain.core.resolve import job_layout
 from raytrain.spec import JobSpec
 from raytrain.train.checkpoint import latest_checkpoint
-from raytrain.train.loop import WorkerInfo, train
+from raytrain.train.loop import train
+from raytrain.train.rank import WorkerInfo
 from tests.unit.support import NoticeAfter, RecordingSink
 
 STEPS = 8  # enough to compare a curve; the cut cases stop at 6 and resume for the rest

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from raytrain.core.resolve import job_layout
 from raytrain.spec import JobSpec
-from raytrain.train.loop import WorkerInfo, train
+from raytrain.train.loop import train
+from raytrain.train.rank import WorkerInfo
 from tests.unit.support import RecordingSink, make_hf_llama
 
 pytest.importorskip("transformers")

@@ -18,8 +18,10 @@ from raytrain.core.resolve import job_layout
 from raytrain.serve.admission import COMMITTED
 from raytrain.spec import JobSpec
 from raytrain.train.checkpoint import COMMIT_MARKER, latest_checkpoint
-from raytrain.train.loop import LossSync, WorkerInfo, train
+from raytrain.train.loop import train
 from raytrain.train.progress import ProgressMeter
+from raytrain.train.rank import WorkerInfo
+from raytrain.train.sync import Heard, LossSync
 from tests.unit.support import RecordingSink
 
 SMALL = {
@@ -123,12 +125,12 @@ def test_loss_sync_spaces_reductions_by_measured_step_time() -> None:
     for step in range(1, 41):
         now[0] += 0.1  # 100 ms steps: about one reduction per 5 steps
         if sync.due(forced=step == 40):
-            synced = sync.reduce(torch.tensor(float(step)), stop_here=False)
-            assert synced.loss == step and not (synced.stop or synced.checkpoint or synced.preempt)
+            synced = sync.reduce(torch.tensor(float(step)))
+            assert synced.loss == step and synced.heard == Heard()
             due_steps.append(step)
     assert due_steps[:3] == [1, 6, 11] and due_steps[-1] == 40
     every_step = LossSync(world_size=1, rank=0, target_s=0.0, clock=lambda: now[0])
-    assert all(every_step.due(forced=False) and every_step.reduce(torch.tensor(1.0), False)
+    assert all(every_step.due(forced=False) and every_step.reduce(torch.tensor(1.0))
                for _ in range(5))
 
 

@@ -26,7 +26,8 @@ from raytrain.errors import SpecError, TrainingError
 from raytrain.models.contract import logits_of
 from raytrain.parallel.blocks import describe_units, transformer_blocks
 from raytrain.spec import JobSpec
-from raytrain.train.loop import WorkerInfo, train
+from raytrain.train.loop import train
+from raytrain.train.rank import WorkerInfo
 from tests.unit.support import RecordingSink, make_hf_llama
 
 pytest.importorskip("transformers")
