@@ -60,7 +60,7 @@ def main() -> None:
         # valid requests come from: past auth.GUESSES_ALLOWED of them the address would be
         # slowed (429) and the rest of the run would test the pace, not the API (the pace has
         # its own test, tests/unit/test_access.py). Against --url, expect that 429.
-        from raytrain.serve import auth
+        from raytrain.serve.http import auth
 
         auth.GUESSES_ALLOWED = 10**9
         with tempfile.TemporaryDirectory() as tmp, served(Path(tmp)) as (url, token):

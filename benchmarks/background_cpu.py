@@ -31,8 +31,8 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 from benchmarks.dp_throughput import job_document
 from raytrain.client import Client
-from raytrain.serve.auth import operator_token
 from raytrain.serve.deploy import connect_ray, deploy, undeploy
+from raytrain.serve.http.auth import operator_token
 from raytrain.spec import ServiceConfig
 
 

@@ -32,8 +32,8 @@ from pathlib import Path
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 from raytrain.client import Client
-from raytrain.serve.auth import operator_token
 from raytrain.serve.deploy import connect_ray, deploy, port_is_free, undeploy
+from raytrain.serve.http.auth import operator_token
 from raytrain.spec import ServiceConfig
 
 

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from raytrain.cloud.object_store import open_store
-from raytrain.serve.durable import read_mirror
-from raytrain.serve.manager import JobManager
+from raytrain.serve.jobs.durable import read_mirror
+from raytrain.serve.jobs.manager import JobManager
 from raytrain.spec import JobSpec, ServiceConfig
 from tests.fake_ray import FakeRay
 from tests.s3_server import make_bucket, s3_server

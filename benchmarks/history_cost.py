@@ -12,8 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from raytrain.serve.history import History, point_of
-from raytrain.serve.store import JobStore
+from raytrain.serve.jobs.history import History, point_of
+from raytrain.serve.jobs.store import JobStore
 
 REPORTS = 100_000
 

@@ -21,8 +21,8 @@ def start(prefix: str, profile_from: Path | None = None, **config: Any
     service plans with."""
     import shutil
 
-    from raytrain.serve.auth import operator_token
     from raytrain.serve.deploy import connect_ray, deploy
+    from raytrain.serve.http.auth import operator_token
     from raytrain.spec import ServiceConfig
     from raytrain.spec.files import PROFILE_FILE
     from tests.http_service import free_port

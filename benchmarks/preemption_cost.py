@@ -7,10 +7,10 @@ groups training on (elastic, as the service runs a job of several groups) and as
 The same job (a GPT-2 small on 8 nodes, the spot market only: the `spot` policy, so every
 preemption is met on spot and both modes meet the same ones) on the shipped p3 and g4dn
 traces, with AWS's notice and without, replayed through the live service
-(raytrain.serve.replay: its job manager, scheduler, lifecycle and bill, on the simulated cloud
+(raytrain.sim.replay: its job manager, scheduler, lifecycle and bill, on the simulated cloud
 and clock) from `--starts` start times an hour apart. A preemption's cost is the node-seconds
 billed beyond the training work, the checkpoints and the first start, divided by the
-preemptions (raytrain.serve.replay.as_sim_result).
+preemptions (raytrain.sim.replay.as_sim_result).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import argparse
 import statistics
 
 from raytrain.catalog.traces import load_trace
-from raytrain.serve.replay import (
+from raytrain.sim.replay import (
     Market,
     Scenario,
     as_sim_result,
@@ -28,8 +28,8 @@ from raytrain.serve.replay import (
     replay_job,
     with_policy,
 )
-from raytrain.serve.sim_workers import CloudTimes
-from raytrain.serve.simulation import NO_NOTICE, _rigid
+from raytrain.sim.simulation import NO_NOTICE, _rigid
+from raytrain.sim.workers import CloudTimes
 from raytrain.spec.files import TRACES_DIR, load_policies, snapshot
 
 HOUR = 3600.0

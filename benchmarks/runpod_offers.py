@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from raytrain.cloud.cluster import load_cluster_config, pod_types
+from raytrain.cloud.cluster_configs import load_cluster_config, pod_types
 from raytrain.core.autoscale import choose, options
 from raytrain.core.throughput import job_goal, job_throughput
 from raytrain.spec import JobSpec

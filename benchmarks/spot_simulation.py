@@ -6,7 +6,7 @@ matplotlib is installed (`pip install -e '.[bench]'`).
     python -m benchmarks.spot_simulation [--starts 44] [--processes 2] [--plot PATH]
 
 The policy and the baselines that are policies (on-demand, spot with a fixed 30-minute
-interval, failover) run through the live service (raytrain.serve.replay): its job manager,
+interval, failover) run through the live service (raytrain.sim.replay): its job manager,
 scheduler, provisioner, capacity engine, lifecycle and bill, with the service's own settings.
 Uniform Progress and the hindsight-optimal schedule are computed beside them under the same
 cloud figures.
@@ -28,8 +28,8 @@ from typing import Iterator
 
 from raytrain.catalog.traces import load_trace
 from raytrain.core.simulate import STRATEGIES, Summary
-from raytrain.serve.replay import Market
-from raytrain.serve.simulation import (
+from raytrain.sim.replay import Market
+from raytrain.sim.simulation import (
     NO_NOTICE,
     TraceJob,
     finite_hours,

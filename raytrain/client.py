@@ -7,7 +7,7 @@
     status = job.wait()                       # blocks until SUCCEEDED, FAILED or CANCELLED
 
 The token it sends is `token`, else RAYTRAIN_TOKEN, else (for a service on this machine) the
-operator token in the service's state directory (raytrain.tokens.client_token). Every
+operator token in the service's state directory (raytrain.api_tokens.client_token). Every
 submit carries an Idempotency-Key, so a retry after a timeout returns the job the first try
 queued instead of queueing (and buying capacity for) a second one.
 
@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator
 
 import httpx
 
+from raytrain.api_tokens import client_token
 from raytrain.errors import (
     FieldError,
     JobNotFoundError,
@@ -45,7 +46,6 @@ from raytrain.spec import (
     parse_job_spec,
 )
 from raytrain.spec.job import read_document
-from raytrain.tokens import client_token
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 RETRY_FOR_S = 30.0  # how long a repeatable request keeps trying through a restart

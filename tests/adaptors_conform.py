@@ -1,16 +1,16 @@
 """Type-checked, not run: each implementation of the job manager's cluster adaptor is a
-`raytrain.serve.cluster.Cluster`, and the job manager is what its scheduler takes
-(`raytrain.serve.scheduler.Jobs`); `.ci/run`'s mypy reads this file. Dropping a method from
+`raytrain.serve.adaptors.cluster.Cluster`, and the job manager is what its scheduler takes
+(`raytrain.serve.jobs.scheduler.Jobs`); `.ci/run`'s mypy reads this file. Dropping a method from
 one of them, or changing its arguments, is a type error here."""
 
 from __future__ import annotations
 
-from raytrain.serve.cluster import Cluster
-from raytrain.serve.manager import JobManager
-from raytrain.serve.ray_cluster import RayCluster, RunHandle
-from raytrain.serve.scheduler import Jobs
-from raytrain.serve.sim_workers import SimRun
-from raytrain.serve.trace_cloud import TraceCloud
+from raytrain.serve.adaptors.cluster import Cluster
+from raytrain.serve.adaptors.ray_cluster import RayCluster, RunHandle
+from raytrain.serve.jobs.manager import JobManager
+from raytrain.serve.jobs.scheduler import Jobs
+from raytrain.sim.trace_cloud import TraceCloud
+from raytrain.sim.workers import SimRun
 from tests.fake_ray import FakeRay, FakeRun, TrainingRay
 
 

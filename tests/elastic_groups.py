@@ -41,10 +41,10 @@ def group_main(group: int, lighthouse: str, folder: str, job: dict[str, Any],
 
     from raytrain.core.resolve import job_layout
     from raytrain.spec import JobSpec
-    from raytrain.train.elastic import GroupEvents, GroupSetup, ReplicaGroup
     from raytrain.train.loop import train
     from raytrain.train.progress import NullSink
     from raytrain.train.rank import WorkerInfo
+    from raytrain.train.replica_group import GroupEvents, GroupSetup, ReplicaGroup
 
     torch.set_num_threads(1)
     out = Path(folder)
@@ -167,10 +167,10 @@ def group_rank_main(group: int, rank: int, lighthouse: str, folder: str, job: di
 
     from raytrain.core.resolve import job_layout
     from raytrain.spec import JobSpec
-    from raytrain.train.elastic import GroupSetup, ReplicaGroup
     from raytrain.train.loop import train
     from raytrain.train.progress import NullSink
     from raytrain.train.rank import WorkerInfo
+    from raytrain.train.replica_group import GroupSetup, ReplicaGroup
 
     torch.set_num_threads(1)
     out = Path(folder)

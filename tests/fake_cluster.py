@@ -43,11 +43,11 @@ from typing import Any, Iterator
 import psutil
 import yaml
 
+from raytrain.api_tokens import OPERATOR, read_tokens
 from raytrain.cloud.runpod import KEY_ENV, pod_env
 from raytrain.cloud.runpod_provider import NODE_ID_ENV
 from raytrain.serve.detached import kill_all, terminate_family
 from raytrain.spec.files import DEFAULT_POLICY_DIR
-from raytrain.tokens import OPERATOR, read_tokens
 from tests.fake_pods import PodServers
 from tests.imds_server import MetadataServer
 from tests.integration.conftest import free_port, wait_for

@@ -1,4 +1,5 @@
-"""A recording stand-in for the job manager's Ray adaptor (raytrain.serve.ray_cluster): runs
+"""A recording stand-in for the job manager's Ray adaptor
+(raytrain.serve.adaptors.ray_cluster): runs
 that start and end when the test says, nodes the test adds and takes, a clock the test moves,
 and a log of every call. With it the job manager and the HTTP API run in one process.
 
@@ -242,7 +243,7 @@ class TrainingRay(FakeRay):
         """A job manager on this cluster (`manager`) with `config` (a ServiceConfig), the job
         `document` submitted to it, and scheduling and autoscaling passes until the job ends
         (`between(job_id)` before each); the job's id."""
-        from raytrain.serve.manager import JobManager
+        from raytrain.serve.jobs.manager import JobManager
         from raytrain.spec import JobState
 
         self.manager = JobManager(config.model_dump(mode="json"), cluster=self,

@@ -18,10 +18,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from raytrain.serve.app import InProcess, build_app
-from raytrain.serve.auth import operator_token
-from raytrain.serve.front import Front
-from raytrain.serve.manager import JobManager
+from raytrain.serve.http.app import InProcess, build_app
+from raytrain.serve.http.auth import operator_token
+from raytrain.serve.http.front import Front
+from raytrain.serve.jobs.manager import JobManager
 from raytrain.spec import ServiceConfig
 from tests.fake_ray import FakeRay, TrainingRay
 

@@ -1,4 +1,4 @@
-"""Reading spot-fleet traces for the simulator (raytrain.serve.replay, raytrain.core.simulate).
+"""Reading spot-fleet traces for the simulator (raytrain.sim.replay, raytrain.core.simulate).
 
 Four formats, told apart by their lines:
 - events: `time_ms,add|remove,node` (Bamboo's AWS p3 and g4dn fleets);

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 from rich.markup import escape
 
+from raytrain.api_tokens import default_state_dir
 from raytrain.catalog.hardware import CATALOG
 from raytrain.catalog.traces import load_trace, trace_names
 from raytrain.cli.commands import err, out, print_json
@@ -31,7 +32,7 @@ from raytrain.cli.views import (
     simulation_table,
 )
 from raytrain.core.autoscale import Observed
-from raytrain.core.offers import offers_response
+from raytrain.core.offers_answer import offers_response
 from raytrain.core.planner import NothingFits
 from raytrain.core.resolve import rank_plans
 from raytrain.core.simulate import as_runs
@@ -55,7 +56,6 @@ from raytrain.spec.files import (
 )
 from raytrain.spec.hf_config import gpt_config_from_hf
 from raytrain.spec.job import read_document
-from raytrain.tokens import default_state_dir
 
 DEFAULT_TRACE = TRACES_DIR / "bamboo" / "p3-trace.csv"
 
@@ -220,7 +220,7 @@ def _seen_by_the_service(state_dir: Path) -> Observed:
     """The spot preemptions and node-hours a service with this state directory has counted
     (its store, read-only; nothing when no service ran here)."""
     from raytrain.core.tally import Tally
-    from raytrain.serve.store import STORE_FILE, read_tally
+    from raytrain.serve.jobs.store import STORE_FILE, read_tally
 
     return Observed(spot_history=Tally.from_json(read_tally(state_dir / STORE_FILE)).spot)
 
@@ -236,9 +236,9 @@ def _policy(name: str | None) -> PolicySpec:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Replay spot-fleet traces against one job under each way of buying capacity; the policy
-    and the baselines that are policies go through the live service (raytrain.serve.replay)."""
-    from raytrain.serve.sim_workers import CloudTimes
-    from raytrain.serve.simulation import TraceJob, simulate_trace
+    and the baselines that are policies go through the live service (raytrain.sim.replay)."""
+    from raytrain.sim.simulation import TraceJob, simulate_trace
+    from raytrain.sim.workers import CloudTimes
 
     catalog = load_offers(default_state_dir(args.state_dir))
     offer = next((o for o in catalog.offers if o.instance_type == args.instance), None)

@@ -19,19 +19,7 @@ import yaml
 from pydantic import ValidationError
 from rich.markup import escape
 
-from raytrain.cli.commands import _follow, err, out
-from raytrain.client import Client
-from raytrain.errors import FieldError, NotAuthorizedError, RaytrainError, SpecError
-from raytrain.serve.auth import operator_token
-from raytrain.spec import (
-    JobState,
-    JobStatus,
-    ServiceConfig,
-    load_job_spec,
-    parse_job_spec,
-    spec_error_from_validation,
-)
-from raytrain.tokens import (
+from raytrain.api_tokens import (
     OPERATOR,
     STATE_DIR_ENV,
     default_state_dir,
@@ -40,6 +28,18 @@ from raytrain.tokens import (
     remember_service,
     set_token,
     tokens_path,
+)
+from raytrain.cli.commands import _follow, err, out
+from raytrain.client import Client
+from raytrain.errors import FieldError, NotAuthorizedError, RaytrainError, SpecError
+from raytrain.serve.http.auth import operator_token
+from raytrain.spec import (
+    JobState,
+    JobStatus,
+    ServiceConfig,
+    load_job_spec,
+    parse_job_spec,
+    spec_error_from_validation,
 )
 
 
@@ -70,7 +70,11 @@ def _service_config(args: argparse.Namespace) -> ServiceConfig:
         raise spec_error_from_validation(exc, "service config", ServiceConfig) from None
     cluster_path = getattr(args, "cluster_config", None)
     if cluster_path:
-        from raytrain.cloud.cluster import load_cluster_config, node_type_bindings, pod_types
+        from raytrain.cloud.cluster_configs import (
+            load_cluster_config,
+            node_type_bindings,
+            pod_types,
+        )
         from raytrain.spec.files import catalog_for
 
         document, catalog = load_cluster_config(Path(cluster_path)), catalog_for(config)
@@ -106,7 +110,7 @@ def _read_yaml(path: Path, what: str) -> dict[str, Any]:
 
 def _require_resolvable(host: str) -> None:
     """Fail when --host names nothing, before it is taken for a port in use."""
-    from raytrain.tokens import host_addresses
+    from raytrain.api_tokens import host_addresses
 
     try:
         host_addresses(host)
@@ -135,7 +139,7 @@ def _check_storage(config: ServiceConfig) -> None:
     import os
 
     from raytrain.cloud.object_store import is_remote, open_store
-    from raytrain.serve.durable import acquire_lease, service_id
+    from raytrain.serve.jobs.durable import acquire_lease, service_id
 
     if not is_remote(config.storage_uri):
         return

@@ -61,7 +61,7 @@ SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
 
 
 class Reports(Protocol):
-    """What a run tells the job manager (raytrain.serve.manager.JobManager), as rank 0's
+    """What a run tells the job manager (raytrain.serve.jobs.manager.JobManager), as rank 0's
     sink does on Ray."""
 
     def worker_group_started(self, job_id: str, resumed_step: int,

@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping
 
-from raytrain.catalog.shapes import usd_for
+from raytrain.catalog.prices import usd_for
 from raytrain.core.costs import Costs, notice_coverage, policy_costs
 from raytrain.core.interval import checkpoint_interval_s, expected_time_s
 from raytrain.spec import DecisionRecord, Offer, PolicySpec

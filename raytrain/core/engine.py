@@ -1,7 +1,7 @@
 """One job's capacity engine: the policy (raytrain.core.autoscale) with what it has to
 remember between decisions, fed events and answering decisions. The live service's
 provisioner builds one for each decision from the job's record, and the simulator replays
-traces through that same live service (raytrain.serve.replay), so a policy measured on a
+traces through that same live service (raytrain.sim.replay), so a policy measured on a
 trace is the policy a job gets.
 
 Events (`EngineEvent`): the job is submitted, its capacity is preempted, the capacity it

@@ -39,7 +39,7 @@ class SimJob:
     """A job of `work_s` seconds of training on `nodes` nodes of `offer`, for the strategies
     simulated outside the live service (raytrain.core.simulate, raytrain.core.hindsight);
     `alternatives` are other fleets the oracle may choose instead. The cloud's figures are the
-    replay's (raytrain.serve.trace_cloud.CloudTimes): nodes are up `ready_s` after they are
+    replay's (raytrain.sim.trace_cloud.CloudTimes): nodes are up `ready_s` after they are
     asked for and billed from then; a group starts `restart_s` after its nodes are up."""
 
     offer: Offer

@@ -29,7 +29,7 @@ import math
 
 import numpy as np
 
-from raytrain.catalog.shapes import usd_for
+from raytrain.catalog.prices import usd_for
 from raytrain.core.fleet import SimJob, SimResult, Trace, replay
 
 MAX_CELLS = 12_000_000  # (time steps x work steps) per table: 48 MB each in float32

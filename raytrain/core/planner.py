@@ -95,7 +95,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from raytrain.catalog.hardware import GPUS, GiB, NodeShape, node_shape
-from raytrain.catalog.shapes import usd_for
+from raytrain.catalog.prices import usd_for
 from raytrain.core.cost_model import (
     USABLE_MEMORY,
     ModelDims,

@@ -1,7 +1,7 @@
 """What the simulator reports, and the one strategy it computes outside the live service.
 
 The strategies that are policies of the service (the policy itself, on-demand, spot with a
-fixed interval, failover) are replayed through the live service (raytrain.serve.replay), and
+fixed interval, failover) are replayed through the live service (raytrain.sim.replay), and
 the hindsight-optimal schedule is raytrain.core.hindsight. Here:
 
 - `uniform_progress`: Can't Be Late's Uniform Progress rule (Wu et al., NSDI'24), the
@@ -30,7 +30,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Callable, cast
 
-from raytrain.catalog.shapes import usd_for
+from raytrain.catalog.prices import usd_for
 from raytrain.catalog.spot_trace import TraceEvent
 from raytrain.core.autoscale import Observed, with_history
 from raytrain.core.costs import Costs

@@ -1,6 +1,6 @@
 """When a training loop checkpoints and stops, after each optimizer step: one rule for the
 real per-worker loop (raytrain.train.loop) and for the workers a trace replay simulates
-(raytrain.serve.trace_cloud), so a replayed job checkpoints when a real one would.
+(raytrain.sim.trace_cloud), so a replayed job checkpoints when a real one would.
 
 A checkpoint is due every `checkpoint_every_steps`, at the last step, when the service's
 interval for the capacity held has passed since the last save (the policy's, for its

@@ -32,8 +32,7 @@ import ray
 from ray import serve
 
 from raytrain.errors import RaytrainError
-from raytrain.serve.app import APP_NAME
-from raytrain.serve.auth import operator_token
+from raytrain.serve.adaptors.ray_probe import environment, install_no_cloud_probe
 from raytrain.serve.deploy_failure import deploy_failure, replica_errors
 from raytrain.serve.detached import (
     SERVICE_RECORD,
@@ -41,9 +40,10 @@ from raytrain.serve.detached import (
     recorded_service,
     terminate_family,
 )
-from raytrain.serve.front import serve_app
-from raytrain.serve.manager_actor import find_manager
-from raytrain.serve.ray_probe import environment, install_no_cloud_probe
+from raytrain.serve.http.app import APP_NAME
+from raytrain.serve.http.auth import operator_token
+from raytrain.serve.http.front import serve_app
+from raytrain.serve.jobs.actor import find_manager
 from raytrain.spec import ServiceConfig
 
 logger = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ def connect_ray(address: str | None, num_cpus: int | None = None, quiet: bool = 
     # training service redeploys rarely. Only for clusters we start; an operator's wins.
     os.environ.setdefault("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "1.0")
     temp_dir = None if state_dir is None else ray_folder(state_dir)
-    # ... and neither does Ray's dashboard process (raytrain.serve.ray_probe).
+    # ... and neither does Ray's dashboard process (raytrain.serve.adaptors.ray_probe).
     install_no_cloud_probe(Path(temp_dir) if temp_dir else
                            Path(tempfile.gettempdir()) / f"raytrain-{os.getuid()}")
     with one_machine(), neutral_directory():
@@ -291,8 +291,9 @@ def start_detached_head(num_cpus: int | None, log_path: Path, state_dir: Path,
     env.setdefault("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "1.0")
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # as connect_ray: nothing beyond this machine
     env[ONE_MACHINE] = os.environ.get(ONE_MACHINE, "0")  # on loopback (one_machine)
-    # Ray's CLI, with its dashboard's cloud probe held at home (raytrain.serve.ray_probe)
-    command = [sys.executable, "-m", "raytrain.serve.ray_probe", temp_dir, "start", "--head",
+    # Ray's CLI, with its dashboard's cloud probe held at home (raytrain.serve.adaptors.ray_probe)
+    command = [sys.executable, "-m", "raytrain.serve.adaptors.ray_probe", temp_dir, "start",
+               "--head",
                f"--port={port}", "--node-ip-address=127.0.0.1",
                f"--num-cpus={num_cpus or os.cpu_count() or 2}", "--include-dashboard=false",
                "--disable-usage-stats", f"--temp-dir={temp_dir}", "--block"]
@@ -337,7 +338,7 @@ def _session_of(head_pid: int, temp_dir: str) -> str:
             if at >= 0:
                 name = word[at + len(marker):].split("/")[0]
                 if name and name != "latest":
-                    return marker + name
+                    return str(marker + name)
     return temp_dir
 
 

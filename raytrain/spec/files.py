@@ -22,7 +22,7 @@ import yaml
 from pydantic import ValidationError
 
 from raytrain.catalog.hardware import CATALOG, CATALOG_VERSION, CPU_PROFILE_FIELDS, Catalog
-from raytrain.catalog.shapes import band_rate
+from raytrain.catalog.prices import band_rate
 from raytrain.errors import FieldError, SpecError
 from raytrain.spec import OfferCatalog, PolicySpec, ServiceConfig, spec_error_from_validation
 

@@ -53,13 +53,15 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
     set_state_dict,
 )
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from raytrain.cloud.object_store import LocalStore, Store, is_remote, open_store
 from raytrain.errors import StoreError, TrainingError
@@ -100,7 +102,8 @@ def read_meta(checkpoint: Path | str) -> dict[str, Any]:
     data = store.get_bytes(f"{name}/meta.json")
     if data is None:
         raise FileNotFoundError(f"{checkpoint} has no meta.json: not a committed checkpoint")
-    return json.loads(data)
+    meta: dict[str, Any] = json.loads(data)
+    return meta
 
 
 def _locate(ref: str) -> tuple[Store, str]:
@@ -195,7 +198,7 @@ class CheckpointManager:
         state = {"model": model_state, "optim": optim_state}
         torch.save({"rng": torch.get_rng_state()}, folder / f"rank_{self.rank}.pt")
         if self.asynchronous:
-            pending = dcp.async_save(state, checkpoint_id=str(folder), process_group=self._pg)
+            pending = dcp_async_save(state, checkpoint_id=str(folder), process_group=self._pg)
             stall_s = time.perf_counter() - started
             thread = threading.Thread(target=self._finish, name=f"checkpoint-{step}",
                                       args=(step, folder, meta, pending, started, stall_s),
@@ -205,7 +208,7 @@ class CheckpointManager:
             if wait:
                 self._join()
             return stall_s
-        dcp.save(state, checkpoint_id=str(folder))
+        dcp_save(state, checkpoint_id=str(folder))
         self._finish(step, folder, meta, None, started, None)
         return time.perf_counter() - started
 
@@ -312,7 +315,7 @@ class CheckpointManager:
         folder = self._local_copy(str(ref))
         model_state, optim_state, keys = _state(parts, optimizers)
         state = {"model": model_state, "optim": optim_state}
-        dcp.load(state, checkpoint_id=str(folder))
+        dcp_load(state, checkpoint_id=str(folder))
         for part, optimizer, (model_keys, optim_keys) in zip(parts, optimizers, keys):
             set_state_dict(
                 part,
@@ -324,7 +327,8 @@ class CheckpointManager:
         rank_file = folder / f"rank_{self.rank}.pt"
         if rank_file.is_file():  # absent when resuming on more ranks than saved
             torch.set_rng_state(torch.load(rank_file, weights_only=True)["rng"])
-        return json.loads((folder / "meta.json").read_text())
+        meta: dict[str, Any] = json.loads((folder / "meta.json").read_text())
+        return meta
 
     def _local_copy(self, ref: str) -> Path:
         """A local folder holding checkpoint `ref` (downloaded from a bucket, per rank)."""
@@ -364,8 +368,8 @@ def _state(
         part_model, part_optim = get_state_dict(part, optimizer, options=_OPTIONS)
         if fresh:
             optimizer.state.clear()
-            part_optim = {k: torch.zeros_like(v) if k.endswith(".step") else v
-                          for k, v in part_optim.items()}
+            part_optim = {k: torch.zeros_like(v)  # type: ignore[arg-type,misc]
+                          if k.endswith(".step") else v for k, v in part_optim.items()}
         model_state.update(part_model)
         optim_state.update(part_optim)
         keys.append((list(part_model), list(part_optim)))

@@ -8,7 +8,7 @@ knows nothing of our notices. A fit per group lets a group hold any layout of it
 tensor parallel), lets a noticed group leave at a step boundary and be bought again at once,
 and keeps the job manager's record of each group. Each group's fit is the rigid job's fit
 with the group's share of the workers; the loop is raytrain.train.loop's, among the groups of
-raytrain.train.elastic.
+raytrain.train.replica_group.
 
 The runner reports the run's start once (the groups share its attempt); each group's rank 0
 reports its own notice ("leaving") and its start as a replacement ("healing"); the group
@@ -35,11 +35,11 @@ import torch
 
 from raytrain.cloud.interruption import Watcher
 from raytrain.spec import JobSpec, Layout
-from raytrain.train.elastic import GroupEvents, GroupSetup, ReplicaGroup
 from raytrain.train.launcher import ManagerSink, build_trainer, node_endpoint, watching
 from raytrain.train.loop import train
 from raytrain.train.progress import NullSink, ProgressSink
 from raytrain.train.rank import WorkerInfo
+from raytrain.train.replica_group import GroupEvents, GroupSetup, ReplicaGroup
 from raytrain.train.worker_logs import stored_output
 
 logger = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ if there is one, then for each step:
 
 1. `members.turn`: the step to train and this rank's micro-batches of it. Alone (a rigid
    job, `OneGroup`) that is every micro-batch of the next step; in one of several replica
-   groups (raytrain.train.elastic.ReplicaGroup) the step's quorum decides both, and a group
+   groups (raytrain.train.replica_group.ReplicaGroup) the step's quorum decides both, and a group
    behind heals from a live peer first.
 2. Forward and backward over them (raytrain.train.rank.forward_backward).
 3. `members.exchange`: the groups sum their gradients and the loss, and learn the service's

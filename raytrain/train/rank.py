@@ -96,7 +96,8 @@ def build_rank(spec: JobSpec, layout: Layout, worker: WorkerInfo
     training = spec.training
     torch.manual_seed(training.seed)
     model = build_parallel_model(spec, layout, worker.device)
-    optimizers = [build_optimizer(part, spec) for part in model.parts]
+    optimizers: list[torch.optim.Optimizer] = [build_optimizer(part, spec)
+                                               for part in model.parts]
     vocab = spec.model.gpt.vocab_size if spec.model.kind == "gpt" else None
     source = build_source(spec.data, vocab)
     return model, optimizers, source, BatchPlan(training.global_batch_size,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -50,7 +51,8 @@ class LossSync:
     MAX_INTERVAL = 1000
 
     def __init__(self, world_size: int, rank: int, target_s: float, dp: int = 0,
-                 device: torch.device | None = None, clock=time.monotonic) -> None:
+                 device: torch.device | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.world_size = world_size
         self.dp = dp or world_size  # ranks whose loss shares add up to the job's loss
         self.rank = rank

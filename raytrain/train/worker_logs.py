@@ -64,7 +64,7 @@ class _Appender(threading.Thread):
 
 def _fileno(stream: object) -> int | None:
     try:
-        return stream.fileno()  # type: ignore[attr-defined]
+        return int(stream.fileno())  # type: ignore[attr-defined]
     except (AttributeError, OSError, ValueError):
         return None
 
@@ -139,7 +139,7 @@ def read_logs(log_dir: Path, offsets: dict[int, int] | None = None, rank: int | 
               max_bytes: int = 65536) -> list[LogChunk]:
     """Each rank's output from its offset (default: the last `max_bytes`), at most `max_bytes`
     per rank. A rank whose file rotated since `offset` starts again from its new file."""
-    chunks = []
+    chunks: list[LogChunk] = []
     if not log_dir.is_dir():
         return chunks
     ranks = sorted(int(p.stem.split("-")[1]) for p in log_dir.glob("rank-*.log")

@@ -127,8 +127,8 @@ def cancel_what_is_left(service: Service) -> None:
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     import ray
 
-    from raytrain.serve.auth import operator_token
     from raytrain.serve.deploy import connect_ray, deploy, undeploy
+    from raytrain.serve.http.auth import operator_token
     from raytrain.spec import ServiceConfig
 
     state_dir = tmp_path_factory.mktemp("raytrain-state")

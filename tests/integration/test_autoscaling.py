@@ -31,7 +31,11 @@ from typing import Iterator
 import pytest
 
 from raytrain.client import Client
-from raytrain.cloud.cluster import check_cluster_config, load_cluster_config, node_type_bindings
+from raytrain.cloud.cluster_configs import (
+    check_cluster_config,
+    load_cluster_config,
+    node_type_bindings,
+)
 from raytrain.errors import NotAuthorizedError
 from raytrain.spec import JobSpec, JobState
 from raytrain.spec.files import snapshot

@@ -14,7 +14,7 @@ import httpx
 import psutil
 import pytest
 
-from raytrain.tokens import read_tokens
+from raytrain.api_tokens import read_tokens
 from tests.integration.conftest import free_port
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]

@@ -21,7 +21,7 @@ import ray
 
 from raytrain import Client, JobSpec, JobState
 from raytrain.cli import main as cli_main
-from raytrain.serve.manager_actor import StartedJobManager
+from raytrain.serve.jobs.actor import StartedJobManager
 from tests.integration.conftest import (
     NUM_CPUS,
     Service,

@@ -229,7 +229,7 @@ def test_a_local_run_reaches_nothing_beyond_this_machine(service: Service) -> No
     """Every Python process of the local cluster recorded its connections beyond this machine
     (tests/netaudit) while the jobs above trained: there must be none, not even Ray's
     dashboard asking the cloud metadata address which cloud it runs on at the cluster's start
-    (raytrain/serve/ray_probe.py holds it at home; without it this log had two lines
+    (raytrain/serve/adaptors/ray_probe.py holds it at home; without it this log had two lines
     `ray-usage-probe ... dashboard.py ... ('169.254.169.254', 80)`)."""
     log = service.state_dir / "connections-beyond-this-machine.log"
     assert log.is_file(), "the connection audit did not run"

@@ -9,7 +9,8 @@ there is none.
 
 Ray's dashboard process would ask 169.254.169.254 which cloud it runs on, once at cluster
 start, whatever the settings (ray/_common/usage/usage_lib.py, get_cluster_config_to_report);
-a cluster raytrain starts holds that probe at home (raytrain/serve/ray_probe.py). A connection
+a cluster raytrain starts holds that probe at home (raytrain/serve/adaptors/ray_probe.py). A
+connection
 from Ray's usage code is tagged `ray-usage-probe`.
 """
 

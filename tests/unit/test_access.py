@@ -20,20 +20,19 @@ import httpx
 import pytest
 from fastapi import HTTPException
 
-from raytrain import tokens
+from raytrain import api_tokens as tokens
+from raytrain.api_tokens import client_token, digest, is_loopback, read_tokens, set_token
 from raytrain.client import Client
 from raytrain.errors import NotAuthorizedError, ServiceUnreachableError
-from raytrain.serve import auth
-from raytrain.serve.auth import (
+from raytrain.serve.http import auth
+from raytrain.serve.http.auth import (
     GUESSES_ALLOWED,
     SLOWED_CHECK_EVERY_S,
     caller_of,
-    digest,
     operator_token,
 )
-from raytrain.serve.http_limits import MAX_BODY_BYTES, MAX_STREAMS_PER_JOB, StreamLimits
+from raytrain.serve.http.limits import MAX_BODY_BYTES, MAX_STREAMS_PER_JOB, StreamLimits
 from raytrain.spec import JobStatus, ServiceConfig
-from raytrain.tokens import client_token, is_loopback, read_tokens, set_token
 from tests.http_service import free_port, served
 from tests.unit.test_api import Service, small_job
 
@@ -296,7 +295,7 @@ def test_guessing_is_slowed_and_seen_but_the_token_holder_gets_in(
     Retry-After for the rest, the token not compared); each refusal is counted in /metrics
     and logged at WARNING with the address, never the token. Without the pace, every guess
     is a 401; without the log (it was INFO), nothing is seen at the kept level."""
-    caplog.set_level(logging.WARNING, logger="raytrain.serve.auth")
+    caplog.set_level(logging.WARNING, logger="raytrain.serve.http.auth")
     with served(tmp_path) as (url, token):
         guesses = [httpx.get(f"{url}/v1/jobs", headers={
             "Authorization": f"Bearer rt_guess{n:04d}"}) for n in range(GUESSES_ALLOWED + 30)]

@@ -10,8 +10,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from raytrain.core.capacity import never_fits
-from raytrain.serve.provisioning import Provisioner
+from raytrain.core.queue import never_fits
+from raytrain.serve.jobs.provisioning import Provisioner
 from raytrain.spec import ServiceConfig, parse_job_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +49,7 @@ def test_a_job_no_bought_node_type_can_hold_is_named() -> None:
 
 
 def test_a_small_job_passes_a_waiting_big_one_a_bounded_number_of_times() -> None:
-    from raytrain.core.capacity import Queued, backfill
+    from raytrain.core.queue import Queued, backfill
 
     total = {"CPU": 2.0}
     running = [{"CPU": 1.0}]  # one CPU free
@@ -74,7 +74,7 @@ def test_the_oldest_waiting_job_starts_after_at_most_max_passed_others(
 ) -> None:
     """Jobs of 1 or 2 CPUs on 2 CPUs, each running for one pass: the first job in the queue
     starts within max_passed + 1 passes of the queue."""
-    from raytrain.core.capacity import Queued, backfill
+    from raytrain.core.queue import Queued, backfill
 
     queue = [Queued(f"j{i}", {"CPU": float(size)}) for i, size in enumerate(sizes)]
     oldest = queue[0].job_id

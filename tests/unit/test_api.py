@@ -17,11 +17,11 @@ import pytest
 
 from raytrain.core import lifecycle as lc
 from raytrain.core.resolve import plan_summary
-from raytrain.serve.app import InProcess, build_app
-from raytrain.serve.auth import operator_token
-from raytrain.serve.feeds import Feeds
-from raytrain.serve.http_limits import MAX_BODY_BYTES
-from raytrain.serve.manager import JobManager
+from raytrain.serve.http.app import InProcess, build_app
+from raytrain.serve.http.auth import operator_token
+from raytrain.serve.http.feeds import Feeds
+from raytrain.serve.http.limits import MAX_BODY_BYTES
+from raytrain.serve.jobs.manager import JobManager
 from raytrain.spec import JobSpec, PlanSummary, ServiceConfig
 from tests.fake_ray import FakeRay
 

@@ -19,8 +19,8 @@ from fastapi.routing import APIRoute
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from raytrain.serve import auth
-from raytrain.serve.app import build_app
+from raytrain.serve.http import auth
+from raytrain.serve.http.app import build_app
 from tests.http_service import served
 
 FUZZ_CONFIG = Path(__file__).parents[1] / "schemathesis.toml"

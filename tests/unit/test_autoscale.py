@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raytrain.catalog.shapes import band_rate
+from raytrain.catalog.prices import band_rate
 from raytrain.catalog.traces import load_trace
 from raytrain.core.autoscale import (
     Goal,

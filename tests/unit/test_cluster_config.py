@@ -11,9 +11,13 @@ from typing import Any
 import pytest
 import yaml
 
-from raytrain.cloud.cluster import check_cluster_config, node_type_bindings, validate_with_ray
+from raytrain.cloud.cluster_configs import (
+    check_cluster_config,
+    node_type_bindings,
+    validate_with_ray,
+)
 from raytrain.errors import SpecError
-from raytrain.serve.provisioning import Provisioner
+from raytrain.serve.jobs.provisioning import Provisioner
 from raytrain.spec import JobSpec, JobState, JobStatus, ServiceConfig
 from raytrain.spec.files import snapshot
 from tests.unit.support import gpt_1b_job

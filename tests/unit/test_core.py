@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from raytrain.core.batching import BatchPlan
-from raytrain.core.capacity import admit, worker_group_demand
+from raytrain.core.queue import admit, worker_group_demand
 from raytrain.core.schedule import lr_batch_scale, lr_multiplier
 from raytrain.spec.layout import (
     DEGREES,
@@ -47,14 +47,14 @@ def test_core_imports_only_stdlib_spec_and_the_catalogs_values() -> None:
     # Decisions only: no Ray, torch, boto3, httpx or files (spec.files reads them). numpy
     # is array arithmetic, no effects: the hindsight-optimal schedule's tables.
     allowed = ("raytrain.spec", "raytrain.core", "raytrain.errors", "raytrain.catalog.hardware",
-               "raytrain.catalog.shapes", "raytrain.catalog.spot_trace", "numpy")
+               "raytrain.catalog.prices", "raytrain.catalog.spot_trace", "numpy")
     for module, name in _imports(PACKAGE / "core"):
         assert _allowed(name, allowed), f"core/{module} imports {name}"
 
 
 def test_spec_is_data_and_validation_and_imports_nothing_from_core() -> None:
     allowed = ("raytrain.spec", "raytrain.errors", "raytrain.catalog.hardware",
-               "raytrain.catalog.shapes", "pydantic", "pydantic_core", "yaml")
+               "raytrain.catalog.prices", "pydantic", "pydantic_core", "yaml")
     for module, name in _imports(PACKAGE / "spec"):
         assert _allowed(name, allowed), f"spec/{module} imports {name}"
 
@@ -68,12 +68,28 @@ def test_the_catalog_imports_nothing_after_it() -> None:
 
 
 def test_the_client_imports_nothing_of_the_service() -> None:
-    """`pip install raytrain` is the client: it finds its token in raytrain.tokens, not in the
+    """`pip install raytrain` is the client: it finds its token in raytrain.api_tokens, not in the
     service's modules."""
-    allowed = ("raytrain.errors", "raytrain.spec", "raytrain.tokens", "raytrain.catalog",
+    allowed = ("raytrain.errors", "raytrain.spec", "raytrain.api_tokens", "raytrain.catalog",
                "httpx")
-    for module, name in _imports(PACKAGE, only=("client.py", "tokens.py")):
+    for module, name in _imports(PACKAGE, only=("client.py", "api_tokens.py")):
         assert _allowed(name, allowed), f"{module} imports {name}"
+
+
+def test_the_service_layers_point_one_way() -> None:
+    """The service's sub-packages, bottom up: the Ray adaptors (what the job manager drives),
+    the job manager, the HTTP front, and the modules at the top of serve/ that put them
+    together (deploy, detached). The simulator drives the job manager and is not the service:
+    nothing in serve/ imports it."""
+    above = {"adaptors": ("raytrain.serve.jobs", "raytrain.serve.http", "raytrain.sim"),
+             "jobs": ("raytrain.serve.http", "raytrain.sim", "raytrain.serve.deploy",
+                      "raytrain.serve.detached"),
+             "http": ("raytrain.sim", "raytrain.serve.deploy", "raytrain.serve.detached")}
+    for package, forbidden in above.items():
+        for module, name in _imports(PACKAGE / "serve" / package):
+            assert not name.startswith(forbidden), f"serve/{package}/{module} imports {name}"
+    top = [path.name for path in (PACKAGE / "serve").glob("*.py")]
+    assert len(top) <= 5, top
 
 
 def _module_graph() -> dict[str, set[str]]:
@@ -250,7 +266,7 @@ def test_lr_batch_scale_rules() -> None:
 def test_a_tiny_ask_per_worker_is_counted_without_overflow() -> None:
     """A worker asking 1e-300 CPU fits anywhere; counting how many a node holds must not
     overflow (the API's 422 path asks this of any schema-valid resources)."""
-    from raytrain.core.capacity import never_fits
+    from raytrain.core.queue import never_fits
 
     assert never_fits(4, {"CPU": 1e-300}, [{"CPU": 2.0}]) is None
     assert never_fits(100_000, {"CPU": 5e-324}, [{"CPU": 2.0}]) is None

@@ -16,7 +16,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from raytrain.serve.store import JobStore
+from raytrain.serve.jobs.store import JobStore
 from tests.fake_ray import TrainingRay
 from tests.http_service import served_training
 from tests.unit.test_preemptions import job

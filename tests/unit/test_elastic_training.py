@@ -133,9 +133,9 @@ def test_a_group_that_boots_after_the_last_step_leaves_the_end_to_the_others(
     from torchft.coordination import LighthouseServer
 
     from raytrain.core.resolve import job_layout
-    from raytrain.train.elastic import GroupSetup, ReplicaGroup
     from raytrain.train.loop import train
     from raytrain.train.rank import WorkerInfo
+    from raytrain.train.replica_group import GroupSetup, ReplicaGroup
 
     os.environ.setdefault("RUST_LOG", "error")
     spec = JobSpec.model_validate(JOB)
@@ -162,8 +162,8 @@ def test_a_heal_hands_over_weights_and_optimizer_state_exactly() -> None:
     them equal: an optimizer without state yet (a fresh group) is filled, not stepped."""
     from raytrain.core.resolve import job_layout
     from raytrain.train.checkpoint import _state
-    from raytrain.train.elastic import _load_local, _local
     from raytrain.train.rank import WorkerInfo, build_rank, forward_backward, optimizer_step
+    from raytrain.train.replica_group import _load_local, _local
 
     spec = JobSpec.model_validate(JOB)
     layout, worker = job_layout(spec), WorkerInfo.single_process()
@@ -199,8 +199,8 @@ def test_a_heal_before_the_first_step_leaves_both_groups_training_as_one_process
     with `_state` reading the optimizer as torch leaves it."""
     from raytrain.core.resolve import job_layout
     from raytrain.train.checkpoint import _state
-    from raytrain.train.elastic import _load_local, _local
     from raytrain.train.rank import WorkerInfo, build_rank, forward_backward, optimizer_step
+    from raytrain.train.replica_group import _load_local, _local
 
     spec = JobSpec.model_validate(JOB)
     layout, worker = job_layout(spec), WorkerInfo.single_process()

@@ -13,7 +13,7 @@ from raytrain.core.autoscale import options
 from raytrain.core.engine import CapacityEngine, EngineEvent
 from raytrain.core.resolve import plan_summary
 from raytrain.core.throughput import job_goal, job_throughput
-from raytrain.serve.provisioning import Provisioner
+from raytrain.serve.jobs.provisioning import Provisioner
 from raytrain.spec import JobSpec, JobState, JobStatus, PlanSummary, ServiceConfig
 from raytrain.spec.files import catalog_for
 from tests.unit.support import gpt_1b_job

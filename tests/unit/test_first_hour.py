@@ -20,7 +20,7 @@ import raytrain.errors as errors
 from raytrain.cli import main
 from raytrain.cli.views import duration_text, usd_text
 from raytrain.cloud.interruption import watch_endpoint
-from raytrain.core.offers import offers_response
+from raytrain.core.offers_answer import offers_response
 from raytrain.errors import FieldError, SpecError
 from raytrain.spec import load_job_spec, parse_job_spec
 from raytrain.spec.files import load_policies, snapshot
@@ -64,7 +64,7 @@ def test_a_workers_raytrain_error_reaches_the_status_intact() -> None:
     from ray.exceptions import RayTaskError
     from ray.train import WorkerGroupError
 
-    from raytrain.serve.ray_cluster import describe_failure as _describe_failure
+    from raytrain.serve.adaptors.ray_cluster import describe_failure as _describe_failure
 
     cause = SpecError([FieldError(("data", "path"), "/tmp/t.bin holds 3 tokens, fewer than "
                                   "seq_len + 1 = 33. To fix: lower data.seq_len")])

@@ -11,10 +11,10 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from raytrain.serve import history
-from raytrain.serve.dashboard import WEB
-from raytrain.serve.history import History, stride_of, thinned
-from raytrain.serve.store import JobStore
+from raytrain.serve.http.dashboard import WEB
+from raytrain.serve.jobs import history
+from raytrain.serve.jobs.history import History, stride_of, thinned
+from raytrain.serve.jobs.store import JobStore
 from tests.unit.test_api import Service, progress, small_job
 
 

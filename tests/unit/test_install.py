@@ -43,7 +43,7 @@ def test_a_plain_install_finds_its_data_from_any_directory(tmp_path: Path) -> No
     offers = json.loads(raytrain("offers", "--json"))
     assert offers["offers"] and offers["source"] == "snapshot"
     assert (site / "raytrain" / "examples" / "demo.yaml").is_file()  # what `demo` trains
-    web = site / "raytrain" / "serve" / "web"  # the dashboard, and /docs' assets
+    web = site / "raytrain" / "serve" / "http" / "web"  # the dashboard, and /docs' assets
     for shipped in ("index.html", "app.js", "style.css", "vendor/uPlot.iife.min.js",
                     "vendor/uPlot.LICENSE", "vendor/swagger-ui-bundle.js",
                     "vendor/redoc.standalone.js", "vendor/js-yaml.min.js"):

@@ -18,8 +18,8 @@ import torch
 
 from raytrain.cloud.object_store import S3Store, open_store
 from raytrain.errors import RaytrainError, SpecError, StoreError
-from raytrain.serve.durable import acquire_lease
-from raytrain.serve.manager import JobManager
+from raytrain.serve.jobs.durable import acquire_lease
+from raytrain.serve.jobs.manager import JobManager
 from raytrain.spec import JobSpec, JobState, ServiceConfig
 from raytrain.train.checkpoint import CheckpointManager, committed_steps
 from raytrain.train.worker_logs import read_stored_logs, stored_output
@@ -268,7 +268,7 @@ def test_two_heads_racing_for_the_lease_leave_exactly_one_holding_it(endpoint: s
     """Both start at once on an empty bucket; each that gets the lease renews it. Exactly
     one holds it, the other is refused naming the holder. (With the lease read, then
     written, both took it: each learned otherwise only at its next renewal.)"""
-    from raytrain.serve.durable import renew_lease
+    from raytrain.serve.jobs.durable import renew_lease
 
     store = open_store("s3://jobs/race")
     results: dict[str, str] = {}
@@ -302,7 +302,7 @@ def test_two_heads_racing_for_the_lease_leave_exactly_one_holding_it(endpoint: s
 def test_a_lapsed_lease_is_taken_over_and_its_old_holder_stops(endpoint: str) -> None:
     """A head that stopped renewing: a new one waits a lease's time by its own clock, takes
     the lease over, and the old one's next renewal fails (it stops writing)."""
-    from raytrain.serve.durable import renew_lease
+    from raytrain.serve.jobs.durable import renew_lease
 
     store = open_store("s3://jobs/lapsed")
     old_tag = acquire_lease(store, "old-head", 1.0)

@@ -20,8 +20,8 @@ import yaml
 
 from raytrain.cloud.pod_runs import JOB_ENV, PodFleet
 from raytrain.cloud.runpod import RunPodAPI, pod_env
-from raytrain.serve.manager import JobManager
-from raytrain.serve.pod_cluster import WithPods
+from raytrain.serve.adaptors.pod_cluster import WithPods
+from raytrain.serve.jobs.manager import JobManager
 from raytrain.spec import JobSpec, JobState, ServiceConfig
 from tests.fake_pods import PodServers
 from tests.fake_ray import TrainingRay

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from raytrain.serve.manager import JobManager
+from raytrain.serve.jobs.manager import JobManager
 from raytrain.spec import JobSpec, JobState, ServiceConfig
 from tests.fake_ray import TrainingRay
 from tests.unit.test_training import run_single

@@ -24,7 +24,7 @@ PRIVATE_USES = {
     # mapped SSH port (raytrain/cloud/runpod_ssh.py).
     "ray.autoscaler._private.command_runner": {"SSHCommandRunner"},
     # The function that starts Ray's dashboard process, wrapped so that process probes no
-    # cloud (raytrain/serve/ray_probe.py); the one-machine flag this process's Ray read at
+    # cloud (raytrain/serve/adaptors/ray_probe.py); the one-machine flag this process's Ray read at
     # import (raytrain/serve/deploy.py, one_machine).
     "ray._private": {"services", "ray_constants"},
 }
@@ -67,7 +67,7 @@ def test_the_autoscaling_coordinator_takes_what_raytrain_sends() -> None:
 def test_rays_config_check_refuses_a_bad_cluster_config() -> None:
     import pytest
 
-    from raytrain.cloud.cluster import validate_with_ray
+    from raytrain.cloud.cluster_configs import validate_with_ray
 
     good = {"cluster_name": "c", "max_workers": 1,
             "provider": {"type": "local", "head_ip": "127.0.0.1"},
@@ -94,7 +94,7 @@ def test_rays_ssh_runner_has_what_the_runpod_runner_builds_on() -> None:
 
 def test_rays_dashboard_probes_no_cloud_with_an_empty_cluster_config_in_its_home(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """What raytrain/serve/ray_probe.py relies on: the dashboard process is started by
+    """What raytrain/serve/adaptors/ray_probe.py relies on: the dashboard process is started by
     `ray._private.services.start_api_server`, looked up when called; its usage module reads
     `~/ray_bootstrap_config.yaml` and probes the cloud only when that file is missing, and
     sends its report where RAY_USAGE_STATS_REPORT_URL says."""
@@ -103,7 +103,7 @@ def test_rays_dashboard_probes_no_cloud_with_an_empty_cluster_config_in_its_home
     from ray._private import services
     from ray.dashboard.modules.usage_stats.usage_stats_head import UsageStatsHead
 
-    from raytrain.serve.ray_probe import NOWHERE, dashboard_home, install_no_cloud_probe
+    from raytrain.serve.adaptors.ray_probe import NOWHERE, dashboard_home, install_no_cloud_probe
 
     assert "ray._private.services.start_api_server(" in inspect.getsource(
         ray._private.node)  # noqa: SLF001

@@ -13,11 +13,12 @@ import httpx
 
 from raytrain import Client, JobState, JobStatus
 from raytrain.client import Job
-from raytrain.serve.app import InProcess, build_app
-from raytrain.serve.auth import operator_token
-from raytrain.serve.front import Front
-from raytrain.serve.manager import JobManager
-from raytrain.serve.reads import StatusCache, Versions
+from raytrain.serve.http.app import InProcess, build_app
+from raytrain.serve.http.auth import operator_token
+from raytrain.serve.http.front import Front
+from raytrain.serve.http.reads import StatusCache
+from raytrain.serve.jobs.manager import JobManager
+from raytrain.serve.jobs.versions import Versions
 from raytrain.spec import ServiceConfig
 from tests.fake_ray import FakeRay
 from tests.unit.test_api import small_job

@@ -1,6 +1,6 @@
 """The simulator is the live service: a job replayed on slices of the shipped spot traces
 goes through the real job manager, scheduler, provisioner, capacity engine, lifecycle and
-bill (raytrain.serve.replay), on a simulated cloud and clock (raytrain.serve.trace_cloud).
+bill (raytrain.sim.replay), on a simulated cloud and clock (raytrain.sim.trace_cloud).
 What the replay reports is what the service recorded; these tests check it against the
 cloud's own books and against the promises the policy makes."""
 
@@ -16,7 +16,7 @@ from raytrain.catalog.traces import Trace, TraceEvent, load_trace, trace_names
 from raytrain.cli import main as cli_main
 from raytrain.core.fleet import replay
 from raytrain.errors import SpecError
-from raytrain.serve.replay import (
+from raytrain.sim.replay import (
     Market,
     Scenario,
     baseline_policies,
@@ -24,8 +24,8 @@ from raytrain.serve.replay import (
     replay_job,
     with_policy,
 )
-from raytrain.serve.sim_workers import CloudTimes
-from raytrain.serve.simulation import NO_NOTICE, TraceJob, check_trace_job
+from raytrain.sim.simulation import NO_NOTICE, TraceJob, check_trace_job
+from raytrain.sim.workers import CloudTimes
 from raytrain.spec.files import TRACES_DIR, load_policies, snapshot
 
 HOUR = 3600.0
@@ -157,8 +157,8 @@ def test_a_preemption_costs_an_elastic_job_one_node_for_seconds(
     lost after a notice and at most the step in flight without one, and a preemption costs
     at least eight times fewer node-seconds that train nothing. It fails if the survivors
     stopped, or waited for the replacement."""
-    from raytrain.serve.replay import as_sim_result
-    from raytrain.serve.simulation import _rigid
+    from raytrain.sim.replay import as_sim_result
+    from raytrain.sim.simulation import _rigid
 
     elastic = scenario("bamboo/p3-trace.csv", "p3.2xlarge", notice, "spot")
     rigid = Scenario(_rigid(elastic.spec), elastic.markets, elastic.policies, TIMES, notice)
@@ -186,7 +186,7 @@ def test_a_replacement_never_goes_to_a_node_whose_notice_its_run_heard() -> None
     from types import SimpleNamespace
 
     from raytrain.core.resolve import job_layout
-    from raytrain.serve.sim_workers import SimRun
+    from raytrain.sim.workers import SimRun
 
     offer = next(o for o in snapshot().offers if o.instance_type == "p3.2xlarge")
     spec = gpt_job(offer, 3, 2 * HOUR, 5 * HOUR, "cost-first")

@@ -17,7 +17,7 @@ import yaml
 from ray.autoscaler.tags import TAG_RAY_NODE_KIND, TAG_RAY_NODE_STATUS, TAG_RAY_USER_NODE_TYPE
 
 from raytrain.cloud import runpod
-from raytrain.cloud.cluster import (
+from raytrain.cloud.cluster_configs import (
     check_cluster_config,
     node_type_bindings,
     pod_types,

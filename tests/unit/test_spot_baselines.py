@@ -16,7 +16,7 @@ from raytrain.core.fleet import SimJob, SimResult, Trace, TraceEvent
 from raytrain.core.hindsight import hindsight
 from raytrain.core.simulate import STRATEGIES, _State, uniform_progress, uniform_progress_move
 from raytrain.core.tally import Tally
-from raytrain.serve.store import JobStore
+from raytrain.serve.jobs.store import JobStore
 from raytrain.spec import JobStatus
 from raytrain.spec.files import load_policies, snapshot
 from tests.unit.test_api import small_job
@@ -167,7 +167,7 @@ def test_with_no_time_in_hand_the_policy_takes_no_preemption_risk() -> None:
 
 
 def test_every_strategy_of_the_tables_has_a_run_and_every_run_a_strategy() -> None:
-    from raytrain.serve.simulation import STRATEGY_RUNS
+    from raytrain.sim.simulation import STRATEGY_RUNS
 
     assert sorted(STRATEGY_RUNS) == sorted(STRATEGIES) and len(STRATEGIES) == 7
 

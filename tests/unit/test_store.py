@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from raytrain.serve.store import JobStore
+from raytrain.serve.jobs.store import JobStore
 from raytrain.spec import JobSpec, JobState, JobStatus
 
 

@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from raytrain.core.resolve import job_layout
-from raytrain.serve.admission import COMMITTED
+from raytrain.serve.jobs.admission import COMMITTED
 from raytrain.spec import JobSpec
 from raytrain.train.checkpoint import COMMIT_MARKER, latest_checkpoint
 from raytrain.train.loop import train

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from raytrain.catalog.shapes import usd_for
+from raytrain.catalog.prices import usd_for
 from raytrain.core.lifecycle.events import (
     CancelRequested,
     CapacityDecided,

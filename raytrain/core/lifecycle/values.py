@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Union
 
-from raytrain.catalog.shapes import usd_for
+from raytrain.catalog.prices import usd_for
 from raytrain.errors import IllegalTransition
 from raytrain.spec import (
     JobState,

@@ -146,7 +146,8 @@ def no_unknown_query(request: Request) -> None:
     if unknown:
         raise RequestValidationError([{
             "loc": ["query", name], "type": "extra_forbidden", "input": None,
-            "msg": f"{name[:40]!r} is not a query parameter of {route.path}. To fix: send "
+            "msg": f"{name[:40]!r} is not a query parameter of {getattr(route, 'path', '')}. "
+                   f"To fix: send "
                    f"only {', '.join(sorted(known)) or 'none'}"} for name in unknown])
 
 

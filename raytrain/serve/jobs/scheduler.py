@@ -1,5 +1,5 @@
 """The job manager's scheduling pass, run every ServiceConfig.scheduler_interval_s: notice
-runners that returned, start queued jobs that fit (a fixed cluster: raytrain.core.capacity's
+runners that returned, start queued jobs that fit (a fixed cluster: raytrain.core.queue's
 backfill; an autoscaling one: each job on nodes the policy buys for it), let the policy look
 at running jobs again, and keep node requests from expiring.
 
@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import logging
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any, Mapping, Protocol
 
 from raytrain.cloud.interruption import watch_endpoint
 from raytrain.cloud.object_store import is_remote, join
 from raytrain.core import lifecycle as lc
 from raytrain.core.billing import attribute
-from raytrain.core.capacity import Queued, admit, backfill, worker_group_demand
 from raytrain.core.elastic import bought_nodes, elastic_groups
-from raytrain.serve.cluster import Cluster
-from raytrain.serve.provisioning import Provisioner
+from raytrain.core.queue import Queued, admit, backfill, worker_group_demand
+from raytrain.serve.adaptors.cluster import Cluster
+from raytrain.serve.jobs.provisioning import Provisioner
 from raytrain.spec import JobSpec, JobState, PlanSummary, ServiceConfig
 
 logger = logging.getLogger(__name__)
@@ -83,8 +83,9 @@ class Scheduler:
             records = manager.records
             held = {job_id: frozenset(records[job_id].held) for job_id in wants
                     if job_id in records}
-            using = {job_id: records[job_id].run.nodes & everything
-                     for job_id in held if records[job_id].run is not None}
+            runs = {job_id: records[job_id].run for job_id in held}
+            using = {job_id: run.nodes & everything for job_id, run in runs.items()
+                     if run is not None}
             now_held = attribute(held, {j: (w[0], w[1]) for j, w in wants.items() if j in held},
                                  alive, using)
             for job_id, nodes in now_held.items():
@@ -138,12 +139,14 @@ class Scheduler:
                 if job.id in decided.waiting:
                     manager.apply(job.id, lc.Queued(decided.waiting[job.id]))
                     continue
+                if job.plan is None:  # every job is planned at submit
+                    raise RuntimeError(f"job {job.id} has no plan")
                 self._launch(job.id, job.spec, job.plan, demands[job.id],
                              notice_endpoint=watch_endpoint(
                                  self.config.interruption_endpoint, "local", None))
 
     def _start_on_bought_nodes(self, job_id: str, total: dict[str, float],
-                               held: list[dict[str, float]]) -> None:
+                               held: list[Mapping[str, float]]) -> None:
         """An autoscaled job: decide and request its nodes, start it once they are up, and
         decide again if they do not come in time."""
         manager, provisioner, now = self.manager, self.provisioner, self.cluster.now()

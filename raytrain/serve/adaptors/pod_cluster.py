@@ -1,6 +1,7 @@
 """The job manager's cluster, with RunPod's interruptible pods beside it: a cluster adaptor
-(raytrain.serve.cluster.Cluster) that hands what concerns a pod type (ServiceConfig.pod_types)
-to the pod fleet (raytrain.cloud.pod_runs) and everything else to the cluster it wraps.
+(raytrain.serve.adaptors.cluster.Cluster) that hands what concerns a pod type
+(ServiceConfig.pod_types) to the pod fleet (raytrain.cloud.pod_runs) and everything else to
+the cluster it wraps.
 
 To the job manager a rented pod is a node like any other: it carries its node type's
 resource, it is requested with the same bundles, it is alive while RunPod runs it, and a
@@ -19,7 +20,7 @@ from typing import Any, Generic, Iterable, Mapping, TypeVar
 
 from raytrain.cloud.object_store import join, parent
 from raytrain.cloud.pod_runs import PodFleet, PodRun, Reports
-from raytrain.serve.cluster import Cluster
+from raytrain.serve.adaptors.cluster import Cluster
 from raytrain.spec import JobSpec, Layout, ServiceConfig
 
 Inner = TypeVar("Inner")

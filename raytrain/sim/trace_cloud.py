@@ -1,6 +1,6 @@
 """A simulated cloud and its training workers behind the job manager's cluster adaptor (the
-Protocol raytrain.serve.cluster.Cluster), on a simulated clock: what a trace replay
-(raytrain.serve.replay) runs the live job manager, scheduler, provisioner and lifecycle on.
+Protocol raytrain.serve.adaptors.cluster.Cluster), on a simulated clock: what a trace replay
+(raytrain.sim.replay) runs the live job manager, scheduler, provisioner and lifecycle on.
 
 - Capacity: a spot node type's capacity comes and goes as its trace says; an on-demand one's
   is always there. Nodes the service asks for (`request_nodes`) are launched on capacity that
@@ -38,7 +38,7 @@ from raytrain.catalog.traces import TraceEvent
 from raytrain.core.fleet import notice_given
 from raytrain.core.resolve import planner_inputs
 from raytrain.core.throughput import job_throughput
-from raytrain.serve.sim_workers import CloudTimes, SimRun
+from raytrain.sim.workers import CloudTimes, SimRun
 from raytrain.spec import JobSpec, Layout, Offer
 
 EPOCH = 1_800_000_000.0  # the simulated clock's start (a unix time)
@@ -251,20 +251,20 @@ class TraceCloud:
                 self._take(node_type, node)
             self._reconcile()
             return True
-        for node in self._live():
-            if node.notice_at is not None and node.notice_at <= now:
-                node.notice_at, node.noticed = None, True
+        for live in self._live():
+            if live.notice_at is not None and live.notice_at <= now:
+                live.notice_at, live.noticed = None, True
                 for run in self.runs.values():
-                    if not run.done and node.id in run.using():
-                        run.hear_notice(node.id, now)
+                    if not run.done and live.id in run.using():
+                        run.hear_notice(live.id, now)
         expired = [n for n in self._live() if
                    n.idle_since is not None and now - n.idle_since >= self.times.idle_s]
         if expired:
             self._reconcile()
             return True
         came = [n for n in self._live() if n.up_at <= now and not n.announced]
-        for node in came:
-            node.announced = True
+        for up in came:
+            up.announced = True
         if came:
             self._offer_free(now)
             self._reconcile()

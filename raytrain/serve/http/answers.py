@@ -78,7 +78,8 @@ def field_errors(request: Request, exc: RequestValidationError) -> list[Any]:
         if "input" in error:
             error["input"] = excerpt(error["input"])
         errors.append(error)
-    return jsonable_encoder(errors)
+    encoded: list[Any] = jsonable_encoder(errors)
+    return encoded
 
 
 async def manager_away(request: Request, exc: Exception) -> JSONResponse:

@@ -36,10 +36,10 @@ from ray import serve
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from raytrain.errors import RaytrainError
-from raytrain.serve.app import build_app
-from raytrain.serve.http_limits import MAX_HEAD_BYTES, MAX_HEADERS, MAX_READ_AHEAD
-from raytrain.serve.ray_cluster import HEAD_NODE_RESOURCE
-from raytrain.serve.reads import POLL_S
+from raytrain.serve.adaptors.ray_cluster import HEAD_NODE_RESOURCE
+from raytrain.serve.http.app import build_app
+from raytrain.serve.http.limits import MAX_HEAD_BYTES, MAX_HEADERS, MAX_READ_AHEAD
+from raytrain.serve.http.reads import POLL_S
 from raytrain.spec import ServiceConfig
 from raytrain.spec.files import load_cpu_profile
 
@@ -70,7 +70,7 @@ class BoundedHead(HttpToolsProtocol):
     and the connection closed. Counted as the bytes arrive (a head spread over many reads)
     and per parsed header (a head that arrives in one read)."""
 
-    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+    def connection_made(self, transport: Any) -> None:
         self._head_bytes, self._parsed, self._in_head, self._too_large = 0, 0, True, False
         super().connection_made(transport)
 
@@ -161,7 +161,7 @@ class RaytrainAPI:
     """A Serve replica serving the API over the service's job manager actor on host:port."""
 
     def __init__(self, config: dict[str, Any], host: str, port: int) -> None:
-        from raytrain.serve.manager_actor import get_or_create_manager
+        from raytrain.serve.jobs.actor import get_or_create_manager
 
         config_ = ServiceConfig.model_validate(config)
         app = build_app(get_or_create_manager(config_), config_.open_metrics, config_.auth,

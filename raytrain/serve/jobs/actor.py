@@ -1,6 +1,6 @@
 """The job manager as the service's one detached Ray actor on the head node: created by the
 first HTTP replica that needs it, found by name by everything else, and started again by
-Ray if its process is lost (the new one reloads the store; serve/manager.py).
+Ray if its process is lost (the new one reloads the store; serve/jobs/manager.py).
 
     manager = get_or_create_manager(config)   # an ActorHandle
 """
@@ -12,8 +12,8 @@ from typing import Any
 import ray
 from ray.actor import ActorHandle
 
-from raytrain.serve.manager import JobManager
-from raytrain.serve.ray_cluster import HEAD_NODE_RESOURCE, MANAGER_NAME, NAMESPACE
+from raytrain.serve.adaptors.ray_cluster import HEAD_NODE_RESOURCE, MANAGER_NAME, NAMESPACE
+from raytrain.serve.jobs.manager import JobManager
 from raytrain.spec import ServiceConfig
 
 

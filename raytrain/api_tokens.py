@@ -1,5 +1,5 @@
 """The token file a service keeps in its state directory, and how a client on this machine
-finds the token to send: shared by the service (raytrain.serve.auth checks tokens), the
+finds the token to send: shared by the service (raytrain.serve.http.auth checks tokens), the
 command line and the Python client, so it imports nothing of either.
 
 `tokens.json` (mode 0600) maps names to tokens; the first start writes one named
@@ -12,6 +12,7 @@ operator token of that service's state directory.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import os
@@ -179,3 +180,26 @@ def client_token(url: str, state_dir: str | Path | None = None) -> str | None:
         return read_tokens(default_state_dir(folder)).get(OPERATOR)
     except RaytrainError:
         return None
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+_DIGESTS: dict[Path, tuple[float, dict[str, str]]] = {}
+
+
+def token_digests(state_dir: Path) -> dict[str, str]:
+    """{name: digest} of the tokens in `state_dir` (writing the operator token on first
+    use), read again only when the file changes."""
+    path = tokens_path(state_dir)
+    try:
+        stamp = path.stat().st_mtime_ns
+    except FileNotFoundError:
+        ensure_tokens(state_dir)
+        stamp = path.stat().st_mtime_ns
+    cached = _DIGESTS.get(path)
+    if cached is None or cached[0] != stamp:
+        cached = (stamp, {name: digest(token) for name, token in read_tokens(state_dir).items()})
+        _DIGESTS[path] = cached
+    return cached[1]

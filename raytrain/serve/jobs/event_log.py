@@ -36,7 +36,7 @@ class EventLog:
         return cls(first_seq=saved_next_seq + RELOAD_EVENT_SEQ_GAP if saved_next_seq else 0)
 
     def append(self, job_id: str, kind: str, data: Mapping[str, Any], now: float) -> None:
-        self.events.append(JobEvent(seq=self.next_seq, type=kind,  # type: ignore[arg-type]
+        self.events.append(JobEvent(seq=self.next_seq, type=kind,
                                     job_id=job_id, time=now, data=dict(data)))
         if len(self.events) > EVENTS_KEPT_PER_JOB:
             drop = len(self.events) - EVENTS_KEPT_PER_JOB

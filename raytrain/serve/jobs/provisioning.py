@@ -37,12 +37,12 @@ from raytrain.core.costs import Costs, costs_shown, job_costs, ready_key
 from raytrain.core.engine import CapacityEngine, EngineEvent, Missing
 from raytrain.core.interval import interval_moved
 from raytrain.core.lifecycle import CapacityDecided
-from raytrain.core.offers import offers_response
+from raytrain.core.offers_answer import offers_response
 from raytrain.core.resolve import plan_summary
 from raytrain.core.spending import within_service_limits
 from raytrain.core.throughput import device_mismatch, job_goal, job_throughput, limit_nodes
 from raytrain.errors import FieldError, SpecError
-from raytrain.serve.admission import check_fits_the_cluster
+from raytrain.serve.jobs.admission import check_fits_the_cluster
 from raytrain.spec import (
     JobCosts,
     JobSpec,
@@ -249,7 +249,8 @@ class Provisioner:
     def _bound_offers(self) -> tuple[list[Offer], dict[tuple[str, str], str]]:
         """One offer per bound node type, priced in its market only (so that each node
         type's max_workers limits its own market)."""
-        offers, node_type = [], {}
+        offers: list[Offer] = []
+        node_type: dict[tuple[str, str], str] = {}
         for name, binding in self.config.node_types.items():
             offer = self.catalog.find(binding.offer)
             if offer is None or offer.usd_per_hour(binding.market) is None:
@@ -277,7 +278,7 @@ class Provisioner:
                                          self._shown(costs, job, decision))
         if decision.action != "switch":
             return None, None
-        return self._adopt(job, now, event, old.missing, decision, costs)
+        return self._adopt(job, now, EngineEvent(event), old.missing, decision, costs)
 
     def reload_if_changed(self) -> bool:
         """Read the offers again if their file changed (a refresh, or an operator's edit)."""
@@ -326,6 +327,7 @@ class Provisioner:
         return min((o.expected_cost_usd for o in found), default=None)
 
     def _shown(self, costs: Costs, job: JobStatus, decision: Decision) -> JobCosts:
+        offer: str | None
         if decision.option is not None:
             offer, market = decision.option.offer.id, decision.option.market
         else:
@@ -360,11 +362,12 @@ class Provisioner:
         placement = Placement(node_type[(offer.id, option.market)], option.nodes, devices,
                               option, run_spec, plan, now, missing)
         same_nodes = old is not None and old.node_type == placement.node_type
-        placement.asked_at = old.asked_at if same_nodes and old.asked_at else now
+        placement.asked_at = old.asked_at if old is not None and same_nodes and old.asked_at \
+            else now
         self.placements[job.id] = placement
         held = Resources(
             accelerator=offer.gpu_kind, node_type=placement.node_type, offer=offer.id,
-            market=option.market,  # type: ignore[arg-type]
+            market=option.market,
             nodes=option.nodes, gpus=devices * resources.gpus_per_worker if on_gpu else 0.0,
             cpus=devices * resources.cpus_per_worker, usd_per_hour=option.usd_per_hour)
         self._send(job.id, placement, now)

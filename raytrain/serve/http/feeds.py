@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator, Callable, NamedTuple
 
 from ray.exceptions import GetTimeoutError, RayActorError, TaskCancelledError
 
-from raytrain.serve.events import EVENTS_KEPT_PER_JOB
+from raytrain.serve.jobs.event_log import EVENTS_KEPT_PER_JOB
 
 
 class Sent(NamedTuple):
@@ -56,7 +56,7 @@ class Feed:
         self.away = False  # the manager stopped answering
         self.ended = False  # the job's `end` event came
         self.changed = asyncio.Condition()
-        self.task: asyncio.Task | None = None
+        self.task: asyncio.Task[None] | None = None
 
     async def pump(self) -> None:
         last = -1

@@ -1,6 +1,6 @@
 """What the job manager answers without changing a job: the list and each status (JSON text
 encoded once per change), the changes the HTTP replicas' copies follow, progress points,
-events, workers' output, metrics and readiness. JobManager (serve/manager.py) is one of
+events, workers' output, metrics and readiness. JobManager (serve/jobs/manager.py) is one of
 these; its writes are there.
 
     class JobManager(JobReads): ...
@@ -17,10 +17,10 @@ from raytrain.cloud.object_store import join
 from raytrain.core import lifecycle as lc
 from raytrain.core.tally import Tally, snapshot
 from raytrain.errors import JobNotFoundError, ServiceUnavailableError, StoreError
-from raytrain.serve.durable import RETRY_AFTER_S, DurableRecords
-from raytrain.serve.events import EventLog
-from raytrain.serve.history import STEPS_PER_ANSWER, History
-from raytrain.serve.reads import Versions, list_cursor
+from raytrain.serve.jobs.durable import RETRY_AFTER_S, DurableRecords
+from raytrain.serve.jobs.event_log import EventLog
+from raytrain.serve.jobs.history import STEPS_PER_ANSWER, History
+from raytrain.serve.jobs.versions import Versions, list_cursor
 from raytrain.spec import JobStatus, ServiceConfig
 from raytrain.train.worker_logs import read_stored_logs
 

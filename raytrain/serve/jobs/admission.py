@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from raytrain.cloud.object_store import is_remote, open_store
-from raytrain.core.capacity import never_fits
 from raytrain.core.lifecycle import Record
+from raytrain.core.queue import never_fits
 from raytrain.errors import FieldError, JobStateError, ServiceBusyError, SpecError, StoreError
 from raytrain.spec import JobSpec, JobState, JobStatus, PlanSummary, Progress, parse_job_spec
 

@@ -26,22 +26,20 @@ the JSON body middleware reads a body, and on the event stream as on every other
     app.add_middleware(BearerAuth, ...)               # every route but /healthz checked
 
 The token file itself, and how a client on this machine finds its token, are
-raytrain.tokens (the client imports that, not this module).
+raytrain.api_tokens (the client imports that, not this module).
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import logging
 import math
 import time
 from collections import deque
-from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from raytrain.tokens import OPERATOR, ensure_tokens, read_tokens, tokens_path
+from raytrain.api_tokens import OPERATOR, digest, ensure_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -94,10 +92,6 @@ class Refusals:
         return times
 
 
-def digest(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
 def caller_of(presented: str, digests: dict[str, str]) -> str | None:
     """The name whose token was presented, or None. Compares against every known token, in
     constant time each, whatever matches first."""
@@ -107,25 +101,6 @@ def caller_of(presented: str, digests: dict[str, str]) -> str | None:
         if hmac.compare_digest(wanted, known):
             found = name
     return found
-
-
-_DIGESTS: dict[Path, tuple[float, dict[str, str]]] = {}
-
-
-def token_digests(state_dir: Path) -> dict[str, str]:
-    """{name: digest} of the tokens in `state_dir` (writing the operator token on first
-    use), read again only when the file changes."""
-    path = tokens_path(state_dir)
-    try:
-        stamp = path.stat().st_mtime_ns
-    except FileNotFoundError:
-        ensure_tokens(state_dir)
-        stamp = path.stat().st_mtime_ns
-    cached = _DIGESTS.get(path)
-    if cached is None or cached[0] != stamp:
-        cached = (stamp, {name: digest(token) for name, token in read_tokens(state_dir).items()})
-        _DIGESTS[path] = cached
-    return cached[1]
 
 
 def operator_token(config: Any) -> str | None:
@@ -168,7 +143,7 @@ class BearerAuth:
                     raise
         return self._known
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         path = scope.get("path", "")
         if scope["type"] != "http" or path in self.open_paths or \
                 (path.startswith(self.open_prefixes) and ".." not in path):
@@ -233,7 +208,7 @@ async def _refuse(send: Any, why: str, error: bytes) -> None:
                     {b"www-authenticate": b'Bearer realm="raytrain"' + error})
 
 
-def _bearer(scope: dict) -> str:
+def _bearer(scope: dict[str, Any]) -> str:
     """The bearer token a request presents ('' if none)."""
     header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
     scheme, _, presented = header.partition(" ")

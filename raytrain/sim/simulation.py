@@ -1,7 +1,7 @@
 """The simulator's tables: one job, every way of buying its capacity, from start times spread
 over a spot trace, with and without the cloud's notice. The policy (with its elastic replica
 groups, and rigid: every preemption stops the job) and the baselines that are policies (all
-rigid) are replayed through the live service (raytrain.serve.replay); Uniform Progress and
+rigid) are replayed through the live service (raytrain.sim.replay); Uniform Progress and
 the hindsight-optimal schedule (the cheaper of the rigid schedule and the bound for schedules
 that train on survivors) are computed beside them under the same cloud figures
 (raytrain.core.simulate, raytrain.core.hindsight). `raytrain simulate` and
@@ -24,7 +24,7 @@ from raytrain.core.fleet import SimJob, SimResult
 from raytrain.core.hindsight import elastic_bound, hindsight
 from raytrain.core.simulate import STRATEGIES, Summary, summarize, uniform_progress
 from raytrain.errors import FieldError, SpecError
-from raytrain.serve.replay import (
+from raytrain.sim.replay import (
     BASELINES,
     Market,
     Scenario,
@@ -35,7 +35,7 @@ from raytrain.serve.replay import (
     sim_job,
     with_policy,
 )
-from raytrain.serve.sim_workers import CloudTimes
+from raytrain.sim.workers import CloudTimes
 from raytrain.spec import JobSpec, Offer, PolicySpec
 
 NO_NOTICE = (0.0, 0.0)
@@ -128,7 +128,7 @@ def _oracle(s: Start) -> SimResult:
 
 
 def _replayed(strategy: str) -> Callable[[Start], SimResult]:
-    """A strategy the live service runs (raytrain.serve.replay): the policy, elastic or
+    """A strategy the live service runs (raytrain.sim.replay): the policy, elastic or
     rigid, on every market it may buy; a baseline policy, rigid, on the job's own."""
     ours = strategy in ("policy", "policy-rigid")
 

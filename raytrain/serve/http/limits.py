@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 from fastapi import HTTPException
 from fastapi.responses import StreamingResponse
 
-from raytrain.serve.auth import send_json
+from raytrain.serve.http.auth import send_json
 
 MAX_BODY_BYTES = 1 * 2**20  # a job spec is a few KB; the schema has no field near this
 MAX_HEAD_BYTES = 64 * 1024  # a request's line and headers (serve.front.BoundedHead: 431)
@@ -42,7 +42,7 @@ class JSONBodies:
     def __init__(self, app: Any) -> None:
         self.app = app
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
@@ -66,12 +66,14 @@ class JSONBodies:
                 return
         replayed = False
 
-        async def whole() -> dict:
+        async def whole() -> dict[str, Any]:
             nonlocal replayed
             if not replayed:
                 replayed = True
                 return {"type": "http.request", "body": bytes(body), "more_body": False}
-            return await receive()  # then what follows the body: the client's disconnect
+            # then what follows the body: the client's disconnect
+            message: dict[str, Any] = await receive()
+            return message
 
         await self.app(scope, whole, send)
 

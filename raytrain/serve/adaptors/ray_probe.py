@@ -78,7 +78,7 @@ def environment(values: dict[str, str]) -> Iterator[None]:
 
 
 def main(argv: list[str]) -> None:
-    """`python -m raytrain.serve.ray_probe FOLDER ARGS...`: Ray's own CLI (`ray ARGS...`)
+    """`python -m raytrain.serve.adaptors.ray_probe FOLDER ARGS...`: Ray's own CLI (`ray ARGS...`)
     with the probe held at home; `serve --detach` starts its head node so."""
     from ray.scripts.scripts import cli
 

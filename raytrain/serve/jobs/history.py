@@ -31,7 +31,7 @@ import sqlite3
 from functools import reduce
 from typing import Any, Mapping, Sequence
 
-from raytrain.serve.store import JobStore
+from raytrain.serve.jobs.store import JobStore
 
 POINTS_KEPT = 2000
 STEPS_PER_ANSWER = 10_000  # step rows in one history answer (more: ask again after the last)

@@ -31,15 +31,19 @@ from typing import Any, Callable
 
 from pydantic import ValidationError
 
+from raytrain.api_tokens import token_digests
 from raytrain.catalog.hardware import CATALOG
 from raytrain.cloud.object_store import is_remote, open_store
 from raytrain.core import lifecycle as lc
-from raytrain.core.capacity import never_fits
+from raytrain.core.queue import never_fits
 from raytrain.core.resolve import plan_summary
 from raytrain.core.tally import Tally
 from raytrain.errors import FieldError, JobStateError, ServiceUnavailableError, StoreError
 from raytrain.models.factories import resolve_factory
-from raytrain.serve.admission import (
+from raytrain.serve.adaptors.cluster import Cluster
+from raytrain.serve.adaptors.pod_cluster import with_pods
+from raytrain.serve.adaptors.ray_cluster import RayCluster
+from raytrain.serve.jobs.admission import (
     check_admission,
     check_deletable,
     check_not_resumed,
@@ -48,18 +52,14 @@ from raytrain.serve.admission import (
     new_job,
     resumed,
 )
-from raytrain.serve.auth import token_digests
-from raytrain.serve.cluster import Cluster
-from raytrain.serve.durable import RETRY_AFTER_S, DurableRecords, service_id
-from raytrain.serve.events import EventLog
-from raytrain.serve.history import History, point_of, step_rows
-from raytrain.serve.manager_reads import JobReads
-from raytrain.serve.pod_cluster import with_pods
-from raytrain.serve.provisioning import Provisioner
-from raytrain.serve.ray_cluster import RayCluster
-from raytrain.serve.reads import Versions
-from raytrain.serve.scheduler import Scheduler
-from raytrain.serve.store import STORE_FILE, JobStore
+from raytrain.serve.jobs.durable import RETRY_AFTER_S, DurableRecords, service_id
+from raytrain.serve.jobs.event_log import EventLog
+from raytrain.serve.jobs.history import History, point_of, step_rows
+from raytrain.serve.jobs.provisioning import Provisioner
+from raytrain.serve.jobs.reads import JobReads
+from raytrain.serve.jobs.scheduler import Scheduler
+from raytrain.serve.jobs.store import STORE_FILE, JobStore
+from raytrain.serve.jobs.versions import Versions
 from raytrain.spec import (
     JobSpec,
     JobStatus,
@@ -192,7 +192,7 @@ class JobManager(JobReads):
     # ---------------------------------------------------------------- requests from the API
 
     def submit(self, spec: JobSpec, caller: str | None = None,
-               key: str | None = None) -> dict[str, Any]:
+               key: str | None = None) -> JobStatus:
         """Queue a job for `caller` (the token's name). A `key` seen from the same caller
         within IDEMPOTENCY_WINDOW_S returns that job instead of queueing another. `spec` was
         validated where it came in (the API, a resume); it is checked here only against what
@@ -335,9 +335,10 @@ class JobManager(JobReads):
                              placement: dict[str, Any]) -> int:
         if job_id not in self.records:
             return -1
-        return self.apply(job_id, lc.GroupStarted(
+        attempt: int = self.apply(job_id, lc.GroupStarted(
             resumed_step, placement.get("placement_group"),
             placement.get("accelerator", "cpu"), placement.get("nodes", 1)))
+        return attempt
 
     def report_progress(self, job_id: str, attempt: int,
                         payload: dict[str, Any]) -> dict[str, bool]:
@@ -348,7 +349,8 @@ class JobManager(JobReads):
         rows = step_rows(payload.pop("steps", None))
         with self.lock:
             self._history.add_steps(job_id, rows)  # written with the job's next save
-            return self.apply(job_id, lc.ProgressReported(attempt, payload))
+            reply: dict[str, bool] = self.apply(job_id, lc.ProgressReported(attempt, payload))
+            return reply
 
     def report_checkpoint(self, job_id: str, attempt: int, step: int, path: str,
                           save_s: float | None = None,

@@ -27,13 +27,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import uuid
 from contextlib import contextmanager
-from itertools import takewhile
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Iterator
 from urllib.parse import parse_qsl, urlencode
 
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from raytrain.serve.jobs.versions import list_cursor
 
 POLL_S = 10.0
 RETRY_S = 1.0
@@ -46,43 +46,7 @@ STATES = frozenset({"PENDING", "PROVISIONING", "RUNNING", "RECOVERING", "SUCCEED
                     "CANCELLED"})
 
 
-def list_cursor(created_at: float, job_id: str) -> str:
-    """A job's place in the list, oldest first: its creation time, then its id."""
-    return f"{created_at:017.6f}:{job_id}"
-
 logger = logging.getLogger(__name__)
-
-
-class Versions:
-    """The job manager's side: a version number for every status change, so a replica's copy
-    can ask for what changed after the version it holds."""
-
-    def __init__(self) -> None:
-        self.epoch = uuid.uuid4().hex  # this manager instance: a restarted one starts again
-        self.version = 0
-        # each job's latest change (deletion too), oldest first: a poll reads back from the
-        # newest only as far as the version it holds
-        self._changed_at: dict[str, int] = {}
-
-    def touch(self, job_id: str) -> None:
-        self.version += 1
-        self._changed_at.pop(job_id, None)
-        self._changed_at[job_id] = self.version
-
-    def changed(self, epoch: str | None, since: int) -> bool:
-        return epoch != self.epoch or self.version > since
-
-    def changes(self, epoch: str | None, since: int, jobs: Mapping[str, Any],
-                encoded: Callable[[str], str]) -> dict[str, Any]:
-        """The statuses changed after version `since` ({job id: encoded(job id), or None for
-        a job no longer in `jobs`}); all of `jobs` (`full`) when `epoch` is not this
-        instance's: a copy's first call, or its first after the manager restarted."""
-        full = epoch != self.epoch
-        changed = jobs if full else list(takewhile(
-            lambda job_id: self._changed_at[job_id] > since, reversed(self._changed_at)))
-        return {"epoch": self.epoch, "version": self.version, "full": full,
-                "jobs": {job_id: encoded(job_id) if job_id in jobs else None
-                         for job_id in changed}}
 
 
 class StatusCache:
@@ -104,7 +68,7 @@ class StatusCache:
         self._known = 0
         self._under_way = 0
         self._covered = -1  # the changes the last poll's answer is known to include
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def _trusted(self) -> bool:
         """Whether the copy holds every change this replica knows of (the long-poll started

@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 from raytrain.cloud.object_store import Store
 from raytrain.errors import RaytrainError, StoreError
-from raytrain.serve.store import TALLY_COPY_EVERY_S, JobStore, write_tally_copy
+from raytrain.serve.jobs.store import TALLY_COPY_EVERY_S, JobStore, write_tally_copy
 from raytrain.spec import JobStatus
 
 logger = logging.getLogger(__name__)

@@ -87,7 +87,8 @@ class ReplicaGroup:
         self.die_when = die_when
         self.manager: Any = None
         self.members: set[int] | None = None
-        self.failed, self.failed_since = 0, None  # uncommitted steps, when the first began
+        self.failed = 0  # uncommitted steps
+        self.failed_since: float | None = None  # when the first of them began
         self.began = self.quorum_s = 0.0
         self.alive = 1
 
@@ -142,7 +143,7 @@ class ReplicaGroup:
             self.manager.shutdown(wait=False)
 
 
-def _reduce(manager: Any, params: list[torch.Tensor], loss: torch.Tensor, stop: bool,
+def _reduce(manager: Any, params: list[torch.nn.Parameter], loss: torch.Tensor, stop: bool,
             move: bool, groups: int, group: int) -> torch.Tensor:
     """Sum the gradients over the groups in the quorum, with the loss, the service's flags
     (stop, move: the leader's) and which groups took part in one more all-reduce of

@@ -1,4 +1,4 @@
-"""A launched worker group, simulated for a trace replay (raytrain.serve.trace_cloud): it
+"""A launched worker group, simulated for a trace replay (raytrain.sim.trace_cloud): it
 keeps the real loop's rules (raytrain.core.step_rules) and, for an elastic job, the replica
 groups' (raytrain.core.elastic), and reports to the live job manager as real workers do.
 

@@ -38,13 +38,12 @@ from raytrain.catalog.hardware import CATALOG, Catalog
 from raytrain.core.planner import NothingFits
 from raytrain.core.resolve import rank_plans
 from raytrain.errors import SpecError
-from raytrain.serve.answers import add_refusals, manager_away, refused_submit
-from raytrain.serve.auth import BearerAuth
-from raytrain.serve.dashboard import ASSETS, PAGES, add_pages
-from raytrain.serve.feeds import Feeds, ManagerAway
-from raytrain.serve.history import STEPS_PER_ANSWER
-from raytrain.serve.http_limits import JSONBodies, SlotStream, StreamLimits
-from raytrain.serve.metrics import (
+from raytrain.serve.http.answers import add_refusals, manager_away, refused_submit
+from raytrain.serve.http.auth import BearerAuth
+from raytrain.serve.http.dashboard import ASSETS, PAGES, add_pages
+from raytrain.serve.http.feeds import Feeds, ManagerAway
+from raytrain.serve.http.limits import JSONBodies, SlotStream, StreamLimits
+from raytrain.serve.http.metrics import (
     CONTENT_TYPE_OPENMETRICS,
     CONTENT_TYPE_PLAIN_0_0_4,
     RequestLatency,
@@ -52,7 +51,7 @@ from raytrain.serve.metrics import (
     exposition,
     request_latency,
 )
-from raytrain.serve.openapi import (
+from raytrain.serve.http.openapi import (
     RETRY_AFTER,
     allow_every_method,
     document,
@@ -60,7 +59,8 @@ from raytrain.serve.openapi import (
     event_stream,
     no_unknown_query,
 )
-from raytrain.serve.reads import LIST_PAGE_MAX, LIST_PAGE_SIZE, CachedReads, StatusCache
+from raytrain.serve.http.reads import LIST_PAGE_MAX, LIST_PAGE_SIZE, CachedReads, StatusCache
+from raytrain.serve.jobs.history import STEPS_PER_ANSWER
 from raytrain.spec import (
     JobHistory,
     JobLogs,
@@ -160,7 +160,7 @@ def job_routes(api: FastAPI, manager: Any) -> None:
     """Submit, list, read, cancel, resume and delete jobs."""
     @api.post("/v1/jobs", status_code=202, response_model=JobStatus,
               responses=errors(400, 409, 413, 422, 429))
-    async def submit(spec: JobSpec, request: Request, idempotency_key: str = Header(  # type: ignore[assignment]
+    async def submit(spec: JobSpec, request: Request, idempotency_key: str = Header(
             None, max_length=200, description="Retrying with the same key returns the job the "
             "first request queued (for a day) instead of queueing another.")
                      ) -> dict[str, Any]:
@@ -204,7 +204,7 @@ def job_routes(api: FastAPI, manager: Any) -> None:
     @api.post("/v1/jobs/{job_id}/resume", status_code=202, response_model=JobStatus,
               responses=errors(400, 404, 409, 413, 422, 429))
     async def resume(job_id: str, body: ResumeRequest, request: Request,
-                     idempotency_key: str = Header(None, max_length=200)) -> Any:  # type: ignore[assignment]
+                     idempotency_key: str = Header(None, max_length=200)) -> Any:
         """Queue a new job that goes on from a failed or cancelled job's latest checkpoint
         (a job stopped by its budget, say), with its own budget if given."""
         return await manager.resume.remote(job_id, _caller(request), body.budget_usd,
@@ -250,7 +250,7 @@ def event_routes(api: FastAPI, manager: Any, feeds: Feeds, streams: StreamLimits
     async def events(job_id: str, after: int = Query(
             -1, ge=-1, le=2**53, description="Send the events after this one (-1: from the "
             "start); the Last-Event-ID header wins when both are sent."),
-            last_event_id: int = Header(  # type: ignore[assignment]  # optional, but never
+            last_event_id: int = Header(  # optional, but never
                 None, ge=-1, le=2**53,  # null: a header cannot be (the document says integer)
                 description="The id of the last event received, to resume.")
             ) -> StreamingResponse:

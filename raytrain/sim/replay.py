@@ -1,7 +1,7 @@
 """The simulator is the live service: a job replayed on a spot trace goes through the job
 manager, its scheduler, the provisioner and the capacity engine, the lifecycle and its bill,
 exactly as a submitted job does, with the Ray adaptor replaced by a simulated cloud and
-workers on a simulated clock (raytrain.serve.trace_cloud). Whatever the service decides and
+workers on a simulated clock (raytrain.sim.trace_cloud). Whatever the service decides and
 bills, the replay decides and bills; the service's own settings (its ServiceConfig and the
 policies) are the replay's.
 
@@ -35,9 +35,9 @@ import yaml
 from raytrain.catalog.traces import Trace
 from raytrain.core.fleet import SimJob, SimResult, replay
 from raytrain.core.throughput import job_throughput
-from raytrain.serve.manager import JobManager
-from raytrain.serve.sim_workers import CloudTimes
-from raytrain.serve.trace_cloud import NodeType, TraceCloud
+from raytrain.serve.jobs.manager import JobManager
+from raytrain.sim.trace_cloud import NodeType, TraceCloud
+from raytrain.sim.workers import CloudTimes
 from raytrain.spec import JobSpec, JobState, JobStatus, Offer, PolicySpec, ServiceConfig
 
 TICK_S = 10.0

@@ -49,7 +49,8 @@ def read_tally(path: Path) -> dict[str, Any] | None:
         finally:
             db.close()
     try:
-        return json.loads((path.parent / TALLY_FILE).read_text())
+        tally: dict[str, Any] = json.loads((path.parent / TALLY_FILE).read_text())
+        return tally
     except (OSError, ValueError):
         return None
 
