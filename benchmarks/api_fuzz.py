@@ -1,13 +1,13 @@
 """The long fuzz of the HTTP API: schemathesis' CLI (all its checks, the examples, coverage
 and fuzzing phases) against the live OpenAPI document, and the figures: cases generated,
-failures, 5xx answers. The suite runs a bounded version (tests/unit/test_api_fuzz.py).
+failures, 5xx answers. The suite runs a bounded version (tests/service/test_api_fuzz.py).
 
     python -m benchmarks.api_fuzz                      # the API on 127.0.0.1, fake cluster
     python -m benchmarks.api_fuzz --examples 100
     RAYTRAIN_TOKEN=... python -m benchmarks.api_fuzz --url http://127.0.0.1:8000  # a service
 
 Without --url it serves the app `raytrain serve` deploys over a job manager on the recording
-fake of Ray (tests/http_service.py), so the hundreds of jobs the fuzzer submits queue and
+fake of Ray (tests/support/http_service.py), so the hundreds of jobs the fuzzer submits queue and
 never train. Against a real service they would: point it at a cluster that cannot run them.
 """
 
@@ -23,9 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.http_service import served
+from tests.support.http_service import served
 
-CONFIG = Path(__file__).parents[1] / "tests" / "schemathesis.toml"
+CONFIG = Path(__file__).parents[1] / "tests" / "service" / "schemathesis.toml"
 
 
 def fuzz(url: str, token: str, examples: int) -> int:
@@ -59,7 +59,7 @@ def main() -> None:
         # The fuzzer checks each operation with wrong tokens too, from the one address its
         # valid requests come from: past auth.GUESSES_ALLOWED of them the address would be
         # slowed (429) and the rest of the run would test the pace, not the API (the pace has
-        # its own test, tests/unit/test_access.py). Against --url, expect that 429.
+        # its own test, tests/service/test_access.py). Against --url, expect that 429.
         from raytrain.serve.http import auth
 
         auth.GUESSES_ALLOWED = 10**9

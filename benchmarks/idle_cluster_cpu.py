@@ -4,7 +4,7 @@ process's CPU time (this one's excepted) sampled with psutil over a window.
     python -m benchmarks.idle_cluster_cpu [--settle-s 20] [--window-s 30] [--port 18931]
 
 What the integration tests' service costs the unit tests when it runs beside them
-(tests/integration/conftest.py stops it when the integration package ends).
+(tests/service/ray/conftest.py stops it when the integration package ends).
 """
 
 from __future__ import annotations

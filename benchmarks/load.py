@@ -163,8 +163,8 @@ def main() -> None:
     from benchmarks import local_service
     from raytrain.client import Client
     from raytrain.spec import load_job_spec
-    from tests.http_service import free_port, served
-    from tests.integration.test_service import job_spec
+    from tests.support.http_service import free_port, served
+    from tests.support.ray_service import job_spec
 
     url, token, state = local_service.start("raytrain-load-")
     client = Client(url, token=token)

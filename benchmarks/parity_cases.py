@@ -1,4 +1,4 @@
-"""How long each case of the parity tests' spawns takes (tests/unit/test_parallel.py), with
+"""How long each case of the parity tests' spawns takes (tests/ranks/test_parallel.py), with
 the micro-batch size the tests give tensor-parallel cases (4) and the others' (2), side by
 side.
 
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import tests.unit.test_parallel as parity
+import tests.support.parity as parity
 
 
 def cases(ranks: int, tp_micro_batch_size: int) -> list[tuple[str, dict, dict]]:

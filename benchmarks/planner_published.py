@@ -1,6 +1,6 @@
 """The planner against published large-scale runs (benchmarks/published_runs.yaml): the
 kernel constants fitted on the runs marked `fit`, and the errors on both sets, printed side by
-side. tests/unit/test_planner.py asserts the validation targets on the same runs.
+side. tests/pure/test_planner.py asserts the validation targets on the same runs.
 
     python -m benchmarks.planner_published           # the table with the catalog's constants
     python -m benchmarks.planner_published --fit     # refit, then the table with the fit

@@ -1,7 +1,7 @@
 """Published large-scale training runs (benchmarks/published_runs.yaml) as the planner's
 values: each run's model, workload, layout and node shape, and the tokens/s per GPU and peak
 memory its source reports. The planner's kernel constants are fitted to the runs marked
-`fit` and checked on the rest (benchmarks/planner_published.py, tests/unit/test_planner.py).
+`fit` and checked on the rest (benchmarks/planner_published.py, tests/pure/test_planner.py).
 
     for run in published_runs():
         predicted = evaluate(run.dims, run.work, run.layout, run.shape)

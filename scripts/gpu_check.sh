@@ -30,7 +30,7 @@ if [ "$GPUS" -ge 2 ]; then
   echo "== predicted against measured, $GPUS GPUs"
   "$PY" -m benchmarks.gpu_truth --ranks "$GPUS" --steps 20
   echo "== parity of every layout against one process, NCCL (4-rank layouts need 4 GPUs)"
-  RAYTRAIN_TEST_DEVICE=cuda "$PY" -m pytest -q tests/unit/test_parallel.py tests/unit/test_compression.py
+  RAYTRAIN_TEST_DEVICE=cuda "$PY" -m pytest -q tests/ranks/test_parallel.py tests/ranks/test_compression.py
   RANKS=$(( GPUS >= 4 ? 4 : 2 ))
   echo "== strategies on $RANKS GPUs (throughput and memory)"
   "$PY" -m benchmarks.parallel_strategies --device cuda --ranks "$RANKS" --steps 20 --only throughput

@@ -213,7 +213,7 @@ def validate_with_ray(document: dict[str, Any], fill_defaults: bool = True) -> N
     merge the provider's defaults first, as `ray up` does (the fake multi-node provider's
     defaults file is missing from Ray's wheel: check its configs as written)."""
     # Private: Ray has no public check of a cluster config short of `ray up` itself, which
-    # starts a cluster. tests/unit/test_ray_private.py fails when Ray changes these.
+    # starts a cluster. tests/service/test_ray_private.py fails when Ray changes these.
     from ray.autoscaler._private.util import prepare_config, validate_config
 
     document = copy.deepcopy(document)

@@ -21,7 +21,7 @@ import tempfile
 from typing import Any
 
 # Ray's SSH runner has no public home; the provider interface hands it out
-# (NodeProvider.get_command_runner). tests/unit/test_ray_private.py checks what is used here.
+# (NodeProvider.get_command_runner). tests/service/test_ray_private.py checks what is used here.
 from ray.autoscaler._private.command_runner import SSHCommandRunner
 
 logger = logging.getLogger(__name__)

@@ -97,7 +97,7 @@ class ModelDims:
     def saved_values_per_token_layer(self, fused: bool) -> int:
         """Values a block saves for its backward, per token (what memory counts; the timing's
         count above is the work between the matmuls). Eager PyTorch, as raytrain's block runs
-        and tests/unit/test_memory.py measures with saved-tensor hooks: each RMSNorm keeps
+        and tests/pure/test_memory.py measures with saved-tensor hooks: each RMSNorm keeps
         its input, its normalised input and its output (3d), q and the attention's output
         (2d), k and v, and the MLP's hidden tensors (SwiGLU: the gate, its SiLU, the up
         projection and their product, 4f; GELU: its input and output, 2f). Fused kernels
@@ -281,7 +281,7 @@ def loss_bytes_per_logit(work: Workload, c: Layout, in_flight: int = 1) -> float
     for the one going backward, two more fp32 tensors of its size at once (the gradient of
     the log-softmax's output and of its input). The logits themselves (compute precision) and
     their fp32 copy are freed after the loss's forward, except that a pipeline stage keeps its
-    outputs until their backward. tests/unit/test_planner.py measures the real loss on CPU."""
+    outputs until their backward. tests/pure/test_planner.py measures the real loss on CPU."""
     kept = 4 + (work.act_bytes if c.pp > 1 else 0)
     return kept * in_flight + 8
 

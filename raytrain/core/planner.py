@@ -17,7 +17,7 @@ the root unit (embeddings and head, which FSDP2 keeps gathered from forward to b
 two unsharded blocks (current and prefetched) in compute precision, plus the largest unit's
 unsharded fp32 gradient (the reduce-scatter's input); DDP adds its gradient buckets (4 bytes
 per parameter). Activations per token per layer, in compute precision, as a block saves them
-for its backward (tests/unit/test_memory.py measures raytrain's block with saved-tensor
+for its backward (tests/pure/test_memory.py measures raytrain's block with saved-tensor
 hooks): 8*d + 2*d_kv + (4 or 2)*f values in eager PyTorch (each norm's input, normalised
 input and output; q and the attention's output; k and v; SwiGLU's gate, its SiLU, the up
 projection and their product, or GELU's input and output), 2*d and f less with fused kernels

@@ -134,7 +134,7 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: boo
     The root (embeddings, final norm, head) is never resharded after forward: the backward
     starts with the head at once. That is FSDP2's own default for the root, but only when no
     `reshard_after_forward` is given; given True, torch 2.13 reshards the root too and
-    gathers it again for the backward (measured: tests/unit/test_parallel.py's gathered
+    gathers it again for the backward (measured: tests/ranks/test_parallel.py's gathered
     bytes)."""
     policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
     layers = getattr(model, "layers", None)

@@ -88,7 +88,7 @@ def one_machine() -> Iterator[None]:
     """Ray's one-machine mode for the cluster started inside the block (an operator's setting
     wins): in the environment the cluster's processes inherit, and in this process, whose Ray
     read it when it was imported (`ray._private.ray_constants`, private: no public API sets it;
-    tests/unit/test_ray_private.py fails when it moves). Both are put back after, so that a
+    tests/service/test_ray_private.py fails when it moves). Both are put back after, so that a
     `ray start` this process runs later (a worker node) is not refused."""
     from ray._private import ray_constants
 

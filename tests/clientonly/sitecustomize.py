@@ -1,6 +1,6 @@
 """Makes this Python a client-only install of raytrain: with this folder on PYTHONPATH, the
 packages the `server` extra brings (pyproject.toml) cannot be imported, as after a plain
-`pip install raytrain` (tests/unit/test_client_install.py)."""
+`pip install raytrain` (tests/service/test_client_install.py)."""
 
 import sys
 from importlib.abc import MetaPathFinder

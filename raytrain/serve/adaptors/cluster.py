@@ -4,9 +4,9 @@ manager left, and read the clock. Three classes implement it:
 
 - `serve.ray_cluster.RayCluster`: Ray itself, in the service;
 - `serve.trace_cloud.TraceCloud`: a simulated cloud on a simulated clock, for trace replays;
-- `tests.fake_ray.FakeRay` (and its `TrainingRay`): a recording fake for in-process tests.
+- `tests.support.fake_ray.FakeRay` (and its `TrainingRay`): a recording fake for in-process tests.
 
-Each is checked against this Protocol by the type checker (tests/adaptors_conform.py, in
+Each is checked against this Protocol by the type checker (tests/support/adaptors_conform.py, in
 `.ci/run`'s mypy), so an adaptor that misses a method, or takes other arguments, fails
 before a test runs. The handle a launch returns is the adaptor's own type; the job manager
 only hands it back.

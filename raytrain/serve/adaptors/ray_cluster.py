@@ -3,7 +3,7 @@ see which runners returned and how, stop one, read the cluster's nodes and resou
 the autoscaler for nodes, and reclaim what a lost manager's runs left behind.
 
 `RayCluster` implements the job manager's adaptor, the Protocol serve.cluster.Cluster (tests
-pass a recording fake of it, tests/fake_ray.py); the manager never calls Ray itself, so its
+pass a recording fake of it, tests/support/fake_ray.py); the manager never calls Ray itself, so its
 bookkeeping is tested in-process and only this module needs a real cluster.
 
     cluster = RayCluster()
@@ -179,7 +179,7 @@ REQUEST_EXPIRE_S = 180.0  # as Ray Train's own requests
 # the service must use: Ray's public `ray.autoscaler.sdk.request_resources` keeps one request
 # for the whole cluster, which each caller overwrites, and Ray Train's elastic scaling and Ray
 # Data send theirs through this coordinator, which merges every requester's with an expiry.
-# Asking around it would cancel theirs, and theirs ours. tests/unit/test_ray_private.py
+# Asking around it would cancel theirs, and theirs ours. tests/service/test_ray_private.py
 # fails when Ray changes what is used here.
 def coordinator() -> Any:
     """Ray's autoscaling coordinator actor, started if it is not running (without waiting

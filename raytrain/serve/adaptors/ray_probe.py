@@ -14,8 +14,8 @@ address is this machine's discard port (refused at once); every other process of
 
 This wraps `ray._private.services.start_api_server`, Ray's private function that starts the
 dashboard process: no public API reaches that process's environment.
-tests/unit/test_ray_private.py fails when Ray changes what this relies on, and
-tests/integration/test_service.py asserts that a local run connects to nothing beyond this
+tests/service/test_ray_private.py fails when Ray changes what this relies on, and
+tests/service/ray/test_service.py asserts that a local run connects to nothing beyond this
 machine.
 
     install_no_cloud_probe(Path("/tmp/raytrain-x"))   # before ray.init or `ray start`

@@ -9,7 +9,7 @@ route does not take.
     api = FastAPI(dependencies=[Depends(no_unknown_query)])
     api.add_exception_handler(StarletteHTTPException, allow_every_method)
 
-The fuzzer (tests/unit/test_api_fuzz.py, benchmarks/api_fuzz.py) checks that every answer is
+The fuzzer (tests/service/test_api_fuzz.py, benchmarks/api_fuzz.py) checks that every answer is
 one the document lists, in the documented content type and schema.
 """
 

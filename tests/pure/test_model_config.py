@@ -1,0 +1,108 @@
+"""A model's shape from its Hugging Face config.json (raytrain.spec.hf_config), and
+`raytrain plan --model-config`: the shape is the one the config describes, and what cannot
+be read is an error naming the field."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from raytrain.core.resolve import planner_inputs
+from raytrain.errors import SpecError
+from raytrain.spec import JobSpec
+from raytrain.spec.hf_config import gpt_config_from_hf
+
+ROOT = Path(__file__).resolve().parents[2]
+LLAMA_3_8B = json.loads((ROOT / "raytrain" / "examples" / "llama-3-8b-config.json").read_text())
+GPT2 = {"activation_function": "gelu_new", "attn_pdrop": 0.1, "bos_token_id": 50256,
+        "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02,
+        "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768,
+        "n_head": 12, "n_inner": None, "n_layer": 12, "n_positions": 1024,
+        "resid_pdrop": 0.1, "summary_type": "cls_index", "vocab_size": 50257}
+
+
+def test_llama_and_gpt2_configs_read_as_their_shapes() -> None:
+    llama = gpt_config_from_hf(LLAMA_3_8B, "config.json")
+    assert (llama.dim, llama.num_layers, llama.num_heads, llama.num_kv_heads, llama.ffn_dim,
+            llama.vocab_size, llama.max_seq_len) == (4096, 32, 32, 8, 14336, 128256, 8192)
+    assert (llama.mlp, llama.positions, llama.tie_embeddings, llama.rope_theta) == \
+        ("swiglu", "rotary", False, 500000.0)
+    gpt2 = gpt_config_from_hf(GPT2, "config.json")
+    assert (gpt2.dim, gpt2.num_layers, gpt2.hidden_dim, gpt2.mlp, gpt2.positions,
+            gpt2.tie_embeddings) == (768, 12, 3072, "gelu", "learned", True)
+    # The planner counts them as published: Llama 3 8B is 8.03B parameters, GPT-2 124M.
+    for config, params in ((llama, 8.03e9), (gpt2, 124.4e6)):
+        spec = JobSpec.model_validate({"model": {"gpt": config.model_dump()},
+                                       "data": {"seq_len": 1024}})
+        dims = planner_inputs(spec)[0]
+        assert dims.params == pytest.approx(params, rel=0.005)
+
+
+@pytest.mark.parametrize(("change", "field", "says"), [
+    ({"hidden_size": None}, "hidden_size", "missing"),
+    ({"num_local_experts": 8}, "num_local_experts", "mixture-of-experts"),
+    ({"hidden_act": "relu"}, "hidden_act", "To fix"),
+    ({"head_dim": 256}, "head_dim", "hidden_size / heads"),
+    ({"cross_layer_sharing": True}, "cross_layer_sharing", "not a field the planner knows"),
+    ({"num_key_value_heads": 5}, "num_key_value_heads", "must divide num_heads"),
+])
+def test_what_cannot_be_read_names_the_field(change: dict, field: str, says: str) -> None:
+    config = {**LLAMA_3_8B, **change}
+    config = {k: v for k, v in config.items() if v is not None}
+    with pytest.raises(SpecError) as raised:
+        gpt_config_from_hf(config, "config.json")
+    assert [e.loc for e in raised.value.errors] == [(field,)]
+    assert says in raised.value.errors[0].msg
+
+
+def test_raytrain_plan_model_config_plans_a_70b_llama_on_64_h100s(tmp_path: Path) -> None:
+    """`raytrain plan --model-config` (a subprocess, as a user runs it) with no spec file;
+    and a wrong field stops it with the field's name and exit 2."""
+    config = {**LLAMA_3_8B, "hidden_size": 8192, "intermediate_size": 28672,
+              "num_attention_heads": 64, "num_hidden_layers": 80}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    began = time.monotonic()
+    planned = subprocess.run([sys.executable, "-m", "raytrain.cli", "plan", "--model-config",
+                              str(path), "--gpus", "64", "--gpu", "h100-sxm", "--json"],
+                             capture_output=True, text=True, timeout=120)
+    print(f"plan --model-config, 70B on 64 H100s: {time.monotonic() - began:.2f} s")
+    assert planned.returncode == 0, planned.stderr
+    plans = json.loads(planned.stdout)["plans"]
+    assert plans and plans[0]["fits"] and "tp" in plans[0]["layout"]
+    path.write_text(json.dumps({**config, "num_local_experts": 8}))
+    refused = subprocess.run([sys.executable, "-m", "raytrain.cli", "plan", "--model-config",
+                              str(path), "--gpus", "64", "--gpu", "h100-sxm"],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "num_local_experts" in refused.stderr, refused.stderr
+
+
+def test_a_users_own_model_with_a_shape_is_planned_data_parallel_by_memory() -> None:
+    """An imported model whose shape is stated: strategy 'auto' picks FSDP when a whole
+    replica does not fit a device (Llama 3 8B on 16 RTX 4090s, recomputing: 16 bytes a
+    parameter is far over 24 GB) and never tensor or pipeline parallelism, which cut the
+    built-in GPT by name (the test fails without that restriction). Without the shape the
+    job stays plain data parallel, as before."""
+    from raytrain.core.resolve import job_layout
+
+    shape = gpt_config_from_hf(LLAMA_3_8B, "config.json").model_dump()
+    document = {"model": {"kind": "import", "factory": "tests.support.jobs:make_tiny_model",
+                          "shape": shape},
+                "data": {"seq_len": 2048},
+                "training": {"global_batch_size": 64, "micro_batch_size": 1,
+                             "precision": "bf16"},
+                "parallel": {"strategy": "auto", "recompute": "full"},
+                "resources": {"num_workers": 16, "gpus_per_worker": 1,
+                              "accelerator": "rtx4090"}}
+    layout = job_layout(JobSpec.model_validate(document))
+    assert layout.dp_shard > 1 and (layout.tp, layout.pp) == (1, 1), layout.describe()
+    unknown = {**document, "model": {k: v for k, v in document["model"].items()
+                                     if k != "shape"}}
+    assert job_layout(JobSpec.model_validate(unknown)).dp_replicate == 16
+    with pytest.raises(Exception, match="shape means nothing"):
+        JobSpec.model_validate({"model": {"gpt": {}, "shape": shape}})

@@ -1,0 +1,94 @@
+"""The README's "What a step does", reproduced by a plain PyTorch loop written from that
+section alone: a job's reported losses and its history's learning rates and gradient norms
+match it. (Warmup as `s / W`, or weight decay on every parameter, or no clipping: it fails.)"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from raytrain.core.resolve import job_layout
+from raytrain.spec import JobSpec
+from raytrain.train.loop import train
+from raytrain.train.rank import WorkerInfo
+from tests.support.jobs import RecordingSink, make_hf_llama
+
+pytest.importorskip("transformers")
+
+SEED, STEPS, G, M, SEQ, PEAK, W, CLIP, DECAY, MIN_RATIO = 3, 8, 8, 4, 16, 0.01, 3, 0.5, 0.1, 0.1
+
+
+def _job(token_file: Path) -> JobSpec:
+    return JobSpec.model_validate({
+        "model": {"kind": "import", "factory": "tests.support.jobs:make_hf_llama"},
+        "data": {"kind": "token_file", "path": str(token_file), "dtype": "uint16",
+                 "seq_len": SEQ},
+        "training": {"steps": STEPS, "global_batch_size": G, "micro_batch_size": M,
+                     "learning_rate": PEAK, "warmup_steps": W, "grad_clip_norm": CLIP,
+                     "weight_decay": DECAY, "min_lr_ratio": MIN_RATIO, "seed": SEED,
+                     "checkpoint_every_steps": 100},
+        "resources": {"num_workers": 1},
+    })
+
+
+def _plain_loop(ids: np.ndarray) -> tuple[list[float], list[float], list[float]]:
+    """Each step's loss, learning rate and gradient norm, as the README says they are."""
+    torch.manual_seed(SEED)
+    model = make_hf_llama()
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW(
+        [{"params": [p for p in params if p.dim() >= 2], "weight_decay": DECAY},
+         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+        lr=PEAK, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    windows = (len(ids) - 1) // SEQ
+    losses, lrs, norms = [], [], []
+    for s in range(STEPS):
+        if s < W:
+            lr = PEAK * (s + 1) / W
+        else:
+            progress = min(1.0, (s - W) / max(1, STEPS - W))
+            lr = PEAK * (MIN_RATIO + (1 - MIN_RATIO) * 0.5 * (1 + math.cos(math.pi * progress)))
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        micro_batches = G // M
+        total = 0.0
+        for a in range(micro_batches):
+            first = s * G + a * M
+            batch = torch.from_numpy(np.stack([
+                ids[(i % windows) * SEQ:(i % windows) * SEQ + SEQ + 1].astype(np.int64)
+                for i in range(first, first + M)]))
+            logits = model(batch[:, :-1]).logits
+            loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+            (loss / micro_batches).backward()
+            total += float(loss) / micro_batches
+        norm = torch.sqrt(sum(p.grad.pow(2).sum() for p in params))
+        for p in params:
+            p.grad.mul_(min(1.0, CLIP / (float(norm) + 1e-6)))
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(total)
+        lrs.append(lr)
+        norms.append(float(norm))
+    return losses, lrs, norms
+
+
+def test_a_plain_loop_from_the_readme_reproduces_a_jobs_losses(tmp_path: Path) -> None:
+    ids = np.random.default_rng(0).integers(0, 64, size=SEQ * 23 + 5).astype(np.uint16)
+    token_file = tmp_path / "tokens.bin"
+    ids.tofile(token_file)
+    sink = RecordingSink()
+    spec = _job(token_file)
+    train(spec, WorkerInfo.single_process(), sink, tmp_path / "ckpt", layout=job_layout(spec),
+          progress_interval_s=0.0)
+    rows = sink.step_rows()
+    losses, lrs, norms = _plain_loop(ids)
+    assert sorted(rows) == list(range(1, STEPS + 1))
+    assert [rows[s + 1][1] for s in range(STEPS)] == pytest.approx(losses, abs=1e-5)
+    assert [rows[s + 1][2] for s in range(STEPS)] == pytest.approx(lrs, rel=1e-12)
+    assert [rows[s + 1][3] for s in range(STEPS)] == pytest.approx(norms, rel=1e-4)
+    assert max(norms) > CLIP  # clipping took part

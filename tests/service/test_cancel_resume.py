@@ -1,0 +1,84 @@
+"""A cancelled job, resumed from the command line, as a user scripts it: the cancel
+checkpoints where the job stopped (a resume redoes no step; before, the last periodic
+checkpoint was all there was), `raytrain resume ID` prints the new job's id alone (as
+`submit` does: `R=$(raytrain resume ID)`), resuming the same job again is refused while its
+resume runs, and every step of both jobs is in their histories (`raytrain status ID
+--steps`). On a service whose runs train for real, in this process (tests/support/fake_ray.py), with
+its storage in a folder and in a bucket."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from raytrain.cli import main
+from tests.support.fake_ray import TrainingRay
+from tests.support.http_service import served_training
+from tests.support.jobs import job
+from tests.support.s3_server import job_storage
+
+
+def _wait_for(client: httpx.Client, job_id: str, states: set[str]) -> dict:
+    deadline = time.monotonic() + 180
+    while (status := client.get(f"/v1/jobs/{job_id}").json())["state"] not in states:
+        assert time.monotonic() < deadline, status
+        time.sleep(0.05)
+    return status
+
+
+@pytest.fixture(params=["folder", "bucket"])
+def storage(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
+    """The service's storage: its state folder, or an S3 bucket (moto's server), whose
+    checkpoint a resume must be able to find (it was looked for on the head's disk)."""
+    with job_storage(request.param, "cancel-resume") as settings:
+        yield settings
+
+
+def test_a_cancelled_job_resumes_from_where_it_stopped_by_its_id(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch, storage: dict[str, str]) -> None:
+    cluster = TrainingRay(cpus=1, hold_at=17)
+    document = job(steps=40)
+    document["training"]["checkpoint_every_steps"] = 50  # the end only, unless cancelled
+    with served_training(tmp_path / "state", cluster, scheduler_interval_s=0.05,
+                         **storage) as (url, token), httpx.Client(
+            base_url=url, timeout=30, headers={
+                "Authorization": f"Bearer {token}"}) as client:
+        monkeypatch.setenv("RAYTRAIN_TOKEN", token)
+        job_id = client.post("/v1/jobs", json=document).json()["id"]
+        assert cluster.held.wait(120), "the job did not reach step 17"
+        assert main(["cancel", job_id, "--server", url]) == 0
+        cluster.go.set()  # rank 0 hears the stop in the answer to its next report
+        cancelled = _wait_for(client, job_id, {"CANCELLED"})
+        deadline = time.monotonic() + 60
+        while (cancelled := client.get(f"/v1/jobs/{job_id}").json())["checkpoint"] is None:
+            assert time.monotonic() < deadline, "the cancel left no checkpoint"
+            time.sleep(0.05)
+        stopped_at = cancelled["checkpoint"]["step"]
+        assert 17 <= stopped_at < 40
+        assert cancelled["checkpoint"]["path"].startswith(storage.get("storage_path", "/"))
+        capsys.readouterr()
+
+        assert main(["resume", job_id, "--server", url]) == 0
+        resumed_id = capsys.readouterr().out
+        assert resumed_id.strip() and resumed_id == resumed_id.strip() + "\n"
+        resumed_id = resumed_id.strip()
+        assert main(["resume", job_id, "--server", url]) == 1  # it runs already
+        assert f"already resumed as job {resumed_id}" in capsys.readouterr().err
+        done = _wait_for(client, resumed_id, {"SUCCEEDED", "FAILED"})
+        assert done["state"] == "SUCCEEDED", done["error"]
+
+        capsys.readouterr()
+        assert main(["status", job_id, "--steps", "--json", "--server", url]) == 0
+        first = [row["step"] for row in json.loads(capsys.readouterr().out)]
+        assert main(["status", resumed_id, "--steps", "--json", "--server", url]) == 0
+        second = json.loads(capsys.readouterr().out)
+        # The resumed job goes on from the cancel's checkpoint: no step redone, none skipped.
+        assert first == list(range(1, stopped_at + 1))
+        assert [row["step"] for row in second] == list(range(stopped_at + 1, 41))
+        assert all(row["loss"] is not None and row["lr"] > 0 for row in second)
