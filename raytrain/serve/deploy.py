@@ -22,9 +22,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -180,9 +181,11 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
-def deploy(config: ServiceConfig, host: str, port: int, timeout_s: float = 120.0) -> str:
+def deploy(config: ServiceConfig, host: str, port: int, timeout_s: float = 120.0,
+           serving: Any = serve, application: Callable[..., Any] = serve_app) -> str:
     """Deploy the HTTP app on the connected cluster and wait until it is ready (GET /readyz);
-    return its URL."""
+    return its URL. `serving`: Ray Serve's API (start, run), and `application` the app it
+    runs (raytrain.serve.http.front.serve_app)."""
     # Serve's driver-side notices ("Started Serve", "New http_options will not be applied",
     # which serve.run says of the options serve.start just set) are not an operator's news.
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
@@ -190,12 +193,12 @@ def deploy(config: ServiceConfig, host: str, port: int, timeout_s: float = 120.0
     # /healthz then reads tokens.json finds it.
     token = operator_token(config)
     # The replicas serve HTTP themselves (serve.front): Serve runs no proxy.
-    serve.start(
+    serving.start(
         proxy_location="Disabled",
         logging_config={"log_level": "WARNING", "enable_access_log": False},
     )
     try:
-        serve.run(serve_app(config, host, port), name=APP_NAME, route_prefix=None)
+        serving.run(application(config, host, port), name=APP_NAME, route_prefix=None)
     except RuntimeError as exc:  # Serve says only that the deployment failed, not why
         if "Deploying application" not in str(exc):
             raise

@@ -289,3 +289,22 @@ def test_no_test_module_doubles_as_a_helper() -> None:
                     assert not (name.startswith("tests") and (
                         last.startswith("test_") or last == "conftest")), \
                         f"{path.relative_to(repo)} imports {name}"
+
+
+def test_no_test_monkeypatches_raytrain() -> None:
+    """What a test replaces in raytrain it passes as an argument (a planner, the Serve API,
+    the auth pace): no `monkeypatch.setattr` on a raytrain module or a name imported from
+    one (three tests did: the planner, deploy's Serve, auth's constants)."""
+    for path in (PACKAGE.parent / "tests").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        ours = {alias.asname or alias.name for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("raytrain")
+                for alias in node.names}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr == "setattr" and node.args:
+                target = node.args[0]
+                named = isinstance(target, ast.Name) and target.id in ours
+                dotted = isinstance(target, ast.Constant) and str(target.value).startswith(
+                    "raytrain")
+                assert not (named or dotted), f"{path.name}:{node.lineno} patches raytrain"

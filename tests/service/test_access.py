@@ -24,10 +24,10 @@ from raytrain import api_tokens as tokens
 from raytrain.api_tokens import client_token, digest, is_loopback, read_tokens, set_token
 from raytrain.client import Client
 from raytrain.errors import NotAuthorizedError, ServiceUnreachableError
-from raytrain.serve.http import auth
 from raytrain.serve.http.auth import (
     GUESSES_ALLOWED,
     SLOWED_CHECK_EVERY_S,
+    AuthPace,
     caller_of,
     operator_token,
 )
@@ -36,10 +36,8 @@ from raytrain.spec import JobStatus, ServiceConfig
 from tests.support.http_service import free_port, served
 from tests.support.service import Service, small_job
 
-
-@pytest.fixture(autouse=True)
-def no_token_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(auth, "TOKEN_REFRESH_S", 0.0)  # rotations show at once here
+# Rotations show at once here; the pace of guesses has its own test below.
+AT_ONCE = AuthPace(refresh_s=0.0, guesses_allowed=100)
 
 
 def job_count(service: Service) -> int:
@@ -48,8 +46,7 @@ def job_count(service: Service) -> int:
 
 def test_every_route_but_healthz_needs_a_valid_token_and_a_refusal_does_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(auth, "GUESSES_ALLOWED", 100)  # the pace has its own test below
-    service = Service(tmp_path)
+    service = Service(tmp_path, auth_pace=AT_ONCE)
     path = tmp_path / "tokens.json"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert service.request("GET", "/healthz", token=None).status_code == 200
@@ -74,14 +71,14 @@ def test_every_route_but_healthz_needs_a_valid_token_and_a_refusal_does_nothing(
     for page in ("/", "/ui/app.js", "/ui/vendor/uPlot.iife.min.js", "/docs", "/redoc",
                  "/openapi.json"):
         assert service.request("GET", page, token=None).status_code == 200, page
-    opened = Service(tmp_path / "open-metrics", open_metrics=True)
+    opened = Service(tmp_path / "open-metrics", open_metrics=True, auth_pace=AT_ONCE)
     assert opened.request("GET", "/metrics", token=None).status_code == 200
     assert opened.request("GET", "/v1/jobs", token=None).status_code == 401
 
 
 def test_jobs_record_whose_token_submitted_them_and_rotation_keeps_them(
         tmp_path: Path) -> None:
-    service = Service(tmp_path)
+    service = Service(tmp_path, auth_pace=AT_ONCE)
     alice = set_token(tmp_path, "alice")
     job = service.request("POST", "/v1/jobs", token=alice, json=small_job()).json()
     assert job["submitted_by"] == "alice"
@@ -96,14 +93,14 @@ def test_jobs_record_whose_token_submitted_them_and_rotation_keeps_them(
 
 
 def test_an_open_service_needs_no_token_and_records_no_one(tmp_path: Path) -> None:
-    service = Service(tmp_path, auth=False)
+    service = Service(tmp_path, auth=False, auth_pace=AT_ONCE)
     answer = service.request("POST", "/v1/jobs", token=None, json=small_job())
     assert answer.status_code == 202 and answer.json()["submitted_by"] is None
 
 
 def test_a_retried_submit_returns_the_first_job_and_a_reused_key_is_refused(
         tmp_path: Path) -> None:
-    service = Service(tmp_path)
+    service = Service(tmp_path, auth_pace=AT_ONCE)
     first = service.request("POST", "/v1/jobs", json=small_job(),
                             headers={"Idempotency-Key": "k-1"})
     again = service.request("POST", "/v1/jobs", json=small_job(),
@@ -135,7 +132,7 @@ def test_the_client_retries_reads_and_keyed_submits_through_a_restart_but_not_a_
         Client(url, token="t").list()
     assert time.monotonic() - started < 5
     client = Client(url, token=operator_token(ServiceConfig(state_dir=str(tmp_path))))
-    with served(tmp_path, port=port):
+    with served(tmp_path, port=port, auth_pace=AT_ONCE):
         first = client.submit(small_job())
     with pytest.raises(ServiceUnreachableError):  # a cancel is not repeated: it fails at once
         client.cancel(first.id)
@@ -143,7 +140,7 @@ def test_the_client_retries_reads_and_keyed_submits_through_a_restart_but_not_a_
 
     def restart() -> None:  # the service comes back a second after the client asks
         time.sleep(1.0)
-        with served(tmp_path, port=port):
+        with served(tmp_path, port=port, auth_pace=AT_ONCE):
             up.set()
             time.sleep(30)
 
@@ -154,7 +151,7 @@ def test_the_client_retries_reads_and_keyed_submits_through_a_restart_but_not_a_
 
 
 def test_the_service_takes_no_more_than_max_active_jobs(tmp_path: Path) -> None:
-    service = Service(tmp_path, max_active_jobs=2)
+    service = Service(tmp_path, max_active_jobs=2, auth_pace=AT_ONCE)
     ids = [service.request("POST", "/v1/jobs", json=small_job()).json()["id"]
            for _ in range(2)]
     busy = service.request("POST", "/v1/jobs", json=small_job())
@@ -189,7 +186,7 @@ def test_concurrent_streams_get_exactly_their_slots_and_give_them_back(tmp_path:
     admitted (when the count went up only once a stream started, 81 of 1,000 were), and once
     every client has gone, as many are admitted again. A body sent in chunks without a length
     is refused over MAX_BODY_BYTES with 413, as a declared one is."""
-    with served(tmp_path) as (url, token):
+    with served(tmp_path, auth_pace=AT_ONCE) as (url, token):
         headers = {"Authorization": f"Bearer {token}"}
         job_id = httpx.post(f"{url}/v1/jobs", json=small_job(), headers=headers).json()["id"]
 
@@ -227,7 +224,7 @@ def test_the_token_check_compares_every_token_and_names_the_caller() -> None:
 
 def test_the_client_sends_the_local_token_only_to_this_machine(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    service = Service(tmp_path)
+    service = Service(tmp_path, auth_pace=AT_ONCE)
     monkeypatch.delenv("RAYTRAIN_TOKEN", raising=False)
     monkeypatch.setenv("RAYTRAIN_STATE_DIR", str(tmp_path))
     assert client_token("http://127.0.0.1:8000") == service.token
@@ -347,7 +344,7 @@ def test_the_serve_terminal_prints_a_line_per_change_not_per_poll() -> None:
 def test_a_request_head_is_bounded_before_anything_reads_it(tmp_path: Path) -> None:
     """Over real HTTP: an 8 MB header, or 200 headers, get 431 (they got 200 after the whole
     head was buffered); a header at the limit's edge still passes."""
-    with served(tmp_path) as (url, token):
+    with served(tmp_path, auth_pace=AT_ONCE) as (url, token):
         auth_header = {"Authorization": f"Bearer {token}"}
         big = httpx.get(f"{url}/v1/jobs", headers={**auth_header, "X-Big": "a" * 8_000_000})
         assert big.status_code == 431 and "64 KiB" in big.json()["detail"]
@@ -401,7 +398,7 @@ def test_the_serve_terminal_reads_the_operator_token_again_after_a_rotation(
     config = ServiceConfig(state_dir=str(tmp_path))
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     submitted: list[str] = []
-    with served(tmp_path) as (url, old):
+    with served(tmp_path, auth_pace=AT_ONCE) as (url, old):
 
         def rotate_then_submit() -> None:
             time.sleep(1.0)  # the watcher has listed with the old token
@@ -431,10 +428,10 @@ def test_the_serve_terminal_reads_the_operator_token_again_after_a_rotation(
 
 
 def test_the_operator_token_is_written_before_the_service_answers(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path) -> None:
     """A script that waits for /healthz and then reads tokens.json must find the token:
     deploy() writes it before Serve starts the app (which answers /healthz at once). Serve
-    is replaced by a stand-in that records whether tokens.json existed when the app was
+    is a stand-in that records whether tokens.json existed when the app was
     started; moving the token after serve.run makes this fail."""
     from raytrain.serve import deploy
 
@@ -448,10 +445,9 @@ def test_the_operator_token_is_written_before_the_service_answers(
             seen["token"] = bool(read_tokens(tmp_path).get(tokens.OPERATOR))
             raise RuntimeError("stop here")  # the rest needs a cluster
 
-    monkeypatch.setattr(deploy, "serve", Serve())
-    monkeypatch.setattr(deploy, "serve_app", lambda *_: None)
     with pytest.raises(RuntimeError, match="stop here"):
-        deploy.deploy(ServiceConfig(state_dir=str(tmp_path)), "127.0.0.1", free_port())
+        deploy.deploy(ServiceConfig(state_dir=str(tmp_path)), "127.0.0.1", free_port(),
+                      serving=Serve(), application=lambda *_: None)
     assert seen == {"token": True}
 
 

@@ -19,8 +19,8 @@ from fastapi.routing import APIRoute
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from raytrain.serve.http import auth
 from raytrain.serve.http.app import build_app
+from raytrain.serve.http.auth import AuthPace
 from tests.support.http_service import served
 
 FUZZ_CONFIG = Path(__file__).with_name("schemathesis.toml")
@@ -33,11 +33,12 @@ OPERATIONS = [(method, path) for path, methods in build_app(None).openapi()["pat
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[schemathesis.BaseSchema]:
     """The live service's document, loaded from it; the fuzzer sends its token (the config
     reads RAYTRAIN_TOKEN). Its checks without a token would slow every request from this
-    address after auth.GUESSES_ALLOWED of them (tested in test_access), so here they do not."""
-    with served(tmp_path_factory.mktemp("fuzzed")) as (url, token), \
+    address after AuthPace.guesses_allowed of them (tested in test_access), so here they do
+    not."""
+    with served(tmp_path_factory.mktemp("fuzzed"),
+                auth_pace=AuthPace(guesses_allowed=10**9)) as (url, token), \
             pytest.MonkeyPatch.context() as env:
         env.setenv("RAYTRAIN_TOKEN", token)
-        env.setattr(auth, "GUESSES_ALLOWED", 10**9)
         yield schemathesis.openapi.from_url(
             f"{url}/openapi.json", config=schemathesis.Config.from_path(FUZZ_CONFIG),
             headers={"Authorization": f"Bearer {token}"})

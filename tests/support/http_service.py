@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from raytrain.serve.http.app import InProcess, build_app
-from raytrain.serve.http.auth import operator_token
+from raytrain.serve.http.auth import AuthPace, operator_token
 from raytrain.serve.http.front import Front
 from raytrain.serve.jobs.manager import JobManager
 from raytrain.spec import ServiceConfig
@@ -36,14 +36,15 @@ def free_port() -> int:
 
 
 @contextmanager
-def served(state_dir: Path, port: int | None = None, **config: Any) -> Iterator[tuple[str, str]]:
+def served(state_dir: Path, port: int | None = None, auth_pace: AuthPace = AuthPace(),
+           **config: Any) -> Iterator[tuple[str, str]]:
     """The API on http://127.0.0.1:<port, default a free one>; (its URL, the operator
     token)."""
     service_config = ServiceConfig(state_dir=str(state_dir), **config)
     manager = JobManager(service_config.model_dump(mode="json"), cluster=FakeRay(cpus=64),
                          schedule=False).start()
     app = build_app(InProcess(manager), service_config.open_metrics, service_config.auth,
-                    cached_reads=POLL_S)
+                    cached_reads=POLL_S, auth_pace=auth_pace)
     front = Front(app, "127.0.0.1", port or 0)
     try:
         yield f"http://127.0.0.1:{front.sock.getsockname()[1]}", operator_token(service_config)

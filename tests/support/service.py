@@ -13,7 +13,7 @@ import httpx
 
 from raytrain.core.resolve import plan_summary
 from raytrain.serve.http.app import InProcess, build_app
-from raytrain.serve.http.auth import operator_token
+from raytrain.serve.http.auth import AuthPace, operator_token
 from raytrain.serve.jobs.manager import JobManager
 from raytrain.spec import PlanSummary, ServiceConfig
 from tests.support.fake_ray import FakeRay
@@ -32,13 +32,14 @@ class Service:
     """A manager on the fake cluster and a synchronous client of its app."""
 
     def __init__(self, state_dir: Path, cluster: FakeRay | None = None,
-                 planner: Callable[..., PlanSummary] = plan_summary, **config: Any) -> None:
+                 planner: Callable[..., PlanSummary] = plan_summary,
+                 auth_pace: AuthPace = AuthPace(), **config: Any) -> None:
         self.cluster = cluster or FakeRay(cpus=4)
         self.config = ServiceConfig(state_dir=str(state_dir), **config)
         self.manager = JobManager(self.config.model_dump(mode="json"), cluster=self.cluster,
                                   schedule=False, planner=planner).start()
         self.app = build_app(InProcess(self.manager), self.config.open_metrics,
-                             self.config.auth)
+                             self.config.auth, auth_pace=auth_pace)
         self.token = operator_token(self.config)
 
     def request(self, method: str, path: str, token: str | None = "operator",

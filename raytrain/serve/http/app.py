@@ -39,7 +39,7 @@ from raytrain.core.planner import NothingFits
 from raytrain.core.resolve import rank_plans
 from raytrain.errors import SpecError
 from raytrain.serve.http.answers import add_refusals, manager_away, refused_submit
-from raytrain.serve.http.auth import BearerAuth
+from raytrain.serve.http.auth import AuthPace, BearerAuth
 from raytrain.serve.http.dashboard import ASSETS, PAGES, add_pages
 from raytrain.serve.http.feeds import Feeds, ManagerAway
 from raytrain.serve.http.limits import JSONBodies, SlotStream, StreamLimits
@@ -101,7 +101,8 @@ def _json(text: str, headers: dict[str, str] | None = None) -> Response:
 
 
 def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
-              cached_reads: float | None = None, hardware: Catalog = CATALOG) -> FastAPI:
+              cached_reads: float | None = None, hardware: Catalog = CATALOG,
+              auth_pace: AuthPace = AuthPace()) -> FastAPI:
     """The HTTP API over a job manager handle: a Ray actor handle, or `InProcess(manager)`
     for a manager in this process (tests drive the app through httpx's ASGITransport).
     open_metrics: serve /metrics without a token. auth: whether the service asks for tokens
@@ -151,7 +152,8 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
     # Added after the above, so it runs before them: a request without a token is refused
     # before its body is read, and before any answer from memory.
     api.add_middleware(BearerAuth, digests=lambda: manager.token_digests.remote(),
-                       open_paths=open_paths | PAGES, open_prefixes=(ASSETS,), refused=refused)
+                       open_paths=open_paths | PAGES, open_prefixes=(ASSETS,), refused=refused,
+                       pace=auth_pace)
     api.add_middleware(RequestLatency, histogram=latency)  # outermost: times a 401 too
     return api
 

@@ -37,6 +37,7 @@ import logging
 import math
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from raytrain.api_tokens import OPERATOR, digest, ensure_tokens
@@ -47,6 +48,16 @@ TOKEN_REFRESH_S = 5.0
 GUESS_WINDOW_S = 60.0
 GUESSES_ALLOWED = 20  # refusals per address within GUESS_WINDOW_S before it is slowed
 SLOWED_CHECK_EVERY_S = 1.0
+
+
+@dataclass(frozen=True)
+class AuthPace:
+    """How often the tokens are read again, and how guessing is slowed (module doc)."""
+
+    refresh_s: float = TOKEN_REFRESH_S
+    guesses_allowed: int = GUESSES_ALLOWED
+
+
 TRACKED_ADDRESSES = 10_000  # the oldest address is forgotten past this
 
 
@@ -54,14 +65,15 @@ class Refusals:
     """Refused token checks per client address, and the pace a guessing address is held to
     (pure: the caller gives the time)."""
 
-    def __init__(self) -> None:
+    def __init__(self, guesses_allowed: int = GUESSES_ALLOWED) -> None:
+        self.guesses_allowed = guesses_allowed
         self.recent: dict[str, deque[float]] = {}
         self.checked_at: dict[str, float] = {}
 
     def wait_s(self, address: str, now: float) -> float:
         """0 when this request's token may be checked now; else how long until it may."""
         times = self._aged(address, now)
-        if times is None or len(times) < GUESSES_ALLOWED:
+        if times is None or len(times) < self.guesses_allowed:
             return 0.0
         wait = self.checked_at.get(address, -math.inf) + SLOWED_CHECK_EVERY_S - now
         if wait > 0:
@@ -123,18 +135,19 @@ class BearerAuth:
 
     def __init__(self, app: Any, digests: Callable[[], Awaitable[dict[str, str] | None]],
                  open_paths: frozenset[str], open_prefixes: tuple[str, ...] = (),
-                 refused: Any = None) -> None:
+                 refused: Any = None, pace: AuthPace = AuthPace()) -> None:
         self.app = app
         self.digests = digests
         self.open_paths = open_paths
         self.open_prefixes = open_prefixes
         self.refused = refused  # a prometheus Counter labelled by reason, or None
-        self.refusals = Refusals()
+        self.refusals = Refusals(pace.guesses_allowed)
+        self.refresh_s = pace.refresh_s
         self._known: dict[str, str] | None = None
         self._fetched_at = -float("inf")
 
     async def _current(self) -> dict[str, str] | None:
-        if time.monotonic() - self._fetched_at > TOKEN_REFRESH_S:
+        if time.monotonic() - self._fetched_at > self.refresh_s:
             try:
                 self._known = await self.digests()
                 self._fetched_at = time.monotonic()
@@ -188,8 +201,8 @@ class BearerAuth:
                 self._count("invalid_token")
                 logger.warning("refused %s %s from %s: no valid token (%d from this address "
                                "in %.0f s%s)", scope["method"], scope["path"], address, count,
-                               GUESS_WINDOW_S, "; now slowed" if count == GUESSES_ALLOWED
-                               else "")
+                               GUESS_WINDOW_S, "; now slowed"
+                               if count == self.refusals.guesses_allowed else "")
                 await _refuse(send, "this service did not accept the token sent (wrong, "
                               "rotated or removed)", b', error="invalid_token"')
                 return
