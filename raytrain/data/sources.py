@@ -42,8 +42,14 @@ class SyntheticTokens:
         self.seed = seed
         chain = torch.Generator().manual_seed(seed)
         self.successor = torch.randperm(vocab_size, generator=chain)
+        self._squares = [self.successor]  # successor^(2^k), k = 0, 1, ... (batch)
 
     def batch(self, indices: Sequence[int]) -> torch.Tensor:
+        """Rows `indices`: each token is its predecessor's successor, or a fresh draw where a
+        reset falls (and at position 0). Vectorised: a token's last reset is found with a
+        cumulative max, and the successor applied `t - reset` times by repeated squaring of
+        the permutation (the same tokens, bit for bit, as stepping through each position:
+        41-61 ms for 4 x 2,049 tokens that way, about 1 ms this way)."""
         length = self.seq_len + 1
         resets = torch.empty(len(indices), length, dtype=torch.bool)
         fresh = torch.empty(len(indices), length, dtype=torch.int64)
@@ -51,11 +57,22 @@ class SyntheticTokens:
             gen = torch.Generator().manual_seed(self.seed * 1_000_003 + int(index))
             resets[row] = torch.rand(length, generator=gen) < self.RESET_PROBABILITY
             fresh[row] = torch.randint(self.vocab_size, (length,), generator=gen)
-        tokens = torch.empty_like(fresh)
-        tokens[:, 0] = fresh[:, 0]
-        for t in range(1, length):
-            tokens[:, t] = torch.where(resets[:, t], fresh[:, t], self.successor[tokens[:, t - 1]])
+        positions = torch.arange(length).expand_as(fresh)
+        resets[:, 0] = True
+        last_reset = torch.where(resets, positions, 0).cummax(dim=1).values
+        tokens = fresh.gather(1, last_reset)
+        steps = positions - last_reset  # successor applications since the last reset
+        for power in self._powers(length):
+            tokens = torch.where(steps & 1 == 1, power[tokens], tokens)
+            steps = steps >> 1
         return tokens
+
+    def _powers(self, length: int) -> list[torch.Tensor]:
+        """The successor permutation to the powers 1, 2, 4, ... up to `length`."""
+        while len(self._squares) < max(1, (length - 1).bit_length()):
+            last = self._squares[-1]
+            self._squares.append(last[last])
+        return self._squares
 
 
 class TokenFile:

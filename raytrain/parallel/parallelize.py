@@ -124,9 +124,13 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bo
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool,
-               reduce_dtype: torch.dtype | None = None, block_class: str | None = None) -> str:
+               reduce_dtype: torch.dtype | None = None, block_class: str | None = None,
+               param_dtype: torch.dtype | None = None) -> str:
     """FSDP2 per transformer block (one all-gather each), then the rest at the root;
-    `reduce_dtype`: the gradients' dtype in the reduce-scatter (None: the parameters'). The
+    `param_dtype`: the dtype parameters are gathered and computed in (bf16 for a bf16 job:
+    half the bytes gathered, and the residual stream in bf16, as the planner prices it; the
+    optimizer keeps its fp32 shards), `reduce_dtype`: the gradients' dtype in the
+    reduce-scatter (None: fp32 with bf16 parameters, else the parameters'). The
     blocks: the built-in GPT's `layers` (a pipeline stage's share of them), or a user
     model's repeated blocks (raytrain.parallel.blocks, `block_class` from model.block_class).
     Returns what was made, in words, for the job's status.
@@ -136,7 +140,9 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: boo
     `reshard_after_forward` is given; given True, torch 2.13 reshards the root too and
     gathers it again for the backward (measured: tests/ranks/test_parallel.py's gathered
     bytes)."""
-    policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
+    policy = MixedPrecisionPolicy(
+        param_dtype=param_dtype,
+        reduce_dtype=reduce_dtype or (torch.float32 if param_dtype is not None else None))
     layers = getattr(model, "layers", None)
     blocks = list(layers.values()) if isinstance(model, GPT) and layers is not None \
         else transformer_blocks(model, block_class)
@@ -290,7 +296,8 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
             units.append(apply_fsdp(
                 part, dp_mesh, reshard_after_forward=layout.pp == 1 and not layout.zero2,
                 reduce_dtype=torch.bfloat16 if parallel.grad_reduce_dtype == "bf16" else None,
-                block_class=spec.model.block_class))
+                block_class=spec.model.block_class,
+                param_dtype=torch.bfloat16 if spec.training.precision == "bf16" else None))
         if isinstance(part, GPT) and _on_meta(part):
             part.to_empty(device=device)
             part.init_weights()

@@ -17,7 +17,8 @@ if there is one, then for each step:
    job, `OneGroup`) that is every micro-batch of the next step; in one of several replica
    groups (raytrain.train.replica_group.ReplicaGroup) the step's quorum decides both, and a group
    behind heals from a live peer first.
-2. Forward and backward over them (raytrain.train.rank.forward_backward).
+2. Forward and backward over them (raytrain.train.rank.forward_backward), read one step
+   ahead on a thread (raytrain.data.prefetch), so the step does not wait for its data.
 3. `members.exchange`: the groups sum their gradients and the loss, and learn the service's
    stop and move from the group that leads; a step a group died in is done again.
 4. The update (clipping across every shard and stage, the learning-rate schedule).
@@ -41,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from raytrain.core.step_rules import StepRule, after_step
+from raytrain.data.prefetch import Prefetcher
 from raytrain.spec import JobSpec
 from raytrain.spec.layout import Layout
 from raytrain.train.checkpoint import CheckpointManager
@@ -173,6 +175,7 @@ def train(
     notices, members = notices or NoNotices(), members or OneGroup()
     training = spec.training
     model, optimizers, source, plan = build_rank(spec, layout, worker)
+    data = Prefetcher(source, plan, model.dp_rank, worker.device)  # the next step read ahead
     checkpoints = CheckpointManager(
         checkpoint_root, worker.rank, keep=training.keep_checkpoints,
         world_size=worker.world_size, on_durable=sink.checkpoint if worker.rank == 0 else None)
@@ -195,7 +198,8 @@ def train(
                 steps_done = turn.step
                 break
             reporter = worker.rank == 0 and turn.leads
-            loss = forward_backward(model, source, plan, turn.step, turn.units, turn.share)
+            batches = data.get(turn.step, turn.units) if turn.units else []
+            loss = forward_backward(model, batches, turn.share)
             exchanged = members.exchange(turn.step, model, loss,
                                          reporter and sink.should_stop(),
                                          reporter and sink.should_move())
@@ -230,6 +234,7 @@ def train(
         checkpoints.flush()  # a periodic save still being stored (the last one waited)
     finally:
         members.close()
+        data.close()
     result = _result(spec, worker, meter, notices, steps_done - start_step, steps_done,
                      loss_value, ending)
     if worker.rank == 0 and members.ends_job(ending.left, start_step >= training.steps):

@@ -5,7 +5,7 @@ steps; nothing here knows whether the rank trains alone, in one group, or in one
 replica groups.
 
     model, optimizers, source, plan = build_rank(spec, layout, WorkerInfo.single_process())
-    loss = forward_backward(model, source, plan, step=0, units=[0, 1], share=1.0)
+    loss = forward_backward(model, Prefetcher(source, plan, 0, cpu).get(0, [0, 1]), share=1.0)
     lr, grad_norm = optimizer_step(model, optimizers, spec, step=0)
 """
 
@@ -143,17 +143,16 @@ def save_step(checkpoints: CheckpointManager, steps_done: int, model: ParallelMo
     return save_s is not None
 
 
-def forward_backward(model: ParallelModel, source: TokenSource, plan: BatchPlan, step: int,
-                     units: list[int], share: float) -> torch.Tensor:
-    """Gradients of the mean loss over this rank's `units` of step `step` (its micro-batch
-    indices: all of them, unless replica groups share the step), scaled by `share` (the
-    part of the step's units they are); this rank's loss share, scaled alike, on the
-    device. Gradients are cleared first: a step that is not committed is done again."""
+def forward_backward(model: ParallelModel, batches: list[torch.Tensor], share: float
+                     ) -> torch.Tensor:
+    """Gradients of the mean loss over this rank's micro-batches of a step (all of them,
+    unless replica groups share the step), scaled by `share` (the part of the step's
+    micro-batches they are); this rank's loss share, scaled alike, on the device. Gradients
+    are cleared first: a step that is not committed is done again."""
     for part in model.parts:
         part.zero_grad(set_to_none=True)
-    if not units:  # a group with no share of this step (more groups than units)
+    if not batches:  # a group with no share of this step (more groups than units)
         return torch.zeros((), dtype=torch.float64)
-    batches = [source.batch(plan.sample_range(step, unit, model.dp_rank)) for unit in units]
     loss = model.forward_backward(batches)
     if share != 1.0:
         for p in model.parameters():

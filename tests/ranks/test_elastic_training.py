@@ -172,7 +172,8 @@ def test_a_heal_hands_over_weights_and_optimizer_state_exactly() -> None:
 
     def step(group: tuple[Any, ...], index: int) -> None:
         model, optimizers, source, plan = group
-        forward_backward(model, source, plan, index, list(range(units)), 1.0)
+        forward_backward(model, [source.batch(plan.sample_range(index, unit, 0))
+                                 for unit in range(units)], 1.0)
         optimizer_step(model, optimizers, spec, index)
 
     def same() -> bool:
@@ -215,7 +216,8 @@ def test_a_heal_before_the_first_step_leaves_both_groups_training_as_one_process
                                                      ("receiver", receiver)):
         for index in range(2):
             losses.setdefault(name, []).append(float(forward_backward(
-                model, source, plan, index, list(range(units)), 1.0)))
+                model, [source.batch(plan.sample_range(index, unit, 0))
+                        for unit in range(units)], 1.0)))
             optimizer_step(model, optimizers, spec, index)
     assert losses["sender"] == losses["untouched"] == losses["receiver"]
 

@@ -105,6 +105,7 @@ def two_rank_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
                   for name, (model, parallel) in FP8_TWO_RANKS.items()]
     cases.append(("fsdp2_bf16_reduce", job(2, {"strategy": "fsdp", "grad_reduce_dtype": "bf16"}),
                   {}))
+    cases.append(("fsdp2_bf16", job(2, {"strategy": "fsdp"}, precision="bf16"), {}))
     # Llama-style across layouts: 6 steps under tp2, then on under FSDP.
     cases.append(("llama_cut_tp2", job(2, {"strategy": "tensor"}, LLAMA,
                                        checkpoint_every_steps=6), {"stop_after_steps": 6}))
@@ -315,3 +316,23 @@ def test_a_notice_checkpoints_every_rank_at_one_step_and_a_reshaped_job_continue
         assert sorted(resumed) == list(range(first, STEPS + 1)), run
         for step in resumed:
             assert resumed[step] == pytest.approx(reference[step], abs=1e-5), (run, step)
+
+
+def test_a_bf16_job_gathers_bf16_parameters_and_reduces_fp32_gradients(
+        two_rank_runs: Path, reference: dict[int, float]) -> None:
+    """precision bf16 under FSDP: parameters are gathered in bf16 (half the bytes of an fp32
+    job's gathers: FSDP2's param_dtype, as the planner prices it; gathering fp32 under
+    autocast gives the same bytes and fails), gradients are reduce-scattered in fp32 (the
+    same bytes as fp32's), and the run follows one fp32 process's curve to bf16's precision."""
+    def moved(name: str, what: str) -> int:
+        return int((two_rank_runs / name / what).read_text())
+
+    assert 0.45 < moved("fsdp2_bf16", "all_gathered_bytes") / \
+        moved("fsdp2", "all_gathered_bytes") < 0.55
+    assert moved("fsdp2_bf16", "reduce_scattered_bytes") == \
+        moved("fsdp2", "reduce_scattered_bytes")
+    losses = _losses(two_rank_runs / "fsdp2_bf16" / "losses.json")
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    for step, loss in reference.items():
+        assert losses[step] == pytest.approx(loss, abs=5e-2), step
+

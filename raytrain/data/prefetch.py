@@ -1,0 +1,57 @@
+"""The next step's micro-batches, prepared while this one trains.
+
+A step's data (a synthetic batch, windows of a token file, a user's dataset) is read on a
+background thread one step ahead, into pinned memory on a GPU, and copied to the device
+without blocking the host; the step only waits if the data is slower than the step. The
+batches a rank trains on depend only on (step, its micro-batch indices): the same as read in
+line, whatever the timing. A request the thread did not foresee (a replica group whose share
+of the step changed) is read at once, after the thread's read is done, so a user's dataset is
+never read from two threads at the same time.
+
+Why not torch's DataLoader: its workers are processes, with a sampler per epoch; ours are
+windows of a global sample order that the batch plan gives per step and rank, and one thread
+is enough to keep a step's few micro-batches ahead.
+
+    batches = Prefetcher(source, plan, dp_rank=0, device=device)
+    tokens = batches.get(step, units=[0, 1])   # on the device; step + 1 is being read
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from raytrain.core.batching import BatchPlan
+from raytrain.data.sources import TokenSource
+
+
+class Prefetcher:
+    def __init__(self, source: TokenSource, plan: BatchPlan, dp_rank: int,
+                 device: torch.device) -> None:
+        self.source, self.plan, self.dp_rank, self.device = source, plan, dp_rank, device
+        self.pin = device.type == "cuda"
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="raytrain-data")
+        self._ahead: tuple[tuple[int, tuple[int, ...]], Future[list[torch.Tensor]]] | None = None
+
+    def get(self, step: int, units: list[int]) -> list[torch.Tensor]:
+        """Step `step`'s micro-batches `units` of this rank, on the device; starts reading
+        the same units of the next step."""
+        key = (step, tuple(units))
+        batches: list[torch.Tensor] | None = None
+        if self._ahead is not None:
+            foreseen, future = self._ahead
+            read = future.result()  # also: never two reads at once
+            batches = read if foreseen == key else None
+        if batches is None:
+            batches = self._read(step, units)
+        self._ahead = ((step + 1, key[1]), self._pool.submit(self._read, step + 1, units))
+        return [b.to(self.device, non_blocking=True) for b in batches]
+
+    def _read(self, step: int, units: list[int]) -> list[torch.Tensor]:
+        batches = [self.source.batch(self.plan.sample_range(step, unit, self.dp_rank))
+                   for unit in units]
+        return [b.pin_memory() for b in batches] if self.pin else batches
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
