@@ -59,7 +59,7 @@ def planner_inputs(spec: JobSpec, gpus: int | None = None, accelerator: str | No
         precision=planned_precision(spec.training.precision),
         recompute_options=(spec.parallel.recompute_mode,),
         micro_batch_options=(spec.training.micro_batch_size,),
-        data_parallel_only=spec.model.kind != "gpt",
+        data_parallel_only=not spec.model.builtin,
         grad_reduce_bytes=2 if spec.parallel.grad_reduce_dtype == "bf16" else 4,
     )
     kind = accelerator or spec.resources.device_kind or "cpu"
@@ -94,6 +94,22 @@ def predicted(spec: JobSpec, layout: Layout, hardware: Catalog = CATALOG) -> Pla
     dims, work, kind, _ = planner_inputs(spec)
     shape = hardware.cpu_share(hardware.node_shape(kind), spec.resources.cpus_per_worker)
     return evaluate(dims, work, layout, shape)
+
+
+def measured_mfu(spec: JobSpec, tokens_per_s: float, devices: int, accelerator: str,
+                 hardware: Catalog = CATALOG) -> float | None:
+    """Model FLOPs utilisation of a measured throughput: tokens/s times the model's FLOPs
+    per token (as the planner counts them, recomputation not included), over `devices`
+    devices of `accelerator` at their peak for the job's precision. None when the model's
+    shape or the device kind is not known."""
+    if spec.model.planned_shape is None or devices < 1:
+        return None
+    try:
+        gpu = hardware.node_shape(accelerator).gpu
+    except KeyError:
+        return None
+    dims, work, _, _ = planner_inputs(spec)
+    return tokens_per_s * dims.flops_per_token / (devices * gpu.flops(work.precision))
 
 
 def plan_summary(spec: JobSpec, layout: Layout | None = None, hardware: Catalog = CATALOG

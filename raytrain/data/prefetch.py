@@ -18,6 +18,7 @@ is enough to keep a step's few micro-batches ahead.
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -33,10 +34,12 @@ class Prefetcher:
         self.pin = device.type == "cuda"
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="raytrain-data")
         self._ahead: tuple[tuple[int, tuple[int, ...]], Future[list[torch.Tensor]]] | None = None
+        self.waited_s = 0.0  # the steps' waits for their data, since the caller last took it
 
     def get(self, step: int, units: list[int]) -> list[torch.Tensor]:
         """Step `step`'s micro-batches `units` of this rank, on the device; starts reading
         the same units of the next step."""
+        began = time.perf_counter()
         key = (step, tuple(units))
         batches: list[torch.Tensor] | None = None
         if self._ahead is not None:
@@ -46,7 +49,14 @@ class Prefetcher:
         if batches is None:
             batches = self._read(step, units)
         self._ahead = ((step + 1, key[1]), self._pool.submit(self._read, step + 1, units))
-        return [b.to(self.device, non_blocking=True) for b in batches]
+        on_device = [b.to(self.device, non_blocking=True) for b in batches]
+        self.waited_s += time.perf_counter() - began
+        return on_device
+
+    def take_waited_s(self) -> float:
+        """The seconds steps waited for their data since the last call."""
+        waited, self.waited_s = self.waited_s, 0.0
+        return waited
 
     def _read(self, step: int, units: list[int]) -> list[torch.Tensor]:
         batches = [self.source.batch(self.plan.sample_range(step, unit, self.dp_rank))

@@ -32,6 +32,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from torch.utils.checkpoint import checkpoint
 
 from raytrain.spec import GPTConfig
+from raytrain.spec.gpt_config import RopeScaling
 
 
 class Attention(nn.Module):
@@ -39,11 +40,12 @@ class Attention(nn.Module):
         super().__init__()
         self.head_dim = config.dim // config.num_heads
         kv_dim = config.kv_heads * self.head_dim
-        self.wq = nn.Linear(config.dim, config.dim, bias=False)
-        self.wk = nn.Linear(config.dim, kv_dim, bias=False)
-        self.wv = nn.Linear(config.dim, kv_dim, bias=False)
+        self.wq = nn.Linear(config.dim, config.dim, bias=config.qkv_bias)
+        self.wk = nn.Linear(config.dim, kv_dim, bias=config.qkv_bias)
+        self.wv = nn.Linear(config.dim, kv_dim, bias=config.qkv_bias)
         self.wo = nn.Linear(config.dim, config.dim, bias=False)
         self.rope_theta = config.rope_theta if config.positions == "rotary" else None
+        self.rope_scaling = config.rope_scaling
         self.selective = False  # recompute the attention core (scores) in the backward pass
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -55,7 +57,8 @@ class Attention(nn.Module):
             for w in (self.wq, self.wk, self.wv)
         )
         if self.rope_theta is not None:
-            cos, sin = rotary_tables(seq, self.head_dim, self.rope_theta, x.device)
+            cos, sin = rotary_tables(seq, self.head_dim, self.rope_theta, x.device,
+                                     self.rope_scaling)
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         if self.selective and torch.is_grad_enabled():
             out = checkpoint(_attention_core, q, k, v, use_reentrant=False)
@@ -69,15 +72,34 @@ def _attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
                                           enable_gqa=q.shape[1] != k.shape[1])
 
 
-def rotary_tables(seq: int, head_dim: int, theta: float, device: torch.device
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_tables(seq: int, head_dim: int, theta: float, device: torch.device,
+                  scaling: RopeScaling | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of each position's angles, [seq, head_dim] (each half repeated): the
-    rotary embedding of Su et al. as Hugging Face's Llama applies it (rotate_half)."""
+    rotary embedding of Su et al. as Hugging Face's Llama applies it (rotate_half), with
+    Llama 3's frequency scaling when given."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32,
                                             device=device) / head_dim)
+    if scaling is not None:
+        inv_freq = _llama3_scaled(inv_freq, scaling)
     angles = torch.outer(torch.arange(seq, dtype=torch.float32, device=device), inv_freq)
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos(), angles.sin()
+
+
+def _llama3_scaled(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
+    """Llama 3's scaling of the rotary frequencies, as transformers computes it
+    (`_compute_llama3_parameters`): long wavelengths slowed by `factor`, short ones kept,
+    and those between blended."""
+    original = scaling.original_max_position_embeddings
+    low_wavelen = original / scaling.low_freq_factor
+    high_wavelen = original / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (original / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor)
+    blended = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    between = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(between, blended, scaled)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -105,9 +127,9 @@ class FeedForward(nn.Module):
 class TransformerBlock(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.attention_norm = nn.RMSNorm(config.dim)
+        self.attention_norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
         self.attention = Attention(config)
-        self.ffn_norm = nn.RMSNorm(config.dim)
+        self.ffn_norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
         self.feed_forward = FeedForward(config)
 
         self.recompute = False  # activation checkpointing: recompute in the backward pass
@@ -132,7 +154,7 @@ class GPT(nn.Module):
         self.layers = nn.ModuleDict(
             {str(i): TransformerBlock(config) for i in range(config.num_layers)}
         )
-        self.norm: nn.RMSNorm | None = nn.RMSNorm(config.dim)
+        self.norm: nn.RMSNorm | None = nn.RMSNorm(config.dim, eps=config.norm_eps)
         self.output: nn.Linear | None = nn.Linear(config.dim, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
@@ -150,8 +172,8 @@ class GPT(nn.Module):
         self.tie_weights()
         residual_std = 0.02 / math.sqrt(2 * self.config.num_layers)
         for name, param in self.named_parameters():
-            if param.dim() < 2:
-                param.fill_(1.0)
+            if param.dim() < 2:  # norms' scales 1, biases 0
+                param.fill_(0.0 if name.endswith(".bias") else 1.0)
                 continue
             std = residual_std if name.endswith(("wo.weight", "w2.weight")) else 0.02
             generator = torch.Generator().manual_seed(

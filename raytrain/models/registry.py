@@ -16,7 +16,7 @@ from raytrain.spec import ModelSpec
 
 def build_model(spec: ModelSpec, seed: int = 0) -> nn.Module:
     """The model with its initial weights (under `torch.device("meta")`: shapes only)."""
-    if spec.kind == "gpt":
+    if spec.builtin:
         return GPT(spec.gpt, seed=seed)
     torch.manual_seed(seed)
     assert spec.factory is not None  # the spec guarantees it

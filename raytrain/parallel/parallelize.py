@@ -178,6 +178,7 @@ class ParallelModel:
     precision: str = "fp32"
     scaler: torch.amp.GradScaler | None = None
     fsdp_units: str | None = None  # what FSDP shards one by one, in words (None: no FSDP)
+    compiled: bool = False  # each block under torch.compile (compile_blocks)
 
     @property
     def pp_group(self) -> dist.ProcessGroup | None:
@@ -263,12 +264,15 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
     `device`."""
     parallel, training = spec.parallel, spec.training
     scaler = torch.amp.GradScaler(device.type) if training.precision == "fp16" else None
+    compiled = training.compile if training.compile is not None else device.type == "cuda"
     if layout.world_size == 1:
         model = _in_precision(build_model(spec.model, seed=training.seed), training.precision)
         model = model.to(device)
         _set_recompute(model, layout.recompute)
+        if compiled:
+            compile_blocks(model, spec.model.block_class)
         return ParallelModel(layout, device, [model], [model], precision=training.precision,
-                             scaler=scaler)
+                             scaler=scaler, compiled=compiled)
 
     mesh = build_mesh(layout, device)
     pp_rank, rep_rank, shard_rank, tp_rank = mesh.get_coordinate()
@@ -278,7 +282,7 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
     runners: list[nn.Module] = []
     units: list[str] = []
     for stage in stage_ids:
-        if spec.model.kind == "gpt":
+        if spec.model.builtin:
             with torch.device("meta"):
                 part = _in_precision(build_model(spec.model, seed=training.seed),
                                      training.precision)
@@ -290,6 +294,8 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
             part = _in_precision(build_model(spec.model, seed=training.seed),
                                  training.precision).to(device)
         _set_recompute(part, layout.recompute)
+        if compiled:
+            compile_blocks(part, spec.model.block_class)
         if wrapper == "fsdp":
             dp_mesh = (mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1
                        else mesh["dp_shard"])
@@ -321,7 +327,7 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
         dp_rank=rep_rank * layout.dp_shard + shard_rank,
         owns_loss=(pp_rank == layout.pp - 1 and tp_rank == 0),
         precision=training.precision, scaler=scaler,
-        fsdp_units="; ".join(units) if units else None,
+        fsdp_units="; ".join(units) if units else None, compiled=compiled,
     )
     if layout.pp > 1:
         from torch.distributed import pipelining
@@ -342,6 +348,18 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
 
 def _on_meta(module: nn.Module) -> bool:
     return any(p.device.type == "meta" for p in module.parameters())
+
+
+def compile_blocks(model: nn.Module, block_class: str | None = None) -> None:
+    """torch.compile each transformer block in place (`Module.compile`: the block keeps its
+    class and state-dict names, so checkpoints and FSDP see the same module), as torchtitan
+    does: one graph per block, reused by every block of the same shape, rather than one graph
+    of the whole model (longer to compile, broken by pipeline stages and FSDP's hooks)."""
+    layers = getattr(model, "layers", None)
+    blocks = list(layers.values()) if isinstance(model, GPT) and layers is not None \
+        else transformer_blocks(model, block_class)
+    for block in blocks:
+        block.compile()
 
 
 def _set_recompute(model: nn.Module, mode: str) -> None:

@@ -18,6 +18,7 @@ node-type bindings, decisions), `status` (JobStatus, JobEvent and their parts), 
 (ServiceConfig), `plans` (POST /v1/plans). Import from `raytrain.spec` itself.
 """
 
+from raytrain.spec.gpt_config import GPTConfig
 from raytrain.spec.job import (
     JobSpec,
     check_imports_allowed,
@@ -26,7 +27,7 @@ from raytrain.spec.job import (
     spec_error_from_validation,
 )
 from raytrain.spec.layout import Layout, ModelShape, Problem
-from raytrain.spec.model import GPTConfig, ModelSpec
+from raytrain.spec.model import ModelSpec
 from raytrain.spec.offers import (
     DecisionRecord,
     NodeTypeBinding,

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from raytrain.errors import FieldError, SpecError
-from raytrain.spec.model import GPTConfig
+from raytrain.spec.gpt_config import GPTConfig
 
 # Our field: the config's names for it (Llama-style first, GPT-2's after).
 NAMES = {

@@ -74,7 +74,7 @@ class JobSpec(Strict):
                 )
             )
         errors.extend(_fp8_errors(self))
-        if self.model.kind == "gpt" and self.data.seq_len > self.model.gpt.max_seq_len:
+        if self.model.builtin and self.data.seq_len > self.model.gpt.max_seq_len:
             errors.append(
                 field_error(
                     ("data", "seq_len"),
@@ -139,13 +139,13 @@ class JobSpec(Strict):
                 f"{per_step}",
             )]
         shape = ModelShape()
-        if self.model.kind == "gpt":
+        if self.model.builtin:
             gpt = self.model.gpt
             shape = ModelShape(gpt.num_layers, gpt.num_heads, gpt.hidden_dim, gpt.num_kv_heads,
                                gpt.vocab_size,
                                gpt.max_seq_len if gpt.positions == "learned" else None,
                                gpt.tie_embeddings)
-        problems = check_layout(layout, shape, self.data.seq_len, self.model.kind == "gpt")
+        problems = check_layout(layout, shape, self.data.seq_len, self.model.builtin)
         if parallel.compression != "none" and layout.data_parallel_wrapper != "ddp":
             problems.append(Problem(
                 ("parallel", "compression"),

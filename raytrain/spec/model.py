@@ -1,5 +1,6 @@
-"""The model section of a job spec: the built-in GPT's dimensions and blocks (GPT or
-Llama-style), or a user's own model by import path, with the shape the planner prices it at.
+"""The model section of a job spec: the built-in GPT (its dimensions: raytrain.spec.gpt_config),
+a Hugging Face Llama-family model folder mapped onto it (raytrain.spec.hf_model), or a user's
+own model by import path, with the shape the planner prices it at.
 """
 
 from __future__ import annotations
@@ -9,85 +10,21 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from raytrain.spec._base import Strict, factory_errors, field_error, raise_if_any, unused_fields
-from raytrain.spec.layout import divisors
-
-
-class GPTConfig(Strict):
-    """Dimensions of the built-in GPT-style decoder."""
-
-    vocab_size: int = Field(256, ge=2, le=1_000_000, description="Number of token ids.")
-    # Upper bounds: several times the largest published dense models (dim 25,600, 128
-    # layers), so a typo or a hostile request cannot make validation or the planner spin.
-    dim: int = Field(128, ge=8, le=131_072, description="Model (residual stream) width.")
-    num_layers: int = Field(2, ge=1, le=2_048, description="Number of transformer blocks.")
-    num_heads: int = Field(4, ge=1, le=4_096,
-                           description="Attention heads per block; must divide dim.")
-    ffn_dim: int | None = Field(
-        None, ge=1, le=1_048_576, description="Hidden width of each MLP; default 4 x dim."
-    )
-    max_seq_len: int = Field(128, ge=2, le=4_194_304,
-                             description="Longest sequence the model accepts.")
-    # Llama-style blocks (Llama, Mistral, Qwen); the defaults are GPT's.
-    num_kv_heads: int | None = Field(
-        None, ge=1, le=4_096, description="Key/value heads (grouped-query attention); must "
-        "divide num_heads. Default: num_heads (multi-head attention).")
-    mlp: Literal["gelu", "swiglu"] = Field(
-        "gelu", description="'gelu': w2(gelu(w1 x)); 'swiglu': the gated w2(silu(w1 x) * w3 x) "
-        "of Llama (three matrices of ffn_dim).")
-    positions: Literal["learned", "rotary"] = Field(
-        "learned", description="'learned': a table of max_seq_len positions added to the "
-        "token embeddings; 'rotary': rotary embeddings on queries and keys (no table).")
-    rope_theta: float = Field(10_000.0, gt=1, le=1e9,
-                              description="Rotary embeddings' base (positions 'rotary').")
-    tie_embeddings: bool = Field(
-        False, description="The output head shares the token embeddings' weights.")
-
-    @model_validator(mode="after")
-    def _heads_divide_dim(self) -> GPTConfig:
-        errors = []
-        if self.dim % self.num_heads:
-            errors.append(field_error(
-                ("num_heads",),
-                f"num_heads={self.num_heads} must divide dim={self.dim}. To fix: pick "
-                f"num_heads from the divisors of {self.dim}, e.g. "
-                f"{_nearest_divisor(self.dim, self.num_heads)}",
-                self.num_heads,
-            ))
-        elif self.positions == "rotary" and (self.dim // self.num_heads) % 2:
-            errors.append(field_error(
-                ("positions",),
-                f"rotary positions rotate pairs of each head's {self.dim // self.num_heads} "
-                "values, an odd number. To fix: make dim / num_heads even, or use positions "
-                "'learned'", self.positions))
-        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
-            errors.append(field_error(
-                ("num_kv_heads",),
-                f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads} "
-                "(each key/value head serves a group of query heads). To fix: pick one of "
-                f"{divisors(self.num_heads)}", self.num_kv_heads))
-        raise_if_any("GPTConfig", errors)
-        return self
-
-    @property
-    def kv_heads(self) -> int:
-        return self.num_kv_heads or self.num_heads
-
-    @property
-    def hidden_dim(self) -> int:
-        return self.ffn_dim if self.ffn_dim is not None else 4 * self.dim
-
-
-def _nearest_divisor(n: int, near: int) -> int:
-    return min(divisors(n), key=lambda d: (abs(d - near), d))
+from raytrain.spec.gpt_config import GPTConfig
+from raytrain.spec.hf_model import HFSource, derived_gpt
 
 
 class ModelSpec(Strict):
     """Which model to train: the built-in GPT, or the user's own by import path."""
 
-    kind: Literal["gpt", "import"] = Field(
-        "gpt", description="'gpt' for the built-in decoder, 'import' for a user factory."
+    kind: Literal["gpt", "hf", "import"] = Field(
+        "gpt", description="'gpt' for the built-in decoder, 'hf' for a Hugging Face Llama, "
+        "Mistral or Qwen2 folder trained as the built-in decoder, 'import' for a user factory."
     )
-    gpt: GPTConfig = Field(default_factory=GPTConfig, description="Built-in GPT dimensions.")
+    gpt: GPTConfig = Field(default_factory=GPTConfig, description=(
+        "Built-in GPT dimensions; for kind 'hf', read from model.hf.path's config.json."))
+    hf: HFSource | None = Field(None, description=(
+        "For kind 'hf': the model folder, and whether to start from its weights."))
     factory: str | None = Field(
         None,
         max_length=256,
@@ -117,11 +54,32 @@ class ModelSpec(Strict):
         "policy prices it; null: planned as data parallel over the workers, priced by an "
         "assumed speed.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _gpt_from_the_folder(cls, data: Any) -> Any:
+        """For kind 'hf', model.gpt is the folder's config as the built-in model; one stated
+        otherwise is refused (a dumped spec states the same one)."""
+        if not isinstance(data, dict) or data.get("kind") != "hf" or not data.get("hf"):
+            return data
+        source = HFSource.model_validate(data["hf"])
+        derived = derived_gpt(source)
+        stated = data.get("gpt")
+        if stated is not None and GPTConfig.model_validate(stated) != derived:
+            raise_if_any("ModelSpec", [field_error(
+                ("gpt",), "for kind 'hf' the dimensions are read from model.hf.path's "
+                "config.json. To fix: remove model.gpt", "(stated)")])
+        return {**data, "gpt": derived}
+
     @model_validator(mode="after")
     def _factory_matches_kind(self) -> ModelSpec:
         errors = factory_errors(self.kind == "import", self.factory)
-        unused = ("factory", "options", "shape", "block_class") if self.kind == "gpt" \
-            else ("gpt",)
+        if self.kind == "hf" and self.hf is None:
+            errors.append(field_error(("hf",), "kind 'hf' trains a Hugging Face model folder. "
+                                      "To fix: set model.hf.path", None))
+        unused: tuple[str, ...] = ("factory", "options", "shape", "block_class") \
+            if self.builtin else ("gpt",)
+        if self.kind != "hf":
+            unused += ("hf",)
         errors += unused_fields(self, unused, "model.kind")
         raise_if_any("ModelSpec", errors)
         return self
@@ -130,4 +88,9 @@ class ModelSpec(Strict):
     def planned_shape(self) -> GPTConfig | None:
         """The dimensions the planner prices: the built-in GPT's, or an imported model's
         stated shape (None: not known)."""
-        return self.gpt if self.kind == "gpt" else self.shape
+        return self.gpt if self.builtin else self.shape
+
+    @property
+    def builtin(self) -> bool:
+        """Trained as the built-in decoder (kind 'gpt', or 'hf' mapped onto it)."""
+        return self.kind in ("gpt", "hf")

@@ -124,6 +124,14 @@ class TrainingSpec(Strict):
         + ") and emulated, "
         "slower, on CPU, to try a job before it runs on GPUs. fp32 suits CPUs.",
     )
+    compile: bool | None = Field(
+        None,
+        description="torch.compile each transformer block (after activation checkpointing, "
+        "before FSDP, as torchtitan applies it): fused kernels, a faster step after a warm-up "
+        "of tens of seconds, which a job's status reports apart (progress.warmup_s) and leaves "
+        "out of its step time and ETA. Default: on for GPU jobs, off on CPU, where compiling "
+        "costs more than it saves for a short job.",
+    )
     lr_scaling: Literal["none", "linear", "sqrt"] = Field(
         "none",
         description="Scale learning_rate with the global batch: 'linear' multiplies it by "

@@ -45,6 +45,16 @@ class Progress(Record):
     groups: int | None = Field(None, description=(
         "Elastic jobs: the replica groups that took part in the latest step reported (null: "
         "not an elastic job)."))
+    data_s: float | None = Field(None, description=(
+        "Recent seconds a step waited for its data (left out of step_s; read ahead on a "
+        "thread, so near 0 unless the data is slower than the step)."))
+    warmup_s: float | None = Field(None, description=(
+        "Seconds compiling took (training.compile), left out of step_s, tokens_per_s and "
+        "the ETA."))
+    mfu: float | None = Field(None, description=(
+        "Model FLOPs utilisation of the recent throughput: tokens/s times the model's FLOPs "
+        "per token as the planner counts them, over the devices' peak at the job's "
+        "precision (null: the model's shape or the device is not known)."))
     fsdp_units: str | None = Field(None, max_length=500, description=(
         "What FSDP shards one unit at a time, e.g. '4 x LlamaDecoderLayer, then the rest at "
         "the root' (null: no FSDP)."))

@@ -52,6 +52,7 @@ from raytrain.train.rank import (
     Notices,
     WorkerInfo,
     build_rank,
+    export_at_end,
     forward_backward,
     optimizer_step,
     resume_rank,
@@ -190,14 +191,15 @@ def train(
                     device=worker.device)
     ending, unsynced = _Ending(), _Unsynced()
     saved_at = time.monotonic()  # rank 0's clock: the service's interval counts from here
-    steps_done = start_step
+    steps_done, leads = start_step, True
     try:
         while steps_done < last_step:
+            began = time.monotonic()
             turn = members.turn(steps_done, plan.grad_accum_steps)
             if turn.step >= last_step:  # healed from a group that has finished
                 steps_done = turn.step
                 break
-            reporter = worker.rank == 0 and turn.leads
+            reporter, leads = worker.rank == 0 and turn.leads, turn.leads
             batches = data.get(turn.step, turn.units) if turn.units else []
             loss = forward_backward(model, batches, turn.share)
             exchanged = members.exchange(turn.step, model, loss,
@@ -206,6 +208,9 @@ def train(
             if exchanged is None:  # a group died mid-step: do it again
                 continue
             lr, grad_norm = optimizer_step(model, optimizers, spec, turn.step)
+            if model.compiled and turn.step == start_step:  # compiling: not a step's time
+                meter.warmed_up(time.monotonic() - began)
+            meter.waited_for_data(data.take_waited_s())
             steps_done = turn.step + 1
             unsynced.add(steps_done, lr, exchanged, grad_norm)
             rule = after_step(steps_done, training.steps, training.checkpoint_every_steps,
@@ -232,6 +237,8 @@ def train(
             if rule.stop:
                 break
         checkpoints.flush()  # a periodic save still being stored (the last one waited)
+        if steps_done >= training.steps > start_step and not ending.stopped and leads:
+            export_at_end(spec, model, checkpoint_root, worker)
     finally:
         members.close()
         data.close()

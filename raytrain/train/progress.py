@@ -136,6 +136,9 @@ class ProgressMeter:
         self.tokens_per_s: float | None = None
         self.step_s: float | None = None
         self._saving_s = 0.0  # checkpoint saves in the current window
+        self._data_s = 0.0  # waits for the step's data in the current window
+        self._warmup_s = 0.0  # compilation's first steps in the current window
+        self.data_s: float | None = None
         self._steps: list[list[Any]] = []  # [step, loss, lr, grad_norm, tokens] since the last
         self.fixed: dict[str, Any] = {}  # sent with every snapshot (fsdp_units, ...)
 
@@ -148,6 +151,17 @@ class ProgressMeter:
         what the job gets), the step time does not (it is what the planner predicts)."""
         self._saving_s += seconds
 
+    def waited_for_data(self, seconds: float) -> None:
+        """The step waited `seconds` for its data: tokens/s counts it, the step time does not
+        (it is reported apart, as data_s a step)."""
+        self._data_s += seconds
+
+    def warmed_up(self, seconds: float) -> None:
+        """Compilation took `seconds` of the first step: reported apart (warmup_s) and left
+        out of tokens/s (so of the ETA) and of the step time."""
+        self._warmup_s += seconds
+        self.fixed["warmup_s"] = self.fixed.get("warmup_s", 0.0) + seconds
+
     def record(self, step: int, loss: float) -> bool:
         """Note that `step` steps are done with `loss`; True when a publication is due."""
         self.step, self.loss = step, loss
@@ -157,10 +171,14 @@ class ProgressMeter:
         due = now - self._last_publish_at >= self.interval_s or step >= self.total_steps
         if due:
             window_t, window_step = self._window_start
-            if step > window_step and now > window_t:
-                self.tokens_per_s = (step - window_step) * self.tokens_per_step / (now - window_t)
-                self.step_s = max(0.0, now - window_t - self._saving_s) / (step - window_step)
+            span = now - window_t - self._warmup_s
+            if step > window_step and span > 0:
+                steps = step - window_step
+                self.tokens_per_s = steps * self.tokens_per_step / span
+                self.step_s = max(0.0, span - self._saving_s - self._data_s) / steps
+                self.data_s = self._data_s / steps
             self._window_start, self._saving_s = (now, step), 0.0
+            self._data_s = self._warmup_s = 0.0
             self._last_publish_at = now
         return due
 
@@ -174,6 +192,7 @@ class ProgressMeter:
             "first_loss": self.first_loss,
             "tokens_per_s": self.tokens_per_s,
             "step_s": self.step_s,
+            "data_s": self.data_s,
             "elapsed_s": self.clock() - self.started_at,
             "eta_s": eta,
             **self.fixed,

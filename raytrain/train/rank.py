@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -23,6 +24,7 @@ from torch import nn
 from raytrain.core.batching import BatchPlan
 from raytrain.core.schedule import lr_multiplier, peak_learning_rate
 from raytrain.data.sources import TokenSource, build_source
+from raytrain.models.hf import export_folder, load_pretrained
 from raytrain.parallel.parallelize import ParallelModel, build_parallel_model, clip_grad_norm
 from raytrain.spec import JobSpec
 from raytrain.spec.layout import Layout
@@ -98,7 +100,7 @@ def build_rank(spec: JobSpec, layout: Layout, worker: WorkerInfo
     model = build_parallel_model(spec, layout, worker.device)
     optimizers: list[torch.optim.Optimizer] = [build_optimizer(part, spec)
                                                for part in model.parts]
-    vocab = spec.model.gpt.vocab_size if spec.model.kind == "gpt" else None
+    vocab = spec.model.gpt.vocab_size if spec.model.builtin else None
     source = build_source(spec.data, vocab)
     return model, optimizers, source, BatchPlan(training.global_batch_size,
                                                 training.micro_batch_size, layout.dp)
@@ -125,6 +127,11 @@ def resume_rank(checkpoints: CheckpointManager, spec: JobSpec, model: ParallelMo
     if latest is None and spec.training.resume_from:
         latest = spec.training.resume_from
     if latest is None:
+        source = spec.model.hf
+        if source is not None and source.weights == "pretrained":
+            load_pretrained(model.parts, source.path, spec.model.gpt.tie_embeddings)
+            if worker.rank == 0:
+                logger.info("loaded the pretrained weights of %s", source.path)
         return 0, None, float("nan")
     meta = checkpoints.load(latest, model.parts, optimizers)
     if worker.rank == 0:
@@ -141,6 +148,24 @@ def save_step(checkpoints: CheckpointManager, steps_done: int, model: ParallelMo
     if save_s is not None:
         meter.saved(save_s)
     return save_s is not None
+
+
+def export_at_end(spec: JobSpec, model: ParallelModel, checkpoint_root: Path | str,
+                  worker: WorkerInfo) -> None:
+    """A kind 'hf' job that trained its last step writes its weights as a Hugging Face
+    folder, `hf/` beside its checkpoints (every rank of the group takes part)."""
+    source = spec.model.hf
+    if source is None:
+        return
+    if str(checkpoint_root).startswith("s3://"):
+        if worker.rank == 0:
+            logger.warning("the Hugging Face folder is written beside checkpoints on a local "
+                           "or mounted path only; this job's are in a bucket")
+        return
+    out = export_folder(model.parts, source.path, Path(checkpoint_root) / "hf",
+                        spec.model.gpt.tie_embeddings)
+    if worker.rank == 0:
+        logger.info("wrote the model as a Hugging Face folder: %s", out)
 
 
 def forward_backward(model: ParallelModel, batches: list[torch.Tensor], share: float

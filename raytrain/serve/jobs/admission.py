@@ -18,6 +18,7 @@ from raytrain.cloud.object_store import is_remote, open_store
 from raytrain.core.lifecycle import Record
 from raytrain.core.queue import never_fits
 from raytrain.errors import FieldError, JobStateError, ServiceBusyError, SpecError, StoreError
+from raytrain.models.hf import check_folder
 from raytrain.spec import JobSpec, JobState, JobStatus, PlanSummary, Progress, parse_job_spec
 
 IDEMPOTENCY_WINDOW_S = 24 * 3600.0
@@ -131,6 +132,9 @@ def check_paths_on_head_node(spec: JobSpec, endpoint: str | None = None) -> None
                 f"{resume} is not a committed checkpoint the service can read ({why}). To "
                 "fix: give the checkpoint.path of an ended job, on storage every node reaches "
                 "(a folder they mount, or a bucket their credentials read)"))])
+    source = spec.model.hf
+    if source is not None and source.weights == "pretrained":
+        check_folder(spec.model.gpt, source.path)  # each tensor's shape, from its header
     if spec.data.kind == "token_file" and spec.data.path:
         path = Path(spec.data.path).expanduser()
         if not path.is_file():

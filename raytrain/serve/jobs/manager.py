@@ -36,7 +36,7 @@ from raytrain.catalog.hardware import CATALOG
 from raytrain.cloud.object_store import is_remote, open_store
 from raytrain.core import lifecycle as lc
 from raytrain.core.queue import never_fits
-from raytrain.core.resolve import plan_summary
+from raytrain.core.resolve import measured_mfu, plan_summary
 from raytrain.core.tally import Tally
 from raytrain.errors import FieldError, JobStateError, ServiceUnavailableError, StoreError
 from raytrain.models.factories import resolve_factory
@@ -348,6 +348,11 @@ class JobManager(JobReads):
             return {"stop": True}
         rows = step_rows(payload.pop("steps", None))
         with self.lock:
+            job = self.records[job_id].status
+            if payload.get("tokens_per_s") and job.plan is not None:
+                payload["mfu"] = measured_mfu(job.spec, payload["tokens_per_s"],
+                                              job.plan.layout.world_size,
+                                              job.resources.accelerator, self.hardware)
             self._history.add_steps(job_id, rows)  # written with the job's next save
             reply: dict[str, bool] = self.apply(job_id, lc.ProgressReported(attempt, payload))
             return reply

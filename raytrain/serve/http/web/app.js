@@ -467,6 +467,7 @@
         stat("Step", `${p.step} / ${p.total_steps}`, "stat-step"),
         stat("Loss", num(p.loss, 4), "stat-loss"),
         stat("Tokens/s", num(p.tokens_per_s), "stat-speed"),
+        stat("MFU", p.mfu == null ? "–" : num(100 * p.mfu, 1) + "%", "stat-mfu"),
         stat("ETA", terminal(job.state) ? "–" : duration(p.eta_s), "stat-eta"),
         stat("Spent", usd(job.cost_usd), "stat-cost"),
         stat("Rate", `${usd(job.resources.usd_per_hour)}/h`, "stat-rate"),

@@ -1,0 +1,141 @@
+"""A Hugging Face Llama-family checkpoint as the built-in model's weights, and back: the
+state-dict adapter (names only: the built-in attention rotates as transformers' Llama does,
+with rotate_half, so no rotary permutation is needed), pretrained weights loaded with each
+rank reading only its slices (DCP's Hugging Face storage reader), and a Hugging Face folder
+written from any layout (DCP's Hugging Face storage writer, consolidated into shards with
+their index, beside the source's config and tokenizer files).
+
+torchtitan reaches Hugging Face the same way (a state-dict adapter over DCP's Hugging Face
+reader and writer); the names are ours, so the adapter is written here.
+
+    load_pretrained(model.parts, "/models/llama", tied=False)
+    export_folder(model.parts, "/models/llama", "/runs/job/hf", tied=False)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from raytrain.errors import FieldError, SpecError
+from raytrain.spec.gpt_config import GPTConfig
+
+# Ours -> Hugging Face's, for the Llama family (Llama, Mistral, Qwen2).
+_TO_HF = (
+    (r"^tok_embeddings\.weight$", "model.embed_tokens.weight"),
+    (r"^layers\.(\d+)\.attention\.wq\.(weight|bias)$", r"model.layers.\1.self_attn.q_proj.\2"),
+    (r"^layers\.(\d+)\.attention\.wk\.(weight|bias)$", r"model.layers.\1.self_attn.k_proj.\2"),
+    (r"^layers\.(\d+)\.attention\.wv\.(weight|bias)$", r"model.layers.\1.self_attn.v_proj.\2"),
+    (r"^layers\.(\d+)\.attention\.wo\.weight$", r"model.layers.\1.self_attn.o_proj.weight"),
+    (r"^layers\.(\d+)\.feed_forward\.w1\.weight$", r"model.layers.\1.mlp.gate_proj.weight"),
+    (r"^layers\.(\d+)\.feed_forward\.w3\.weight$", r"model.layers.\1.mlp.up_proj.weight"),
+    (r"^layers\.(\d+)\.feed_forward\.w2\.weight$", r"model.layers.\1.mlp.down_proj.weight"),
+    (r"^layers\.(\d+)\.attention_norm\.weight$", r"model.layers.\1.input_layernorm.weight"),
+    (r"^layers\.(\d+)\.ffn_norm\.weight$",
+     r"model.layers.\1.post_attention_layernorm.weight"),
+    (r"^norm\.weight$", "model.norm.weight"),
+    (r"^output\.weight$", "lm_head.weight"),
+)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "tokenizer.model", "generation_config.json", "vocab.json", "merges.txt")
+
+
+def to_hf(name: str) -> str:
+    for pattern, replacement in _TO_HF:
+        renamed, count = re.subn(pattern, replacement, name)
+        if count:
+            return renamed
+    raise KeyError(f"{name}: no Hugging Face name for this parameter")
+
+
+def _named(part: nn.Module, tied: bool) -> dict[str, torch.Tensor]:
+    """This part's parameters under their Hugging Face names (a tied head is the
+    embeddings': not a tensor of its own in the folder)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    state = get_model_state_dict(part)
+    return {to_hf(k): v for k, v in state.items() if not (tied and k == "output.weight")}
+
+
+def check_shapes(parts: list[nn.Module], folder: str, tied: bool) -> None:
+    """Every tensor the parts hold is in the folder with the shape the config gives it;
+    SpecError naming the first that is missing or differs."""
+    from safetensors import safe_open
+
+    found: dict[str, list[int]] = {}
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            for key in handle.keys():
+                found[key] = list(handle.get_slice(key).get_shape())
+    here = ("model", "hf", "path")
+    for part in parts:
+        for name, tensor in _named(part, tied).items():
+            if name not in found:
+                raise SpecError([FieldError(here, f"{folder} has no tensor {name}. To fix: "
+                                            "give the folder whose config.json this is")])
+            if found[name] != list(tensor.shape):
+                raise SpecError([FieldError(here, f"{name} is {found[name]} in {folder}, but "
+                                            f"its config.json makes it {list(tensor.shape)}. "
+                                            "To fix: give matching config and weights")])
+
+
+def check_folder(config: GPTConfig, folder: str) -> None:
+    """At submit: the folder holds every tensor the config's model has, at its shape (read
+    from the safetensors headers; nothing is loaded)."""
+    from raytrain.models.gpt import GPT
+
+    with torch.device("meta"):
+        model = GPT(config)
+    check_shapes([model], folder, config.tie_embeddings)
+
+
+def load_pretrained(parts: list[nn.Module], folder: str, tied: bool) -> None:
+    """Load the folder's weights into this rank's parts, in place, each rank reading the
+    slices it holds (sharded or not, any layout); shapes checked first."""
+    from torch.distributed.checkpoint import HuggingFaceStorageReader, load
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+    )
+
+    check_shapes(parts, folder, tied)
+    for part in parts:
+        named = _named(part, tied)
+        load(named, storage_reader=HuggingFaceStorageReader(folder))
+        inverse = {to_hf(k): k for k in part.state_dict()}
+        set_model_state_dict(part, {inverse[k]: v for k, v in named.items()},
+                             options=StateDictOptions(strict=False))
+        tie = getattr(part, "tie_weights", None)
+        if callable(tie):
+            tie()
+
+
+def export_folder(parts: list[nn.Module], source: str, out: str | Path, tied: bool) -> Path:
+    """Write the parts' weights as a Hugging Face folder at `out` (every rank calls it: each
+    writes its slices, then they are consolidated into whole tensors), with the source
+    folder's config.json and tokenizer files; `from_pretrained` loads it."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter, save
+
+    out = Path(out)
+    named: dict[str, torch.Tensor] = {}
+    for part in parts:
+        named.update(_named(part, tied))
+    distributed = dist.is_available() and dist.is_initialized()
+    rank = dist.get_rank() if distributed else 0
+    save(named, storage_writer=HuggingFaceStorageWriter(
+        str(out), fqn_to_index_mapping=None, save_distributed=True, enable_consolidation=True),
+        no_dist=not distributed)
+    if rank == 0:
+        shutil.rmtree(out / "sharded", ignore_errors=True)
+        config = json.loads((Path(source) / "config.json").read_text())
+        (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        for name in TOKENIZER_FILES:
+            if (Path(source) / name).is_file():
+                shutil.copy2(Path(source) / name, out / name)
+    return out

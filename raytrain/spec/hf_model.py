@@ -1,0 +1,124 @@
+"""A Hugging Face model folder as the built-in model: `model.kind: hf` reads the folder's
+`config.json` (without importing transformers) and maps the Llama family onto the built-in
+decoder's dimensions and blocks, so every layout, the planner and the policy work for it
+unchanged (raytrain.models.hf maps the weights).
+
+Supported, as transformers defines them: `LlamaForCausalLM` (Llama 2 and 3, with Llama 3.x's
+rotary scaling and the tied embeddings of the 1B and 3B models), `MistralForCausalLM` without
+a sliding window, and `Qwen2ForCausalLM` (biases on q, k and v) without one. Anything else,
+and any config field whose meaning the built-in blocks do not implement, is refused naming
+the field and what to do instead. Read by hand because the mapping is ours (the shape part is
+raytrain.spec.hf_config's, shared with `raytrain plan --model-config`).
+
+    gpt = derived_gpt(HFSource(path="/models/llama-3.2-1b"))
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from raytrain.errors import FieldError, SpecError
+from raytrain.spec._base import Strict
+from raytrain.spec.gpt_config import GPTConfig, RopeScaling
+from raytrain.spec.hf_config import gpt_config_from_hf
+
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+QKV_BIAS = ("Qwen2ForCausalLM",)  # transformers' Qwen2 always has q, k, v biases
+HERE = ("model", "hf", "path")
+INSTEAD = ("To fix: train it as model.kind 'import' (a factory returning the transformers "
+           "model) with parallel.strategy 'data' or 'fsdp'")
+
+
+class HFSource(Strict):
+    """A Hugging Face model folder: config.json and safetensors weights."""
+
+    path: str = Field(max_length=1024, description=(
+        "The model folder (config.json, model.safetensors or its shards with their index, "
+        "and the tokenizer's files): a path on storage every node mounts."))
+    weights: Literal["pretrained", "random"] = Field("pretrained", description=(
+        "'pretrained': the folder's weights, each rank reading only the slices it holds; "
+        "'random': the built-in initialisation of the same architecture (pretraining)."))
+
+
+def read_config(source: HFSource) -> dict[str, Any]:
+    """The folder's config.json; SpecError naming model.hf.path when it cannot be read."""
+    if source.path.startswith("s3://"):
+        raise SpecError([FieldError(HERE, "a model folder in a bucket is not read yet. To "
+                                    "fix: copy it to storage every node mounts and give "
+                                    "that path")])
+    config = Path(source.path).expanduser() / "config.json"
+    try:
+        document = json.loads(config.read_text())
+    except (OSError, ValueError) as exc:
+        raise SpecError([FieldError(HERE, f"cannot read {config}: {exc}. To fix: give a "
+                                    "Hugging Face model folder (save_pretrained's output) "
+                                    "that the service's node can read")]) from None
+    if not isinstance(document, dict):
+        raise SpecError([FieldError(HERE, f"{config} is not a JSON object of fields")])
+    return document
+
+
+def derived_gpt(source: HFSource) -> GPTConfig:
+    """The built-in model's configuration for the folder's model (module doc)."""
+    config = read_config(source)
+    errors = _unsupported(config)
+    if errors:
+        raise SpecError(errors, f"{source.path}/config.json")
+    shape = gpt_config_from_hf(config, f"{source.path}/config.json")
+    theta, scaling = _rope(config)
+    return shape.model_copy(update={
+        "rope_theta": theta,
+        "norm_eps": config.get("rms_norm_eps"),
+        "qkv_bias": config["architectures"][0] in QKV_BIAS,
+        "rope_scaling": None if scaling is None else RopeScaling.model_validate(
+            {k: scaling[k] for k in RopeScaling.model_fields}),
+    })
+
+
+def _rope(config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """The rotary base and scaling, as transformers 4 writes them (rope_theta, rope_scaling)
+    or 5 (rope_parameters with rope_theta and rope_type inside); scaling None: plain."""
+    parameters = config.get("rope_parameters")
+    if isinstance(parameters, dict):
+        theta = parameters.get("rope_theta", config.get("rope_theta", 10_000.0))
+        kind = parameters.get("rope_type", parameters.get("type", "default"))
+        return float(theta), None if kind == "default" else parameters
+    return float(config.get("rope_theta", 10_000.0)), config.get("rope_scaling")
+
+
+def _unsupported(config: dict[str, Any]) -> list[FieldError]:
+    """What in `config` the built-in blocks do not implement, each with what to do."""
+    errors = []
+    architectures = config.get("architectures") or []
+    if len(architectures) != 1 or architectures[0] not in ARCHITECTURES:
+        errors.append(FieldError(("architectures",), f"{architectures}: the architectures "
+                                 f"trained as the built-in model are {', '.join(ARCHITECTURES)}"
+                                 f". {INSTEAD}"))
+        return errors
+    if config.get("hidden_act", "silu") != "silu":
+        errors.append(FieldError(("hidden_act",), f"{config['hidden_act']!r}: the Llama "
+                                 f"family's MLP is SwiGLU (silu). {INSTEAD}"))
+    for field in ("attention_bias", "mlp_bias"):
+        if config.get(field):
+            errors.append(FieldError((field,), f"biases on every projection ({field}) are not "
+                                     f"in the built-in blocks. {INSTEAD}"))
+    if config.get("sliding_window") is not None and (
+            architectures[0] == "MistralForCausalLM" or config.get("use_sliding_window")):
+        errors.append(FieldError(("sliding_window",), f"{config['sliding_window']}: "
+                                 "attention over a sliding window is not implemented (every "
+                                 f"token sees all before it). {INSTEAD}, or use a config "
+                                 "whose sliding_window is null"))
+    _, scaling = _rope(config)
+    if scaling is not None:
+        kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) \
+            else scaling
+        if kind != "llama3" or not all(k in scaling for k in RopeScaling.model_fields):
+            name = "rope_parameters" if "rope_parameters" in config else "rope_scaling"
+            errors.append(FieldError((name,), f"{scaling!r}: the rotary scaling "
+                                     "implemented is Llama 3's (rope_type 'llama3' with "
+                                     f"{', '.join(RopeScaling.model_fields)}). {INSTEAD}"))
+    return errors

@@ -1,0 +1,104 @@
+"""Hugging Face models in, trained as the built-in model, and Hugging Face folders out, in one
+process: each family's logits equal transformers' forward, a job's first loss is the
+pretrained model's, its exported folder loads with `from_pretrained` and gives raytrain's
+logits, and what cannot be trained is refused at submit naming the field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from raytrain.errors import SpecError
+from raytrain.models.hf import load_pretrained
+from raytrain.models.registry import build_model
+from raytrain.serve.jobs.admission import check_paths_on_head_node
+from raytrain.spec import JobSpec
+from raytrain.train.checkpoint import latest_checkpoint
+from tests.support.hf_models import FAMILIES, hf_job, hf_logits, make_folder
+from tests.support.runs import run_single
+
+
+def raytrain_logits(spec: JobSpec, tokens: torch.Tensor) -> torch.Tensor:
+    model = build_model(spec.model, seed=0)
+    load_pretrained([model], spec.model.hf.path, spec.model.gpt.tie_embeddings)
+    with torch.no_grad():
+        return model.eval()(tokens)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_each_familys_logits_equal_transformers(family: str, tmp_path: Path) -> None:
+    """Llama, Llama 3.x (rotary scaling, tied embeddings), Mistral and Qwen2 (q/k/v biases):
+    the same logits as transformers' own forward, to 1e-5, over a sequence past the scaled
+    rotary's original context. Without the rotary scaling, the norms' epsilon or the biases
+    they differ (each checked once by removing it)."""
+    folder = make_folder(family, tmp_path / family)
+    spec = JobSpec.model_validate(hf_job(folder))
+    tokens = torch.randint(64, (2, 40), generator=torch.Generator().manual_seed(1))
+    ours, theirs = raytrain_logits(spec, tokens), hf_logits(folder, tokens)
+    assert torch.allclose(ours, theirs, atol=1e-5, rtol=0), (ours - theirs).abs().max()
+
+
+def test_a_job_starts_from_the_pretrained_loss_and_exports_a_folder_transformers_loads(
+        tmp_path: Path) -> None:
+    """The first step's loss is the pretrained model's on that step's batch (from the
+    synthetic source, as the loop reads it); after training, `hf/` beside the checkpoints
+    loads with from_pretrained and gives the logits of raytrain's model at its last
+    checkpoint."""
+    folder = make_folder("qwen2", tmp_path / "qwen2")
+    spec = JobSpec.model_validate(hf_job(folder, steps=3))
+    from raytrain.core.batching import BatchPlan
+    from raytrain.data.sources import build_source
+
+    source = build_source(spec.data, spec.model.gpt.vocab_size)
+    plan = BatchPlan(8, 2, 1)
+    batches = [source.batch(plan.sample_range(0, unit, 0)) for unit in range(4)]
+    pretrained = sum(F.cross_entropy(hf_logits(folder, b[:, :-1]).flatten(0, 1),
+                                     b[:, 1:].flatten()) for b in batches) / 4
+    sink = run_single(spec, tmp_path / "run")
+    assert sink.losses()[1] == pytest.approx(float(pretrained), abs=1e-5)
+    exported = tmp_path / "run" / "hf"
+    assert (exported / "config.json").is_file()
+    assert (exported / "model.safetensors.index.json").is_file()
+    assert not (exported / "sharded").exists()
+    trained = build_model(spec.model, seed=0)
+    from raytrain.train.checkpoint import CheckpointManager
+
+    checkpoint = latest_checkpoint(tmp_path / "run")
+    assert checkpoint is not None and checkpoint.name.endswith("3")
+    CheckpointManager(tmp_path / "run", 0).load(str(checkpoint), [trained], [
+        torch.optim.AdamW(trained.parameters())])
+    tokens = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ours = trained.eval()(tokens)
+    assert torch.allclose(ours, hf_logits(exported, tokens), atol=1e-5, rtol=0)
+
+
+def test_what_cannot_be_trained_is_refused_at_submit_naming_the_field(tmp_path: Path) -> None:
+    """An architecture outside the Llama family, a Mistral with a sliding window, an unknown
+    rotary scaling, a missing folder, and weights whose shapes differ from the config."""
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text(json.dumps({
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 32,
+        "n_layer": 2, "n_head": 4, "vocab_size": 64}))
+    sliding = make_folder("mistral", tmp_path / "sliding", sliding_window=8)
+    yarn = tmp_path / "yarn"
+    make_folder("llama", yarn)
+    config = json.loads((yarn / "config.json").read_text())
+    (yarn / "config.json").write_text(json.dumps({**config, "rope_parameters": {
+        "rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}}))
+    for folder, field in ((gpt2, "architectures"), (sliding, "sliding_window"),
+                          (yarn, "rope_parameters"), (tmp_path / "nowhere", "hf")):
+        with pytest.raises(SpecError) as refused:
+            JobSpec.model_validate(hf_job(folder))
+        assert field in str(refused.value) and "To fix" in str(refused.value), folder
+    wrong = make_folder("llama", tmp_path / "wrong")
+    config = json.loads((wrong / "config.json").read_text())
+    (wrong / "config.json").write_text(json.dumps({**config, "intermediate_size": 40}))
+    spec = JobSpec.model_validate(hf_job(wrong))  # the config alone is fine
+    with pytest.raises(SpecError, match=r"mlp.gate_proj.weight is \[48, 32\].*\[40, 32\]"):
+        check_paths_on_head_node(spec)

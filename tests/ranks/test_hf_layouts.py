@@ -1,0 +1,66 @@
+"""A Hugging Face model at every layout: a pretrained Llama-family folder trained on 2 gloo
+ranks under data, FSDP, tensor and pipeline parallelism, each rank loading only its slices
+(DCP's Hugging Face reader), takes every step with one process's loss to 1e-5, starting from
+the pretrained model's; and a folder exported from FSDP and from the pipeline's stages loads
+with `from_pretrained` and gives the one process's logits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from raytrain.models.hf import load_pretrained
+from raytrain.models.registry import build_model
+from raytrain.spec import JobSpec
+from tests.support.hf_models import hf_job, hf_logits, make_folder
+from tests.support.parity import _losses, _spawn
+from tests.support.runs import run_single
+
+LAYOUTS = {"dp2": {"strategy": "data"}, "fsdp2": {"strategy": "fsdp"},
+           "tp2": {"strategy": "tensor"}, "pp2": {"strategy": "pipeline"}}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, JobSpec]]:
+    root = tmp_path_factory.mktemp("hf_layouts")
+    folders = {"llama": make_folder("llama", root / "llama"),
+               "qwen2": make_folder("qwen2", root / "qwen2")}
+    cases, specs = [], {}
+    for family, folder in folders.items():
+        specs[family] = JobSpec.model_validate(hf_job(folder, steps=4))
+        for name, parallel in LAYOUTS.items():
+            document = hf_job(folder, steps=4, parallel=parallel,
+                              resources={"num_workers": 2})
+            cases.append((f"{family}_{name}", document, {}))
+    _spawn(2, cases, root / "runs")
+    return root, specs
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_every_layout_trains_a_pretrained_model_as_one_process(
+        runs: tuple[Path, dict[str, JobSpec]], family: str, layout: str) -> None:
+    root, specs = runs
+    expected = run_single(specs[family], root / f"single_{family}_{layout}").losses()
+    losses = _losses(root / "runs" / f"{family}_{layout}" / "losses.json")
+    assert sorted(losses) == sorted(expected)
+    for step, loss in expected.items():
+        assert losses[step] == pytest.approx(loss, abs=1e-5), step
+
+
+@pytest.mark.parametrize("layout", ["fsdp2", "pp2"])
+def test_a_folder_exported_from_shards_or_stages_loads_in_transformers(
+        runs: tuple[Path, dict[str, JobSpec]], layout: str) -> None:
+    """Written by every rank (FSDP's shards, the pipeline's two stages), consolidated."""
+    root, specs = runs
+    exported = root / "runs" / f"llama_{layout}" / "hf"
+    single = root / f"single_export_{layout}"
+    run_single(specs["llama"], single)
+    reference = build_model(specs["llama"].model)
+    load_pretrained([reference], str(single / "hf"), False)
+    tokens = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ours = reference.eval()(tokens)
+    assert torch.allclose(hf_logits(exported, tokens), ours, atol=1e-5, rtol=0)
