@@ -24,6 +24,7 @@ from raytrain.cli.commands import (
     cmd_submit,
     err,
 )
+from raytrain.cli.data_commands import add_data_commands
 from raytrain.cli.flags import existing_file, notice_seconds, number, port, whole
 from raytrain.cli.offline_commands import cmd_offers, cmd_plan, cmd_simulate
 from raytrain.cli.service_commands import (
@@ -71,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_service_commands(command)
     add_job_commands(command)
     add_offline_commands(command)
+    add_data_commands(command)
     return parser
 
 
@@ -295,7 +297,8 @@ def add_offline_commands(command: Command) -> None:
 
 # What the `server` extra installs (pyproject.toml): a client-only install lacks them.
 SERVER_PACKAGES = frozenset({"torch", "ray", "fastapi", "starlette", "uvicorn", "numpy",
-                             "psutil", "boto3", "botocore", "prometheus_client", "torchft"})
+                             "psutil", "boto3", "botocore", "prometheus_client", "torchft",
+                             "tokenizers", "safetensors"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -22,6 +22,7 @@ from typing import Protocol, Sequence
 import numpy as np
 import torch
 
+from raytrain.data.shards import TokenShards
 from raytrain.errors import FieldError, SpecError
 from raytrain.models.factories import resolve_factory
 from raytrain.spec import DataSpec
@@ -139,6 +140,8 @@ def build_source(spec: DataSpec, vocab_size: int | None) -> TokenSource:
         return SyntheticTokens(vocab_size, spec.seq_len, spec.seed)
     if spec.kind == "token_file":
         assert spec.path is not None  # the spec guarantees it
+        if Path(spec.path).expanduser().is_dir():  # `raytrain data prepare`'s shards
+            return TokenShards(spec.path, spec.seq_len, vocab_size)
         return TokenFile(spec.path, spec.dtype, spec.seq_len, vocab_size)
     assert spec.factory is not None
     return ImportedDataset(resolve_factory(spec.factory, ("data", "factory"))(**spec.options),

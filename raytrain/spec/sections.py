@@ -31,7 +31,9 @@ class DataSpec(Strict):
     seq_len: int = Field(64, ge=1, le=4_194_304, description="Tokens per training sequence.")
     seed: int = Field(0, ge=0, description="Seed of the synthetic data.")
     path: str | None = Field(None, max_length=4096,
-                             description="For 'token_file': path readable by every worker.")
+                             description="For 'token_file': a token file, or a folder of "
+                             "shards with their index (`raytrain data prepare`), on storage "
+                             "every worker reads.")
     dtype: Literal["uint16", "uint32"] = Field(
         "uint16", description="For 'token_file': integer type of the stored token ids."
     )

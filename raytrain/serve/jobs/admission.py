@@ -17,6 +17,7 @@ from typing import Any, Iterable
 from raytrain.cloud.object_store import is_remote, open_store
 from raytrain.core.lifecycle import Record
 from raytrain.core.queue import never_fits
+from raytrain.data.shards import read_index
 from raytrain.errors import FieldError, JobStateError, ServiceBusyError, SpecError, StoreError
 from raytrain.models.hf import check_folder
 from raytrain.spec import JobSpec, JobState, JobStatus, PlanSummary, Progress, parse_job_spec
@@ -135,7 +136,14 @@ def check_paths_on_head_node(spec: JobSpec, endpoint: str | None = None) -> None
     source = spec.model.hf
     if source is not None and source.weights == "pretrained":
         check_folder(spec.model.gpt, source.path)  # each tensor's shape, from its header
-    if spec.data.kind == "token_file" and spec.data.path:
+    if spec.data.kind == "token_file" and spec.data.path and \
+            Path(spec.data.path).expanduser().is_dir():
+        index = read_index(Path(spec.data.path).expanduser())
+        if index.get("tokens", 0) < spec.data.seq_len + 1:
+            raise SpecError([FieldError(("data", "path"), (
+                f"{spec.data.path} holds {index.get('tokens', 0)} tokens, fewer than seq_len "
+                f"+ 1 = {spec.data.seq_len + 1}. To fix: lower data.seq_len or prepare more"))])
+    elif spec.data.kind == "token_file" and spec.data.path:
         path = Path(spec.data.path).expanduser()
         if not path.is_file():
             raise SpecError([FieldError(("data", "path"), (

@@ -1,0 +1,65 @@
+"""`raytrain data prepare`: a corpus into token shards a job trains on (raytrain.data.prepare),
+with a progress line."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any, Callable
+
+from rich.markup import escape
+
+from raytrain.cli.commands import err, out
+
+
+def add_data_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
+    data = command("data", "prepare training data", of_a_service=False)
+    actions = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    prepare = actions.add_parser(
+        "prepare", help="tokenize text, JSONL or Parquet into token shards with an index")
+    prepare.add_argument("inputs", nargs="+", metavar="INPUT",
+                         help=".txt (one document per file), .jsonl or .parquet files")
+    prepare.add_argument("--tokenizer", required=True,
+                         help="the model's tokenizer.json (or the folder holding it)")
+    prepare.add_argument("--out", required=True, help="the folder to write the shards to")
+    prepare.add_argument("--field", default="text", help="JSONL: the text field (text)")
+    prepare.add_argument("--column", default="text", help="Parquet: the text column (text)")
+    prepare.add_argument("--eod", help="the end-of-document token (default: the tokenizer's "
+                         "<|endoftext|>, </s>, ...)")
+    prepare.add_argument("--shard-tokens", type=int, default=100_000_000,
+                         help="tokens per shard file (100,000,000)")
+    prepare.set_defaults(func=cmd_data_prepare)
+
+
+def cmd_data_prepare(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from raytrain.data.prepare import PrepareError, prepare
+
+    tokenizer = Path(args.tokenizer).expanduser()
+    if tokenizer.is_dir():
+        tokenizer = tokenizer / "tokenizer.json"
+    began = time.monotonic()
+    shown = [0.0]
+
+    def progress(documents: int, tokens: int) -> None:
+        now = time.monotonic()
+        if now - shown[0] >= 0.5:
+            shown[0] = now
+            rate = tokens / max(now - began, 1e-9)
+            err.print(f"{documents:,} documents, {tokens:,} tokens ({rate:,.0f}/s)",
+                      end="\r", highlight=False)
+
+    try:
+        index: dict[str, Any] = prepare(args.inputs, str(tokenizer), args.out,
+                                        field=args.field, column=args.column, eod=args.eod,
+                                        shard_tokens=args.shard_tokens, progress=progress)
+    except (PrepareError, OSError, ValueError) as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        return 2
+    seconds = time.monotonic() - began
+    out.print(f"{index['documents']:,} documents, {index['tokens']:,} tokens ({index['dtype']}) "
+              f"in {len(index['shards'])} shard(s) at {escape(args.out)} in {seconds:.1f} s; "
+              f"train on it with data.kind token_file, data.path {escape(args.out)}",
+              highlight=False)
+    return 0

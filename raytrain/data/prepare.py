@@ -1,0 +1,169 @@
+"""`raytrain data prepare`: text, JSONL or Parquet tokenized with a model's own tokenizer
+(`tokenizer.json`, through Hugging Face's `tokenizers`, no network) into token shards with an
+index (raytrain.data.shards reads them), an end-of-document token after each document.
+
+Deterministic: documents in the order given (files in the order named, lines and rows in
+file order), encoded in batches by `tokenizers`' Rust encoder; the same input and tokenizer
+give the same bytes. uint16 when the vocabulary fits, else uint32.
+
+    index = prepare(["corpus.jsonl"], "tokenizer.json", "out/", field="text")
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import chain
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from raytrain.data.shards import INDEX
+
+END_OF_DOCUMENT = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|im_end|>")
+BATCH_DOCUMENTS = 256
+
+
+class PrepareError(Exception):
+    """A bad input or option, with the fix."""
+
+
+def documents(path: Path, field: str, column: str) -> Iterator[str]:
+    """The documents of one input: a .jsonl's lines' `field`, a .parquet's `column`, a text
+    file whole."""
+    if path.suffix == ".jsonl":
+        with open(path, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                if line.strip():
+                    record = json.loads(line)
+                    if not isinstance(record, dict) or not isinstance(record.get(field), str):
+                        raise PrepareError(f"{path}:{number} has no text field {field!r}. "
+                                           "To fix: name the field with --field")
+                    yield record[field]
+    elif path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.ParquetFile(path)
+        if column not in table.schema_arrow.names:
+            raise PrepareError(f"{path} has no column {column!r} (it has "
+                               f"{', '.join(table.schema_arrow.names)}). To fix: --column")
+        for batch in table.iter_batches(columns=[column]):
+            yield from (str(text) for text in batch.column(0).to_pylist() if text)
+    else:
+        yield path.read_text(encoding="utf-8")
+
+
+def end_of_document(tokenizer: Any, named: str | None) -> int:
+    """The id written after each document: `named`, else the first of END_OF_DOCUMENT the
+    tokenizer knows."""
+    for token in ([named] if named else END_OF_DOCUMENT):
+        found = tokenizer.token_to_id(token)
+        if found is not None:
+            return int(found)
+    raise PrepareError(f"the tokenizer has none of {named or END_OF_DOCUMENT} as a token. "
+                       "To fix: name its end-of-document token with --eod")
+
+
+def prepare(inputs: list[str], tokenizer_path: str, out: str, field: str = "text",
+            column: str = "text", eod: str | None = None, shard_tokens: int = 100_000_000,
+            progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Tokenize `inputs` into shards under `out`; the index written (module doc).
+    `progress(documents, tokens)` is called after each batch."""
+    from tokenizers import Tokenizer
+
+    paths = [Path(p).expanduser() for p in inputs]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise PrepareError(f"no such input: {', '.join(missing)}")
+    tokenizer = Tokenizer.from_file(str(Path(tokenizer_path).expanduser()))
+    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+    dtype = np.uint16 if vocab <= 2**16 else np.uint32
+    eod_id = end_of_document(tokenizer, eod)
+    folder = Path(out).expanduser()
+    folder.mkdir(parents=True, exist_ok=True)
+    writer = _ShardWriter(folder, dtype, shard_tokens)
+    count = 0
+
+    def encode(batch: list[str]) -> np.ndarray:
+        encoded = tokenizer.encode_batch_fast(batch, add_special_tokens=False)  # no offsets
+        ids = [e.ids for e in encoded]
+        flat = chain.from_iterable(chain.from_iterable((i, (eod_id,)) for i in ids))
+        return np.fromiter(flat, dtype=dtype, count=sum(map(len, ids)) + len(ids))
+
+    # Encoding (tokenizers' threads, without the interpreter lock) overlaps reading and
+    # parsing the next batch; the order of the output is the input's.
+    with ThreadPoolExecutor(1, thread_name_prefix="raytrain-encode") as pool:
+        pending: Future[np.ndarray] | None = None
+        sizes: list[int] = []
+        for batch in _batches((doc for path in paths for doc in documents(path, field, column))):
+            if pending is not None:
+                writer.add(pending.result())
+                count += sizes.pop(0)
+                if progress is not None:
+                    progress(count, writer.tokens)
+            pending = pool.submit(encode, batch)
+            sizes.append(len(batch))
+        if pending is not None:
+            writer.add(pending.result())
+            count += sizes.pop(0)
+            if progress is not None:
+                progress(count, writer.tokens)
+    index = {"version": 1, "dtype": np.dtype(dtype).name, "vocab_size": vocab,
+             "eod_token": eod_id, "documents": count, "tokens": writer.tokens,
+             "shards": writer.close()}
+    (folder / INDEX).write_text(json.dumps(index, indent=1) + "\n")
+    return index
+
+
+def _batches(items: Iterator[str]) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == BATCH_DOCUMENTS:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+class _ShardWriter:
+    """Tokens appended to shard files of at most `shard_tokens` each."""
+
+    def __init__(self, folder: Path, dtype: Any, shard_tokens: int) -> None:
+        self.folder, self.dtype, self.limit = folder, dtype, shard_tokens
+        self.shards: list[dict[str, Any]] = []
+        self.tokens = 0
+        self._handle: Any = None
+        self._in_shard = 0
+        self._digest: Any = None
+
+    def add(self, ids: np.ndarray) -> None:
+        while len(ids):
+            if self._handle is None:
+                name = f"shard-{len(self.shards):05d}.bin"
+                self._handle = open(self.folder / name, "wb")
+                self._digest = hashlib.sha256()
+                self.shards.append({"file": name, "tokens": 0})
+                self._in_shard = 0
+            piece = ids[:self.limit - self._in_shard]
+            data = piece.tobytes()
+            self._handle.write(data)
+            self._digest.update(data)
+            self._in_shard += len(piece)
+            self.tokens += len(piece)
+            self.shards[-1]["tokens"] = self._in_shard
+            ids = ids[len(piece):]
+            if self._in_shard == self.limit:
+                self._finish()
+
+    def _finish(self) -> None:
+        self._handle.close()
+        self.shards[-1]["sha256"] = self._digest.hexdigest()
+        self._handle = None
+
+    def close(self) -> list[dict[str, Any]]:
+        if self._handle is not None:
+            self._finish()
+        return self.shards
