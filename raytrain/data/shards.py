@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from raytrain.core.shuffle import windows
 from raytrain.errors import FieldError, SpecError
 
 INDEX = "index.json"
@@ -37,7 +38,9 @@ def read_index(folder: Path) -> dict[str, Any]:
 
 
 class TokenShards:
-    def __init__(self, folder: str, seq_len: int, vocab_size: int | None) -> None:
+    def __init__(self, folder: str, seq_len: int, vocab_size: int | None,
+                 shuffle: bool = False, seed: int = 0) -> None:
+        self.shuffle, self.seed = shuffle, seed
         self.folder = Path(folder).expanduser()
         index = read_index(self.folder)
         dtype = np.dtype(index["dtype"])
@@ -69,6 +72,6 @@ class TokenShards:
         return np.concatenate(parts)
 
     def batch(self, indices: Sequence[int]) -> torch.Tensor:
-        rows = [self.tokens((int(i) % self.num_windows) * self.seq_len, self.seq_len + 1)
-                for i in indices]
+        chosen = windows(list(indices), self.num_windows, self.shuffle, self.seed)
+        rows = [self.tokens(int(w) * self.seq_len, self.seq_len + 1) for w in chosen]
         return torch.from_numpy(np.stack(rows))

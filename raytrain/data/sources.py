@@ -22,6 +22,7 @@ from typing import Protocol, Sequence
 import numpy as np
 import torch
 
+from raytrain.core.shuffle import windows
 from raytrain.data.shards import TokenShards
 from raytrain.errors import FieldError, SpecError
 from raytrain.models.factories import resolve_factory
@@ -77,7 +78,9 @@ class SyntheticTokens:
 
 
 class TokenFile:
-    def __init__(self, path: str, dtype: str, seq_len: int, vocab_size: int | None) -> None:
+    def __init__(self, path: str, dtype: str, seq_len: int, vocab_size: int | None,
+                 shuffle: bool = False, seed: int = 0) -> None:
+        self.shuffle, self.seed = shuffle, seed
         file = Path(path).expanduser()
         if not file.is_file():
             raise SpecError(
@@ -96,8 +99,8 @@ class TokenFile:
 
     def batch(self, indices: Sequence[int]) -> torch.Tensor:
         rows = []
-        for index in indices:
-            start = (int(index) % self.num_windows) * self.seq_len
+        for window in windows(list(indices), self.num_windows, self.shuffle, self.seed):
+            start = int(window) * self.seq_len
             rows.append(np.asarray(self.tokens[start : start + self.seq_len + 1], dtype=np.int64))
         tokens = torch.from_numpy(np.stack(rows))
         if self.vocab_size is not None and int(tokens.max()) >= self.vocab_size:
@@ -141,8 +144,9 @@ def build_source(spec: DataSpec, vocab_size: int | None) -> TokenSource:
     if spec.kind == "token_file":
         assert spec.path is not None  # the spec guarantees it
         if Path(spec.path).expanduser().is_dir():  # `raytrain data prepare`'s shards
-            return TokenShards(spec.path, spec.seq_len, vocab_size)
-        return TokenFile(spec.path, spec.dtype, spec.seq_len, vocab_size)
+            return TokenShards(spec.path, spec.seq_len, vocab_size, spec.shuffle, spec.seed)
+        return TokenFile(spec.path, spec.dtype, spec.seq_len, vocab_size, spec.shuffle,
+                         spec.seed)
     assert spec.factory is not None
     return ImportedDataset(resolve_factory(spec.factory, ("data", "factory"))(**spec.options),
                            spec.seq_len)

@@ -29,7 +29,12 @@ class DataSpec(Strict):
         "binary file of token ids (memory-mapped); 'import': a user factory.",
     )
     seq_len: int = Field(64, ge=1, le=4_194_304, description="Tokens per training sequence.")
-    seed: int = Field(0, ge=0, description="Seed of the synthetic data.")
+    seed: int = Field(0, ge=0, description="Seed of the synthetic data, and of the order of "
+                      "a token file's windows with shuffle.")
+    shuffle: bool = Field(False, description=(
+        "For 'token_file': read the windows in a seeded order, a new one each epoch (sample i "
+        "is window shuffled(i mod n) of epoch i // n: README, What a step does), the same on "
+        "any rank count and across resumes. false: in file order."))
     path: str | None = Field(None, max_length=4096,
                              description="For 'token_file': a token file, or a folder of "
                              "shards with their index (`raytrain data prepare`), on storage "
@@ -52,6 +57,10 @@ class DataSpec(Strict):
     @model_validator(mode="after")
     def _source_is_complete(self) -> DataSpec:
         errors = factory_errors(self.kind == "import", self.factory)
+        if self.shuffle and self.kind != "token_file":
+            errors.append(field_error(("shuffle",), "shuffle orders a token file's windows; "
+                                      f"{self.kind!r} data has no file order. To fix: remove "
+                                      "data.shuffle", self.shuffle))
         if self.kind == "token_file" and not self.path:
             errors.append(
                 field_error(
