@@ -138,6 +138,8 @@ JOB_GAUGES: dict[str, tuple[str, Any]] = {
     "job_loss": ("Latest training loss.", lambda j: j.progress.loss),
     "job_tokens_per_second": ("Recent throughput (0 once ended).",
                               lambda j: 0.0 if j.state.is_terminal else j.progress.tokens_per_s),
+    "job_val_loss": ("Latest validation loss (data.validation).",
+                     lambda j: j.progress.val_loss),
     "job_mfu": ("Model FLOPs utilisation of the recent throughput (0 once ended).",
                 lambda j: 0.0 if j.state.is_terminal else j.progress.mfu),
     "job_cost_usd": ("Dollars spent so far.", lambda j: j.cost_usd),

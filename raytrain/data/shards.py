@@ -72,6 +72,10 @@ class TokenShards:
         return np.concatenate(parts)
 
     def batch(self, indices: Sequence[int]) -> torch.Tensor:
-        chosen = windows(list(indices), self.num_windows, self.shuffle, self.seed)
+        return self.window_rows(windows(list(indices), self.num_windows, self.shuffle,
+                                        self.seed))
+
+    def window_rows(self, chosen: Sequence[int]) -> torch.Tensor:
+        """The windows `chosen` (by number), as a batch."""
         rows = [self.tokens(int(w) * self.seq_len, self.seq_len + 1) for w in chosen]
         return torch.from_numpy(np.stack(rows))

@@ -98,8 +98,13 @@ class TokenFile:
         self.vocab_size = vocab_size
 
     def batch(self, indices: Sequence[int]) -> torch.Tensor:
+        return self.window_rows(windows(list(indices), self.num_windows, self.shuffle,
+                                        self.seed))
+
+    def window_rows(self, chosen: Sequence[int]) -> torch.Tensor:
+        """The windows `chosen` (by number), as a batch."""
         rows = []
-        for window in windows(list(indices), self.num_windows, self.shuffle, self.seed):
+        for window in chosen:
             start = int(window) * self.seq_len
             rows.append(np.asarray(self.tokens[start : start + self.seq_len + 1], dtype=np.int64))
         tokens = torch.from_numpy(np.stack(rows))
@@ -121,10 +126,14 @@ class ImportedDataset:
             )
         self.dataset = dataset
         self.seq_len = seq_len
+        self.size = len(dataset)  # type: ignore[arg-type]  # items trained on (held-out aside)
 
     def batch(self, indices: Sequence[int]) -> torch.Tensor:
-        size = len(self.dataset)  # type: ignore[arg-type]
-        rows = [torch.as_tensor(self.dataset[int(i) % size], dtype=torch.int64) for i in indices]  # type: ignore[index]
+        return self.window_rows([int(i) % self.size for i in indices])
+
+    def window_rows(self, chosen: Sequence[int]) -> torch.Tensor:
+        """Items `chosen` of the dataset, as a batch."""
+        rows = [torch.as_tensor(self.dataset[int(i)], dtype=torch.int64) for i in chosen]  # type: ignore[index]
         if any(row.shape != (self.seq_len + 1,) for row in rows):
             raise SpecError(
                 [FieldError(("data", "factory"), f"items must be {self.seq_len + 1} tokens "

@@ -226,6 +226,22 @@ class ParallelModel:
             total += loss.detach()
         return total if self.owns_loss else torch.zeros((), device=self.device)
 
+    @torch.no_grad()
+    def evaluate(self, micro_batches: list[torch.Tensor]) -> torch.Tensor:
+        """The mean loss over `micro_batches`, forward only; this rank's share of it (0 on
+        ranks that do not own it), as forward_backward returns. Not under a pipeline (the
+        spec refuses validation there)."""
+        runner = self.runners[0]
+        total = torch.zeros((), device=self.device)
+        for tokens in micro_batches:
+            tokens = tokens.to(self.device)
+            with self._autocast():
+                output = runner(tokens[:, :-1])
+                if not (isinstance(output, torch.Tensor) and output.dim() == 3):
+                    output = logits_of(output, self.parts[0])
+                total += _cross_entropy(output, tokens[:, 1:]) / len(micro_batches)
+        return total if self.owns_loss else torch.zeros((), device=self.device)
+
     def _pipeline_step(self, micro_batches: list[torch.Tensor]) -> torch.Tensor:
         tokens = torch.cat(micro_batches).to(self.device)
         first, last = 0 in self.stage_ids, self.layout.num_stages - 1 in self.stage_ids

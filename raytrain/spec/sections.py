@@ -20,6 +20,25 @@ from raytrain.spec._base import (
 )
 
 
+class ValidationSpec(Strict):
+    """Where the validation loss is measured: a held-out share of the training data, or a
+    source of its own."""
+
+    fraction: float | None = Field(None, gt=0, le=0.5, description=(
+        "Hold out this share of the training data's windows (the last ones of a token file "
+        "or its shards; for synthetic data, samples training never draws), never trained on."))
+    path: str | None = Field(None, max_length=4096, description=(
+        "A token file or a folder of shards of its own, read in order (data.dtype applies)."))
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ValidationSpec:
+        if (self.fraction is None) == (self.path is None):
+            raise_if_any("ValidationSpec", [field_error(
+                ("fraction",), "give one of fraction (a held-out share) or path (a source of "
+                "its own)", self.fraction)])
+        return self
+
+
 class DataSpec(Strict):
     """Where training tokens come from. Every data-parallel rank reads its own shard."""
 
@@ -31,6 +50,9 @@ class DataSpec(Strict):
     seq_len: int = Field(64, ge=1, le=4_194_304, description="Tokens per training sequence.")
     seed: int = Field(0, ge=0, description="Seed of the synthetic data, and of the order of "
                       "a token file's windows with shuffle.")
+    validation: ValidationSpec | None = Field(None, description=(
+        "A validation loss every training.eval_every_steps (and at the end), in the job's "
+        "status, events and /metrics; null: none."))
     shuffle: bool = Field(False, description=(
         "For 'token_file': read the windows in a seeded order, a new one each epoch (sample i "
         "is window shuffled(i mod n) of epoch i // n: README, What a step does), the same on "
@@ -108,6 +130,12 @@ class TrainingSpec(Strict):
         1.0, gt=0, description="Clip the global gradient norm to this; null to disable."
     )
     seed: int = Field(0, ge=0, description="Seed of the model's initial weights.")
+    eval_every_steps: int | None = Field(None, ge=1, le=100_000_000, description=(
+        "With data.validation: measure the validation loss every this many steps and at the "
+        "end; null: every checkpoint_every_steps."))
+    eval_batches: int = Field(4, ge=1, le=10_000, description=(
+        "With data.validation: global batches (of global_batch_size sequences) the "
+        "validation loss is the mean over."))
     checkpoint_every_steps: int = Field(
         50, ge=1, description="Save a checkpoint at least every this many steps (and at the "
         "end); on spot capacity the service also checkpoints at its policy's interval."

@@ -45,6 +45,11 @@ class Progress(Record):
     groups: int | None = Field(None, description=(
         "Elastic jobs: the replica groups that took part in the latest step reported (null: "
         "not an elastic job)."))
+    val_loss: float | None = Field(None, description=(
+        "The latest validation loss (data.validation), measured at val_step."))
+    val_step: int | None = Field(None, description="The step val_loss was measured after.")
+    eval_s: float | None = Field(None, description=(
+        "Seconds the latest validation took (left out of step_s)."))
     data_s: float | None = Field(None, description=(
         "Recent seconds a step waited for its data (left out of step_s; read ahead on a "
         "thread, so near 0 unless the data is slower than the step)."))

@@ -43,6 +43,7 @@ import torch.distributed as dist
 
 from raytrain.core.step_rules import StepRule, after_step
 from raytrain.data.prefetch import Prefetcher
+from raytrain.data.validation import with_validation
 from raytrain.spec import JobSpec
 from raytrain.spec.layout import Layout
 from raytrain.train.checkpoint import CheckpointManager
@@ -58,6 +59,7 @@ from raytrain.train.rank import (
     resume_rank,
     save_step,
     start_meter,
+    validation_loss,
 )
 from raytrain.train.sync import Heard, LossSync
 
@@ -176,6 +178,8 @@ def train(
     notices, members = notices or NoNotices(), members or OneGroup()
     training = spec.training
     model, optimizers, source, plan = build_rank(spec, layout, worker)
+    source, held_out = with_validation(
+        spec.data, spec.model.gpt.vocab_size if spec.model.builtin else None, source)
     data = Prefetcher(source, plan, model.dp_rank, worker.device)  # the next step read ahead
     checkpoints = CheckpointManager(
         checkpoint_root, worker.rank, keep=training.keep_checkpoints,
@@ -212,6 +216,11 @@ def train(
                 meter.warmed_up(time.monotonic() - began)
             meter.waited_for_data(data.take_waited_s())
             steps_done = turn.step + 1
+            if held_out is not None and _validation_due(spec, steps_done, last_step):
+                measured = time.monotonic()
+                meter.validated(steps_done, validation_loss(
+                    model, held_out, plan, training.eval_batches, worker, layout.dp),
+                    time.monotonic() - measured)
             unsynced.add(steps_done, lr, exchanged, grad_norm)
             rule = after_step(steps_done, training.steps, training.checkpoint_every_steps,
                               0.0, None)
@@ -247,6 +256,14 @@ def train(
     if worker.rank == 0 and members.ends_job(ending.left, start_step >= training.steps):
         sink.finished(result)
     return result
+
+
+def _validation_due(spec: JobSpec, steps_done: int, last_step: int) -> bool:
+    """Every eval_every_steps (default: checkpoint_every_steps) and at the run's end: from
+    the step alone, so every rank and group measures at the same steps."""
+    training = spec.training
+    every = training.eval_every_steps or training.checkpoint_every_steps
+    return steps_done % every == 0 or steps_done == last_step
 
 
 def _agree(sync: LossSync, unsynced: _Unsynced, turn: Turn, reporter: bool, sink: ProgressSink,

@@ -162,6 +162,12 @@ class ProgressMeter:
         self._warmup_s += seconds
         self.fixed["warmup_s"] = self.fixed.get("warmup_s", 0.0) + seconds
 
+    def validated(self, step: int, loss: float, seconds: float) -> None:
+        """The validation loss at `step`, measured in `seconds`: reported with every report
+        from now on (val_loss, val_step, eval_s) and left out of the step time."""
+        self.fixed.update(val_loss=loss, val_step=step, eval_s=seconds)
+        self._saving_s += seconds
+
     def record(self, step: int, loss: float) -> bool:
         """Note that `step` steps are done with `loss`; True when a publication is due."""
         self.step, self.loss = step, loss

@@ -168,6 +168,22 @@ def export_at_end(spec: JobSpec, model: ParallelModel, checkpoint_root: Path | s
         logger.info("wrote the model as a Hugging Face folder: %s", out)
 
 
+def validation_loss(model: ParallelModel, held_out: TokenSource, plan: BatchPlan,
+                    batches: int, worker: WorkerInfo, dp: int) -> float:
+    """The mean loss over `batches` global batches of the validation source (each cut
+    across the group's data-parallel ranks as a training step's is), forward only: the same
+    on every layout. Every rank of the group takes part."""
+    total = torch.zeros((), device=worker.device)
+    for index in range(batches):
+        micro = [held_out.batch(plan.sample_range(index, unit, model.dp_rank))
+                 for unit in range(plan.grad_accum_steps)]
+        total += model.evaluate(micro)
+    total = total.to(torch.float64) / batches
+    if worker.world_size > 1:
+        dist.all_reduce(total)
+    return float(total) / dp
+
+
 def forward_backward(model: ParallelModel, batches: list[torch.Tensor], share: float
                      ) -> torch.Tensor:
     """Gradients of the mean loss over this rank's micro-batches of a step (all of them,

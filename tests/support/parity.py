@@ -140,6 +140,8 @@ def _run_cases(rank: int, world_size: int, port: int, cases: list[tuple[str, dic
                   layout=job_layout(spec), progress_interval_s=0.0, **kwargs)
             if rank == 0:
                 (root / "losses.json").write_text(json.dumps(sink.losses()))
+                (root / "val.json").write_text(json.dumps(
+                    {r["val_step"]: r["val_loss"] for r in sink.reports if "val_loss" in r}))
                 for file, count in counts.items():
                     (root / file).write_text(str(count))
             dist.barrier()

@@ -466,6 +466,7 @@
       fill(stats, 
         stat("Step", `${p.step} / ${p.total_steps}`, "stat-step"),
         stat("Loss", num(p.loss, 4), "stat-loss"),
+        stat("Val loss", p.val_loss == null ? "–" : num(p.val_loss, 4), "stat-val-loss"),
         stat("Tokens/s", num(p.tokens_per_s), "stat-speed"),
         stat("MFU", p.mfu == null ? "–" : num(100 * p.mfu, 1) + "%", "stat-mfu"),
         stat("ETA", terminal(job.state) ? "–" : duration(p.eta_s), "stat-eta"),
