@@ -53,6 +53,12 @@ class Prefetcher:
         self.waited_s += time.perf_counter() - began
         return on_device
 
+    def settle(self) -> None:
+        """Wait for the read ahead to finish (its batches are kept), so that the caller may
+        read the same source itself (the validation batches) without two reads at once."""
+        if self._ahead is not None:
+            self._ahead[1].result()
+
     def take_waited_s(self) -> float:
         """The seconds steps waited for their data since the last call."""
         waited, self.waited_s = self.waited_s, 0.0

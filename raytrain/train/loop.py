@@ -217,6 +217,7 @@ def train(
             meter.waited_for_data(data.take_waited_s())
             steps_done = turn.step + 1
             if held_out is not None and _validation_due(spec, steps_done, last_step):
+                data.settle()  # the held-out windows come from the same source
                 measured = time.monotonic()
                 meter.validated(steps_done, validation_loss(
                     model, held_out, plan, training.eval_batches, worker, layout.dp),
