@@ -6,7 +6,8 @@ import sys
 from importlib.abc import MetaPathFinder
 
 SERVER = {"torch", "ray", "fastapi", "starlette", "uvicorn", "numpy", "psutil", "boto3",
-          "botocore", "prometheus_client", "torchft", "pandas", "pyarrow"}
+          "botocore", "prometheus_client", "torchft", "pandas", "pyarrow", "tokenizers",
+          "safetensors"}
 
 
 class _NotInstalled(MetaPathFinder):
