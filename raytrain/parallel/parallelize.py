@@ -217,14 +217,23 @@ class ParallelModel:
                 else nullcontext()
             with sync:
                 with self._autocast():
-                    output = runner(tokens[:, :-1])
-                    if not (isinstance(output, torch.Tensor) and output.dim() == 3):
-                        # a user's model: what it may return (raytrain.models.contract)
-                        output = logits_of(output, self.parts[0])
-                    loss = _cross_entropy(output, tokens[:, 1:]) / count
+                    loss = self._loss(runner, tokens) / count
                 (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
             total += loss.detach()
         return total if self.owns_loss else torch.zeros((), device=self.device)
+
+    def _loss(self, runner: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+        """The mean next-token loss of one micro-batch. The built-in model computes it a
+        chunk of tokens at a time, its logits never whole (models.gpt.chunked_cross_entropy;
+        not under tensor parallelism, whose head is sharded by vocabulary)."""
+        if isinstance(self.parts[0], GPT) and self.layout.tp == 1:
+            loss: torch.Tensor = runner(tokens[:, :-1], targets=tokens[:, 1:])
+            return loss
+        output = runner(tokens[:, :-1])
+        if not (isinstance(output, torch.Tensor) and output.dim() == 3):
+            # a user's model: what it may return (raytrain.models.contract)
+            output = logits_of(output, self.parts[0])
+        return _cross_entropy(output, tokens[:, 1:])
 
     @torch.no_grad()
     def evaluate(self, micro_batches: list[torch.Tensor]) -> torch.Tensor:
@@ -236,10 +245,7 @@ class ParallelModel:
         for tokens in micro_batches:
             tokens = tokens.to(self.device)
             with self._autocast():
-                output = runner(tokens[:, :-1])
-                if not (isinstance(output, torch.Tensor) and output.dim() == 3):
-                    output = logits_of(output, self.parts[0])
-                total += _cross_entropy(output, tokens[:, 1:]) / len(micro_batches)
+                total += self._loss(runner, tokens) / len(micro_batches)
         return total if self.owns_loss else torch.zeros((), device=self.device)
 
     def _pipeline_step(self, micro_batches: list[torch.Tensor]) -> torch.Tensor:
