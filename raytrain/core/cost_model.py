@@ -147,6 +147,14 @@ class Workload:
         return 4 if self.precision == "fp32" else 2
 
 
+def mfu(tokens_per_s: float, dims: ModelDims, devices: int, gpu: GPUKind,
+        precision: str) -> float:
+    """Model FLOPs utilisation: tokens/s times the model's FLOPs per token over the devices'
+    peak at `precision` (the planner's for a predicted throughput, the service's for a
+    measured one)."""
+    return tokens_per_s * dims.flops_per_token / (devices * gpu.flops(precision))
+
+
 def _collective_s(nbytes: float, ranks: int, link: Link) -> float:
     """One all-gather or reduce-scatter pass of `nbytes` (the whole tensor) over `ranks`."""
     if ranks <= 1:

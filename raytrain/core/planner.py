@@ -101,6 +101,7 @@ from raytrain.core.cost_model import (
     ModelDims,
     Workload,
     memory_per_device,
+    mfu,
     rank_params,
     root_params,
     stage_params,
@@ -160,7 +161,7 @@ def evaluate(dims: ModelDims, work: Workload, c: Layout, shape: NodeShape,
     tokens_step = work.global_batch * dims.seq_len
     tokens_per_s = tokens_step / step_s
     gpu = shape.gpu
-    mfu = tokens_per_s * dims.flops_per_token / (c.world_size * gpu.flops(work.precision))
+    utilisation = mfu(tokens_per_s, dims, c.world_size, gpu, work.precision)
     single = Layout(micro_batch_size=c.micro_batch_size,
                     microbatches=work.global_batch // c.micro_batch_size, recompute=c.recompute)
     one_device = tokens_step / step_time(dims, work, single, shape)["total"]
@@ -169,7 +170,7 @@ def evaluate(dims: ModelDims, work: Workload, c: Layout, shape: NodeShape,
     usd = None
     if usd_per_device_hour is not None:
         usd = usd_for(usd_per_device_hour, 1e6 / tokens_per_s, c.world_size)
-    plan = Plan(c, step_s, tokens_per_s, mfu, memory, limit,
+    plan = Plan(c, step_s, tokens_per_s, utilisation, memory, limit,
                 tokens_per_s / (c.world_size * one_device), usd, "", parts, gpu.memory_bytes)
     return replace(plan, reason=_reason(plan, gpu.name))
 

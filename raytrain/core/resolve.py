@@ -26,6 +26,7 @@ from raytrain.catalog.hardware import (
     fp8_kinds,
     network_link,
 )
+from raytrain.core.cost_model import mfu
 from raytrain.core.planner import ModelDims, NothingFits, Plan, Workload, evaluate, plan
 from raytrain.core.shapes import node_shape_of
 from raytrain.errors import FieldError, SpecError
@@ -109,7 +110,7 @@ def measured_mfu(spec: JobSpec, tokens_per_s: float, devices: int, accelerator: 
     except KeyError:
         return None
     dims, work, _, _ = planner_inputs(spec)
-    return tokens_per_s * dims.flops_per_token / (devices * gpu.flops(work.precision))
+    return mfu(tokens_per_s, dims, devices, gpu, work.precision)
 
 
 def plan_summary(spec: JobSpec, layout: Layout | None = None, hardware: Catalog = CATALOG

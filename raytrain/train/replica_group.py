@@ -90,7 +90,6 @@ class ReplicaGroup:
         self.failed = 0  # uncommitted steps
         self.failed_since: float | None = None  # when the first of them began
         self.began = self.quorum_s = 0.0
-        self.alive = 1
 
     def start(self, step: int, model: ParallelModel,
               optimizers: list[torch.optim.Optimizer]) -> None:
@@ -103,9 +102,9 @@ class ReplicaGroup:
         self.began = time.monotonic()
         self.manager.start_quorum()
         self.quorum_s = time.monotonic() - self.began
-        self.alive, me = self.manager.num_participants(), self.manager.participating_rank()
-        mine = share_of_step(units, self.alive, me) if me is not None else []
-        return Turn(self.manager.current_step(), mine, len(mine) / units, me == 0, self.alive)
+        alive, me = self.manager.num_participants(), self.manager.participating_rank()
+        mine = share_of_step(units, alive, me) if me is not None else []
+        return Turn(self.manager.current_step(), mine, len(mine) / units, me == 0, alive)
 
     def exchange(self, step: int, model: ParallelModel, loss: torch.Tensor, stop: bool,
                  move: bool) -> Exchanged | None:
