@@ -102,30 +102,42 @@ class FakeCluster:
 
     def worker_nodes(self) -> dict[str, str]:
         """Alive worker nodes: id -> node type (each carries its own type's resource)."""
-        if self._probe is None or self._probe.poll() is not None:
-            self._probe = subprocess.Popen(
-                [sys.executable, "-m", "tests.support.cluster_probe", self.address],
-                cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-            threading.Thread(target=_lines_into, args=(self._probe.stdout, self._answers),
-                             daemon=True).start()
-        assert self._probe.stdin is not None
-        self._probe.stdin.write("\n")
-        self._probe.stdin.flush()
         deadline = time.monotonic() + 120
-        line = ""
-        while not line.startswith("NODES "):
-            try:
-                line = self._answers.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError("the cluster probe did not answer within 120 s") from None
-            if line is None:
-                raise AssertionError("the cluster probe exited")
+        while True:
+            line = self._ask_probe(min(30.0, deadline - time.monotonic()))
+            if line.startswith("NODES "):
+                break
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"the cluster probe gave no node list in 120 s: {line}")
+            self.close()  # silent, exited or in error: ask a new probe
         nodes = {}
         for node in json.loads(line[len("NODES "):]):
             for kind in ("cpu-spot", "cpu-on-demand"):
                 if kind in node["resources"]:
                     nodes[node["id"]] = kind
         return nodes
+
+    def _ask_probe(self, timeout_s: float) -> str:
+        """One answer of the lasting probe process (started if there is none): its line, or
+        why there is none."""
+        if self._probe is None or self._probe.poll() is not None:
+            self._answers = queue.Queue()  # no line of an earlier probe is read as this one's
+            self._probe = subprocess.Popen(
+                [sys.executable, "-m", "tests.support.cluster_probe", self.address],
+                cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            threading.Thread(target=_lines_into, args=(self._probe.stdout, self._answers),
+                             daemon=True).start()
+        assert self._probe.stdin is not None
+        try:
+            self._probe.stdin.write("\n")
+            self._probe.stdin.flush()
+        except OSError as error:
+            return f"the probe's stdin: {error!r}"
+        try:
+            line = self._answers.get(timeout=max(0.1, timeout_s))
+        except queue.Empty:
+            return f"no answer in {timeout_s:.0f} s"
+        return "the probe exited" if line is None else line
 
     def worker_node_types(self) -> list[str]:
         return sorted(self.worker_nodes().values())
