@@ -2,12 +2,15 @@
 shared among the replica groups that are alive.
 
 A job's data-parallel replicas (`dp_replicate`) are replica groups: each a whole copy of the
-model, laid out inside the group as the job says (FSDP, tensor, pipeline). On bought capacity
-they can outlive each other (parallel.elastic): a group lost with its node leaves the others
-training while a replacement is bought and heals from a live group. The math does not
+model, laid out inside the group as the job says (FSDP, tensor, pipeline). They can outlive
+each other (parallel.elastic): on bought capacity a group lost with its node leaves the others
+training while a replacement is bought and heals from a live group; on a fixed cluster (the
+operator's own machines) a group that loses a worker (a GPU's Xid error, a process killed)
+leaves the others training while it is started again where Ray can place it. The math does not
 change: the samples of step s are always [s * global_batch, (s + 1) * global_batch), and
 the groups alive at a step share them, taking a lost group's share as more accumulation.
 
+    run_groups(spec, layout, worker_resources)  # the groups a run of the job is made of
     elastic_groups(spec, layout, nodes=8)      # 8 for dp_replicate 8 on 8 nodes; 1: rigid
     share_of_step(units=16, alive=7, rank=2)   # the micro-batch units group 2 runs
 """
@@ -17,6 +20,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from raytrain.spec import JobSpec, Layout
+
+
+def run_groups(spec: JobSpec, layout: Layout,
+               worker_resources: Mapping[str, float] | None) -> int:
+    """The replica groups a run of the job is made of: on bought nodes (`worker_resources`,
+    each worker's share of its node type), elastic_groups of the nodes bought; on a fixed
+    cluster, where no node is bought and none is lost to a cloud, each replica is a group of
+    its own all the same, so that a worker lost there costs only its group."""
+    if not worker_resources:
+        return groups_of(spec, layout.dp_replicate, layout.dp_replicate, layout.pp)
+    return elastic_groups(spec, layout, bought_nodes(spec, worker_resources))
 
 
 def elastic_groups(spec: JobSpec, layout: Layout, nodes: int) -> int:

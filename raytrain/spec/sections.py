@@ -281,10 +281,11 @@ class ParallelSpec(Strict):
         "small gradients are never sent and training lags; off only for comparison.",
     )
     elastic: bool = Field(
-        True, description="On bought capacity with dp_replicate > 1, keep training on the "
-        "replica groups that survive a preemption (they take the lost group's share of each "
-        "step) while a replacement is bought and heals from a live group; false: every "
-        "preemption stops the whole job and resumes from its checkpoint.",
+        True, description="With dp_replicate > 1, keep training on the replica groups that "
+        "survive a preemption or a lost worker (they take the lost group's share of each "
+        "step) while a replacement is bought (or, on a fixed cluster, placed again) and "
+        "heals from a live group; false: every loss stops the whole job and resumes from "
+        "its checkpoint.",
     )
     min_replica_groups: int = Field(
         1, ge=1, le=100_000, description="Keep training while at least this many replica "

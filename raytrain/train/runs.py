@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from raytrain.core.elastic import bought_nodes, elastic_groups
+from raytrain.core.elastic import run_groups
 from raytrain.spec import JobSpec, Layout
 from raytrain.train.elastic_launcher import run_elastic_job
 from raytrain.train.launcher import build_trainer
@@ -35,7 +35,7 @@ def run_training_job(
     # notices a lost worker) sooner, 18.3 -> 15.8 s for a fit that trains 0.2 s here
     # (benchmarks/fit_poll.py), for a poll that costs one small call per worker.
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
-    groups = elastic_groups(spec, layout, bought_nodes(spec, worker_resources))
+    groups = run_groups(spec, layout, worker_resources)
     if groups > 1:
         run_elastic_job(spec, layout, groups, job_id, checkpoint_root, run_root, manager,
                         worker_resources, interruption_endpoint)

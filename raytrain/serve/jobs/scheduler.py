@@ -21,7 +21,7 @@ from raytrain.cloud.interruption import watch_endpoint
 from raytrain.cloud.object_store import is_remote, join
 from raytrain.core import lifecycle as lc
 from raytrain.core.billing import attribute
-from raytrain.core.elastic import bought_nodes, elastic_groups
+from raytrain.core.elastic import run_groups
 from raytrain.core.queue import Queued, admit, backfill, worker_group_demand
 from raytrain.serve.adaptors.cluster import Cluster
 from raytrain.serve.jobs.provisioning import Provisioner
@@ -194,13 +194,12 @@ class Scheduler:
                                      ray_root, worker_resources, notice_endpoint)
         self.manager.handles[job_id] = handle
         bought = set(worker_resources or ())
-        nodes = bought_nodes(spec, worker_resources)
         self.manager.apply(job_id, lc.Launched(lc.Run(
             demand=demand, launched_at=self.cluster.now(), usd_per_hour=usd_per_hour,
             describe=describe or plan.description,
             nodes_at_launch=self.cluster.alive_nodes(bought) if bought else frozenset(),
             budget_usd=spec.capacity.budget_usd or self.config.max_usd_per_job,
-            groups=elastic_groups(spec, plan.layout, nodes)), plan))
+            groups=run_groups(spec, plan.layout, worker_resources)), plan))
         logger.info("job %s launched with %s", job_id, demand)
 
     def review_running(self) -> None:
