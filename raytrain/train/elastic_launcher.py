@@ -28,6 +28,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import ray
 import ray.train
@@ -83,7 +84,7 @@ def elastic_group_fn(config: dict[str, Any]) -> None:
                                     "healing" if config["replacement"] else "training", [node])
     setup = GroupSetup(config["lighthouse"], os.environ["MASTER_ADDR"],
                        int(os.environ["MASTER_PORT"]), f"{config['job_id']}-g",
-                       config["groups"])
+                       config["groups"], beats=config["beats"])
     endpoint = node_endpoint(config.get("interruption_endpoint"))
     header = (f"job {config['job_id']}, replica group {group}, rank {worker.rank} of "
               f"{worker.world_size}, node {ray.get_runtime_context().get_node_id()[:12]}")
@@ -92,7 +93,8 @@ def elastic_group_fn(config: dict[str, Any]) -> None:
         notices = _Reporting(watcher, manager, config["job_id"], attempt, group) \
             if watcher is not None and worker.rank == 0 else watcher
         result = train(spec, worker, sink, config["checkpoint_root"], layout=layout,
-                       notices=notices, members=ReplicaGroup(setup, group, worker, events))
+                       notices=notices, members=ReplicaGroup(setup, group, worker, events,
+                                                             heals=config["replacement"]))
     logger.info("replica group %d ended at step %d%s", group, result["steps"],
                 " (it left)" if result["left"] else "")
 
@@ -139,6 +141,7 @@ def run_elastic_job(spec: JobSpec, layout: Layout, groups: int, job_id: str,
     stops them); a group that leaves or dies is started again (its fit waits for a node).
     Raises when every group is lost: the job manager then resumes the job from its
     checkpoint."""
+    from torch.distributed import TCPStore
     from torchft.coordination import LighthouseServer
 
     os.makedirs(run_root, exist_ok=True)
@@ -155,6 +158,11 @@ def run_elastic_job(spec: JobSpec, layout: Layout, groups: int, job_id: str,
         return  # cancelled while starting
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=500,
                                   heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)
+    # Where every rank beats (raytrain.train.heartbeats), beside the Lighthouse: its host is
+    # the name the groups already reach the Lighthouse by.
+    beat_store = TCPStore(urlparse(lighthouse.address()).hostname or "localhost", 0,
+                          is_master=True, wait_for_workers=False)
+    beats = f"{urlparse(lighthouse.address()).hostname}:{beat_store.port}"
     per_group = spec.resources.num_workers // groups
     group_spec = spec.model_copy(update={"resources": spec.resources.model_copy(
         update={"num_workers": per_group})})
@@ -165,7 +173,8 @@ def run_elastic_job(spec: JobSpec, layout: Layout, groups: int, job_id: str,
             group_spec, inner, job_id, checkpoint_root, run_root, manager_name,
             worker_resources, interruption_endpoint, train_fn=elastic_group_fn,
             extra_config={"group": group, "groups": groups, "attempt": attempt,
-                          "lighthouse": lighthouse.address(), "replacement": replacement},
+                          "lighthouse": lighthouse.address(), "replacement": replacement,
+                          "beats": beats},
             name=f"job-{job_id}-g{group}-{time.monotonic_ns()}", avoid_nodes=avoid).fit()
 
     pool = ThreadPoolExecutor(max_workers=2 * groups + 2)
@@ -205,6 +214,7 @@ def run_elastic_job(spec: JobSpec, layout: Layout, groups: int, job_id: str,
     finally:
         lighthouse.shutdown()
         pool.shutdown(wait=False, cancel_futures=True)
+        del beat_store
 
 
 def _after_its_end(manager: Any, job_id: str, attempt: int, group: int) -> dict[str, Any]:

@@ -86,6 +86,7 @@ class Members(Protocol):
     """The groups a rank trains among (module doc, steps 1 and 3)."""
 
     every_step: bool  # agree after every step: groups must stop at the same step
+    heals: bool  # it joins live groups: its state comes from one of them, not from storage
 
     def start(self, step: int, model: Any, optimizers: list[torch.optim.Optimizer]) -> None:
         ...
@@ -106,6 +107,7 @@ class OneGroup:
     """A job whose ranks all train as one group (a rigid job): every step is theirs."""
 
     every_step = False
+    heals = False
 
     def start(self, step: int, model: Any, optimizers: list[torch.optim.Optimizer]) -> None:
         pass
@@ -184,7 +186,9 @@ def train(
     checkpoints = CheckpointManager(
         checkpoint_root, worker.rank, keep=training.keep_checkpoints,
         world_size=worker.world_size, on_durable=sink.checkpoint if worker.rank == 0 else None)
-    start_step, first_loss, loss_value = resume_rank(checkpoints, spec, model, optimizers, worker)
+    # A group joining live ones reads nothing from storage: it heals at its first quorum.
+    start_step, first_loss, loss_value = (0, None, float("nan")) if members.heals else \
+        resume_rank(checkpoints, spec, model, optimizers, worker)
     last_step = training.steps if stop_after_steps is None else min(
         training.steps, start_step + stop_after_steps)
     members.start(start_step, model, optimizers)

@@ -43,6 +43,7 @@ from torch.distributed.tensor import DTensor
 from raytrain.core.elastic import share_of_step
 from raytrain.parallel.parallelize import ParallelModel
 from raytrain.train.checkpoint import _state
+from raytrain.train.heartbeats import Heartbeats, wait_watched
 from raytrain.train.loop import Exchanged, Turn
 from raytrain.train.rank import WorkerInfo
 
@@ -61,6 +62,12 @@ class GroupSetup:
     groups: int  # the job's replica groups (indices 0 .. groups - 1)
     timeout_s: float = 30.0
     heartbeat_s: float = 0.1
+    beats: str | None = None  # "host:port" of the job's beat store (train.heartbeats)
+    heal_wait_s: float = 120.0  # a replacement's wait for a live group to heal from
+
+
+class NoGroupToHeal(RuntimeError):
+    """A replacement found no live group to take the job's state from."""
 
 
 class GroupEvents:
@@ -81,8 +88,9 @@ class ReplicaGroup:
 
     def __init__(self, setup: GroupSetup, group: int, worker: WorkerInfo,
                  events: GroupEvents | None = None,
-                 die_when: Callable[[int], bool] | None = None) -> None:
+                 die_when: Callable[[int], bool] | None = None, heals: bool = False) -> None:
         self.setup, self.group, self.worker = setup, group, worker
+        self.heals = heals  # a replacement: its state comes from a live group (no storage)
         self.events = events or GroupEvents()
         self.die_when = die_when
         self.manager: Any = None
@@ -90,11 +98,16 @@ class ReplicaGroup:
         self.failed = 0  # uncommitted steps
         self.failed_since: float | None = None  # when the first of them began
         self.began = self.quorum_s = 0.0
+        self.beats: Heartbeats | None = None
 
     def start(self, step: int, model: ParallelModel,
               optimizers: list[torch.optim.Optimizer]) -> None:
         self.manager = _torchft_manager(self.setup, self.worker, self.group, model, optimizers)
         self.manager.load_state_dict({"step": step, "batches_committed": 0})
+        if self.setup.beats is not None:
+            self.beats = Heartbeats(self.setup.beats, self.group, self.worker.rank,
+                                    self.worker.world_size)
+            self.beats.start()
 
     def turn(self, step: int, units: int) -> Turn:
         """Join the step's quorum (synchronous: a group behind heals here, before the step):
@@ -103,6 +116,23 @@ class ReplicaGroup:
         self.manager.start_quorum()
         self.quorum_s = time.monotonic() - self.began
         alive, me = self.manager.num_participants(), self.manager.participating_rank()
+        if self.heals:
+            # The Lighthouse may form a quorum of this group alone (half of those it hears,
+            # after its join timeout) while the others are mid-step: ask again until one of
+            # them is in it, and torchft heals this group from it.
+            deadline = time.monotonic() + self.setup.heal_wait_s
+            while alive < 2 and self.manager.current_step() == 0:
+                if time.monotonic() > deadline:
+                    raise NoGroupToHeal(
+                        f"replica group {self.group} was started to heal from a live group "
+                        f"and found none in {self.setup.heal_wait_s:.0f} s: the job resumes "
+                        "from its checkpoint")
+                time.sleep(0.1)
+                self.manager.start_quorum()
+                alive, me = self.manager.num_participants(), \
+                    self.manager.participating_rank()
+            self.heals = False  # healed (torchft loaded a live group's state) or joined at 0
+            self.quorum_s = time.monotonic() - self.began
         mine = share_of_step(units, alive, me) if me is not None else []
         return Turn(self.manager.current_step(), mine, len(mine) / units, me == 0, alive)
 
@@ -116,7 +146,8 @@ class ReplicaGroup:
         for p in params:  # every group sends every gradient, a share of none included
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        flags = _reduce(self.manager, params, loss, stop, move, self.setup.groups, self.group)
+        flags = _reduce(self.manager, params, loss, stop, move, self.setup.groups, self.group,
+                        self.beats, self.members or set())
         if not self.manager.should_commit():
             self.failed += 1
             self.failed_since = self.failed_since or self.began
@@ -138,15 +169,20 @@ class ReplicaGroup:
         return {"groups": turn.alive}
 
     def close(self) -> None:
+        if self.beats is not None:
+            self.beats.stop()
         if self.manager is not None:
             self.manager.shutdown(wait=False)
 
 
 def _reduce(manager: Any, params: list[torch.nn.Parameter], loss: torch.Tensor, stop: bool,
-            move: bool, groups: int, group: int) -> torch.Tensor:
+            move: bool, groups: int, group: int, beats: Heartbeats | None = None,
+            members: set[int] | frozenset[int] = frozenset()) -> torch.Tensor:
     """Sum the gradients over the groups in the quorum, with the loss, the service's flags
     (stop, move: the leader's) and which groups took part in one more all-reduce of
-    [loss, stop, move, group 0, group 1, ...]."""
+    [loss, stop, move, group 0, group 1, ...]. A group of the last step (`members`) that
+    falls silent meanwhile (`beats`) fails the step, which the others then do again without
+    it (train.heartbeats)."""
     flags = torch.zeros(3 + groups, dtype=torch.float64)
     flags[0] = loss.to(torch.float64).cpu()
     flags[1:3] = torch.tensor([float(stop), float(move)])
@@ -154,6 +190,17 @@ def _reduce(manager: Any, params: list[torch.nn.Parameter], loss: torch.Tensor, 
     works = [manager.allreduce(p.grad.to_local() if isinstance(p.grad, DTensor)
                                else p.grad, reduce_op=dist.ReduceOp.SUM)
              for p in params] + [manager.allreduce(flags, reduce_op=dist.ReduceOp.SUM)]
+    # The transport's own futures: torchft's work reports a failed wait to its manager,
+    # and a wait given up on must not fail a later step when gloo's timeout ends it.
+    pending = [getattr(work, "_work", None) for work in works]
+    if beats is not None and all(w is not None for w in pending):
+        lost = wait_watched([w.get_future() for w in pending if w is not None], beats,
+                            members)
+        if lost:
+            logger.warning("replica groups %s silent for %.0f s: this step is done again "
+                           "without them", sorted(lost), beats.lost_after_s)
+            manager.report_error(RuntimeError(f"replica groups {sorted(lost)} silent"))
+            return flags
     for work in works:
         work.wait()
     return flags

@@ -282,3 +282,136 @@ def test_groups_of_two_ranks_agree_on_every_decision_and_train_as_one_process(
     assert sorted(losses) == list(range(1, STEPS + 1))
     for step, loss in losses.items():
         assert loss == pytest.approx(expected[step], abs=1e-5), step
+
+
+@pytest.mark.timeout(180)
+def test_a_frozen_rank_costs_its_group_within_10_s_and_the_job_trains_as_one_process(
+        tmp_path: Path) -> None:
+    """Two replica groups of two ranks each (FSDP inside). One rank of group 1 is frozen
+    (SIGSTOP: no socket closes, as when a node loses power or its network, and the other rank
+    of its group, alive, keeps its group's Lighthouse heartbeat going): group 0 hears the
+    rank's silence in the job's beat store (raytrain.train.heartbeats), does the step in
+    flight again without group 1 and trains on, within 10 s; every step's loss is one
+    process's. Without the beat store (GroupSetup.beats None) group 0 waits out gloo's 30 s
+    timeout and the stall assertion fails."""
+    import signal
+
+    from torch.distributed import TCPStore
+    from torchft.coordination import LighthouseServer
+
+    from tests.support.elastic_groups import group_rank_main, wait_for_groups
+    from tests.support.runs import _free_port
+
+    os.environ.setdefault("RUST_LOG", "error")
+    job = {**JOB, "resources": {"num_workers": 2}, "parallel": {"strategy": "fsdp"}}
+    expected = run_single(JobSpec.model_validate(JOB), tmp_path / "reference").losses()
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=200,
+                                  heartbeat_timeout_ms=1500)
+    beats = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    context = multiprocessing.get_context("spawn")
+    processes = []
+    for group in range(2):
+        ports = (_free_port(), _free_port())
+        for rank in range(2):
+            processes.append(context.Process(
+                target=group_rank_main, args=(group, rank, lighthouse.address(),
+                                              str(tmp_path), job, 2, *ports, 1000.0,
+                                              f"127.0.0.1:{beats.port}"),
+                daemon=True))
+    for process in processes:
+        process.start()
+    frozen = processes[3]  # group 1, rank 1
+    try:
+        (tmp_path / "slow").touch()  # steps of 0.1 s until the freeze is heard
+        (tmp_path / "start-0").touch()
+        (tmp_path / "start-1").touch()
+        together = wait_for_groups(tmp_path, 0, 2, timeout_s=150)
+        wait_for_step(tmp_path, together + 3)
+        assert frozen.pid is not None
+        os.kill(frozen.pid, signal.SIGSTOP)
+        wait_for_event(tmp_path, 1, "gone", timeout_s=60)
+        (tmp_path / "slow").unlink()
+        processes[0].join(120)
+        processes[1].join(60)
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.kill()  # the frozen rank and its group's other, blocked on it
+        lighthouse.shutdown()
+    assert [p.exitcode for p in processes[:2]] == [0, 0]
+    assert json.loads((tmp_path / "result-0.json").read_text())["steps"] == STEPS
+    losses: dict[int, float] = {}
+    for path in tmp_path.glob("losses-*.json"):
+        losses.update({int(k): v for k, v in json.loads(path.read_text()).items()})
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    for step, loss in losses.items():
+        assert loss == pytest.approx(expected[step], abs=1e-5), step
+    [gone] = [e for e in events(tmp_path) if e["state"] == "gone" and e["by"] == 0]
+    print(f"\na frozen rank: its group lost after a stall of {gone['stall_s']:.2f} s, "
+          f"{gone['redone']} step(s) done again")
+    assert gone["redone"] <= 1 and gone["stall_s"] <= 10.0, gone
+
+
+@pytest.mark.timeout(180)
+def test_a_replacement_heals_from_a_live_group_and_reads_nothing_from_storage(
+        tmp_path: Path) -> None:
+    """Two groups share the job's checkpoint folder, as on the service, and checkpoint every
+    4 steps. Group 1 dies mid-step; its replacement (ReplicaGroup.heals) takes the job's state
+    from group 0 and opens no file of the folder, though checkpoints are there to read; every
+    step's loss is one process's. Loading the latest checkpoint first, as every group did
+    before, reads its files (the read assertion fails)."""
+    from torchft.coordination import LighthouseServer
+
+    os.environ.setdefault("RUST_LOG", "error")
+    job = {**JOB, "training": {**JOB["training"], "checkpoint_every_steps": 4}}
+    expected = run_single(JobSpec.model_validate(job), tmp_path / "reference").losses()
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=200,
+                                  heartbeat_timeout_ms=1500)
+    shared = tmp_path / "job-checkpoints"
+    context = multiprocessing.get_context("spawn")
+    processes = {group: context.Process(
+        target=partial(group_main, job=job, groups=2, heals=group == 2,
+                       checkpoints=str(shared)),
+        args=(group % 2, lighthouse.address(), str(tmp_path)), daemon=True)
+        for group in (0, 1)}
+    for process in processes.values():
+        process.start()
+    try:
+        (tmp_path / "slow").touch()
+        (tmp_path / "start-0").touch()
+        (tmp_path / "start-1").touch()
+        together = wait_for_a_step_together(tmp_path, (0, 1))
+        wait_for_step(tmp_path, together + 9)  # two checkpoints at least
+        (tmp_path / "kill-1").touch()
+        processes[1].join(60)
+        wait_for_event(tmp_path, 1, "gone")
+        (tmp_path / "kill-1").unlink()
+        saved = sorted(p.name for p in shared.iterdir() if p.name.startswith("step_"))
+        assert saved, "no checkpoint to leave unread"
+        (tmp_path / "read-1.json").unlink(missing_ok=True)
+        processes[2] = context.Process(
+            target=partial(group_main, job=job, groups=2, heals=True,
+                           checkpoints=str(shared)),
+            args=(1, lighthouse.address(), str(tmp_path)), daemon=True)
+        before = len(events(tmp_path))
+        processes[2].start()  # the replacement: group 1 again
+        wait_for_event(tmp_path, 1, "training", after=before)
+        (tmp_path / "slow").unlink()
+        for group in (0, 2):
+            processes[group].join(120)
+    finally:
+        for process in processes.values():
+            if process.is_alive():
+                process.kill()
+        lighthouse.shutdown()
+    assert processes[0].exitcode == 0 and processes[2].exitcode == 0
+    read = json.loads((tmp_path / "read-1.json").read_text())
+    print(f"\na replacement joining a live group read {read['bytes']} bytes in "
+          f"{read['files']} files of the job's checkpoints ({len(saved)} there)")
+    assert read == {"files": 0, "bytes": 0}, read
+    losses: dict[int, float] = {}
+    for path in tmp_path.glob("losses-*.json"):
+        losses.update({int(k): v for k, v in json.loads(path.read_text()).items()})
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    for step, loss in losses.items():
+        assert loss == pytest.approx(expected[step], abs=1e-5), step

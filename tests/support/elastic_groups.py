@@ -32,8 +32,12 @@ class FileNotice:
 
 
 def group_main(group: int, lighthouse: str, folder: str, job: dict[str, Any],
-               groups: int) -> None:
-    """One replica group, one process (spawned): train, recording what it sees."""
+               groups: int, beats: str | None = None, heals: bool = False,
+               checkpoints: str | None = None) -> None:
+    """One replica group, one process (spawned): train, recording what it sees. `heals`: a
+    replacement (ReplicaGroup.heals); `checkpoints`: the job's checkpoint folder, shared by
+    the groups as on the service (default: one of the group's own), whose bytes the group
+    opens for reading are recorded in read-G.json."""
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ.setdefault("RUST_LOG", "error")
     import torch
@@ -44,7 +48,7 @@ def group_main(group: int, lighthouse: str, folder: str, job: dict[str, Any],
     from raytrain.train.loop import train
     from raytrain.train.progress import NullSink
     from raytrain.train.rank import WorkerInfo
-    from raytrain.train.replica_group import GroupEvents, GroupSetup, ReplicaGroup
+    from raytrain.train.replica_group import GroupSetup, ReplicaGroup
 
     torch.set_num_threads(1)
     out = Path(folder)
@@ -53,6 +57,8 @@ def group_main(group: int, lighthouse: str, folder: str, job: dict[str, Any],
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     spec = JobSpec.model_validate(job)
     layout = job_layout(spec)
+    root = Path(checkpoints) if checkpoints else out / f"checkpoints-{group}"
+    read = _count_reads(root, out / f"read-{group}.json")
 
     class Sink(NullSink):
         losses: dict[int, float] = {}
@@ -74,6 +80,51 @@ def group_main(group: int, lighthouse: str, folder: str, job: dict[str, Any],
             (out / f"result-{group}.json").write_text(json.dumps(result))
 
 
+    (out / f"ready-{group}").touch()
+    setup = GroupSetup(lighthouse, "127.0.0.1", store.port, "g", groups, timeout_s=30,
+                       beats=beats)
+    worker = WorkerInfo.single_process()
+    members = ReplicaGroup(setup, group, worker, file_events(out, group),
+                           die_when=lambda step: _stepped(out, group, step)
+                           or (out / f"kill-{group}").exists(), heals=heals)
+    try:
+        train(spec, worker, Sink(), root, layout=layout,
+              notices=FileNotice(out / f"notice-{group}"), progress_interval_s=0.0,
+              members=members)
+    finally:
+        read()
+
+
+def _count_reads(root: Path, record: Path) -> Any:
+    """Count the files under `root` this process opens for reading, and their bytes (an
+    audit hook: whatever reads them, DCP's reader included); the returned function writes
+    the count to `record`."""
+    import sys
+
+    opened: dict[str, int] = {}
+    prefix = str(root.resolve())
+
+    def hook(event: str, args: tuple[Any, ...]) -> None:
+        if event != "open" or not isinstance(args[0], (str, Path)):
+            return
+        path, mode, flags = str(args[0]), args[1], args[2]
+        reading = "r" in mode and "+" not in mode if isinstance(mode, str) \
+            else not flags & (os.O_WRONLY | os.O_RDWR)
+        if reading and path.startswith(prefix) and os.path.isfile(path):
+            opened[path] = os.path.getsize(path)
+
+    sys.addaudithook(hook)
+
+    def write() -> None:
+        record.write_text(json.dumps({"files": len(opened), "bytes": sum(opened.values())}))
+
+    return write
+
+
+def file_events(out: Path, group: int) -> Any:
+    """What a leading group reports of the others, appended to events.jsonl."""
+    from raytrain.train.replica_group import GroupEvents
+
     class Events(GroupEvents):
         def report(self, index: int, state: str, step: int, redone_steps: int = 0,
                    stall_s: float | None = None) -> None:
@@ -82,14 +133,7 @@ def group_main(group: int, lighthouse: str, folder: str, job: dict[str, Any],
                                          "redone": redone_steps, "stall_s": stall_s,
                                          "by": group}) + "\n")
 
-    (out / f"ready-{group}").touch()
-    setup = GroupSetup(lighthouse, "127.0.0.1", store.port, "g", groups, timeout_s=30)
-    worker = WorkerInfo.single_process()
-    members = ReplicaGroup(setup, group, worker, Events(),
-                           die_when=lambda step: _stepped(out, group, step)
-                           or (out / f"kill-{group}").exists())
-    train(spec, worker, Sink(), out / f"checkpoints-{group}", layout=layout,
-          notices=FileNotice(out / f"notice-{group}"), progress_interval_s=0.0, members=members)
+    return Events()
 
 
 def _stepped(folder: Path, group: int, step: int) -> bool:
@@ -138,9 +182,28 @@ def wait_for_step(folder: Path, step: int, timeout_s: float = 120.0) -> None:
         time.sleep(0.05)
 
 
-def wait_for_event(folder: Path, group: int, state: str, timeout_s: float = 90.0) -> None:
+def wait_for_groups(folder: Path, group: int, count: int, timeout_s: float = 120.0) -> int:
+    """The first step `group` reported with `count` groups in its quorum."""
     deadline = time.monotonic() + timeout_s
-    while not any(e["group"] == group and e["state"] == state for e in events(folder)):
+    path = folder / f"groups-{group}.json"
+    while True:
+        try:
+            seen = json.loads(path.read_text()) if path.exists() else {}
+        except ValueError:  # being written
+            seen = {}
+        steps = [int(k) for k, v in seen.items() if v == count]
+        if steps:
+            return min(steps)
+        assert time.monotonic() < deadline, f"group {group} never in a quorum of {count}"
+        time.sleep(0.05)
+
+
+def wait_for_event(folder: Path, group: int, state: str, timeout_s: float = 90.0,
+                   after: int = 0) -> None:
+    """Wait for `group` reported in `state`, in an event after the first `after`."""
+    deadline = time.monotonic() + timeout_s
+    while not any(e["group"] == group and e["state"] == state
+                  for e in events(folder)[after:]):
         assert time.monotonic() < deadline, (group, state, events(folder))
         time.sleep(0.02)
 
@@ -152,7 +215,8 @@ def events(folder: Path) -> list[dict[str, Any]]:
 
 
 def group_rank_main(group: int, rank: int, lighthouse: str, folder: str, job: dict[str, Any],
-                    groups: int, pg_port: int, store_port: int, interval_s: float) -> None:
+                    groups: int, pg_port: int, store_port: int, interval_s: float,
+                    beats: str | None = None) -> None:
     """One rank of a replica group of two ranks (spawned): the group's own gloo process group
     on `pg_port`, its torchft store on `store_port` (rank 0's). Rank 0 hears the service's
     checkpoint interval (`interval_s`); a node's notice (notice-G-R) reaches that rank only,
@@ -185,9 +249,13 @@ def group_rank_main(group: int, rank: int, lighthouse: str, folder: str, job: di
         losses: dict[int, float] = {}
         saved: list[int] = []
 
+        groups: dict[int, int] = {}
+
         def progress(self, payload: dict[str, Any]) -> None:
             self.losses[payload["step"]] = payload["loss"]
+            self.groups[payload["step"]] = payload["groups"]
             (out / f"losses-{group}.json").write_text(json.dumps(self.losses))
+            (out / f"groups-{group}.json").write_text(json.dumps(self.groups))
             if (out / "slow").exists():
                 time.sleep(0.1)
 
@@ -203,12 +271,15 @@ def group_rank_main(group: int, rank: int, lighthouse: str, folder: str, job: di
             (out / f"result-{group}.json").write_text(json.dumps(result))
 
 
-    setup = GroupSetup(lighthouse, "127.0.0.1", store_port, "g", groups, timeout_s=30)
+    setup = GroupSetup(lighthouse, "127.0.0.1", store_port, "g", groups, timeout_s=30,
+                       beats=beats)
     try:
         worker = WorkerInfo(rank, 2, torch.device("cpu"))
         train(spec, worker, Sink() if rank == 0 else NullSink(), out / f"ckpt-{group}",
               layout=job_layout(spec), notices=FileNotice(out / f"notice-{group}-{rank}"),
-              progress_interval_s=0.0, members=ReplicaGroup(setup, group, worker))
+              progress_interval_s=0.0,
+              members=ReplicaGroup(setup, group, worker,  # rank 0 reports, as on Ray
+                                   file_events(out, group) if rank == 0 else None))
     finally:
         dist.destroy_process_group()
         del store
