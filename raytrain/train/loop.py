@@ -88,8 +88,9 @@ class Members(Protocol):
     every_step: bool  # agree after every step: groups must stop at the same step
     heals: bool  # it joins live groups: its state comes from one of them, not from storage
 
-    def start(self, step: int, model: Any, optimizers: list[torch.optim.Optimizer]) -> None:
-        ...
+    def start(self, step: int, model: Any, optimizers: list[torch.optim.Optimizer],
+              meter: Any) -> None:
+        ...  # meter: the rank's ProgressMeter (a group that heals takes the job's first loss)
 
     def turn(self, step: int, units: int) -> Turn: ...
 
@@ -109,7 +110,8 @@ class OneGroup:
     every_step = False
     heals = False
 
-    def start(self, step: int, model: Any, optimizers: list[torch.optim.Optimizer]) -> None:
+    def start(self, step: int, model: Any, optimizers: list[torch.optim.Optimizer],
+              meter: Any) -> None:
         pass
 
     def turn(self, step: int, units: int) -> Turn:
@@ -191,9 +193,9 @@ def train(
         resume_rank(checkpoints, spec, model, optimizers, worker)
     last_step = training.steps if stop_after_steps is None else min(
         training.steps, start_step + stop_after_steps)
-    members.start(start_step, model, optimizers)
-    sink.started(start_step)
     meter = start_meter(spec, model, start_step, first_loss, progress_interval_s)
+    members.start(start_step, model, optimizers, meter)
+    sink.started(start_step)
     sync = LossSync(worker.world_size, worker.rank,
                     0.0 if members.every_step else progress_interval_s / 2, dp=layout.dp,
                     device=worker.device)

@@ -45,6 +45,7 @@ from raytrain.parallel.parallelize import ParallelModel
 from raytrain.train.checkpoint import _state
 from raytrain.train.heartbeats import Heartbeats, wait_watched
 from raytrain.train.loop import Exchanged, Turn
+from raytrain.train.progress import ProgressMeter
 from raytrain.train.rank import WorkerInfo
 
 logger = logging.getLogger(__name__)
@@ -100,9 +101,10 @@ class ReplicaGroup:
         self.began = self.quorum_s = 0.0
         self.beats: Heartbeats | None = None
 
-    def start(self, step: int, model: ParallelModel,
-              optimizers: list[torch.optim.Optimizer]) -> None:
-        self.manager = _torchft_manager(self.setup, self.worker, self.group, model, optimizers)
+    def start(self, step: int, model: ParallelModel, optimizers: list[torch.optim.Optimizer],
+              meter: ProgressMeter) -> None:
+        self.manager = _torchft_manager(self.setup, self.worker, self.group, model, optimizers,
+                                        meter)
         self.manager.load_state_dict({"step": step, "batches_committed": 0})
         if self.setup.beats is not None:
             self.beats = Heartbeats(self.setup.beats, self.group, self.worker.rank,
@@ -207,17 +209,20 @@ def _reduce(manager: Any, params: list[torch.nn.Parameter], loss: torch.Tensor, 
 
 
 def _torchft_manager(setup: GroupSetup, worker: WorkerInfo, group: int, model: ParallelModel,
-                     optimizers: list[torch.optim.Optimizer]) -> Any:
+                     optimizers: list[torch.optim.Optimizer], meter: ProgressMeter) -> Any:
     """torchft's Manager for this group's rank: its quorum through the job's Lighthouse, and
     the group's state (this rank's shards) for healing a peer, or being healed."""
     from torchft import Manager, ProcessGroupGloo
 
     def state_dict() -> dict[str, Any]:
         model_state, optim_state, _ = _state(model.parts, optimizers)
-        return {"model": _local(model_state), "optim": _local(optim_state)}
+        return {"model": _local(model_state), "optim": _local(optim_state),
+                "first_loss": meter.first_loss}
 
     def load_state_dict(state: dict[str, Any]) -> None:
         _load_local(model.parts, optimizers, state)
+        if meter.first_loss is None:  # the job's, not this group's first step
+            meter.first_loss = state.get("first_loss")
 
     timeout = timedelta(seconds=setup.timeout_s)
     return Manager(

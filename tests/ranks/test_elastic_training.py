@@ -358,8 +358,9 @@ def test_a_replacement_heals_from_a_live_group_and_reads_nothing_from_storage(
     """Two groups share the job's checkpoint folder, as on the service, and checkpoint every
     4 steps. Group 1 dies mid-step; its replacement (ReplicaGroup.heals) takes the job's state
     from group 0 and opens no file of the folder, though checkpoints are there to read; every
-    step's loss is one process's. Loading the latest checkpoint first, as every group did
-    before, reads its files (the read assertion fails)."""
+    step's loss is one process's, and its reports carry the job's first loss. Loading the
+    latest checkpoint first, as every group did before, reads its files (the read assertion
+    fails)."""
     from torchft.coordination import LighthouseServer
 
     os.environ.setdefault("RUST_LOG", "error")
@@ -409,6 +410,9 @@ def test_a_replacement_heals_from_a_live_group_and_reads_nothing_from_storage(
     print(f"\na replacement joining a live group read {read['bytes']} bytes in "
           f"{read['files']} files of the job's checkpoints ({len(saved)} there)")
     assert read == {"files": 0, "bytes": 0}, read
+    # It took the job's first loss with the weights (its own first step is not the job's).
+    assert json.loads((tmp_path / "result-1.json").read_text())["first_loss"] == \
+        pytest.approx(expected[1], abs=1e-5)
     losses: dict[int, float] = {}
     for path in tmp_path.glob("losses-*.json"):
         losses.update({int(k): v for k, v in json.loads(path.read_text()).items()})

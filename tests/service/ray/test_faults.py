@@ -123,7 +123,7 @@ def test_a_killed_worker_then_a_killed_job_manager_and_the_job_ends_as_if_never_
     # An ended job of the tests above, to check its event numbers across the restart.
     ended = next((job for job in client.list() if job.state.is_terminal), None)
     last_seq_before = [e.seq for e in client.events(ended.id)][-1] if ended else -1
-    steps = 400  # the faults must land mid-run even on a fast machine
+    steps = 1000  # the faults must land mid-run even on a fast machine
     spec = job_spec(steps=steps, checkpoint_every=20, name="survivor")
     # Submitted the way `curl -d @job.json` does: a JSON body labelled form-encoded.
     response = service.http.post(f"{service.url}/v1/jobs", content=json.dumps(spec),
@@ -141,7 +141,7 @@ def test_a_killed_worker_then_a_killed_job_manager_and_the_job_ends_as_if_never_
                       "both replica groups in one quorum, a checkpoint and some steps")
     os.kill(train_worker_pids()[-1], signal.SIGKILL)
     killed_at = survivor.status().progress.step
-    assert killed_at < steps - 150, "the kill came too late"
+    assert killed_at < steps - 500, "the kill came too late"
     lost = wait_for(lambda: (s := survivor.status()).preemption_log
                     and s.preemption_log[0].stall_s is not None and s, 120,
                     "the other group to train on without the lost one")
@@ -156,7 +156,7 @@ def test_a_killed_worker_then_a_killed_job_manager_and_the_job_ends_as_if_never_
     print(f"\nfixed cluster, one worker killed: the other group stalled {record.stall_s:.2f} s "
           f"(steps redone {record.lost_steps}); the lost group joined again after "
           f"{resumed.preemption_log[0].replaced_after_s:.1f} s")
-    assert resumed.progress.step < steps - 80, "too near the end to kill the manager"
+    assert resumed.progress.step < steps - 200, "too near the end to kill the manager"
     before = {job.id: job.state for job in client.list()}
 
     os.kill(manager_pid(), signal.SIGKILL)  # the manager dies mid-job ...
