@@ -38,6 +38,8 @@ class Store(Protocol):
 
     def get_bytes(self, key: str) -> bytes | None: ...  # None: no such key
 
+    def get_range(self, key: str, offset: int, length: int) -> bytes: ...  # of a key there
+
     def put_file(self, path: Path, key: str) -> None: ...
 
     def get_file(self, key: str, path: Path) -> bool: ...  # False: no such key
@@ -113,6 +115,14 @@ class LocalStore:
             return self._path(key).read_bytes()
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            raise StoreError(self.uri, f"reading {key}", exc) from exc
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        try:
+            with open(self._path(key), "rb") as handle:
+                handle.seek(offset)
+                return handle.read(length)
         except OSError as exc:
             raise StoreError(self.uri, f"reading {key}", exc) from exc
 
@@ -230,6 +240,15 @@ class S3Store:
             raise StoreError(self.uri, f"reading {key}", exc, _s3_fix(exc)) from exc
         except Exception as exc:  # botocore's transport errors
             raise StoreError(self.uri, f"reading {key}", exc, _s3_fix(exc)) from exc
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        """One ranged GET: bytes [offset, offset + length) of the object."""
+        if length <= 0:
+            return b""
+        answer = self._call(f"reading {key}", self._client.get_object, Bucket=self.bucket,
+                            Key=self._key(key), Range=f"bytes={offset}-{offset + length - 1}")
+        data: bytes = self._call(f"reading {key}", answer["Body"].read)
+        return data
 
     def put_file(self, path: Path, key: str) -> None:
         self._call(f"uploading {key}", self._client.upload_file, str(path), self.bucket,

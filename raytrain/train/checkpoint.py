@@ -40,6 +40,7 @@ address the same entries and DCP reshards between them.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import re
@@ -65,6 +66,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from raytrain.cloud.object_store import LocalStore, Store, is_remote, open_store
 from raytrain.errors import StoreError, TrainingError
+from raytrain.train.bucket_reader import BucketReader
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +137,7 @@ class CheckpointManager:
         self.on_durable = on_durable
         self.retry_first_s = retry_first_s
         self.skipped = 0  # periodic saves skipped because the last upload was still going
+        self.bytes_read = 0  # from a bucket, by the last load
         self._remote = is_remote(self.uri)
         self._staging = _staging_root(self.uri) if self._remote else Path(self.uri)
         self._inflight: _InFlight | None = None
@@ -311,11 +314,27 @@ class CheckpointManager:
     def load(
         self, ref: Path | str, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer]
     ) -> dict[str, Any]:
-        """Load checkpoint `ref` (from `latest()`, or any committed checkpoint's ref)."""
-        folder = self._local_copy(str(ref))
+        """Load checkpoint `ref` (from `latest()`, or any committed checkpoint's ref). From a
+        bucket each rank fetches only the ranges of what it holds (train.bucket_reader);
+        `bytes_read` says how much."""
         model_state, optim_state, keys = _state(parts, optimizers)
         state = {"model": model_state, "optim": optim_state}
-        dcp_load(state, checkpoint_id=str(folder))
+        if is_remote(str(ref)):
+            store, name = _locate(str(ref))
+            if store.get_bytes(f"{name}/{COMMIT_MARKER}") is None:
+                raise TrainingError(f"{ref} is not a committed checkpoint. To fix: resume from "
+                                    "a step that `raytrain status` lists as checkpointed")
+            reader = BucketReader(store, name)
+            dcp_load(state, storage_reader=reader)
+            rank_state = store.get_bytes(f"{name}/rank_{self.rank}.pt")
+            meta_bytes = store.get_bytes(f"{name}/meta.json") or b"{}"
+            self.bytes_read = reader.bytes_read + len(rank_state or b"") + len(meta_bytes)
+        else:
+            folder = Path(ref)
+            dcp_load(state, checkpoint_id=str(folder))
+            rank_file = folder / f"rank_{self.rank}.pt"
+            rank_state = rank_file.read_bytes() if rank_file.is_file() else None
+            meta_bytes = (folder / "meta.json").read_bytes()
         for part, optimizer, (model_keys, optim_keys) in zip(parts, optimizers, keys):
             set_state_dict(
                 part,
@@ -324,26 +343,10 @@ class CheckpointManager:
                 optim_state_dict={k: state["optim"][k] for k in optim_keys},
                 options=_OPTIONS,
             )
-        rank_file = folder / f"rank_{self.rank}.pt"
-        if rank_file.is_file():  # absent when resuming on more ranks than saved
-            torch.set_rng_state(torch.load(rank_file, weights_only=True)["rng"])
-        meta: dict[str, Any] = json.loads((folder / "meta.json").read_text())
+        if rank_state is not None:  # absent when resuming on more ranks than saved
+            torch.set_rng_state(torch.load(io.BytesIO(rank_state), weights_only=True)["rng"])
+        meta: dict[str, Any] = json.loads(meta_bytes)
         return meta
-
-    def _local_copy(self, ref: str) -> Path:
-        """A local folder holding checkpoint `ref` (downloaded from a bucket, per rank)."""
-        if not is_remote(ref):
-            return Path(ref)
-        store, name = _locate(ref)
-        folder = _staging_root(ref) / f"load-rank{self.rank}" / name
-        shutil.rmtree(folder, ignore_errors=True)
-        keys = [key for key in store.keys(f"{name}/") if f"/{DONE_DIR}/" not in key]
-        if f"{name}/{COMMIT_MARKER}" not in keys:
-            raise TrainingError(f"{ref} is not a committed checkpoint. To fix: resume from a "
-                                "step that `raytrain status` lists as checkpointed")
-        for key in keys:
-            store.get_file(key, folder / key.partition("/")[2])
-        return folder
 
 
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)

@@ -312,3 +312,35 @@ def test_a_lapsed_lease_is_taken_over_and_its_old_holder_stops(endpoint: str) ->
     with pytest.raises(RaytrainError, match="new-head .* took over"):
         renew_lease(store, "old-head", old_tag)
     assert renew_lease(store, "new-head", new_tag)
+
+
+def test_a_cold_start_on_two_ranks_reads_each_ranks_half_of_the_checkpoint(
+        endpoint: str, tmp_path: Path) -> None:
+    """Two FSDP ranks checkpoint to the bucket, then load it again as a cold start does:
+    each rank fetches the ranges of its own shards (and the small metadata), about half of
+    the checkpoint, not all of it as when every rank downloaded every object (the bounds
+    fail with that: 100% each)."""
+    import torch.multiprocessing as mp
+
+    from tests.support.runs import _free_port, cold_start_reads
+
+    job = {"name": "reads",
+           "model": {"gpt": {"vocab_size": 2048, "dim": 128, "num_layers": 2, "num_heads": 4,
+                             "max_seq_len": 16}},
+           "data": {"seq_len": 16}, "parallel": {"strategy": "fsdp"},
+           "training": {"steps": 2, "global_batch_size": 4, "micro_batch_size": 2,
+                        "checkpoint_every_steps": 2},
+           "resources": {"num_workers": 2}}
+    root = "s3://jobs/cold-start/checkpoints"
+    mp.spawn(cold_start_reads, args=(2, _free_port(), job, root, str(tmp_path)), nprocs=2)
+    reads = [json.loads((tmp_path / f"read-{rank}.json").read_text()) for rank in (0, 1)]
+    store = open_store(root)
+    name = reads[0]["checkpoint"].rstrip("/").rpartition("/")[2]
+    total = sum(len(store.get_bytes(key) or b"") for key in store.keys(f"{name}/"))
+    shares = [r["bytes"] / total for r in reads]
+    print(f"\na cold start on 2 FSDP ranks: rank 0 read {reads[0]['bytes']:,} bytes, rank 1 "
+          f"{reads[1]['bytes']:,}, of a {total:,}-byte checkpoint "
+          f"({shares[0]:.0%}, {shares[1]:.0%})")
+    # Half of the shards, and what both ranks need: the metadata, and the replicated
+    # optimizer step counts (a few hundred KB here).
+    assert all(0.4 < share < 0.6 for share in shares), shares
