@@ -4,6 +4,12 @@ order, each document followed by the end-of-document token). Sample `i` is the w
 `seq_len + 1` tokens starting at `(i mod n) * seq_len` of that stream, as for a single token
 file; a window may span two shards.
 
+The folder may be a bucket's prefix (s3://BUCKET/PREFIX, through the service's storage
+settings): then each rank fetches only the windows it trains on, each with one ranged GET,
+a batch's windows side by side, and keeps the last ones fetched in memory (an evaluation
+reads the same windows every time). The loop's prefetcher reads the next step's batch while
+this one trains, so the step does not wait on the bucket.
+
     source = TokenShards("/data/corpus", seq_len=2048, vocab_size=32000)
     batch = source.batch(range(8))     # int64 [8, 2049]
 """
@@ -12,40 +18,89 @@ from __future__ import annotations
 
 import bisect
 import json
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
+from raytrain.cloud.object_store import Store, is_remote, open_store
 from raytrain.core.shuffle import windows
-from raytrain.errors import FieldError, SpecError
+from raytrain.errors import FieldError, SpecError, StoreError
 
 INDEX = "index.json"
 HERE = ("data", "path")
 
 
-def read_index(folder: Path) -> dict[str, Any]:
-    """The folder's index; SpecError naming data.path when there is none or it is broken."""
+def read_index(folder: str | Path, endpoint: str | None = None) -> dict[str, Any]:
+    """The folder's (or bucket prefix's) index; SpecError naming data.path when there is
+    none or it is broken."""
     try:
-        index = json.loads((folder / INDEX).read_text())
+        if is_remote(str(folder)):
+            data = open_store(str(folder), endpoint).get_bytes(INDEX)
+            if data is None:
+                raise FileNotFoundError(f"no {INDEX} under that prefix")
+            index = json.loads(data)
+        else:
+            index = json.loads((Path(folder) / INDEX).read_text())
         assert index["dtype"] in ("uint16", "uint32") and index["shards"]
-    except (OSError, ValueError, KeyError, AssertionError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, AssertionError, TypeError, StoreError) as exc:
         raise SpecError([FieldError(HERE, f"{folder} holds no readable {INDEX} ({exc}). To "
-                                    "fix: give a folder `raytrain data prepare` wrote, or a "
-                                    "single token file")]) from None
+                                    "fix: give a folder or bucket prefix `raytrain data "
+                                    "prepare` wrote (and uploaded whole), or a single token "
+                                    "file")]) from None
     return dict(index)
+
+
+class _BucketShard:
+    """One shard in a bucket, sliced like a memmap: each slice one ranged GET, the last
+    CACHED slices kept."""
+
+    CACHED = 4096
+
+    def __init__(self, store: Store, key: str, dtype: np.dtype, tokens: int) -> None:
+        self.store, self.key, self.dtype, self.tokens = store, key, dtype, tokens
+        self.cache: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
+        self.bytes_read = 0
+
+    def __len__(self) -> int:
+        return self.tokens
+
+    def __getitem__(self, part: slice) -> np.ndarray:
+        start, stop, _ = part.indices(self.tokens)
+        found = self.cache.get((start, stop))
+        if found is not None:
+            self.cache.move_to_end((start, stop))
+            return found
+        size = self.dtype.itemsize
+        data = self.store.get_range(self.key, start * size, (stop - start) * size)
+        self.bytes_read += len(data)
+        tokens = np.frombuffer(data, dtype=self.dtype)
+        self.cache[(start, stop)] = tokens
+        if len(self.cache) > self.CACHED:
+            self.cache.popitem(last=False)
+        return tokens
 
 
 class TokenShards:
     def __init__(self, folder: str, seq_len: int, vocab_size: int | None,
                  shuffle: bool = False, seed: int = 0) -> None:
         self.shuffle, self.seed = shuffle, seed
-        self.folder = Path(folder).expanduser()
+        self.remote = is_remote(folder)
+        self.folder = folder if self.remote else Path(folder).expanduser()
         index = read_index(self.folder)
         dtype = np.dtype(index["dtype"])
-        self.shards = [np.memmap(self.folder / s["file"], dtype=dtype, mode="r")
-                       for s in index["shards"]]
+        self.shards: list[Any]
+        if self.remote:
+            store = open_store(folder)
+            self.shards = [_BucketShard(store, s["file"], dtype, int(s["tokens"]))
+                           for s in index["shards"]]
+            self._fetch = ThreadPoolExecutor(8, thread_name_prefix="raytrain-shards")
+        else:
+            self.shards = [np.memmap(Path(self.folder) / s["file"], dtype=dtype, mode="r")
+                           for s in index["shards"]]
         self.starts = list(np.cumsum([0] + [len(s) for s in self.shards]))
         self.total = int(self.starts[-1])
         self.seq_len = seq_len
@@ -77,5 +132,14 @@ class TokenShards:
 
     def window_rows(self, chosen: Sequence[int]) -> torch.Tensor:
         """The windows `chosen` (by number), as a batch."""
-        rows = [self.tokens(int(w) * self.seq_len, self.seq_len + 1) for w in chosen]
+        starts = [int(w) * self.seq_len for w in chosen]
+        if self.remote:  # the windows' GETs side by side
+            rows = list(self._fetch.map(lambda at: self.tokens(at, self.seq_len + 1), starts))
+        else:
+            rows = [self.tokens(at, self.seq_len + 1) for at in starts]
         return torch.from_numpy(np.stack(rows))
+
+    @property
+    def bytes_read(self) -> int:
+        """From the bucket, so far (0 for a folder)."""
+        return sum(getattr(shard, "bytes_read", 0) for shard in self.shards)

@@ -22,6 +22,7 @@ from typing import Protocol, Sequence
 import numpy as np
 import torch
 
+from raytrain.cloud.object_store import is_remote
 from raytrain.core.shuffle import windows
 from raytrain.data.shards import TokenShards
 from raytrain.errors import FieldError, SpecError
@@ -152,7 +153,7 @@ def build_source(spec: DataSpec, vocab_size: int | None) -> TokenSource:
         return SyntheticTokens(vocab_size, spec.seq_len, spec.seed)
     if spec.kind == "token_file":
         assert spec.path is not None  # the spec guarantees it
-        if Path(spec.path).expanduser().is_dir():  # `raytrain data prepare`'s shards
+        if is_remote(spec.path) or Path(spec.path).expanduser().is_dir():  # data prepare's
             return TokenShards(spec.path, spec.seq_len, vocab_size, spec.shuffle, spec.seed)
         return TokenFile(spec.path, spec.dtype, spec.seq_len, vocab_size, spec.shuffle,
                          spec.seed)

@@ -60,7 +60,8 @@ class DataSpec(Strict):
     path: str | None = Field(None, max_length=4096,
                              description="For 'token_file': a token file, or a folder of "
                              "shards with their index (`raytrain data prepare`), on storage "
-                             "every worker reads.")
+                             "every worker reads, or such a folder in a bucket "
+                             "(s3://BUCKET/PREFIX, read with the service's storage settings).")
     dtype: Literal["uint16", "uint32"] = Field(
         "uint16", description="For 'token_file': integer type of the stored token ids."
     )

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
 import pytest
 import torch
 
@@ -344,3 +345,52 @@ def test_a_cold_start_on_two_ranks_reads_each_ranks_half_of_the_checkpoint(
     # Half of the shards, and what both ranks need: the metadata, and the replicated
     # optimizer step counts (a few hundred KB here).
     assert all(0.4 < share < 0.6 for share in shares), shares
+
+
+def test_a_job_trains_on_token_shards_in_a_bucket_as_on_the_same_folder(
+        endpoint: str, tmp_path: Path) -> None:
+    """Token shards (the folder `raytrain data prepare` writes) uploaded to a bucket: a job
+    with data.path the prefix trains the losses of the same job on the folder, bit for bit;
+    a batch fetches exactly its windows' bytes; a prefix with no index is refused at submit
+    naming data.path."""
+    from raytrain.data.shards import TokenShards
+    from raytrain.serve.jobs.admission import check_paths_on_head_node
+
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    stream = np.random.default_rng(0).integers(0, 300, size=3 * 500, dtype=np.uint16)
+    shards = []
+    for n in range(3):  # 3 shards of 500 tokens: windows of 17 cross their boundaries
+        (folder / f"shard-{n:05d}.bin").write_bytes(stream[n * 500:(n + 1) * 500].tobytes())
+        shards.append({"file": f"shard-{n:05d}.bin", "tokens": 500})
+    (folder / "index.json").write_text(json.dumps(
+        {"version": 1, "dtype": "uint16", "vocab_size": 300, "tokens": 1500,
+         "shards": shards}))
+    prefix = "s3://jobs/corpora/tiny"
+    bucket = open_store(prefix)
+    for path in folder.iterdir():
+        bucket.put_file(path, path.name)
+
+    def job(path: str) -> JobSpec:
+        return JobSpec.model_validate({
+            "model": {"gpt": {"vocab_size": 300, "dim": 32, "num_layers": 2, "num_heads": 4,
+                              "max_seq_len": 16}},
+            "data": {"kind": "token_file", "path": path, "seq_len": 16, "shuffle": True},
+            "training": {"steps": 12, "global_batch_size": 8, "micro_batch_size": 4,
+                         "learning_rate": 0.01},
+            "resources": {"num_workers": 1}})
+
+    local = run_single(job(str(folder)), tmp_path / "local").losses()
+    remote = run_single(job(prefix), tmp_path / "remote").losses()
+    assert remote == local  # the same tokens, so the same floats
+
+    source = TokenShards(prefix, seq_len=16, vocab_size=300, shuffle=True)
+    batch = source.batch(range(8, 16))
+    assert torch.equal(batch, TokenShards(str(folder), 16, 300, shuffle=True).batch(
+        range(8, 16)))
+    assert source.bytes_read == 8 * 17 * 2  # its 8 windows, nothing more
+    check_paths_on_head_node(job(prefix), endpoint)  # a prefix with its index: accepted
+    with pytest.raises(SpecError) as refused:
+        check_paths_on_head_node(job("s3://jobs/corpora/missing"), endpoint)
+    assert refused.value.errors[0].loc == ("data", "path")
+    assert "no readable index.json" in str(refused.value)

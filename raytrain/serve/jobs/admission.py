@@ -136,9 +136,10 @@ def check_paths_on_head_node(spec: JobSpec, endpoint: str | None = None) -> None
     source = spec.model.hf
     if source is not None and source.weights == "pretrained":
         check_folder(spec.model.gpt, source.path)  # each tensor's shape, from its header
-    if spec.data.kind == "token_file" and spec.data.path and \
-            Path(spec.data.path).expanduser().is_dir():
-        index = read_index(Path(spec.data.path).expanduser())
+    if spec.data.kind == "token_file" and spec.data.path and (
+            is_remote(spec.data.path) or Path(spec.data.path).expanduser().is_dir()):
+        index = read_index(spec.data.path if is_remote(spec.data.path)
+                           else Path(spec.data.path).expanduser(), endpoint)
         if index.get("tokens", 0) < spec.data.seq_len + 1:
             raise SpecError([FieldError(("data", "path"), (
                 f"{spec.data.path} holds {index.get('tokens', 0)} tokens, fewer than seq_len "
