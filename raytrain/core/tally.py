@@ -140,6 +140,8 @@ JOB_GAUGES: dict[str, tuple[str, Any]] = {
                               lambda j: 0.0 if j.state.is_terminal else j.progress.tokens_per_s),
     "job_val_loss": ("Latest validation loss (data.validation).",
                      lambda j: j.progress.val_loss),
+    "job_val_perplexity": ("Latest validation perplexity, exp(val_loss).",
+                           lambda j: j.progress.val_perplexity),
     "job_mfu": ("Model FLOPs utilisation of the recent throughput (0 once ended).",
                 lambda j: 0.0 if j.state.is_terminal else j.progress.mfu),
     "job_cost_usd": ("Dollars spent so far.", lambda j: j.cost_usd),

@@ -48,6 +48,8 @@ class Progress(Record):
     val_loss: float | None = Field(None, description=(
         "The latest validation loss (data.validation), measured at val_step."))
     val_step: int | None = Field(None, description="The step val_loss was measured after.")
+    val_perplexity: float | None = Field(None, description=(
+        "exp(val_loss): the validation perplexity (null without a validation loss)."))
     eval_s: float | None = Field(None, description=(
         "Seconds the latest validation took (left out of step_s)."))
     data_s: float | None = Field(None, description=(
@@ -288,6 +290,8 @@ class ProgressPoint(Record):
     tokens_per_s: float | None = Field(None, description="Training throughput then.")
     cost_usd: float = Field(0.0, description="Dollars spent by then.")
     usd_per_hour: float = Field(0.0, description="Hourly price of the capacity held then.")
+    val_loss: float | None = Field(None, description="The latest validation loss then.")
+    val_step: int | None = Field(None, description="The step val_loss was measured after.")
 
 
 class StepRecord(Record):

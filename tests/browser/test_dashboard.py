@@ -73,8 +73,13 @@ def test_the_dashboard_follows_a_job_from_submit_to_the_end(
     url, token, cluster = service
     shots = Path(os.environ.get("RAYTRAIN_SCREENSHOTS") or tmp_path)
     # The demo as shipped, on one worker: each run here trains as one rank.
+    # With a validation loss every 25 steps, drawn on the loss chart.
     demo = (ROOT / "raytrain" / "examples" / "demo.yaml").read_text().replace(
-        "num_workers: 2", "num_workers: 1")
+        "num_workers: 2", "num_workers: 1").replace(
+        "  seed: 0\n", "  seed: 0\n  validation: {fraction: 0.1}\n").replace(
+        "  checkpoint_every_steps: 50\n",
+        "  checkpoint_every_steps: 50\n  eval_every_steps: 25\n  eval_batches: 1\n")
+    assert "validation" in demo and "eval_every_steps" in demo
     problems: list[str] = []
     with playwright_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -138,6 +143,8 @@ def test_the_dashboard_follows_a_job_from_submit_to_the_end(
         expect(page.locator("#stat-step")).to_have_text("150 / 150")
         expect(page.locator("#stat-cost")).to_have_text(re.compile(r"^\$\d"))
         expect(loss).to_have_attribute("data-points", re.compile(r"^\d{2,3}$"))
+        expect(loss).to_have_attribute("data-val-points", re.compile(r"^[2-6]$"))
+        expect(page.locator("#stat-val-loss")).to_contain_text("perplexity")
         expect(page.locator("#checkpoint-step")).to_have_text("step 150")
         page.screenshot(path=str(shots / "dashboard-finished.png"), full_page=True)
         check_the_axes_read_true(page)

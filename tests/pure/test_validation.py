@@ -4,6 +4,7 @@ windows with the weights of that step; in the job's status; refused under a pipe
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -75,7 +76,13 @@ def test_a_jobs_status_and_metrics_carry_its_validation_loss(tmp_path: Path) -> 
         "val_loss": 4.5, "val_step": 5, "eval_s": 0.2})
     progress = service.request("GET", f"/v1/jobs/{job_id}").json()["progress"]
     assert (progress["val_loss"], progress["val_step"]) == (4.5, 5)
-    assert f'raytrain_job_val_loss{{job="{job_id}"' in service.request("GET", "/metrics").text
+    assert progress["val_perplexity"] == pytest.approx(math.exp(4.5))
+    metrics = service.request("GET", "/metrics").text
+    assert f'raytrain_job_val_loss{{job="{job_id}"' in metrics
+    assert f'raytrain_job_val_perplexity{{job="{job_id}"' in metrics
+    # The chart's history keeps it with the point, for the dashboard's loss chart.
+    points = service.request("GET", f"/v1/jobs/{job_id}/history").json()["points"]
+    assert (points[-1]["val_loss"], points[-1]["val_step"]) == (4.5, 5)
 
 
 def test_validation_under_a_pipeline_is_refused_naming_the_field(tmp_path: Path) -> None:

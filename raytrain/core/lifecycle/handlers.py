@@ -5,6 +5,7 @@ error, billing and preemption accounting are decided here.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from raytrain.catalog.prices import usd_for
@@ -167,6 +168,8 @@ def progress(c: Change, event: ProgressReported) -> dict[str, Any]:
         c.move(JobState.RUNNING, "training")
     job.progress = Progress.model_validate(
         {k: v for k, v in event.payload.items() if k != "sent_at"})
+    if job.progress.val_loss is not None:
+        job.progress.val_perplexity = math.exp(min(job.progress.val_loss, 700.0))
     if job.plan is not None and job.progress.step_s:
         job.plan.measured_step_s = job.progress.step_s
     elif job.plan is not None and job.progress.tokens_per_s:  # a worker of an older version
@@ -174,7 +177,9 @@ def progress(c: Change, event: ProgressReported) -> dict[str, Any]:
     # sent_at stays in the event: followers can see how fresh each report is. Dollars go
     # with it, so a follower (the dashboard's charts, serve.history) needs nothing else.
     c.emit("progress", {**event.payload, "cost_usd": job.cost_usd,
-                        "usd_per_hour": job.resources.usd_per_hour})
+                        "usd_per_hour": job.resources.usd_per_hour,
+                        **({"val_perplexity": job.progress.val_perplexity}
+                           if job.progress.val_perplexity is not None else {})})
     warning = stale_checkpoint_warning(job, run.launched_at, c.now)
     if warning is not None and job.warning is None:
         c.save = True

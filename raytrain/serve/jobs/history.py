@@ -1,5 +1,6 @@
 """Each job's progress history, as the dashboard's charts draw it: one point per progress
-report (time, step, loss, tokens/s, dollars spent, dollars per hour), kept in the store so a
+report (time, step, loss, tokens/s, dollars spent, dollars per hour, the latest validation
+loss and its step), kept in the store so a
 reloaded page or a restarted service still draws the whole run.
 
 The event stream (serve.events) keeps only its last few thousand events, in memory, for
@@ -77,7 +78,8 @@ def point_of(data: Mapping[str, Any], now: float) -> dict[str, Any]:
     return {"time": now, "step": int(data.get("step", 0)), "loss": data.get("loss"),
             "tokens_per_s": data.get("tokens_per_s"),
             "cost_usd": float(data.get("cost_usd") or 0.0),
-            "usd_per_hour": float(data.get("usd_per_hour") or 0.0)}
+            "usd_per_hour": float(data.get("usd_per_hour") or 0.0),
+            "val_loss": data.get("val_loss"), "val_step": data.get("val_step")}
 
 
 class History:

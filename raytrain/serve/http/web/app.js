@@ -12,7 +12,7 @@
   const LIST_POLL_MS = 3000;
   const JOB_POLL_MS = 5000;
   const RECONNECT_MS = 2000;
-  const COLORS = { loss: "#1d4ed8", speed: "#047857", cost: "#b45309", rate: "#7c3aed",
+  const COLORS = { loss: "#1d4ed8", val: "#be123c", speed: "#047857", cost: "#b45309", rate: "#7c3aed",
                    nodes: "#1d4ed8", preempt: "#b91c1c" };
 
   let token = sessionStorage.getItem(TOKEN_KEY);
@@ -411,7 +411,10 @@
         h("section", {}, h("h2", {}, "Checkpoints"), checkpoints)));
 
     const loss = chart(lossEl, "Loss by step",
-      [{ label: "loss", stroke: COLORS.loss, width: 2 }], undefined, { x: { time: false } });
+      [{ label: "loss", stroke: COLORS.loss, width: 2 },
+       { label: "val loss", stroke: COLORS.val, width: 2, dash: [6, 4], spanGaps: true,
+         points: { show: true, size: 6, fill: COLORS.val } }],
+      undefined, { x: { time: false } });
     const speed = chart(speedEl, "Tokens per second",
       [{ label: "tokens/s", stroke: COLORS.speed, width: 2 }]);
     const cost = chart(costEl, "Spent", [
@@ -440,9 +443,16 @@
         pending = false;
         if (!view.live) return;
         const bySteps = new Map();  // a step redone after a restart: its latest loss
-        for (const p of points) if (p.loss !== null) bySteps.set(p.step, p.loss);
-        const steps = [...bySteps.keys()].sort((a, b) => a - b);
-        loss.setData([steps, steps.map((s) => bySteps.get(s))]);
+        const valBySteps = new Map();  // each validation loss at the step it was measured
+        for (const p of points) {
+          if (p.loss !== null) bySteps.set(p.step, p.loss);
+          if (p.val_loss != null && p.val_step != null) valBySteps.set(p.val_step, p.val_loss);
+        }
+        const steps = [...new Set([...bySteps.keys(), ...valBySteps.keys()])]
+          .sort((a, b) => a - b);
+        loss.setData([steps, steps.map((s) => bySteps.has(s) ? bySteps.get(s) : null),
+                      steps.map((s) => valBySteps.has(s) ? valBySteps.get(s) : null)]);
+        lossEl.dataset.valPoints = String(valBySteps.size);
         speed.setData([points.map((p) => p.time), points.map((p) => p.tokens_per_s)]);
         cost.setData([points.map((p) => p.time), points.map((p) => p.cost_usd),
                       points.map((p) => p.usd_per_hour)]);
@@ -466,7 +476,8 @@
       fill(stats, 
         stat("Step", `${p.step} / ${p.total_steps}`, "stat-step"),
         stat("Loss", num(p.loss, 4), "stat-loss"),
-        stat("Val loss", p.val_loss == null ? "–" : num(p.val_loss, 4), "stat-val-loss"),
+        stat("Val loss", p.val_loss == null ? "–" : `${num(p.val_loss, 4)} (perplexity ${
+          num(p.val_perplexity, 3)})`, "stat-val-loss"),
         stat("Tokens/s", num(p.tokens_per_s), "stat-speed"),
         stat("MFU", p.mfu == null ? "–" : num(100 * p.mfu, 1) + "%", "stat-mfu"),
         stat("ETA", terminal(job.state) ? "–" : duration(p.eta_s), "stat-eta"),
@@ -524,9 +535,14 @@
         if (event.time > lastPoint) {
           const d = event.data;
           points.push({ time: event.time, step: d.step, loss: d.loss, tokens_per_s: d.tokens_per_s,
-                        cost_usd: d.cost_usd || 0, usd_per_hour: d.usd_per_hour || 0 });
+                        cost_usd: d.cost_usd || 0, usd_per_hour: d.usd_per_hour || 0,
+                        val_loss: d.val_loss, val_step: d.val_step });
           job.progress = { ...job.progress, step: d.step, loss: d.loss,
                            tokens_per_s: d.tokens_per_s, eta_s: d.eta_s };
+          if (d.val_loss != null) {
+            job.progress = { ...job.progress, val_loss: d.val_loss, val_step: d.val_step,
+                             val_perplexity: d.val_perplexity };
+          }
           if (d.cost_usd !== undefined) job.cost_usd = d.cost_usd;
           drawJob();
         }
