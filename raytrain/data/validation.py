@@ -60,16 +60,18 @@ def with_validation(spec: DataSpec, vocab_size: int | None, source: TokenSource
         return source, Beyond(source)
     if isinstance(source, ImportedDataset):
         total = len(source.dataset)  # type: ignore[arg-type]
-        held = _held(total, validation.fraction)
+        held = held_out_windows(total, validation.fraction)
         source.size = total - held
         return source, HeldOut(source, total - held, held)
     total = source.num_windows  # type: ignore[attr-defined]
-    held = _held(total, validation.fraction)
+    held = held_out_windows(total, validation.fraction)
     source.num_windows = total - held  # type: ignore[attr-defined]
     return source, HeldOut(source, total - held, held)
 
 
-def _held(total: int, fraction: float) -> int:
+def held_out_windows(total: int, fraction: float) -> int:
+    """Of `total` windows (or items), how many `fraction` holds out; SpecError naming the
+    fraction when that leaves none to train on."""
     held = max(1, round(total * fraction))
     if total - held < 1:
         raise SpecError([FieldError(("data", "validation", "fraction"), (

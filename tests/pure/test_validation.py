@@ -90,3 +90,21 @@ def test_validation_under_a_pipeline_is_refused_naming_the_field(tmp_path: Path)
     problems = spec.layout_problems(Layout(pp=2, micro_batch_size=4, microbatches=2))
     assert any(p.field == ("data", "validation") for p in problems)
     assert job_layout(spec).pp == 1
+
+
+def test_a_share_that_leaves_nothing_to_train_on_is_refused_at_submit(tmp_path: Path) -> None:
+    """One window of data, half held out: nothing would be left to train on. The submit is
+    refused naming data.validation.fraction, before any worker starts; two windows pass."""
+    service = Service(tmp_path / "service")
+    one = tmp_path / "one.bin"
+    np.arange(17, dtype=np.uint16).tofile(one)  # seq_len 16: one window
+    document = job(one, validation={"fraction": 0.5}).model_dump(mode="json")
+    answer = service.request("POST", "/v1/jobs", json=document)
+    assert answer.status_code == 422, answer.text
+    [error] = answer.json()["detail"]
+    assert error["loc"] == ["body", "data", "validation", "fraction"]
+    assert "To fix" in error["msg"]
+    two = tmp_path / "two.bin"
+    np.arange(33, dtype=np.uint16).tofile(two)
+    document = job(two, validation={"fraction": 0.5}).model_dump(mode="json")
+    assert service.request("POST", "/v1/jobs", json=document).status_code == 202

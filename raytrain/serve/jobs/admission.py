@@ -18,6 +18,7 @@ from raytrain.cloud.object_store import is_remote, open_store
 from raytrain.core.lifecycle import Record
 from raytrain.core.queue import never_fits
 from raytrain.data.shards import read_index
+from raytrain.data.validation import held_out_windows
 from raytrain.errors import FieldError, JobStateError, ServiceBusyError, SpecError, StoreError
 from raytrain.models.hf import check_folder
 from raytrain.spec import JobSpec, JobState, JobStatus, PlanSummary, Progress, parse_job_spec
@@ -144,6 +145,7 @@ def check_paths_on_head_node(spec: JobSpec, endpoint: str | None = None) -> None
             raise SpecError([FieldError(("data", "path"), (
                 f"{spec.data.path} holds {index.get('tokens', 0)} tokens, fewer than seq_len "
                 f"+ 1 = {spec.data.seq_len + 1}. To fix: lower data.seq_len or prepare more"))])
+        _check_held_out(spec, int(index.get("tokens", 0)))
     elif spec.data.kind == "token_file" and spec.data.path:
         path = Path(spec.data.path).expanduser()
         if not path.is_file():
@@ -156,6 +158,15 @@ def check_paths_on_head_node(spec: JobSpec, endpoint: str | None = None) -> None
             raise SpecError([FieldError(("data", "path"), (
                 f"{spec.data.path} holds {tokens} tokens, fewer than seq_len + 1 = "
                 f"{spec.data.seq_len + 1}. To fix: lower data.seq_len or give a longer file"))])
+        _check_held_out(spec, tokens)
+
+
+def _check_held_out(spec: JobSpec, tokens: int) -> None:
+    """A validation share that would leave no window to train on is refused here, not by
+    every worker as it starts."""
+    validation = spec.data.validation
+    if validation is not None and validation.fraction is not None:
+        held_out_windows((tokens - 1) // spec.data.seq_len, validation.fraction)
 
 
 def checkpoint_committed(ref: str, endpoint: str | None = None) -> tuple[bool, str]:
