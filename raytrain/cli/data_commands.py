@@ -1,5 +1,6 @@
 """`raytrain data prepare`: a corpus into token shards a job trains on (raytrain.data.prepare),
-with a progress line."""
+with a progress line; `raytrain export`: a job's checkpoint as a Hugging Face folder
+(raytrain.train.export), written where the command runs."""
 
 from __future__ import annotations
 
@@ -29,6 +30,42 @@ def add_data_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
     prepare.add_argument("--shard-tokens", type=int, default=100_000_000,
                          help="tokens per shard file (100,000,000)")
     prepare.set_defaults(func=cmd_data_prepare)
+
+    export = command("export", "write a kind 'hf' job's checkpoint as a Hugging Face folder "
+                     "(config.json, safetensors), here: needs the checkpoint's storage")
+    export.add_argument("id", help="the job")
+    export.add_argument("--to", required=True, help="the folder to write")
+    export.add_argument("--step", type=int, default=None,
+                        help="a committed checkpoint's step (default: the latest)")
+    export.set_defaults(func=cmd_export)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from raytrain.cli.commands import _client
+    from raytrain.errors import RaytrainError
+
+    job = _client(args).get(args.id)
+    if job.checkpoint is None:
+        err.print(f"[red]error:[/red] job {escape(args.id)} has no checkpoint yet. To fix: "
+                  "export it once `raytrain status` shows one", highlight=False)
+        return 2
+    ref = job.checkpoint.path
+    if args.step is not None:
+        parent = ref.rstrip("/").rpartition("/")[0]
+        ref = f"{parent}/step_{args.step:09d}"
+    try:
+        from raytrain.train.export import export_checkpoint
+
+        folder = export_checkpoint(job.spec, ref, args.to)
+    except ImportError as exc:
+        err.print(f"[red]error:[/red] export needs the full install ({escape(str(exc))}). "
+                  "To fix: pip install raytrain (not the client-only one)", highlight=False)
+        return 2
+    except (RaytrainError, OSError) as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        return 2
+    out.print(str(folder), highlight=False)
+    return 0
 
 
 def cmd_data_prepare(args: argparse.Namespace) -> int:

@@ -88,6 +88,12 @@ def latest_checkpoint(root: Path) -> Path | None:
     return root / step_name(ref[-1]) if ref else None
 
 
+def committed(ref: str) -> bool:
+    """Whether checkpoint `ref` (a folder, or s3://.../step_N) has its commit marker."""
+    store, name = _locate(str(ref))
+    return store.get_bytes(f"{name}/{COMMIT_MARKER}") is not None
+
+
 def committed_steps(store: Store) -> list[int]:
     """Steps of the committed checkpoints in `store` (a job's checkpoint root), ascending."""
     steps = set()

@@ -64,3 +64,31 @@ def test_a_folder_exported_from_shards_or_stages_loads_in_transformers(
     with torch.no_grad():
         ours = reference.eval()(tokens)
     assert torch.allclose(hf_logits(exported, tokens), ours, atol=1e-5, rtol=0)
+
+
+
+@pytest.mark.parametrize("layout", ["fsdp2", "pp2"])
+def test_an_export_of_a_sharded_or_staged_checkpoint_is_the_jobs_own_folder(
+        runs: tuple[Path, dict[str, JobSpec]], layout: str, tmp_path: Path) -> None:
+    """The last checkpoint of a run trained with FSDP's shards or the pipeline's stages,
+    exported in this one process (raytrain.train.export, what `raytrain export` runs), is
+    the folder the job wrote at its end, tensor for tensor."""
+    from safetensors.torch import load_file
+
+    from raytrain.train.checkpoint import latest_checkpoint
+    from raytrain.train.export import export_checkpoint
+
+    root, specs = runs
+    run = root / "runs" / f"llama_{layout}"
+    checkpoint = latest_checkpoint(run)
+    assert checkpoint is not None
+    exported = export_checkpoint(specs["llama"], str(checkpoint), tmp_path / "exported")
+
+    def tensors(folder: Path) -> dict[str, torch.Tensor]:
+        found: dict[str, torch.Tensor] = {}
+        for shard in sorted(folder.glob("*.safetensors")):
+            found.update(load_file(shard))
+        return found
+
+    mine, theirs = tensors(exported), tensors(run / "hf")
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)

@@ -82,3 +82,46 @@ def test_a_cancelled_job_resumes_from_where_it_stopped_by_its_id(
         assert first == list(range(1, stopped_at + 1))
         assert [row["step"] for row in second] == list(range(stopped_at + 1, 41))
         assert all(row["loss"] is not None and row["lr"] > 0 for row in second)
+
+
+def test_raytrain_export_writes_any_checkpoint_as_a_folder_transformers_loads(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch, storage: dict[str, str]) -> None:
+    """A kind 'hf' job checkpointed at steps 2 and 4: `raytrain export ID --to DIR` writes
+    its latest as a folder whose logits in transformers are raytrain's at that checkpoint,
+    `--step 2` the earlier one, and a step with no checkpoint is refused with the fix."""
+    import torch
+
+    from raytrain.models.registry import build_model
+    from raytrain.spec import JobSpec
+    from raytrain.train.checkpoint import CheckpointManager
+    from tests.support.hf_models import hf_job, hf_logits, make_folder
+
+    document = hf_job(make_folder("llama", tmp_path / "llama"), steps=4)
+    document["training"]["checkpoint_every_steps"] = 2
+    with served_training(tmp_path / "state", TrainingRay(cpus=1), scheduler_interval_s=0.05,
+                         **storage) as (url, token), httpx.Client(
+            base_url=url, timeout=30, headers={
+                "Authorization": f"Bearer {token}"}) as client:
+        monkeypatch.setenv("RAYTRAIN_TOKEN", token)
+        job_id = client.post("/v1/jobs", json=document).json()["id"]
+        done = _wait_for(client, job_id, {"SUCCEEDED", "FAILED"})
+        assert done["state"] == "SUCCEEDED", done["error"]
+        capsys.readouterr()
+        assert main(["export", job_id, "--server", url, "--to", str(tmp_path / "e4")]) == 0
+        assert capsys.readouterr().out.strip() == str(tmp_path / "e4")
+        assert main(["export", job_id, "--server", url, "--to", str(tmp_path / "e2"),
+                     "--step", "2"]) == 0
+        assert main(["export", job_id, "--server", url, "--to", str(tmp_path / "e3"),
+                     "--step", "3"]) == 2
+        assert "not a committed checkpoint" in capsys.readouterr().err
+        latest = done["checkpoint"]["path"]
+    spec = JobSpec.model_validate(document)
+    model = build_model(spec.model, seed=0)
+    CheckpointManager(latest.rpartition("/")[0], 0).load(
+        latest, [model], [torch.optim.AdamW(model.parameters())])
+    tokens = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        ours = model.eval()(tokens)
+    assert torch.allclose(hf_logits(tmp_path / "e4", tokens), ours, atol=1e-5, rtol=0)
+    assert not torch.allclose(hf_logits(tmp_path / "e2", tokens), ours, atol=1e-5, rtol=0)

@@ -1,0 +1,58 @@
+"""Any committed checkpoint of a `kind: hf` job, written as a Hugging Face folder, whatever
+layout trained it: the model is built in this one process, the checkpoint's model state
+loaded into it (DCP reshards FSDP's shards and a pipeline's stages into whole tensors; the
+optimizer's state is not read), and the folder written as a job writes `hf/` at its end.
+`raytrain export ID --to DIR [--step N]` runs it where the command runs.
+
+    export_checkpoint(spec, "/runs/ab12/checkpoints/step_000000400", "/models/tuned")
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from raytrain.errors import FieldError, SpecError
+from raytrain.spec import JobSpec
+
+logger = logging.getLogger(__name__)
+
+
+def export_checkpoint(spec: JobSpec, checkpoint: str, to: str | Path) -> Path:
+    """Write `checkpoint` (a committed checkpoint's folder or s3:// ref) of the job `spec`
+    describes as a Hugging Face folder at `to`; the folder."""
+    import torch
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    from raytrain.cloud.object_store import is_remote
+    from raytrain.models.hf import export_folder
+    from raytrain.models.registry import build_model
+    from raytrain.train.bucket_reader import BucketReader
+    from raytrain.train.checkpoint import _OPTIONS, _locate, committed
+
+    source = spec.model.hf
+    if source is None:
+        raise SpecError([FieldError(("model", "kind"), (
+            "only a kind 'hf' job's checkpoints are written as a Hugging Face folder (its "
+            "config.json comes from model.hf.path). To fix: export a job of kind 'hf'"))])
+    if not committed(checkpoint):
+        raise SpecError([FieldError(("step",), (
+            f"{checkpoint} is not a committed checkpoint. To fix: give a step that "
+            "`raytrain status` lists as checkpointed"))])
+    model = build_model(spec.model, seed=0)
+    state = {"model": {k: v for k, v in model.state_dict().items()
+                       if k in dict(model.named_parameters())}}
+    if is_remote(checkpoint):
+        store, name = _locate(checkpoint)
+        dcp_load(state, storage_reader=BucketReader(store, name))
+    else:
+        dcp_load(state, checkpoint_id=checkpoint)
+    with torch.no_grad():
+        set_model_state_dict(model, state["model"], options=_OPTIONS)
+    tie = getattr(model, "tie_weights", None)
+    if callable(tie):
+        tie()
+    out = export_folder([model], source.path, to, spec.model.gpt.tie_embeddings)
+    logger.info("wrote %s as a Hugging Face folder: %s", checkpoint, out)
+    return out
