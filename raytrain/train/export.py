@@ -22,8 +22,8 @@ def export_checkpoint(spec: JobSpec, checkpoint: str, to: str | Path) -> Path:
     """Write `checkpoint` (a committed checkpoint's folder or s3:// ref) of the job `spec`
     describes as a Hugging Face folder at `to`; the folder."""
     import torch
-    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
     from raytrain.cloud.object_store import is_remote
     from raytrain.models.hf import export_folder
