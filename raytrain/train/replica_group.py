@@ -64,7 +64,8 @@ class GroupSetup:
     timeout_s: float = 30.0
     heartbeat_s: float = 0.1
     beats: str | None = None  # "host:port" of the job's beat store (train.heartbeats)
-    heal_wait_s: float = 120.0  # a replacement's wait for a live group to heal from
+    heal_wait_s: float = 30.0  # a replacement's wait for a live group to heal from (after the
+    # job's end none comes: it fails, and the runner, done, lets it go)
 
 
 class NoGroupToHeal(RuntimeError):

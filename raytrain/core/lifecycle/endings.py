@@ -19,7 +19,7 @@ def run_ended(c: Change, event: RunEnded) -> None:
     run = c.run
     if run is None:
         return
-    c.effects.append(StopRunner())
+    c.effects.append(StopRunner(reclaim=run.groups > 1))
     c.job.groups = []  # the run's replica groups are gone with it
     if c.job.state.is_terminal:  # a cancelled job already has its end
         c.run = None

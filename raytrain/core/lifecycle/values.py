@@ -199,10 +199,13 @@ class ReleaseNodes:
 @dataclass(frozen=True)
 class StopRunner:
     """End the job's runner actor; `hard`: also remove its worker group's placement group
-    (`placement_group`, or any group no run holds when it never said which)."""
+    (`placement_group`, or any group no run holds when it never said which); `reclaim`: the
+    run was replica groups, each with a placement group of its own that the run never named
+    (one still starting when the run ended is held by no one): remove any no run holds."""
 
     hard: bool = False
     placement_group: str | None = None
+    reclaim: bool = False
 
 
 @dataclass(frozen=True)

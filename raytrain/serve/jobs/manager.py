@@ -177,8 +177,8 @@ class JobManager(JobReads):
             handle = self.handles.pop(job_id, None)
             if handle is not None:
                 self.cluster.stop(handle, effect.placement_group if effect.hard else None)
-            if effect.hard and effect.placement_group is None:  # it never said which group
-                self.scheduler.reclaim_groups()
+            if effect.hard and effect.placement_group is None or effect.reclaim:
+                self.scheduler.reclaim_groups()  # it never said which group (or groups)
         elif isinstance(effect, lc.Replace):
             self.provisioner.replace(job_id, effect.leaving, now)
         elif isinstance(effect, lc.Rebuy):

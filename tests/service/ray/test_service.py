@@ -123,7 +123,9 @@ def test_the_readme_trains_the_demo_to_success_streaming_progress_then_cancels_o
         if snippet is first:
             check_the_demo_succeeded(service, namespace["job"], printed_at, submitted_at)
     out = capsys.readouterr().out
-    assert "SUCCEEDED" in out and "rank 0:" in out
+    # The demo's two replicas are two replica groups: cancelled at step 20 on a busy host, the
+    # second may not have started yet, so its log may be missing, never the first's to start.
+    assert "SUCCEEDED" in out and re.search(r"^rank \d+:", out, re.M), out[-2000:]
     assert namespace["job"].wait().state == JobState.CANCELLED
     # The cancel stopped the workers and freed their CPUs.
     wait_for(lambda: not train_worker_pids(), 60, "the training workers to exit")
