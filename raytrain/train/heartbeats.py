@@ -53,7 +53,8 @@ class Heartbeats:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._reader: Any = None
-        self._seen: dict[str, tuple[int, float]] = {}  # key -> (count, when it last moved)
+        self._seen: dict[str, tuple[int, float, bool]] = {}  # key -> (count, when it last
+        # moved, whether it was seen to move)
 
     def _client(self) -> Any:
         from torch.distributed import TCPStore  # type: ignore[attr-defined]
@@ -76,11 +77,12 @@ class Heartbeats:
         closing its sockets, and the other groups and the Lighthouse hear the group go."""
         key = _key(self.group, self.rank)
         mates = [_key(self.group, r) for r in range(self.world_size) if r != self.rank]
-        seen: dict[str, tuple[int, float]] = {}
+        seen: dict[str, tuple[int, float, bool]] = {}
         while not self._stop.is_set():
             try:
                 store.add(key, 1)
-                silent = _still(store, mates, seen, time.monotonic(), self.lost_after_s)
+                silent = _still(store, mates, seen, time.monotonic(), self.lost_after_s,
+                                seen_moving=True)
             except Exception as error:  # noqa: BLE001 - the runner gone: the job ends anyway
                 logger.debug("heartbeat not sent: %s", error)
                 silent = []
@@ -123,11 +125,13 @@ class Heartbeats:
         return lost
 
 
-def _still(store: Any, keys: list[str], seen: dict[str, tuple[int, float]], now: float,
-           lost_after_s: float) -> list[str]:
+def _still(store: Any, keys: list[str], seen: dict[str, tuple[int, float, bool]], now: float,
+           lost_after_s: float, seen_moving: bool = False) -> list[str]:
     """Of `keys`, the counters that have not moved for lost_after_s since `seen` (updated)
     first saw them or saw them move; a counter that never beat (its rank not started) or
-    that left is not still."""
+    that left is not still. `seen_moving`: only a counter seen to move since the watch began
+    (a group's own ranks, watched from their start: a replacement's mate that has not begun
+    beating shows the count its predecessor left, which does not move)."""
     still = []
     for key in keys:
         count = int(store.add(key, 0))  # a read that never blocks on a key not yet there
@@ -135,8 +139,8 @@ def _still(store: Any, keys: list[str], seen: dict[str, tuple[int, float]], now:
             continue
         last = seen.get(key)
         if last is None or last[0] != count:
-            seen[key] = (count, now)
-        elif now - last[1] >= lost_after_s:
+            seen[key] = (count, now, last is not None)
+        elif now - last[1] >= lost_after_s and (last[2] or not seen_moving):
             still.append(key)
     return still
 
