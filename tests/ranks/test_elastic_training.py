@@ -20,6 +20,7 @@ import torch
 
 from raytrain.spec import JobSpec
 from tests.support.elastic_groups import (
+    all_losses,
     events,
     group_main,
     wait_for_a_step_together,
@@ -94,9 +95,7 @@ def test_groups_leave_die_and_join_and_train_exactly_as_one_process(tmp_path: Pa
         lighthouse.shutdown()
     assert processes[0].exitcode == 17 and processes[1].exitcode == 0
     assert not (tmp_path / "result-1.json").exists()  # a group that left is not the job's end
-    losses: dict[int, float] = {}
-    for path in tmp_path.glob("losses-*.json"):
-        losses.update({int(k): v for k, v in json.loads(path.read_text()).items()})
+    losses = all_losses(tmp_path)
     assert sorted(losses) == list(range(1, STEPS + 1))  # every step once, none skipped
     # The leader reports the groups in each step: both while two train, one while one is alone
     in_step: dict[int, int] = {}
@@ -234,25 +233,14 @@ def test_groups_of_two_ranks_agree_on_every_decision_and_train_as_one_process(
     peer" after about 21 s)."""
     from torchft.coordination import LighthouseServer
 
-    from tests.support.elastic_groups import group_rank_main
-    from tests.support.runs import _free_port
+    from tests.support.elastic_groups import start_two_rank_groups
 
     os.environ.setdefault("RUST_LOG", "error")
     job = {**JOB, "resources": {"num_workers": 2}, "parallel": {"strategy": "fsdp"}}
     expected = run_single(JobSpec.model_validate(JOB), tmp_path / "reference").losses()
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=200,
                                   heartbeat_timeout_ms=1500)
-    context = multiprocessing.get_context("spawn")
-    processes = []
-    for group in range(2):
-        ports = (_free_port(), _free_port())
-        for rank in range(2):
-            processes.append(context.Process(
-                target=group_rank_main, args=(group, rank, lighthouse.address(),
-                                              str(tmp_path), job, 2, *ports, 0.3),
-                daemon=True))
-    for process in processes:
-        process.start()
+    processes = start_two_rank_groups(tmp_path, lighthouse.address(), job, 0.3)
     try:
         (tmp_path / "slow").touch()  # steps of 0.1 s: the interval falls due every 3
         (tmp_path / "start-0").touch()
@@ -276,9 +264,7 @@ def test_groups_of_two_ranks_agree_on_every_decision_and_train_as_one_process(
     assert not (tmp_path / "result-1.json").exists()  # it left: not the job's end
     saved = json.loads((tmp_path / "checkpoints-0.json").read_text())
     assert len(saved) >= 3  # by the interval (the job's own steps: only the end)
-    losses: dict[int, float] = {}
-    for path in tmp_path.glob("losses-*.json"):
-        losses.update({int(k): v for k, v in json.loads(path.read_text()).items()})
+    losses = all_losses(tmp_path)
     assert sorted(losses) == list(range(1, STEPS + 1))
     for step, loss in losses.items():
         assert loss == pytest.approx(expected[step], abs=1e-5), step
@@ -299,8 +285,7 @@ def test_a_frozen_rank_costs_its_group_within_10_s_and_the_job_trains_as_one_pro
     from torch.distributed import TCPStore
     from torchft.coordination import LighthouseServer
 
-    from tests.support.elastic_groups import group_rank_main, wait_for_groups
-    from tests.support.runs import _free_port
+    from tests.support.elastic_groups import start_two_rank_groups, wait_for_groups
 
     os.environ.setdefault("RUST_LOG", "error")
     job = {**JOB, "resources": {"num_workers": 2}, "parallel": {"strategy": "fsdp"}}
@@ -308,18 +293,8 @@ def test_a_frozen_rank_costs_its_group_within_10_s_and_the_job_trains_as_one_pro
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=200,
                                   heartbeat_timeout_ms=1500)
     beats = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    context = multiprocessing.get_context("spawn")
-    processes = []
-    for group in range(2):
-        ports = (_free_port(), _free_port())
-        for rank in range(2):
-            processes.append(context.Process(
-                target=group_rank_main, args=(group, rank, lighthouse.address(),
-                                              str(tmp_path), job, 2, *ports, 1000.0,
-                                              f"127.0.0.1:{beats.port}"),
-                daemon=True))
-    for process in processes:
-        process.start()
+    processes = start_two_rank_groups(tmp_path, lighthouse.address(), job, 1000.0,
+                                      f"127.0.0.1:{beats.port}")
     frozen = processes[3]  # group 1, rank 1
     try:
         (tmp_path / "slow").touch()  # steps of 0.1 s until the freeze is heard
@@ -340,9 +315,7 @@ def test_a_frozen_rank_costs_its_group_within_10_s_and_the_job_trains_as_one_pro
         lighthouse.shutdown()
     assert [p.exitcode for p in processes[:2]] == [0, 0]
     assert json.loads((tmp_path / "result-0.json").read_text())["steps"] == STEPS
-    losses: dict[int, float] = {}
-    for path in tmp_path.glob("losses-*.json"):
-        losses.update({int(k): v for k, v in json.loads(path.read_text()).items()})
+    losses = all_losses(tmp_path)
     assert sorted(losses) == list(range(1, STEPS + 1))
     for step, loss in losses.items():
         assert loss == pytest.approx(expected[step], abs=1e-5), step
@@ -413,9 +386,7 @@ def test_a_replacement_heals_from_a_live_group_and_reads_nothing_from_storage(
     # It took the job's first loss with the weights (its own first step is not the job's).
     assert json.loads((tmp_path / "result-1.json").read_text())["first_loss"] == \
         pytest.approx(expected[1], abs=1e-5)
-    losses: dict[int, float] = {}
-    for path in tmp_path.glob("losses-*.json"):
-        losses.update({int(k): v for k, v in json.loads(path.read_text()).items()})
+    losses = all_losses(tmp_path)
     assert sorted(losses) == list(range(1, STEPS + 1))
     for step, loss in losses.items():
         assert loss == pytest.approx(expected[step], abs=1e-5), step

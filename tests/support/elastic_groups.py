@@ -182,6 +182,35 @@ def wait_for_step(folder: Path, step: int, timeout_s: float = 120.0) -> None:
         time.sleep(0.05)
 
 
+def start_two_rank_groups(folder: Path, lighthouse: str, job: dict[str, Any],
+                          interval_s: float, beats: str | None = None) -> list[Any]:
+    """Two replica groups of two ranks each (group_rank_main), spawned and started, in the
+    order group 0 rank 0, group 0 rank 1, group 1 rank 0, group 1 rank 1."""
+    import multiprocessing
+
+    from tests.support.runs import _free_port
+
+    context = multiprocessing.get_context("spawn")
+    processes = []
+    for group in range(2):
+        ports = (_free_port(), _free_port())
+        for rank in range(2):
+            processes.append(context.Process(
+                target=group_rank_main, args=(group, rank, lighthouse, str(folder), job, 2,
+                                              *ports, interval_s, beats), daemon=True))
+    for process in processes:
+        process.start()
+    return processes
+
+
+def all_losses(folder: Path) -> dict[int, float]:
+    """Every step's loss, as the groups that led it recorded it (losses-G.json)."""
+    losses: dict[int, float] = {}
+    for path in folder.glob("losses-*.json"):
+        losses.update({int(k): v for k, v in json.loads(path.read_text()).items()})
+    return losses
+
+
 def wait_for_groups(folder: Path, group: int, count: int, timeout_s: float = 120.0) -> int:
     """The first step `group` reported with `count` groups in its quorum."""
     deadline = time.monotonic() + timeout_s
