@@ -18,6 +18,14 @@ from typing import Any
 
 from pydantic import ValidationError
 from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from raytrain.api_tokens import default_state_dir
 from raytrain.catalog.hardware import CATALOG
@@ -237,7 +245,7 @@ def _policy(name: str | None) -> PolicySpec:
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Replay spot-fleet traces against one job under each way of buying capacity; the policy
     and the baselines that are policies go through the live service (raytrain.sim.replay)."""
-    from raytrain.sim.simulation import TraceJob, simulate_trace
+    from raytrain.sim.simulation import TraceJob, simulate_jobs
     from raytrain.sim.workers import CloudTimes
 
     catalog = load_offers(default_state_dir(args.state_dir))
@@ -256,21 +264,27 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     times = CloudTimes(ready_s=args.ready_s, restart_s=args.restart_s,
                        checkpoint_s=args.checkpoint_s)
     paths = [Path(p) for p in args.trace or [DEFAULT_TRACE]]
-    rows = []
-    for path, name in zip(paths, trace_names(paths)):
-        trace = load_trace(path, name)
+    traces = [load_trace(path, name) for path, name in zip(paths, trace_names(paths))]
+    for path, trace in zip(paths, traces):
         mismatch = priced_as_another_kind(path.name, offer, catalog.offers)
         if mismatch:
             err.print(f"[yellow]warning:[/yellow] {mismatch}", highlight=False,
                       soft_wrap=True)
-        for notice in notices:
-            job = TraceJob(trace, offer, args.nodes, args.work_hours * 3600,
-                           args.deadline_hours * 3600 if args.deadline_hours else None,
-                           notice, times, args.interval_s)
-            with err.status(f"replaying {trace.name} through the service, notice "
-                            f"{job.notice_s:g} s, {args.starts} start times"):
-                rows.extend(simulate_trace(job, policy, args.starts,
-                                           processes=args.processes))
+    processes = args.processes or max(1, min(len(os.sched_getaffinity(0)), args.starts))
+    rows = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("start times"), TimeElapsedColumn(), TimeRemainingColumn(),
+                  console=err, transient=True) as bar:
+        for trace in traces:
+            jobs = [TraceJob(trace, offer, args.nodes, args.work_hours * 3600,
+                             args.deadline_hours * 3600 if args.deadline_hours else None,
+                             notice, times, args.interval_s) for notice in notices]
+            said = ", ".join(f"{job.notice_s:g} s" for job in jobs)
+            task = bar.add_task(f"replaying {trace.name} through the service (notice {said}, "
+                                f"{processes} process{'es' if processes > 1 else ''})",
+                                total=args.starts)
+            rows.extend(simulate_jobs(jobs, policy, args.starts, processes=processes,
+                                      done=lambda n, task=task: bar.advance(task, n)))
     if args.json:
         print_json(as_runs(rows))
         return 0

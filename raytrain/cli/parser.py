@@ -288,8 +288,9 @@ def add_offline_commands(command: Command) -> None:
                             help="seconds from asking for a node to its being up")
     simulating.add_argument("--starts", type=whole(at_least=1, at_most=100_000), default=11,
                             help="start times per trace, spread over its span")
-    simulating.add_argument("--processes", type=whole(at_least=1, at_most=256), default=1,
-                            help="replay start times in this many processes")
+    simulating.add_argument("--processes", type=whole(at_least=1, at_most=256), default=None,
+                            help="replay start times in this many processes (default: one "
+                            "per CPU this process may use)")
     simulating.add_argument("--state-dir", help="offer cache (default $RAYTRAIN_STATE_DIR, "
                             "else ~/.raytrain)")
     simulating.set_defaults(func=cmd_simulate)

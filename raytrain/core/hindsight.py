@@ -82,26 +82,31 @@ def hindsight(trace: Trace, job: SimJob, start_s: float = 0.0) -> SimResult:
     od = np.full((last + 2, work + 1), np.inf, dtype=np.float32)
     idle[:, work] = od[:, work] = 0.0
     left = work - np.arange(work)  # steps of work still to do, for p = 0 .. work-1
+    finished_in_run = spot_step * (restart + left)  # a spot run that finishes the work
+    cost = np.empty(work, dtype=np.float64)  # spot_option's, filled afresh each step
+    shifted = np.zeros(work, dtype=np.float64)  # od's next row, one step of work on
 
     def row(table: np.ndarray, k: int) -> np.ndarray:
         return table[min(k, last + 1), :work]
 
     def spot_option(k: int) -> np.ndarray:
         span = min(int(ends[k]), last) - k  # steps the run can hold its nodes, in time
-        finish = left <= span - boot - restart
-        cost = np.where(finish, spot_step * (restart + left), np.inf)
-        m = span - boot - restart - save  # work in a run that must checkpoint at its end
-        if 1 <= m < work:  # (a run of m >= work finishes whatever was done)
-            after = np.full(work, np.inf, dtype=np.float64)
-            after[: work - m] = spot_step * (span - boot) + row(idle, k + span)[m:]
-            cost = np.where(finish, cost, after)
+        room = span - boot - restart
+        # Work done p finishes within the run when left[p] <= room: from p = first on.
+        first = min(work, max(0, work - room))
+        cost[first:] = finished_in_run[first:]
+        m = room - save  # work in a run that must checkpoint at its end
+        upto = min(first, work - m) if 1 <= m < work else 0  # (m >= work finishes anyway)
+        if upto > 0:
+            cost[:upto] = spot_step * (span - boot) + row(idle, k + span)[m:m + upto]
+        cost[upto:first] = np.inf
         return cost
 
     for k in range(last - 1, -1, -1):  # at `last` (the deadline) only finished work is worth 0
-        od[k, :work] = np.minimum(od_step + np.append(row(od, k + 1)[1:], 0.0),
-                                  od_step * save + row(idle, k + save))
-        idle[k, :work] = np.minimum.reduce([row(idle, k + 1), od_step * restart
-                                            + row(od, k + boot + restart), spot_option(k)])
+        shifted[:-1] = row(od, k + 1)[1:]
+        od[k, :work] = np.minimum(od_step + shifted, od_step * save + row(idle, k + save))
+        idle[k, :work] = np.minimum(np.minimum(row(idle, k + 1), od_step * restart
+                                               + row(od, k + boot + restart)), spot_option(k))
     return _follow(trace, job, start_s, dt, idle, od, ends, (work, boot, restart, save, last),
                    (od_step, spot_step))
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from raytrain.errors import FieldError, SpecError
+
 ROUNDS = 4
 _MASK64 = (1 << 64) - 1
 
@@ -62,3 +64,14 @@ def windows(indices: object, n: int, shuffle: bool, seed: int) -> np.ndarray:
         chosen = epoch == each
         out[chosen] = shuffled(position[chosen], n, seed, int(each))
     return out
+
+
+def held_out_windows(total: int, fraction: float) -> int:
+    """Of `total` windows (or items), how many `fraction` holds out; SpecError naming the
+    fraction when that leaves none to train on."""
+    held = max(1, round(total * fraction))
+    if total - held < 1:
+        raise SpecError([FieldError(("data", "validation", "fraction"), (
+            f"holding out {held} of {total} windows leaves none to train on. To fix: lower "
+            "the fraction or give more data"))])
+    return held

@@ -21,14 +21,16 @@ import json
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
-import torch
 
 from raytrain.cloud.object_store import Store, is_remote, open_store
 from raytrain.core.shuffle import windows
 from raytrain.errors import FieldError, SpecError, StoreError
+
+if TYPE_CHECKING:  # torch is imported where a batch is made: admission reads the index only
+    import torch
 
 INDEX = "index.json"
 HERE = ("data", "path")
@@ -132,6 +134,8 @@ class TokenShards:
 
     def window_rows(self, chosen: Sequence[int]) -> torch.Tensor:
         """The windows `chosen` (by number), as a batch."""
+        import torch
+
         starts = [int(w) * self.seq_len for w in chosen]
         if self.remote:  # the windows' GETs side by side
             rows = list(self._fetch.map(lambda at: self.tokens(at, self.seq_len + 1), starts))

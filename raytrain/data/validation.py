@@ -16,8 +16,8 @@ from typing import Any, Sequence
 
 import torch
 
+from raytrain.core.shuffle import held_out_windows
 from raytrain.data.sources import ImportedDataset, SyntheticTokens, TokenSource, build_source
-from raytrain.errors import FieldError, SpecError
 from raytrain.spec import DataSpec
 
 SYNTHETIC_OFFSET = 1 << 40
@@ -67,14 +67,3 @@ def with_validation(spec: DataSpec, vocab_size: int | None, source: TokenSource
     held = held_out_windows(total, validation.fraction)
     source.num_windows = total - held  # type: ignore[attr-defined]
     return source, HeldOut(source, total - held, held)
-
-
-def held_out_windows(total: int, fraction: float) -> int:
-    """Of `total` windows (or items), how many `fraction` holds out; SpecError naming the
-    fraction when that leaves none to train on."""
-    held = max(1, round(total * fraction))
-    if total - held < 1:
-        raise SpecError([FieldError(("data", "validation", "fraction"), (
-            f"holding out {held} of {total} windows leaves none to train on. To fix: lower "
-            "the fraction or give more data"))])
-    return held

@@ -25,12 +25,11 @@ raytrain.core.hindsight under the same cloud figures.
 
 from __future__ import annotations
 
+import json
 import math
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-
-import yaml
 
 from raytrain.catalog.traces import Trace
 from raytrain.core.fleet import SimJob, SimResult, replay
@@ -106,7 +105,8 @@ def replay_job(scenario: Scenario, start_s: float = 0.0) -> Replayed:
                           None if m.trace is None else tuple(replay(m.trace, start_s, horizon)),
                           scenario.notice) for m in scenario.markets]
         cloud = TraceCloud(types, scenario.times)
-        manager = JobManager(config.model_dump(mode="json"), cluster=cloud, schedule=False).start()
+        manager = JobManager(config.model_dump(mode="json"), cluster=cloud, schedule=False,
+                             persist=False).start()
         cloud.manager = manager
         try:
             job_id = manager.submit(scenario.spec).id  # a refusal raises, with its fix
@@ -127,18 +127,28 @@ def _drive(manager: JobManager, cloud: TraceCloud, job_id: str, until: float,
            tick_s: float) -> None:
     """Scheduling passes after every change in the cloud and every tick, until the job ends
     (or the horizon: then it is cancelled, unfinished)."""
-    next_pass = cloud.time
+    next_pass, seen, quiet_until = cloud.time, -1, -math.inf
+    scheduler = manager.scheduler
     while not manager.records[job_id].status.state.is_terminal:
         if cloud.time >= until:
             manager.cancel(job_id)
-            manager.scheduler.pass_once()
+            scheduler.pass_once()
             break
-        due = min(cloud.next_time(), next_pass, until)
-        changed = cloud.advance(due)
+        soonest = cloud.next_time()
+        changed = cloud.advance(min(soonest, next_pass, until), soonest)
         if changed or cloud.time >= next_pass:
-            manager.scheduler.pass_once()
-            next_pass = cloud.time + tick_s
-
+            now = cloud.time
+            # Passes that would do nothing are skipped (Scheduler.idle_until): those where
+            # nothing but progress happened since the last pass and nothing falls due. The
+            # passes run are those of a scheduler passing every tick, as live.
+            if changed or manager.lifecycle_changes != seen:
+                quiet_until = now
+            elif now >= quiet_until:
+                quiet_until = scheduler.idle_until(now)
+            if quiet_until <= now:
+                scheduler.pass_once()
+                seen, quiet_until = manager.lifecycle_changes, -math.inf
+            next_pass = now + tick_s
 
 def _service_config(scenario: Scenario, folder: Path) -> ServiceConfig:
     offers = {m.offer.id: m.offer for m in scenario.markets}
@@ -146,12 +156,14 @@ def _service_config(scenario: Scenario, folder: Path) -> ServiceConfig:
         seconds, share = scenario.notice
         offers = {key: offer.model_copy(update={"notice_s": seconds, "notice_share": share})
                   for key, offer in offers.items()}
-    (folder / "offers.yaml").write_text(yaml.safe_dump({"version": "replay", "offers": [
+    # JSON, which is YAML: written and read once per replay, and PyYAML's emitter was half
+    # of a replay's set-up.
+    (folder / "offers.yaml").write_text(json.dumps({"version": "replay", "offers": [
         o.model_dump(mode="json", exclude_none=True) for o in offers.values()]}))
     policies = folder / "policies"
     policies.mkdir()
     for name, policy in scenario.policies.items():
-        (policies / f"{name}.yaml").write_text(yaml.safe_dump(policy.model_dump(mode="json")))
+        (policies / f"{name}.yaml").write_text(json.dumps(policy.model_dump(mode="json")))
     settings: dict[str, object] = {
         "state_dir": str(folder / "state"), "offers_file": str(folder / "offers.yaml"),
         "policy_dir": str(policies), "auth": False, "max_usd_per_hour": None,

@@ -14,8 +14,8 @@ benchmarks/spot_simulation.py print these.
 from __future__ import annotations
 
 import math
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from raytrain.catalog.traces import Trace
@@ -27,6 +27,7 @@ from raytrain.errors import FieldError, SpecError
 from raytrain.sim.replay import (
     BASELINES,
     Market,
+    Replayed,
     Scenario,
     as_sim_result,
     baseline_policies,
@@ -81,20 +82,42 @@ def simulate_trace(job: TraceJob, policy: PolicySpec, starts: int,
                    strategies: tuple[str, ...] = STRATEGIES, processes: int = 1
                    ) -> list[Summary]:
     """Every strategy from `starts` start times spread evenly over the trace."""
-    check_trace_job(job)
-    times = [job.trace.duration_s * i / starts for i in range(starts)]
-    args = [(job, policy, start, strategies) for start in times]
+    return simulate_jobs([job], policy, starts, strategies, processes)
+
+
+def simulate_jobs(jobs: list[TraceJob], policy: PolicySpec, starts: int,
+                  strategies: tuple[str, ...] = STRATEGIES, processes: int = 1,
+                  done: Callable[[int], None] | None = None) -> list[Summary]:
+    """simulate_trace for jobs on one trace that differ only in what the cloud tells before
+    a preemption (the notices to compare): each start time's replays of all of them in one
+    task, so the hindsight schedule (which knows every preemption, notice or not) is solved
+    once per start. `done(n)`: n more start times replayed, for a progress bar."""
+    for job in jobs:
+        check_trace_job(job)
+    trace = jobs[0].trace
+    times = [trace.duration_s * i / starts for i in range(starts)]
+    args = [(tuple(jobs), policy, start, strategies) for start in times]
+    by_start: list[list[dict[str, SimResult]]] = [[] for _ in times]
     if processes > 1:
         with ProcessPoolExecutor(processes) as pool:
-            by_start = list(pool.map(_one_start, args))
+            futures = {pool.submit(_one_start, a): i for i, a in enumerate(args)}
+            for future in as_completed(futures):
+                by_start[futures[future]] = future.result()
+                if done is not None:
+                    done(1)
     else:
-        by_start = [_one_start(a) for a in args]
+        for i, a in enumerate(args):
+            by_start[i] = _one_start(a)
+            if done is not None:
+                done(1)
     rows = []
-    horizon = 20 * job.work_s + (job.deadline_s or 0)
-    on_demand = [runs["on-demand"] for runs in by_start] if "on-demand" in strategies else None
-    for strategy in strategies:
-        results = [runs[strategy] for runs in by_start]
-        rows.append(summarize(results, job.notice_s, horizon, on_demand))
+    for j, job in enumerate(jobs):
+        horizon = 20 * job.work_s + (job.deadline_s or 0)
+        on_demand = [runs[j]["on-demand"] for runs in by_start] \
+            if "on-demand" in strategies else None
+        for strategy in strategies:
+            results = [runs[j][strategy] for runs in by_start]
+            rows.append(summarize(results, job.notice_s, horizon, on_demand))
     return rows
 
 
@@ -111,6 +134,17 @@ class Start:
     scenario: Scenario
     own: tuple[Market, Market]
     outside: SimJob
+    # The service's replays so far, by (policy, rigid): a job of one replica group is rigid,
+    # so its `policy` row is its `policy-rigid` replay, replayed once.
+    # The hindsight schedules solved for this start, by the job without its notice: neither
+    # bound depends on one, so the notices compared share them.
+    oracles: dict[SimJob, SimResult] = field(default_factory=dict, compare=False)
+    replayed: dict[tuple[str, bool], Replayed] = field(default_factory=dict, compare=False)
+
+    @property
+    def one_group(self) -> bool:
+        return groups_of(self.spec, self.spec.parallel.dp_replicate or self.job.nodes,
+                         self.job.nodes) <= 1
 
 
 def _uniform_progress(s: Start) -> SimResult:
@@ -120,11 +154,12 @@ def _uniform_progress(s: Start) -> SimResult:
 def _oracle(s: Start) -> SimResult:
     """The cheaper bound: the rigid hindsight schedule, or (with replica groups) training on
     survivors."""
-    rigid = hindsight(s.job.trace, s.outside, s.start)
-    if groups_of(s.spec, s.spec.parallel.dp_replicate or s.job.nodes, s.job.nodes) <= 1:
-        return rigid
-    return min((rigid, elastic_bound(s.job.trace, s.outside, s.start)),
-               key=lambda r: r.cost_usd)
+    key = replace(s.outside, notice_s=0.0, notice_share=1.0)
+    if key not in s.oracles:
+        rigid = hindsight(s.job.trace, s.outside, s.start)
+        s.oracles[key] = rigid if s.one_group else min(
+            (rigid, elastic_bound(s.job.trace, s.outside, s.start)), key=lambda r: r.cost_usd)
+    return s.oracles[key]
 
 
 def _replayed(strategy: str) -> Callable[[Start], SimResult]:
@@ -134,10 +169,13 @@ def _replayed(strategy: str) -> Callable[[Start], SimResult]:
 
     def run(s: Start) -> SimResult:
         markets = s.own + s.job.alternatives if ours else s.own
-        spec = s.spec if strategy == "policy" else _rigid(s.spec)
-        replayed = replay_job(with_policy(replace(s.scenario, markets=markets, spec=spec),
-                                          s.policy.name if ours else strategy), s.start)
-        return as_sim_result(replayed, strategy, s.job.trace.name, s.start,
+        rigid = strategy != "policy" or s.one_group
+        policy = s.policy.name if ours else strategy
+        if (policy, rigid) not in s.replayed:
+            spec = _rigid(s.spec) if rigid else s.spec
+            s.replayed[policy, rigid] = replay_job(with_policy(
+                replace(s.scenario, markets=markets, spec=spec), policy), s.start)
+        return as_sim_result(s.replayed[policy, rigid], strategy, s.job.trace.name, s.start,
                              s.outside.deadline_s)
     return run
 
@@ -149,18 +187,23 @@ STRATEGY_RUNS: dict[str, Callable[[Start], SimResult]] = {
 }
 
 
-def _one_start(args: tuple[TraceJob, PolicySpec, float, tuple[str, ...]]
-               ) -> dict[str, SimResult]:
-    job, policy, start, strategies = args
-    spec = job.spec or gpt_job(job.offer, job.nodes, job.work_s, job.deadline_s, policy.name)
-    policies = baseline_policies(policy, job.fixed_interval_s)
-    own = (Market(job.offer, "spot", job.trace), Market(job.offer, "on-demand"))
-    seconds, share = job.notice or job.offer.notice
-    outside = replace(sim_job(spec, job.offer, job.times, seconds, job.fixed_interval_s),
-                      notice_share=share)
-    at = Start(job, policy, start, spec, Scenario(spec, own, policies, job.times, job.notice),
-               own, outside)
-    return {strategy: STRATEGY_RUNS[strategy](at) for strategy in strategies}
+def _one_start(args: tuple[tuple[TraceJob, ...], PolicySpec, float, tuple[str, ...]]
+               ) -> list[dict[str, SimResult]]:
+    jobs, policy, start, strategies = args
+    oracles: dict[SimJob, SimResult] = {}  # by the job without its notice (module doc)
+    found = []
+    for job in jobs:
+        spec = job.spec or gpt_job(job.offer, job.nodes, job.work_s, job.deadline_s,
+                                   policy.name)
+        policies = baseline_policies(policy, job.fixed_interval_s)
+        own = (Market(job.offer, "spot", job.trace), Market(job.offer, "on-demand"))
+        seconds, share = job.notice or job.offer.notice
+        outside = replace(sim_job(spec, job.offer, job.times, seconds, job.fixed_interval_s),
+                          notice_share=share)
+        at = Start(job, policy, start, spec, Scenario(spec, own, policies, job.times,
+                                                      job.notice), own, outside, oracles)
+        found.append({strategy: STRATEGY_RUNS[strategy](at) for strategy in strategies})
+    return found
 
 
 def _rigid(spec: JobSpec) -> JobSpec:

@@ -184,27 +184,27 @@ class TraceCloud:
 
     def next_time(self) -> float:
         """When the next thing happens in the cloud or in a run (inf: nothing will)."""
-        times = [self._queue[0][0]] if self._queue else []
+        soonest = self._queue[0][0] if self._queue else math.inf
         for n in self._live():
-            if not n.announced:
-                times.append(n.up_at)
-            if n.notice_at is not None and n.notice_at > self.time:
-                times.append(n.notice_at)
-            if n.idle_since is not None:
-                times.append(n.idle_since + self.times.idle_s)
-        times += [run.next_time() for run in self.runs.values() if not run.done]
-        return min(times, default=math.inf)
+            if not n.announced and n.up_at < soonest:
+                soonest = n.up_at
+            if n.notice_at is not None and self.time < n.notice_at < soonest:
+                soonest = n.notice_at
+            if n.idle_since is not None and n.idle_since + self.times.idle_s < soonest:
+                soonest = n.idle_since + self.times.idle_s
+        for run in self.runs.values():
+            soonest = min(soonest, run.next_time())  # inf once done
+        return soonest
 
-    def advance(self, until: float) -> bool:
-        """Let everything due by `until` happen, in time order; True if a node or a run
-        changed (the scheduler should look)."""
+    def advance(self, until: float, due: float | None = None) -> bool:
+        """Let everything due by `until` happen, in time order (`due`: next_time(), when
+        the caller has it); True if a node or a run changed (the scheduler should look)."""
         changed = False
-        while True:
-            due = self.next_time()
-            if due > until:
-                break
+        due = self.next_time() if due is None else due
+        while due <= until:
             self.time = max(self.time, due)
             changed = self._fire() or changed
+            due = self.next_time()
         self.time = max(self.time, until)
         return changed
 

@@ -21,13 +21,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol, TypeVar
 
 from raytrain.core.elastic import elastic_groups
 from raytrain.core.step_rules import after_step
 from raytrain.spec import JobSpec, Layout
 
 TRAINING, LEAVING, GONE, HEALING = "training", "leaving", "gone", "healing"
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _changes(method: F) -> F:
+    """A SimRun method that may change when it next acts: next_time is worked out again."""
+    def changing(self: SimRun, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._next = None
+    return changing  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -85,6 +96,7 @@ class SimRun:
         # Nodes its groups heard a notice on: no replacement goes there, as live (the job
         # manager's run_view `avoid`, from the run's noticed nodes).
         self.noticed_nodes: set[str] = set()
+        self._next: float | None = None  # next_time, until a change (the cloud asks often)
 
     # ------------------------------------------------------------------ the cloud asks
 
@@ -107,12 +119,13 @@ class SimRun:
         return {n for g, ns in self.members.items() if self.state[g] != GONE for n in ns}
 
     def next_time(self) -> float:
-        if self.done:
-            return math.inf
-        if self.phase != "training":
-            return self.phase_until
-        return self.boundary_at + self._steps_to_next() * self._effective_step_s()
+        if self._next is None:
+            self._next = math.inf if self.done else self.phase_until \
+                if self.phase != "training" else \
+                self.boundary_at + self._steps_to_next() * self._effective_step_s()
+        return self._next
 
+    @_changes
     def hear_notice(self, node: str, now: float) -> None:
         """The metadata service on `node` says it is being taken."""
         if not self.elastic:
@@ -126,6 +139,7 @@ class SimRun:
         if self.alive - self._leaving() < self.spec.parallel.min_replica_groups:
             self.noticed_at = self.noticed_at or now  # too few would be left: all stop
 
+    @_changes
     def node_lost(self, node: str, now: float) -> None:
         """`node` is gone without (or before the end of) its notice."""
         if not self.elastic or self.phase == "starting":
@@ -143,6 +157,7 @@ class SimRun:
             self.end(error=f"ActorDiedError: a training worker died: its node {node} was "
                      f"lost, and {self.alive} replica group(s) are left")
 
+    @_changes
     def node_free(self, node: str, now: float) -> bool:
         """A node of the run's type is up and unused: a gone group starts on it, unless its
         notice was heard (it is going). True if taken."""
@@ -159,6 +174,7 @@ class SimRun:
                 return True
         return False
 
+    @_changes
     def fire(self) -> None:
         """What happens at next_time()."""
         now = self.cloud.time
@@ -174,6 +190,7 @@ class SimRun:
             self.boundary_at = now
             self._after_step(now)
 
+    @_changes
     def end(self, error: str | None = None, result: dict[str, Any] | None = None) -> None:
         if self.done:
             return

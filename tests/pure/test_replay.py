@@ -201,3 +201,40 @@ def test_a_replacement_never_goes_to_a_node_whose_notice_its_run_heard() -> None
     assert run.node_free("n4", 12.0)  # a fresh node is
     assert "n4" in run.using() and "n1" not in {n for g, ns in run.members.items()
                                                 if g != 0 for n in ns}
+
+
+def test_a_job_of_one_group_is_replayed_once_for_its_policy_rows_and_the_notices_share_the_oracle(
+        ) -> None:
+    """One node is one replica group, so the `policy` row is the `policy-rigid` replay, done
+    once (raytrain.sim.simulation.Start.replayed): its figures are those of the elastic job
+    replayed on its own. The hindsight schedule knows every preemption, told or not, so the
+    notices compared share it, and it is the one solved for either alone. `done` counts every
+    start time once (the progress bar)."""
+    from dataclasses import replace
+
+    from raytrain.core.hindsight import hindsight
+    from raytrain.sim.replay import as_sim_result
+    from raytrain.sim.simulation import _one_start, sim_job, simulate_jobs
+    from tests.support.replay_cases import outage_trace
+
+    trace = outage_trace(hours=30.0)
+    offer = next(o for o in snapshot().offers if o.instance_type == "p3.2xlarge")
+    jobs = tuple(TraceJob(trace, offer, 1, 2 * HOUR, 5 * HOUR, notice)
+                 for notice in (None, NO_NOTICE))
+    rows = _one_start((jobs, COST_FIRST, 0.0, ("policy", "policy-rigid", "oracle")))
+    spec = gpt_job(offer, 1, 2 * HOUR, 5 * HOUR, "cost-first")
+    for job, found in zip(jobs, rows):
+        alone = replay_job(Scenario(spec, (Market(offer, "spot", trace),
+                                           Market(offer, "on-demand")),
+                                    baseline_policies(COST_FIRST, 1800), TIMES, job.notice))
+        mine = as_sim_result(alone, "policy", trace.name, 0.0, 5 * HOUR)
+        assert spec.parallel.elastic and found["policy"].cost_usd == mine.cost_usd
+        assert found["policy"].finished_s == mine.finished_s
+        assert found["policy"].decisions == mine.decisions
+        seconds, share = job.notice or offer.notice
+        outside = replace(sim_job(spec, offer, TIMES, seconds, 1800.0), notice_share=share)
+        assert found["oracle"].cost_usd == hindsight(trace, outside, 0.0).cost_usd
+    assert rows[0]["oracle"] is rows[1]["oracle"]
+    counted: list[int] = []
+    simulate_jobs(list(jobs), COST_FIRST, 2, ("oracle",), done=counted.append)
+    assert counted == [1, 1]

@@ -17,10 +17,9 @@ from typing import Any, Iterable
 from raytrain.cloud.object_store import is_remote, open_store
 from raytrain.core.lifecycle import Record
 from raytrain.core.queue import never_fits
+from raytrain.core.shuffle import held_out_windows
 from raytrain.data.shards import read_index
-from raytrain.data.validation import held_out_windows
 from raytrain.errors import FieldError, JobStateError, ServiceBusyError, SpecError, StoreError
-from raytrain.models.hf import check_folder
 from raytrain.spec import JobSpec, JobState, JobStatus, PlanSummary, Progress, parse_job_spec
 
 IDEMPOTENCY_WINDOW_S = 24 * 3600.0
@@ -136,6 +135,8 @@ def check_paths_on_head_node(spec: JobSpec, endpoint: str | None = None) -> None
                 "(a folder they mount, or a bucket their credentials read)"))])
     source = spec.model.hf
     if source is not None and source.weights == "pretrained":
+        from raytrain.models.hf import check_folder  # torch: for these jobs only
+
         check_folder(spec.model.gpt, source.path)  # each tensor's shape, from its header
     if spec.data.kind == "token_file" and spec.data.path and (
             is_remote(spec.data.path) or Path(spec.data.path).expanduser().is_dir()):

@@ -79,9 +79,13 @@ class JobManager(JobReads):
     starts the scheduler thread (with `schedule`)."""
 
     def __init__(self, config: dict[str, Any], cluster: Cluster[Any] | None = None,
-                 schedule: bool = True, planner: Callable[..., PlanSummary] = plan_summary
-                 ) -> None:
+                 schedule: bool = True, planner: Callable[..., PlanSummary] = plan_summary,
+                 persist: bool = True) -> None:
         self.config = ServiceConfig.model_validate(config)
+        # False: records are kept in memory only (a trace replay, raytrain.sim.replay: no
+        # head to lose, and its store writes were 40% of its time).
+        self.persist = persist
+        self.lifecycle_changes = 0  # events other than progress reports (Scheduler.idle_until)
         self.planner = planner  # once at submit; once more per capacity change
         self.cluster: Cluster[Any] = with_pods(cluster or RayCluster(), self.config, self)
         self.lock = threading.RLock()
@@ -150,6 +154,9 @@ class JobManager(JobReads):
             now = self.cluster.now()
             out = lc.step(self.records[job_id], event, now)
             self.records[job_id] = out.record
+            if not isinstance(event, lc.ProgressReported) or before is None or \
+                    out.record.status.state != before.state:
+                self.lifecycle_changes += 1  # more than progress: the next scheduling pass may act
             self._touch(job_id)
             self.tally.observe(before, out.record.status, now)
             for effect in out.effects:
@@ -168,6 +175,8 @@ class JobManager(JobReads):
             if effect.kind == "progress":
                 self._history.add(job_id, point_of(effect.data, now))
         elif isinstance(effect, lc.Save):  # never raises for a failing disk (serve.durable)
+            if not self.persist:
+                return
             status = self.records[job_id].status
             self._store.put(status, self._events[job_id].next_seq, self.tally.to_json())
             self._history.save(job_id, release=status.state.is_terminal)

@@ -27,6 +27,7 @@ manager's tally's); it reads a job's status and never changes it.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -54,7 +55,13 @@ from raytrain.spec import (
     Resources,
     ServiceConfig,
 )
-from raytrain.spec.files import catalog_for, catalog_stamp, load_policies, unknown_policy
+from raytrain.spec.files import (
+    catalog_for,
+    catalog_stamp,
+    load_policies,
+    offers_path,
+    unknown_policy,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +97,7 @@ class Placement:
 # The placement the job has now (None: nothing fits), and the decision made by this call.
 Decided = tuple[Placement | None, CapacityDecided | None]
 
+PLANNED_KEPT = 256  # jobs whose planned throughput is kept (Provisioner._throughput)
 REQUEST_REFRESH_S = 60.0  # requests are sent again this often (they expire: ray_cluster)
 
 
@@ -113,7 +121,11 @@ class Provisioner:
     planner: Callable[..., PlanSummary] = plan_summary
 
     def __post_init__(self) -> None:
+        # Each job's planned throughput (job_throughput, which memoises each device shape's
+        # plan), by its spec: a review decides again every few minutes on the same devices.
+        self._planned: dict[int, tuple[JobSpec, Throughput]] = {}
         self.catalog = catalog_for(self.config)
+        self._offers_file = str(offers_path(self.config))  # stat every pass: no Path parsing
         self._catalog_stamp = catalog_stamp(self.config)
         self._bound = self._bound_offers()
         folder = Path(self.config.policy_dir).expanduser() if self.config.policy_dir else None
@@ -134,7 +146,13 @@ class Provisioner:
 
     def _throughput(self, spec: JobSpec, node_type: dict[tuple[str, str], str]) -> Throughput:
         """The planner's throughput for the job on this service's devices and node types."""
-        return limit_nodes(job_throughput(spec, self.hardware), self._node_limits(node_type))
+        held = self._planned.pop(id(spec), None)  # the spec kept: its id is not reused
+        if held is None:
+            held = (spec, job_throughput(spec, self.hardware))  # memoised per layout
+        self._planned[id(spec)] = held
+        while len(self._planned) > PLANNED_KEPT:
+            self._planned.pop(next(iter(self._planned)))
+        return limit_nodes(held[1], self._node_limits(node_type))
 
     def offers(self, spec: JobSpec | None, policy: str | None, keep: int) -> dict[str, Any]:
         """The catalog, and with a spec the ranking of `policy` (default: the job's, else
@@ -280,9 +298,21 @@ class Provisioner:
             return None, None
         return self._adopt(job, now, EngineEvent(event), old.missing, decision, costs)
 
+    def _stamp(self) -> float | None:
+        """catalog_stamp, for the file of this service's offers."""
+        try:
+            return os.stat(self._offers_file).st_mtime
+        except FileNotFoundError:
+            return None
+
+    def catalog_changed(self) -> bool:
+        """Whether the offers' file changed since they were read (reload_if_changed reads
+        them again)."""
+        return self._stamp() != self._catalog_stamp
+
     def reload_if_changed(self) -> bool:
         """Read the offers again if their file changed (a refresh, or an operator's edit)."""
-        stamp = catalog_stamp(self.config)
+        stamp = self._stamp()
         if stamp == self._catalog_stamp:
             return False
         self._catalog_stamp = stamp
