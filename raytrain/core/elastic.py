@@ -29,7 +29,7 @@ def run_groups(spec: JobSpec, layout: Layout,
     cluster, where no node is bought and none is lost to a cloud, each replica is a group of
     its own all the same, so that a worker lost there costs only its group."""
     if not worker_resources:
-        return groups_of(spec, layout.dp_replicate, layout.dp_replicate, layout.pp)
+        return groups_of(spec, layout.dp_replicate, layout.dp_replicate, _interleaved(layout))
     return elastic_groups(spec, layout, bought_nodes(spec, worker_resources))
 
 
@@ -37,7 +37,11 @@ def elastic_groups(spec: JobSpec, layout: Layout, nodes: int) -> int:
     """Replica groups that can train on without each other: the layout's dp_replicate when
     the job allows it (parallel.elastic), it spans two or more nodes, and groups hold whole
     nodes (or nodes whole groups); 1 when the job is rigid."""
-    return groups_of(spec, layout.dp_replicate, nodes, layout.pp)
+    return groups_of(spec, layout.dp_replicate, nodes, _interleaved(layout))
+
+
+def _interleaved(layout: Layout) -> bool:
+    return layout.pp > 1 and layout.schedule == "interleaved_1f1b"
 
 
 def bought_nodes(spec: JobSpec, worker_resources: Mapping[str, float] | None) -> int:
@@ -48,11 +52,14 @@ def bought_nodes(spec: JobSpec, worker_resources: Mapping[str, float] | None) ->
     return round(sum(worker_resources.values()) * spec.resources.num_workers)
 
 
-def groups_of(spec: JobSpec, dp_replicate: int, nodes: int, pp: int = 1) -> int:
-    """elastic_groups for a layout of `dp_replicate` replicas and `pp` pipeline stages (a
-    pipeline schedule runs a fixed number of micro-batches: such a job stays rigid)."""
+def groups_of(spec: JobSpec, dp_replicate: int, nodes: int, interleaved: bool = False
+              ) -> int:
+    """elastic_groups for a layout of `dp_replicate` replicas. A group may hold a whole
+    pipeline: its share of a step's micro-batches changes as groups leave and join, and it
+    runs a schedule for each count (raytrain.parallel.pipeline), save an interleaved one
+    (`interleaved`), which torch builds only for some counts: such a job stays rigid."""
     groups = dp_replicate
-    if not spec.parallel.elastic or groups < 2 or nodes < 2 or pp > 1:
+    if not spec.parallel.elastic or groups < 2 or nodes < 2 or interleaved:
         return 1
     if groups % nodes and nodes % groups:
         return 1

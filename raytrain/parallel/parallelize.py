@@ -51,14 +51,11 @@ from raytrain.models.gpt import GPT
 from raytrain.models.registry import build_model
 from raytrain.parallel.blocks import describe_units, transformer_blocks
 from raytrain.parallel.compression import register_compression
+from raytrain.parallel.pipeline import Pipeline
 from raytrain.spec import JobSpec
 from raytrain.spec.layout import Layout, stage_layers, stages_of_rank
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
-# torch.distributed.pipelining imports torch._dynamo (0.7 s a process here): only a pipelined
-# layout pays for it, not every data-parallel worker's start.
-SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
-             "interleaved_1f1b": "ScheduleInterleaved1F1B"}
 
 
 def gpt_stage(model: GPT, stage: int, num_stages: int) -> GPT:
@@ -171,7 +168,7 @@ class ParallelModel:
     parts: list[nn.Module]  # checkpointed modules (state-dict names of the whole model)
     runners: list[nn.Module]  # what forward runs (DDP-wrapped where DDP applies)
     mesh: DeviceMesh | None = None
-    schedule: Any = None
+    pipeline: Pipeline | None = None  # pp > 1: the schedule for each micro-batch count
     stage_ids: list[int] = field(default_factory=lambda: [0])
     dp_rank: int = 0
     owns_loss: bool = True  # this rank's loss counts in the job's loss (last stage, tp rank 0)
@@ -196,7 +193,7 @@ class ParallelModel:
     def forward_backward(self, micro_batches: list[torch.Tensor]) -> torch.Tensor:
         """Gradients of the mean loss over `micro_batches` (each [micro, seq + 1] tokens);
         returns this rank's share of that loss (0 on ranks that do not own it)."""
-        if self.schedule is not None:
+        if self.pipeline is not None:
             return self._pipeline_step(micro_batches)
         runner = self.runners[0]
         total = torch.zeros((), device=self.device)
@@ -253,8 +250,9 @@ class ParallelModel:
         first, last = 0 in self.stage_ids, self.layout.num_stages - 1 in self.stage_ids
         losses: list[torch.Tensor] = []
         args = (tokens[:, :-1],) if first else ()
+        assert self.pipeline is not None
         with self._autocast():
-            self.schedule.step(
+            self.pipeline(len(micro_batches)).step(
                 *args,
                 target=tokens[:, 1:] if last else None,
                 losses=losses if last else None,
@@ -352,19 +350,8 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
         fsdp_units="; ".join(units) if units else None, compiled=compiled,
     )
     if layout.pp > 1:
-        from torch.distributed import pipelining
-
-        pp_group = mesh["pp"].get_group()
-        stages = [
-            pipelining.PipelineStage(runner, stage, layout.num_stages, device, group=pp_group)
-            for runner, stage in zip(runners, stage_ids)
-        ]
-        schedule_cls = getattr(pipelining, SCHEDULES[layout.schedule])
-        model.schedule = schedule_cls(
-            stages if layout.schedule == "interleaved_1f1b" else stages[0],
-            n_microbatches=layout.microbatches,
-            loss_fn=_cross_entropy,
-        )
+        model.pipeline = Pipeline(runners, stage_ids, layout, device, mesh["pp"].get_group(),
+                                  _cross_entropy)
     return model
 
 

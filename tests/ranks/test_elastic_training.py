@@ -390,3 +390,51 @@ def test_a_replacement_heals_from_a_live_group_and_reads_nothing_from_storage(
     assert sorted(losses) == list(range(1, STEPS + 1))
     for step, loss in losses.items():
         assert loss == pytest.approx(expected[step], abs=1e-5), step
+
+
+@pytest.mark.timeout(240)
+def test_groups_holding_a_pipeline_each_take_a_left_groups_share_and_train_as_one_process(
+        tmp_path: Path) -> None:
+    """Two replica groups, each a whole pipeline of two stages (pp 2, 1f1b inside): the
+    step's 6 micro-batches are 3 a group, then 6 for group 0 alone once group 1 has left on
+    its rank's notice, through a schedule built for that count (raytrain.parallel.pipeline).
+    Every step's loss is one process's to 1e-5. With one schedule, for the layout's count (a
+    group's 6: the whole step), the groups' shares of 3 went through it and the two groups
+    never trained a step together (checked)."""
+    from torchft.coordination import LighthouseServer
+
+    from tests.support.elastic_groups import start_two_rank_groups, wait_for_groups
+
+    os.environ.setdefault("RUST_LOG", "error")
+    job = {**JOB, "resources": {"num_workers": 2},
+           "parallel": {"strategy": "pipeline", "pipeline_schedule": "1f1b"}}
+    expected = run_single(JobSpec.model_validate(JOB), tmp_path / "reference").losses()
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=200,
+                                  heartbeat_timeout_ms=1500)
+    processes = start_two_rank_groups(tmp_path, lighthouse.address(), job, 1000.0)
+    try:
+        (tmp_path / "slow").touch()
+        (tmp_path / "start-0").touch()
+        (tmp_path / "start-1").touch()
+        together = wait_for_groups(tmp_path, 0, 2, timeout_s=150)
+        wait_for_step(tmp_path, together + 3)
+        (tmp_path / "notice-1-0").touch()  # group 1's first node is being taken
+        deadline = time.monotonic() + 120
+        while processes[2].is_alive() or processes[3].is_alive():  # group 1 leaves
+            assert time.monotonic() < deadline, "group 1 did not leave on its rank's notice"
+            time.sleep(0.1)
+        (tmp_path / "slow").unlink()
+        for process in processes[:2]:
+            process.join(180)
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+        lighthouse.shutdown()
+    assert [p.exitcode for p in processes] == [0, 0, 0, 0]
+    groups = {int(k): v for k, v in json.loads((tmp_path / "groups-0.json").read_text()).items()}
+    assert 2 in groups.values() and groups[STEPS] == 1  # together, then group 0 alone
+    losses = all_losses(tmp_path)
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    for step, loss in losses.items():
+        assert loss == pytest.approx(expected[step], abs=1e-5), step
