@@ -438,3 +438,77 @@ def test_groups_holding_a_pipeline_each_take_a_left_groups_share_and_train_as_on
     assert sorted(losses) == list(range(1, STEPS + 1))
     for step, loss in losses.items():
         assert loss == pytest.approx(expected[step], abs=1e-5), step
+
+
+@pytest.mark.timeout(300)
+def test_groups_of_two_ranks_leave_die_and_are_replaced_twice_and_train_as_one_process(
+        tmp_path: Path) -> None:
+    """Two replica groups of two ranks each (FSDP inside, dp_shard 2). Group 1 leaves on its
+    second rank's notice (no step redone); a replacement of two ranks heals from group 0,
+    rank by rank, and joins; one of its ranks is killed mid-step (its mate ends by the
+    group's own watch; at most the step in flight redone); a second replacement heals and
+    joins. Every step's loss is one process's to 1e-5. (A frozen rank: the test above.)"""
+    from torch.distributed import TCPStore
+    from torchft.coordination import LighthouseServer
+
+    from tests.support.elastic_groups import (
+        start_group_of_two,
+        start_two_rank_groups,
+        wait_for_groups,
+    )
+
+    os.environ.setdefault("RUST_LOG", "error")
+    job = {**JOB, "resources": {"num_workers": 2}, "parallel": {"strategy": "fsdp"}}
+    expected = run_single(JobSpec.model_validate(JOB), tmp_path / "reference").losses()
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=200,
+                                  heartbeat_timeout_ms=1500)
+    beats = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    address = f"127.0.0.1:{beats.port}"
+    processes = start_two_rank_groups(tmp_path, lighthouse.address(), job, 1000.0, address)
+
+    def gone(ranks: list[Any], what: str) -> None:
+        deadline = time.monotonic() + 120
+        while any(p.is_alive() for p in ranks):
+            assert time.monotonic() < deadline, f"group 1 did not end on its rank's {what}"
+            time.sleep(0.1)
+
+    def replace_group_1() -> list[Any]:
+        before = len(events(tmp_path))
+        started = start_group_of_two(tmp_path, lighthouse.address(), job, 1, 1000.0, address,
+                                     heals=True)
+        wait_for_event(tmp_path, 1, "training", timeout_s=120, after=before)
+        return started
+
+    try:
+        (tmp_path / "slow").touch()  # steps of 0.1 s while the groups change
+        (tmp_path / "start-0").touch()
+        (tmp_path / "start-1").touch()
+        together = wait_for_groups(tmp_path, 0, 2, timeout_s=150)
+        wait_for_step(tmp_path, together + 2)
+        (tmp_path / "notice-1-1").touch()
+        gone(processes[2:], "notice")
+        (tmp_path / "notice-1-1").unlink()
+        processes += replace_group_1()  # the first join
+        wait_for_step(tmp_path, wait_for_groups(tmp_path, 0, 2) + 2)
+        (tmp_path / "kill-1-0").touch()  # the replacement's first rank dies mid-step
+        gone(processes[4:], "death")
+        (tmp_path / "kill-1-0").unlink()
+        processes += replace_group_1()  # the second join
+        (tmp_path / "slow").unlink()
+        for process in (*processes[:2], *processes[6:]):
+            process.join(180)
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+        lighthouse.shutdown()
+    assert [p.exitcode for p in (*processes[:4], *processes[6:])] == [0] * 6
+    assert processes[4].exitcode != 0  # killed
+    left = [e for e in events(tmp_path) if e["state"] == "gone" and e["by"] == 0]
+    assert len(left) == 2 and left[0]["redone"] == 0 and left[1]["redone"] <= 1, left
+    joined = [e for e in events(tmp_path) if e["state"] == "training" and e["group"] == 1]
+    assert len(joined) >= 3, joined  # at the start, and each replacement
+    losses = all_losses(tmp_path)
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    for step, loss in losses.items():
+        assert loss == pytest.approx(expected[step], abs=1e-5), step

@@ -186,18 +186,25 @@ def start_two_rank_groups(folder: Path, lighthouse: str, job: dict[str, Any],
                           interval_s: float, beats: str | None = None) -> list[Any]:
     """Two replica groups of two ranks each (group_rank_main), spawned and started, in the
     order group 0 rank 0, group 0 rank 1, group 1 rank 0, group 1 rank 1."""
+    return [process for group in range(2)
+            for process in start_group_of_two(folder, lighthouse, job, group, interval_s,
+                                              beats)]
+
+
+def start_group_of_two(folder: Path, lighthouse: str, job: dict[str, Any], group: int,
+                       interval_s: float, beats: str | None = None, heals: bool = False
+                       ) -> list[Any]:
+    """One replica group of two ranks (group_rank_main), spawned and started, on ports of
+    its own: a replacement (`heals`) for a group that left or died takes its index."""
     import multiprocessing
 
     from tests.support.runs import _free_port
 
     context = multiprocessing.get_context("spawn")
-    processes = []
-    for group in range(2):
-        ports = (_free_port(), _free_port())
-        for rank in range(2):
-            processes.append(context.Process(
-                target=group_rank_main, args=(group, rank, lighthouse, str(folder), job, 2,
-                                              *ports, interval_s, beats), daemon=True))
+    ports = (_free_port(), _free_port())
+    processes = [context.Process(target=group_rank_main, args=(
+        group, rank, lighthouse, str(folder), job, 2, *ports, interval_s, beats, heals),
+        daemon=True) for rank in range(2)]
     for process in processes:
         process.start()
     return processes
@@ -245,12 +252,13 @@ def events(folder: Path) -> list[dict[str, Any]]:
 
 def group_rank_main(group: int, rank: int, lighthouse: str, folder: str, job: dict[str, Any],
                     groups: int, pg_port: int, store_port: int, interval_s: float,
-                    beats: str | None = None) -> None:
+                    beats: str | None = None, heals: bool = False) -> None:
     """One rank of a replica group of two ranks (spawned): the group's own gloo process group
     on `pg_port`, its torchft store on `store_port` (rank 0's). Rank 0 hears the service's
     checkpoint interval (`interval_s`); a node's notice (notice-G-R) reaches that rank only,
-    as on two nodes. Records losses-G.json, checkpoints-G.json (rank 0 of each group) and
-    result-G.json."""
+    as on two nodes, and kill-G-R kills that rank mid-step. `heals`: a replacement
+    (ReplicaGroup.heals). Records losses-G.json, checkpoints-G.json (rank 0 of each group)
+    and result-G.json."""
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ.setdefault("RUST_LOG", "error")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(pg_port))
@@ -274,11 +282,16 @@ def group_rank_main(group: int, rank: int, lighthouse: str, folder: str, job: di
     dist.init_process_group("gloo", rank=rank, world_size=2)
     spec = JobSpec.model_validate(job)
 
+    def kept(name: str) -> dict[int, Any]:  # a replacement adds to its predecessor's record
+        path = out / name
+        return {int(k): v for k, v in json.loads(path.read_text()).items()} \
+            if rank == 0 and path.exists() else {}
+
     class Sink(NullSink):
-        losses: dict[int, float] = {}
+        losses: dict[int, float] = kept(f"losses-{group}.json")
         saved: list[int] = []
 
-        groups: dict[int, int] = {}
+        groups: dict[int, int] = kept(f"groups-{group}.json")
 
         def progress(self, payload: dict[str, Any]) -> None:
             self.losses[payload["step"]] = payload["loss"]
@@ -308,7 +321,9 @@ def group_rank_main(group: int, rank: int, lighthouse: str, folder: str, job: di
               layout=job_layout(spec), notices=FileNotice(out / f"notice-{group}-{rank}"),
               progress_interval_s=0.0,
               members=ReplicaGroup(setup, group, worker,  # rank 0 reports, as on Ray
-                                   file_events(out, group) if rank == 0 else None))
+                                   file_events(out, group) if rank == 0 else None,
+                                   die_when=lambda step: (out / f"kill-{group}-{rank}").exists(),
+                                   heals=heals))
     finally:
         dist.destroy_process_group()
         del store
