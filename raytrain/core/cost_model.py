@@ -39,16 +39,19 @@ class ModelDims:
     position_rows: int = 0  # learned position embeddings (the built-in GPT); 0 for RoPE
     tied_embeddings: bool = False  # the head's weight is the embeddings' (counted once)
     built_in: bool = False  # the built-in GPT (its vocabulary and positions shard under tp)
+    head_dim: int | None = None  # each head's width; None: dim / num_heads
+    qk_norm: bool = False  # a norm over each head's query and key (its scales counted)
 
     @staticmethod
     def from_gpt(num_layers: int, dim: int, num_heads: int, ffn_dim: int, vocab_size: int,
                  seq_len: int, max_seq_len: int, num_kv_heads: int | None = None,
                  gated_mlp: bool = False, rotary: bool = False,
-                 tied_embeddings: bool = False) -> ModelDims:
+                 tied_embeddings: bool = False, head_dim: int | None = None,
+                 qk_norm: bool = False) -> ModelDims:
         """The built-in GPT's dimensions (raytrain.spec.GPTConfig's fields)."""
         return ModelDims(num_layers, dim, num_heads, ffn_dim, vocab_size, seq_len,
                          num_kv_heads, gated_mlp, 0 if rotary else max_seq_len,
-                         tied_embeddings, built_in=True)
+                         tied_embeddings, built_in=True, head_dim=head_dim, qk_norm=qk_norm)
 
     def layout_shape(self) -> ModelShape:
         """What the layout check needs of the model. Tensor parallelism shards the built-in
@@ -62,14 +65,20 @@ class ModelDims:
                           else None, tied_embeddings=self.tied_embeddings)
 
     @property
+    def q_dim(self) -> int:
+        """The queries' (and the attention output's) width: num_heads x head_dim."""
+        return self.dim if self.head_dim is None else self.num_heads * self.head_dim
+
+    @property
     def kv_dim(self) -> int:
-        return self.dim * (self.num_kv_heads or self.num_heads) // self.num_heads
+        return self.q_dim * (self.num_kv_heads or self.num_heads) // self.num_heads
 
     @property
     def block_params(self) -> int:
-        attention = 2 * self.dim * self.dim + 2 * self.dim * self.kv_dim
+        attention = 2 * self.dim * self.q_dim + 2 * self.dim * self.kv_dim
         mlp = (3 if self.gated_mlp else 2) * self.dim * self.ffn_dim
-        return attention + mlp + 2 * self.dim
+        norms = 2 * self.dim + (2 * self.q_dim // self.num_heads if self.qk_norm else 0)
+        return attention + mlp + norms
 
     @property
     def embedding_params(self) -> int:
@@ -88,11 +97,12 @@ class ModelDims:
     @property
     def flops_per_token(self) -> float:
         dense = self.num_layers * self.block_params + self.head_params  # tied or not
-        return 6.0 * dense + 12.0 * self.num_layers * self.dim * self.seq_len
+        return 6.0 * dense + 12.0 * self.num_layers * self.q_dim * self.seq_len
 
     @property
     def activation_values_per_token_layer(self) -> int:
-        return 8 * self.dim + 2 * self.kv_dim + (3 if self.gated_mlp else 2) * self.ffn_dim
+        return 6 * self.dim + 2 * self.q_dim + 2 * self.kv_dim + \
+            (3 if self.gated_mlp else 2) * self.ffn_dim
 
     def saved_values_per_token_layer(self, fused: bool) -> int:
         """Values a block saves for its backward, per token (what memory counts; the timing's
@@ -104,7 +114,9 @@ class ModelDims:
         (fused_elementwise: Megatron-LM, Transformer Engine, torch.compile) keep a norm's
         input and output only and a SwiGLU's two inputs and its product: 2d less, f less."""
         mlp = (3 if fused else 4) * self.ffn_dim if self.gated_mlp else 2 * self.ffn_dim
-        return (6 if fused else 8) * self.dim + 2 * self.kv_dim + mlp
+        # A q/k norm (Qwen3) keeps its input and normalised input too (fused: its input).
+        qk = (1 if fused else 2) * (self.q_dim + self.kv_dim) if self.qk_norm else 0
+        return (4 if fused else 6) * self.dim + 2 * self.q_dim + 2 * self.kv_dim + mlp + qk
 
     def activation_values_on_rank(self, tp: int, sequence_parallel: bool,
                                   values: float | None = None) -> float:
@@ -201,7 +213,7 @@ def rank_flops_per_token(dims: ModelDims, pp: int, v: int, rank: int) -> float:
     """FLOPs per token of pipeline rank `rank`: its blocks, plus the head on the rank holding
     the last stage (the embedding lookup has none)."""
     _, layers, last = rank_params(dims, pp, v, rank)
-    per_block = 6.0 * dims.block_params + 12.0 * dims.dim * dims.seq_len
+    per_block = 6.0 * dims.block_params + 12.0 * dims.q_dim * dims.seq_len
     return layers * per_block + (6.0 * dims.head_params if last else 0.0)
 
 

@@ -38,12 +38,18 @@ from raytrain.spec.gpt_config import RopeScaling
 class Attention(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.head_dim = config.dim // config.num_heads
-        kv_dim = config.kv_heads * self.head_dim
-        self.wq = nn.Linear(config.dim, config.dim, bias=config.qkv_bias)
+        self.head_dim = config.attention_head_dim
+        q_dim, kv_dim = config.num_heads * self.head_dim, config.kv_heads * self.head_dim
+        self.wq = nn.Linear(config.dim, q_dim, bias=config.qkv_bias)
         self.wk = nn.Linear(config.dim, kv_dim, bias=config.qkv_bias)
         self.wv = nn.Linear(config.dim, kv_dim, bias=config.qkv_bias)
-        self.wo = nn.Linear(config.dim, config.dim, bias=False)
+        self.wo = nn.Linear(q_dim, config.dim, bias=False)
+        # Qwen3: each head's query and key normalised (one scale per head width, shared by
+        # the heads, so a tensor-parallel rank's share of the heads uses it whole).
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=config.norm_eps) if config.qk_norm \
+            else None
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=config.norm_eps) if config.qk_norm \
+            else None
         self.rope_theta = config.rope_theta if config.positions == "rotary" else None
         self.rope_scaling = config.rope_scaling
         self.selective = False  # recompute the attention core (scores) in the backward pass
@@ -52,10 +58,10 @@ class Attention(nn.Module):
         batch, seq, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds only its share of the heads
         # (of the query heads and of the key/value heads alike, so the groups stay whole).
-        q, k, v = (
-            w(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
-            for w in (self.wq, self.wk, self.wv)
-        )
+        q, k, v = (w(x).view(batch, seq, -1, self.head_dim) for w in (self.wq, self.wk, self.wv))
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if self.rope_theta is not None:
             cos, sin = rotary_tables(seq, self.head_dim, self.rope_theta, x.device,
                                      self.rope_scaling)

@@ -25,13 +25,15 @@ from torch import nn
 from raytrain.errors import FieldError, SpecError
 from raytrain.spec.gpt_config import GPTConfig
 
-# Ours -> Hugging Face's, for the Llama family (Llama, Mistral, Qwen2).
+# Ours -> Hugging Face's, for the Llama family (Llama, Mistral, Qwen2, Qwen3).
 _TO_HF = (
     (r"^tok_embeddings\.weight$", "model.embed_tokens.weight"),
     (r"^layers\.(\d+)\.attention\.wq\.(weight|bias)$", r"model.layers.\1.self_attn.q_proj.\2"),
     (r"^layers\.(\d+)\.attention\.wk\.(weight|bias)$", r"model.layers.\1.self_attn.k_proj.\2"),
     (r"^layers\.(\d+)\.attention\.wv\.(weight|bias)$", r"model.layers.\1.self_attn.v_proj.\2"),
     (r"^layers\.(\d+)\.attention\.wo\.weight$", r"model.layers.\1.self_attn.o_proj.weight"),
+    (r"^layers\.(\d+)\.attention\.q_norm\.weight$", r"model.layers.\1.self_attn.q_norm.weight"),
+    (r"^layers\.(\d+)\.attention\.k_norm\.weight$", r"model.layers.\1.self_attn.k_norm.weight"),
     (r"^layers\.(\d+)\.feed_forward\.w1\.weight$", r"model.layers.\1.mlp.gate_proj.weight"),
     (r"^layers\.(\d+)\.feed_forward\.w3\.weight$", r"model.layers.\1.mlp.up_proj.weight"),
     (r"^layers\.(\d+)\.feed_forward\.w2\.weight$", r"model.layers.\1.mlp.down_proj.weight"),

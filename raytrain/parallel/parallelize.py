@@ -104,6 +104,12 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bo
         }
         if block.feed_forward.w3 is not None:
             plan["feed_forward.w3"] = ColwiseParallel()
+        if block.attention.q_norm is not None:
+            # Qwen3's q/k norms: each rank normalises its own heads (dimension 2 of [batch,
+            # seq, heads, head_dim]) with the whole scale, kept as a replicated DTensor like
+            # every other parameter of the block.
+            for name in ("attention.q_norm", "attention.k_norm"):
+                plan[name] = SequenceParallel(sequence_dim=2, use_local_output=True)
         if sequence_parallel:
             plan.update({
                 "attention_norm": SequenceParallel(),

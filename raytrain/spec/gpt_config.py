@@ -58,6 +58,13 @@ class GPTConfig(Strict):
         "rms_norm_eps); null: torch's default for the dtype.")
     qkv_bias: bool = Field(
         False, description="Biases on the query, key and value projections (Qwen2).")
+    head_dim: int | None = Field(
+        None, ge=2, le=4_096, description="Width of each attention head; null: dim / "
+        "num_heads. Wider or narrower heads make the query and output projections num_heads "
+        "x head_dim rather than dim (Qwen3).")
+    qk_norm: bool = Field(
+        False, description="An RMSNorm over each head's query and key before the rotary "
+        "embedding (Qwen3).")
     rope_scaling: RopeScaling | None = Field(
         None, description="Llama 3's rotary frequency scaling (a config's rope_scaling with "
         "rope_type 'llama3'); null: none.")
@@ -65,7 +72,7 @@ class GPTConfig(Strict):
     @model_validator(mode="after")
     def _heads_divide_dim(self) -> GPTConfig:
         errors = []
-        if self.dim % self.num_heads:
+        if self.head_dim is None and self.dim % self.num_heads:
             errors.append(field_error(
                 ("num_heads",),
                 f"num_heads={self.num_heads} must divide dim={self.dim}. To fix: pick "
@@ -73,11 +80,11 @@ class GPTConfig(Strict):
                 f"{_nearest_divisor(self.dim, self.num_heads)}",
                 self.num_heads,
             ))
-        elif self.positions == "rotary" and (self.dim // self.num_heads) % 2:
+        elif self.positions == "rotary" and self.attention_head_dim % 2:
             errors.append(field_error(
                 ("positions",),
-                f"rotary positions rotate pairs of each head's {self.dim // self.num_heads} "
-                "values, an odd number. To fix: make dim / num_heads even, or use positions "
+                f"rotary positions rotate pairs of each head's {self.attention_head_dim} "
+                "values, an odd number. To fix: make the heads' width even, or use positions "
                 "'learned'", self.positions))
         if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
             errors.append(field_error(
@@ -87,6 +94,10 @@ class GPTConfig(Strict):
                 f"{divisors(self.num_heads)}", self.num_kv_heads))
         raise_if_any("GPTConfig", errors)
         return self
+
+    @property
+    def attention_head_dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.dim // self.num_heads
 
     @property
     def kv_heads(self) -> int:

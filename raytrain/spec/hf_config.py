@@ -6,8 +6,7 @@ Read by hand because the mapping is ours: which of a config's fields change what
 prices (widths, heads, layers, the MLP's gate, positions, tied embeddings) and which do not
 (token ids, norm epsilons, dropout, dtypes, initialisation, rope scaling). A field that is
 neither is an error naming it, as is a missing one and a model the built-in blocks cannot
-describe (mixture of experts, a head width that is not hidden_size / heads), so a plan is
-never of some other model than the user's.
+describe (mixture of experts), so a plan is never of some other model than the user's.
 
     shape = gpt_config_from_hf(json.loads(Path("config.json").read_text()), "config.json")
 """
@@ -38,7 +37,7 @@ GATED_ACTIVATIONS = ("silu", "swish")  # Llama, Mistral, Qwen: SwiGLU
 PLAIN_ACTIVATIONS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "quick_gelu")
 LEARNED_POSITIONS = ("gpt2", "gpt_neo", "opt")  # model types with a position table
 TIED_BY_DEFAULT = ("gpt2", "gpt_neo", "opt")  # transformers' default where the key is absent
-# Fields that do not change the shape the planner prices.
+# Fields that do not change the shape the planner prices (head_dim is read on its own).
 IGNORED = {
     "architectures", "model_type", "transformers_version", "torch_dtype", "dtype",
     "use_cache", "initializer_range", "rope_scaling", "rope_parameters", "pretraining_tp",
@@ -99,10 +98,7 @@ def gpt_config_from_hf(config: Any, source: str) -> GPTConfig:
     head_dim = config.get("head_dim")
     if head_dim is not None and isinstance(dim, int) and isinstance(heads, int) and heads \
             and head_dim * heads != dim:
-        errors.append(FieldError(("head_dim",), f"{head_dim} per head x {heads} heads is not "
-                                 f"hidden_size {dim}: the built-in blocks' heads are "
-                                 "hidden_size / heads wide. To fix: plan a model whose heads "
-                                 "are, or use its nearest such shape"))
+        found["head_dim"] = head_dim  # heads of their own width (Qwen3)
     if errors:
         raise SpecError(errors, source)
     try:

@@ -5,7 +5,9 @@ unchanged (raytrain.models.hf maps the weights).
 
 Supported, as transformers defines them: `LlamaForCausalLM` (Llama 2 and 3, with Llama 3.x's
 rotary scaling and the tied embeddings of the 1B and 3B models), `MistralForCausalLM` without
-a sliding window, and `Qwen2ForCausalLM` (biases on q, k and v) without one. Anything else,
+a sliding window, `Qwen2ForCausalLM` (biases on q, k and v) without one, and
+`Qwen3ForCausalLM` (each head's query and key normalised, heads of their own width,
+`head_dim`) without one. Anything else,
 and any config field whose meaning the built-in blocks do not implement, is refused naming
 the field and what to do instead. Read by hand because the mapping is ours (the shape part is
 raytrain.spec.hf_config's, shared with `raytrain plan --model-config`).
@@ -26,8 +28,10 @@ from raytrain.spec._base import Strict
 from raytrain.spec.gpt_config import GPTConfig, RopeScaling
 from raytrain.spec.hf_config import gpt_config_from_hf
 
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                 "Qwen3ForCausalLM")
 QKV_BIAS = ("Qwen2ForCausalLM",)  # transformers' Qwen2 always has q, k, v biases
+QK_NORM = ("Qwen3ForCausalLM",)  # Qwen3 normalises each head's query and key
 HERE = ("model", "hf", "path")
 INSTEAD = ("To fix: train it as model.kind 'import' (a factory returning the transformers "
            "model) with parallel.strategy 'data' or 'fsdp'")
@@ -74,6 +78,7 @@ def derived_gpt(source: HFSource) -> GPTConfig:
         "rope_theta": theta,
         "norm_eps": config.get("rms_norm_eps"),
         "qkv_bias": config["architectures"][0] in QKV_BIAS,
+        "qk_norm": config["architectures"][0] in QK_NORM,
         "rope_scaling": None if scaling is None else RopeScaling.model_validate(
             {k: scaling[k] for k in RopeScaling.model_fields}),
     })
@@ -112,6 +117,10 @@ def _unsupported(config: dict[str, Any]) -> list[FieldError]:
                                  "attention over a sliding window is not implemented (every "
                                  f"token sees all before it). {INSTEAD}, or use a config "
                                  "whose sliding_window is null"))
+    layers = config.get("layer_types") or []
+    if any(kind != "full_attention" for kind in layers):
+        errors.append(FieldError(("layer_types",), f"{sorted(set(layers))}: only full "
+                                 f"attention is implemented (no sliding window). {INSTEAD}"))
     _, scaling = _rope(config)
     if scaling is not None:
         kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) \

@@ -78,8 +78,9 @@ def test_a_job_starts_from_the_pretrained_loss_and_exports_a_folder_transformers
 
 
 def test_what_cannot_be_trained_is_refused_at_submit_naming_the_field(tmp_path: Path) -> None:
-    """An architecture outside the Llama family, a Mistral with a sliding window, an unknown
-    rotary scaling, a missing folder, and weights whose shapes differ from the config."""
+    """An architecture outside the Llama family, a Mistral with a sliding window, a Qwen3
+    whose layers attend over one, an unknown rotary scaling, a missing folder, and weights
+    whose shapes differ from the config."""
     gpt2 = tmp_path / "gpt2"
     gpt2.mkdir()
     (gpt2 / "config.json").write_text(json.dumps({
@@ -91,8 +92,11 @@ def test_what_cannot_be_trained_is_refused_at_submit_naming_the_field(tmp_path: 
     config = json.loads((yarn / "config.json").read_text())
     (yarn / "config.json").write_text(json.dumps({**config, "rope_parameters": {
         "rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}}))
+    windowed = make_folder("qwen3", tmp_path / "windowed",
+                           layer_types=["full_attention", "sliding_attention"])
     for folder, field in ((gpt2, "architectures"), (sliding, "sliding_window"),
-                          (yarn, "rope_parameters"), (tmp_path / "nowhere", "hf")):
+                          (yarn, "rope_parameters"), (windowed, "layer_types"),
+                          (tmp_path / "nowhere", "hf")):
         with pytest.raises(SpecError) as refused:
             JobSpec.model_validate(hf_job(folder))
         assert field in str(refused.value) and "To fix" in str(refused.value), folder

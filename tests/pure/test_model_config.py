@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,11 +44,39 @@ def test_llama_and_gpt2_configs_read_as_their_shapes() -> None:
         assert dims.params == pytest.approx(params, rel=0.005)
 
 
+def test_qwen3s_own_head_width_and_qk_norms_are_counted_as_transformers_builds_them() -> None:
+    """Qwen3-0.6B's shape (16 heads of 128 over hidden_size 1,024, q/k norms, tied
+    embeddings): the planner's parameter count is the parameters transformers makes of that
+    config (596,049,920: Qwen's "0.6B"), and the built-in model's."""
+    import torch
+    import transformers
+
+    from raytrain.models.gpt import GPT
+    from raytrain.spec.hf_model import HFSource, derived_gpt
+
+    config = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+              "hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16,
+              "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 3072,
+              "vocab_size": 151936, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
+              "rope_theta": 1000000.0, "tie_word_embeddings": True, "hidden_act": "silu",
+              "attention_bias": False, "use_sliding_window": False, "sliding_window": None}
+    with torch.device("meta"):
+        theirs = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**config))
+    counted = sum(p.numel() for p in theirs.parameters())
+    with tempfile.TemporaryDirectory() as tmp:  # the folder a kind 'hf' job names
+        (Path(tmp) / "config.json").write_text(json.dumps(config))
+        gpt = derived_gpt(HFSource(path=tmp, weights="random"))
+    assert (gpt.head_dim, gpt.qk_norm, gpt.tie_embeddings) == (128, True, True)
+    with torch.device("meta"):
+        ours = sum(p.numel() for p in GPT(gpt).parameters())
+    spec = JobSpec.model_validate({"model": {"gpt": gpt.model_dump()}, "data": {"seq_len": 1024}})
+    assert planner_inputs(spec)[0].params == ours == counted == 596_049_920
+
+
 @pytest.mark.parametrize(("change", "field", "says"), [
     ({"hidden_size": None}, "hidden_size", "missing"),
     ({"num_local_experts": 8}, "num_local_experts", "mixture-of-experts"),
     ({"hidden_act": "relu"}, "hidden_act", "To fix"),
-    ({"head_dim": 256}, "head_dim", "hidden_size / heads"),
     ({"cross_layer_sharing": True}, "cross_layer_sharing", "not a field the planner knows"),
     ({"num_key_value_heads": 5}, "num_key_value_heads", "must divide num_heads"),
 ])

@@ -1,4 +1,5 @@
-"""A Hugging Face model at every layout: a pretrained Llama-family folder trained on 2 gloo
+"""A Hugging Face model at every layout: a pretrained Llama-family folder (Llama, Qwen2 with
+its q/k/v biases, Qwen3 with its q/k norms and wider heads) trained on 2 gloo
 ranks under data, FSDP, tensor and pipeline parallelism, each rank loading only its slices
 (DCP's Hugging Face reader), takes every step with one process's loss to 1e-5, starting from
 the pretrained model's; and a folder exported from FSDP and from the pipeline's stages loads
@@ -18,6 +19,7 @@ from tests.support.hf_models import hf_job, hf_logits, make_folder
 from tests.support.parity import _losses, _spawn
 from tests.support.runs import run_single
 
+FAMILIES = ("llama", "qwen2", "qwen3")  # qwen3: q/k norms, heads of their own width
 LAYOUTS = {"dp2": {"strategy": "data"}, "fsdp2": {"strategy": "fsdp"},
            "tp2": {"strategy": "tensor"}, "pp2": {"strategy": "pipeline"}}
 
@@ -25,8 +27,7 @@ LAYOUTS = {"dp2": {"strategy": "data"}, "fsdp2": {"strategy": "fsdp"},
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, JobSpec]]:
     root = tmp_path_factory.mktemp("hf_layouts")
-    folders = {"llama": make_folder("llama", root / "llama"),
-               "qwen2": make_folder("qwen2", root / "qwen2")}
+    folders = {family: make_folder(family, root / family) for family in FAMILIES}
     cases, specs = [], {}
     for family, folder in folders.items():
         specs[family] = JobSpec.model_validate(hf_job(folder, steps=4))
@@ -38,7 +39,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, JobS
     return root, specs
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_every_layout_trains_a_pretrained_model_as_one_process(
         runs: tuple[Path, dict[str, JobSpec]], family: str, layout: str) -> None:

@@ -21,6 +21,9 @@ FAMILIES = {
                                                         "tie_word_embeddings": False}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"tie_word_embeddings": False,
                                                   "use_sliding_window": False}),
+    # Heads twice hidden_size / heads wide, as Qwen3's are (0.6B: 16 x 128 over 1,024).
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"tie_word_embeddings": False,
+                                                  "head_dim": 16, "use_sliding_window": False}),
 }
 
 
@@ -32,10 +35,12 @@ def make_folder(family: str, folder: Path, seed: int = 0, **overrides: Any) -> P
     config = getattr(transformers, config_name)(**{**SHAPE, **extra, **overrides})
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(config).float().eval()
-    with torch.no_grad():  # biases start at 0 in transformers: give them values to check
+    with torch.no_grad():  # biases start at 0 and norms' scales at 1: values to check
         for name, param in model.named_parameters():
             if name.endswith("bias"):
                 param.normal_(0.0, 0.1)
+            elif name.endswith("norm.weight"):
+                param.normal_(1.0, 0.1)
     model.save_pretrained(folder, safe_serialization=True)
     return folder
 
