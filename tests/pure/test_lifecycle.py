@@ -271,8 +271,9 @@ def test_a_review_that_stays_with_a_new_interval_records_it_and_tells_rank_0() -
 def test_an_elastic_run_loses_a_group_trains_on_and_the_replacement_joins() -> None:
     """A notice for group 1's node: its replacement is bought at once (Replace 1); the group
     leaves (one preemption, on that group, nothing redone); the others train on, RUNNING;
-    the replacement heals (the request goes back: its worker group holds its node) and
-    joins, and the record says when."""
+    group 3 is lost without a notice and its replacement is asked for at once too; group 1's
+    replacement heals (its worker group holds its node: only group 3's is still asked for)
+    and joins, and the record says when."""
     record, _ = drive(record_in(), lc.Submitted(),
                       lc.CapacityDecided(decision(interval_s=600.0), BOUGHT, "requested"),
                       lc.Launched(run(groups=4)), lc.GroupStarted(0, "pg-1"))
@@ -291,9 +292,12 @@ def test_an_elastic_run_loses_a_group_trains_on_and_the_replacement_joins() -> N
     lost = lc.step(out.record, lc.GroupChanged(1, 3, "gone", step=50, redone_steps=1),
                    NOW + 20)  # a second group, without notice: the step in flight redone
     assert lost.record.status.lost_steps == 1 and lost.record.status.preemptions == 2
+    # Both replacements asked for now: the noticed node is gone too, the lost one's at once
+    # (not when Ray finds its fit dead). Without the lost one's, Replace(0, 1) stays here.
+    assert lc.Replace(leaving=0, lost=2) in lost.effects
     healing = lc.step(lost.record, lc.GroupChanged(1, 1, "healing", frozenset({"n9"}), 55),
                       NOW + 60)
-    assert lc.Replace(leaving=0) in healing.effects
+    assert lc.Replace(leaving=0, lost=1) in healing.effects  # group 3's still wanted
     joined = lc.step(healing.record, lc.GroupChanged(1, 1, "training", frozenset({"n9"}), 56,
                                                      stall_s=1.0), NOW + 70)
     job = joined.record.status

@@ -5,8 +5,9 @@ without; and what a replay decided and billed, as plain values (`fingerprint`).
 
 `python -m tests.support.replay_cases OUT.json` writes the fingerprints of the code that runs
 it: the file the test compares with was written by the replay before its clock jumped from
-event to event (commit 46ec4bb), and a change that alters a decision, a bill or a time fails
-the test.
+event to event (commit 46ec4bb; written again where the service's decisions changed on
+purpose, tests/pure/test_replay_same_decisions.py says when), and a change that alters a
+decision, a bill or a time fails the test.
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ from raytrain.spec import (
     DecisionRecord,
     GroupStatus,
     JobState,
+    JobStatus,
     PreemptionRecord,
     Progress,
     Resources,
@@ -248,7 +249,6 @@ def group_changed(c: Change, event: GroupChanged) -> None:
     if event.stall_s is not None:
         job.costs.group_stall_s = _sampled(job.costs.group_stall_s, event.stall_s, mean=True)
     if event.state == "leaving":
-        c.effects.append(Replace(leaving=1))  # buy the replacement on the notice
         c.set_run(noticed_nodes=run.noticed_nodes | frozenset(event.nodes or old.nodes))
     elif event.state == "gone" and old.state != "gone":
         survivors = sum(1 for g in job.groups if g.state == "training")
@@ -261,8 +261,10 @@ def group_changed(c: Change, event: GroupChanged) -> None:
         job.preemption_log.append(record)
         job.lost_steps += event.redone_steps
         c.emit("preemption", record.model_dump(mode="json"))
-    if event.state in ("healing", "training") and old.state in ("gone", "healing"):
-        c.effects.append(Replace(leaving=0))  # its node came: the worker group holds it
+    # Every replacement bought at once: on a notice, and on a loss the survivors report
+    # within seconds (the runner starts the lost group's fit again only once Ray has found
+    # the old one dead). A replacement that heals holds its node through its worker group.
+    c.effects.append(_replacements(job))
     if event.state == "training" and old.state in ("gone", "healing"):
         for i in range(len(job.preemption_log) - 1, -1, -1):
             record = job.preemption_log[i]
@@ -274,6 +276,13 @@ def group_changed(c: Change, event: GroupChanged) -> None:
                 break
     c.emit("group", job.groups[event.group].model_dump(mode="json"))
     c.save = True
+
+
+def _replacements(job: JobStatus) -> Replace:
+    """The job's node request for its groups leaving (their nodes still up) and lost."""
+    def nodes(state: str) -> int:
+        return sum(max(1, len(g.nodes)) for g in job.groups if g.state == state)
+    return Replace(leaving=nodes("leaving"), lost=nodes("gone"))
 
 
 def _survivors_account(c: Change, event: GroupChanged) -> None:
@@ -297,7 +306,8 @@ def _noticed_late(c: Change, group: int, nodes: frozenset[str]) -> None:
     if i is not None and not log[i].notice:
         log[i] = log[i].model_copy(update={"notice": True})
         c.save = True
-    c.effects.append(Replace(leaving=1))
+    replace = _replacements(c.job)  # its node is still up (its notice came): leaving
+    c.effects.append(Replace(leaving=replace.leaving + 1, lost=max(0, replace.lost - 1)))
 
 
 def _latest(log: list[PreemptionRecord], group: int) -> int | None:

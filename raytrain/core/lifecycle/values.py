@@ -217,10 +217,13 @@ class Rebuy:
 
 @dataclass(frozen=True)
 class Replace:
-    """An elastic job lost (or is about to lose) `leaving` nodes of its `nodes`: keep its
-    node request at its count plus those, so the replacements are bought now."""
+    """An elastic job is about to lose `leaving` nodes (their notice came: they are still up)
+    and has lost `lost` without one: its node request is its count plus the leaving ones,
+    sent now while either is more than 0 (withdrawn at 0 and 0: the worker groups hold their
+    nodes), so every replacement is bought at once."""
 
     leaving: int
+    lost: int = 0
 
 
 Effect = Union[Emit, Save, ReleaseNodes, StopRunner, Rebuy, Replace]

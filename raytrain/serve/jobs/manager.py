@@ -189,7 +189,7 @@ class JobManager(JobReads):
             if effect.hard and effect.placement_group is None or effect.reclaim:
                 self.scheduler.reclaim_groups()  # it never said which group (or groups)
         elif isinstance(effect, lc.Replace):
-            self.provisioner.replace(job_id, effect.leaving, now)
+            self.provisioner.replace(job_id, effect.leaving, now, effect.lost)
         elif isinstance(effect, lc.Rebuy):
             if self.provisioner.enabled:
                 _, decided = self.provisioner.preempted(self.records[job_id].status, now)

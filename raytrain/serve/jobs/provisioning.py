@@ -83,6 +83,7 @@ class Placement:
     asked_at: float = 0.0  # when nodes of this type were first asked for, since the job last
     # had them up (the node-ready time is measured from here)
     extra: int = 0  # replacements bought ahead for an elastic job's leaving nodes
+    lost: int = 0  # an elastic job's nodes lost without a notice, their replacements asked for
 
     @property
     def worker_resources(self) -> dict[str, float]:
@@ -238,17 +239,19 @@ class Provisioner:
             placement.requesting = False
             self.request(job_id, [])
 
-    def replace(self, job_id: str, leaving: int, now: float) -> None:
-        """An elastic job's nodes are being taken: `leaving` of them, on a notice. Ask for
-        the job's nodes and their replacements at once (a request is for the cluster's whole
-        size, so the job's own count plus the replacements buys them now); 0, once the
-        replacements train: withdraw (the groups' worker groups hold their nodes)."""
+    def replace(self, job_id: str, leaving: int, now: float, lost: int = 0) -> None:
+        """An elastic job's nodes are being taken (`leaving` of them, on a notice: still up)
+        or were lost (`lost`, without one). Ask for the job's nodes and the leaving ones'
+        replacements at once (a request is for the cluster's whole size, so the job's own
+        count buys the lost ones' replacements, and its count plus the leaving ones buys
+        theirs now); 0 and 0, once the replacements heal: withdraw (the groups' worker groups
+        hold their nodes)."""
         placement = self.placements.get(job_id)
-        if placement is None or placement.extra == leaving:
+        if placement is None or (placement.extra, placement.lost) == (leaving, lost):
             return
-        placement.extra = leaving
-        placement.requesting = leaving > 0
-        if leaving:
+        placement.extra, placement.lost = leaving, lost
+        placement.requesting = leaving + lost > 0
+        if placement.requesting:
             placement.asked_at = placement.asked_at or now
             self._send(job_id, placement, now)
         else:
