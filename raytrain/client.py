@@ -37,6 +37,7 @@ from raytrain.errors import (
     SpecError,
 )
 from raytrain.spec import (
+    ExportAnswer,
     JobEvent,
     JobHistory,
     JobLogs,
@@ -54,6 +55,7 @@ MAX_PAUSE_S = 5.0
 # how long a status read may trail the `end` event: a read answered by another replica than
 # the stream's shows a change one long-poll answer (milliseconds) after the stream
 END_READ_S = 10.0
+EXPORT_TIMEOUT_S = 3600.0  # an export answers once its folder is written: a model's load
 
 
 class Client:
@@ -147,6 +149,13 @@ class Client:
                                json={"budget_usd": budget_usd},
                                headers={"Idempotency-Key": uuid.uuid4().hex})
         return Job(self, JobStatus.model_validate(answer).id)
+
+    def export(self, job_id: str, step: int | None = None) -> ExportAnswer:
+        """Write a kind 'hf' job's checkpoint (the latest, or `step`'s) as a Hugging Face
+        folder in the job's storage; where it is (`path`). Waits while it is written."""
+        return ExportAnswer.model_validate(self._request(
+            "POST", f"/v1/jobs/{job_id}/export", job_id, json={"step": step},
+            timeout=EXPORT_TIMEOUT_S))
 
     def delete(self, job_id: str) -> JobStatus:
         """Forget an ended job with its checkpoints and logs (JobStateError while it runs)."""

@@ -32,9 +32,14 @@ def add_data_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
     prepare.set_defaults(func=cmd_data_prepare)
 
     export = command("export", "write a kind 'hf' job's checkpoint as a Hugging Face folder "
-                     "(config.json, safetensors), here: needs the checkpoint's storage")
+                     "(config.json, safetensors): here (--to), or by the service in the "
+                     "job's storage (--in-storage)")
     export.add_argument("id", help="the job")
-    export.add_argument("--to", required=True, help="the folder to write")
+    where = export.add_mutually_exclusive_group(required=True)
+    where.add_argument("--to", help="the folder to write, here (needs the full install and "
+                       "the checkpoint's storage)")
+    where.add_argument("--in-storage", action="store_true", help="the service writes it in "
+                       "the job's storage, exports/step_<N>, and prints where")
     export.add_argument("--step", type=int, default=None,
                         help="a committed checkpoint's step (default: the latest)")
     export.set_defaults(func=cmd_export)
@@ -42,29 +47,28 @@ def add_data_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from raytrain.cli.commands import _client
+    from raytrain.core.exports import checkpoint_to_export
     from raytrain.errors import RaytrainError
 
-    job = _client(args).get(args.id)
-    if job.checkpoint is None:
-        err.print(f"[red]error:[/red] job {escape(args.id)} has no checkpoint yet. To fix: "
-                  "export it once `raytrain status` shows one", highlight=False)
-        return 2
-    ref = job.checkpoint.path
-    if args.step is not None:
-        parent = ref.rstrip("/").rpartition("/")[0]
-        ref = f"{parent}/step_{args.step:09d}"
+    client = _client(args)
     try:
+        if args.in_storage:
+            out.print(client.export(args.id, args.step).path, highlight=False, soft_wrap=True)
+            return 0
+        status = client.get(args.id)
+        _, ref = checkpoint_to_export(status, args.step)
         from raytrain.train.export import export_checkpoint
 
-        folder = export_checkpoint(job.spec, ref, args.to)
+        folder = export_checkpoint(status.spec, ref, args.to)
     except ImportError as exc:
         err.print(f"[red]error:[/red] export needs the full install ({escape(str(exc))}). "
-                  "To fix: pip install raytrain (not the client-only one)", highlight=False)
+                  "To fix: pip install raytrain (not the client-only one), or use "
+                  "--in-storage", highlight=False)
         return 2
     except (RaytrainError, OSError) as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         return 2
-    out.print(str(folder), highlight=False)
+    out.print(str(folder), highlight=False, soft_wrap=True)  # a path: never wrapped
     return 0
 
 

@@ -30,6 +30,8 @@ from raytrain.spec.layout import Layout, ModelShape, Problem
 from raytrain.spec.model import ModelSpec
 from raytrain.spec.offers import (
     DecisionRecord,
+    ExportAnswer,
+    ExportRequest,
     NodeTypeBinding,
     ObservedRate,
     Offer,
@@ -97,6 +99,8 @@ __all__ = [
     "PolicySpec",
     "OffersRequest",
     "ResumeRequest",
+    "ExportRequest",
+    "ExportAnswer",
     "OfferRow",
     "ObservedRate",
     "OffersResponse",

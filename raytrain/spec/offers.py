@@ -206,6 +206,21 @@ class ResumeRequest(Strict):
                                      "dollars; default: the old job's.")
 
 
+class ExportRequest(Strict):
+    """POST /v1/jobs/{id}/export: a kind 'hf' job's checkpoint as a Hugging Face folder."""
+
+    step: int | None = Field(None, ge=1, description="The checkpoint's step; default: the "
+                             "latest.")
+
+
+class ExportAnswer(Strict):
+    """Where the export was written: `<the job's storage>/exports/step_<N>`."""
+
+    job_id: str
+    step: int = Field(description="The checkpoint's step.")
+    path: str = Field(description="The Hugging Face folder: a folder, or an s3:// prefix.")
+
+
 class OffersRequest(Strict):
     """POST /v1/offers: rank the offers for a job that has not been submitted."""
 

@@ -2,14 +2,19 @@
 layout trained it: the model is built in this one process, the checkpoint's model state
 loaded into it (DCP reshards FSDP's shards and a pipeline's stages into whole tensors; the
 optimizer's state is not read), and the folder written as a job writes `hf/` at its end.
-`raytrain export ID --to DIR [--step N]` runs it where the command runs.
+`raytrain export ID --to DIR [--step N]` runs it where the command runs; the job manager
+runs `export_to_storage` for `POST /v1/jobs/{id}/export`, into the job's own storage (a
+folder or a bucket), in its own process: the model's fp32 weights (4 bytes a parameter) must
+fit the head node's memory there, else export where the command runs.
 
     export_checkpoint(spec, "/runs/ab12/checkpoints/step_000000400", "/models/tuned")
+    export_to_storage(spec, ref, "s3://bucket/jobs/ab12/exports/step_000000400")
 """
 
 from __future__ import annotations
 
 import logging
+import tempfile
 from pathlib import Path
 
 from raytrain.errors import FieldError, SpecError
@@ -56,3 +61,16 @@ def export_checkpoint(spec: JobSpec, checkpoint: str, to: str | Path) -> Path:
     out = export_folder([model], source.path, to, spec.model.gpt.tie_embeddings)
     logger.info("wrote %s as a Hugging Face folder: %s", checkpoint, out)
     return out
+
+
+def export_to_storage(spec: JobSpec, checkpoint: str, target: str) -> str:
+    """export_checkpoint into `target` (a folder or an s3:// prefix): written in a local
+    folder first, then each file put in place; `target`."""
+    from raytrain.cloud.object_store import open_store
+
+    with tempfile.TemporaryDirectory(prefix="raytrain-export-") as tmp:
+        folder = export_checkpoint(spec, checkpoint, Path(tmp) / "hf")
+        store = open_store(target)
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            store.put_file(path, path.relative_to(folder).as_posix())
+    return target

@@ -4,8 +4,9 @@ event to event and its store writes were left out (the fingerprints in
 tests/data/replay_golden.json, written by that code at 46ec4bb). A change of what the service
 decides, made on purpose, writes the file again in the commit that makes it and says why
 (`python -m tests.support.replay_cases tests/data/replay_golden.json`): since 46ec4bb, once,
-when a replica group lost without a notice had its replacement asked for at once. A pass the faster replay skipped that
-would have decided something, a report it left out, or a bill summed differently fails it
+when a replica group lost without a notice had its replacement asked for at once. A pass
+the faster replay skipped that would have decided something, a report it left out, or a
+bill summed differently fails it
 (checked: Scheduler.idle_until answering 600 s late fails it, and so do progress reports
 every 31 s of simulated time rather than 30)."""
 

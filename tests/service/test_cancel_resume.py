@@ -89,9 +89,12 @@ def test_raytrain_export_writes_any_checkpoint_as_a_folder_transformers_loads(
         monkeypatch: pytest.MonkeyPatch, storage: dict[str, str]) -> None:
     """A kind 'hf' job checkpointed at steps 2 and 4: `raytrain export ID --to DIR` writes
     its latest as a folder whose logits in transformers are raytrain's at that checkpoint,
-    `--step 2` the earlier one, and a step with no checkpoint is refused with the fix."""
+    `--step 2` the earlier one, and a step with no checkpoint is refused with the fix. The
+    service writes the same folder in the job's storage (POST /v1/jobs/{id}/export, and
+    `raytrain export ID --in-storage`), read back from there."""
     import torch
 
+    from raytrain.cloud.object_store import open_store
     from raytrain.models.registry import build_model
     from raytrain.spec import JobSpec
     from raytrain.train.checkpoint import CheckpointManager
@@ -115,6 +118,19 @@ def test_raytrain_export_writes_any_checkpoint_as_a_folder_transformers_loads(
         assert main(["export", job_id, "--server", url, "--to", str(tmp_path / "e3"),
                      "--step", "3"]) == 2
         assert "not a committed checkpoint" in capsys.readouterr().err
+        # The same, written by the service in the job's storage (POST /v1/jobs/{id}/export).
+        answer = client.post(f"/v1/jobs/{job_id}/export", json={"step": 2}, timeout=120)
+        assert answer.status_code == 200, answer.text
+        in_storage = answer.json()
+        assert in_storage["step"] == 2
+        assert in_storage["path"].endswith(f"/{job_id}/exports/step_000000002")
+        refused = client.post(f"/v1/jobs/{job_id}/export", json={"step": 3}, timeout=120)
+        assert refused.status_code == 422 and "step" in refused.text, refused.text
+        assert main(["export", job_id, "--server", url, "--in-storage"]) == 0
+        assert capsys.readouterr().out.strip().endswith(f"/{job_id}/exports/step_000000004")
+        stored = open_store(in_storage["path"])
+        for key in stored.keys(""):
+            assert stored.get_file(key, tmp_path / "stored" / key)
         latest = done["checkpoint"]["path"]
     spec = JobSpec.model_validate(document)
     model = build_model(spec.model, seed=0)
@@ -125,3 +141,4 @@ def test_raytrain_export_writes_any_checkpoint_as_a_folder_transformers_loads(
         ours = model.eval()(tokens)
     assert torch.allclose(hf_logits(tmp_path / "e4", tokens), ours, atol=1e-5, rtol=0)
     assert not torch.allclose(hf_logits(tmp_path / "e2", tokens), ours, atol=1e-5, rtol=0)
+    assert torch.equal(hf_logits(tmp_path / "stored", tokens), hf_logits(tmp_path / "e2", tokens))

@@ -62,6 +62,8 @@ from raytrain.serve.http.openapi import (
 from raytrain.serve.http.reads import LIST_PAGE_MAX, LIST_PAGE_SIZE, CachedReads, StatusCache
 from raytrain.serve.jobs.history import STEPS_PER_ANSWER
 from raytrain.spec import (
+    ExportAnswer,
+    ExportRequest,
     JobHistory,
     JobLogs,
     JobSpec,
@@ -211,6 +213,15 @@ def job_routes(api: FastAPI, manager: Any) -> None:
         (a job stopped by its budget, say), with its own budget if given."""
         return await manager.resume.remote(job_id, _caller(request), body.budget_usd,
                                            idempotency_key)
+
+
+    @api.post("/v1/jobs/{job_id}/export", response_model=ExportAnswer,
+              responses=errors(404, 409, 422))
+    async def export(job_id: str, body: ExportRequest) -> Any:
+        """Write a kind 'hf' job's committed checkpoint (the latest, or `step`'s) as a
+        Hugging Face folder in the job's storage, `exports/step_<N>`, whatever layout trained
+        it; answers once it is written (the model is built in the job manager's process)."""
+        return await manager.export.remote(job_id, body.step)
 
 
 def output_routes(api: FastAPI, manager: Any) -> None:

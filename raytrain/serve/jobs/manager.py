@@ -33,8 +33,9 @@ from pydantic import ValidationError
 
 from raytrain.api_tokens import token_digests
 from raytrain.catalog.hardware import CATALOG
-from raytrain.cloud.object_store import is_remote, open_store
+from raytrain.cloud.object_store import is_remote, join, open_store
 from raytrain.core import lifecycle as lc
+from raytrain.core.exports import checkpoint_to_export
 from raytrain.core.queue import never_fits
 from raytrain.core.resolve import measured_mfu, plan_summary
 from raytrain.core.tally import Tally
@@ -262,6 +263,18 @@ class JobManager(JobReads):
                 return earlier
             check_not_resumed(record.status, (r.status for r in self.records.values()))
         return self.submit(spec, caller, key)
+
+    def export(self, job_id: str, step: int | None = None) -> dict[str, Any]:
+        """A kind 'hf' job's checkpoint (the latest, or `step`'s) as a Hugging Face folder
+        in the job's storage, exports/step_<N> (raytrain.train.export.export_to_storage)."""
+        from raytrain.train.export import export_to_storage
+
+        with self.lock:
+            status = self._record(job_id).status
+        step, ref = checkpoint_to_export(status, step)
+        target = join(self.config.job_uri(job_id), "exports", f"step_{step:09d}")
+        return {"job_id": job_id, "step": step,
+                "path": export_to_storage(status.spec, ref, target)}
 
     def offers(self, spec: JobSpec | None, policy: str | None, keep: int,
                job_id: str | None = None) -> dict[str, Any]:
