@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from raytrain.cloud.object_store import is_remote, open_store
 from raytrain.errors import FieldError, SpecError
 from raytrain.spec.gpt_config import GPTConfig
 
@@ -70,7 +71,12 @@ def check_shapes(parts: list[nn.Module], folder: str, tied: bool) -> None:
     from safetensors import safe_open
 
     found: dict[str, list[int]] = {}
-    for file in sorted(Path(folder).glob("*.safetensors")):
+    if is_remote(folder):  # each file's header, two ranged GETs
+        from raytrain.models.hf_bucket import headers
+
+        for tensors in headers(open_store(folder)).values():
+            found.update({key: shape for key, (_, shape, _, _) in tensors.items()})
+    for file in [] if is_remote(folder) else sorted(Path(folder).glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as handle:
             for key in handle.keys():
                 found[key] = list(handle.get_slice(key).get_shape())
@@ -108,7 +114,12 @@ def load_pretrained(parts: list[nn.Module], folder: str, tied: bool) -> None:
     check_shapes(parts, folder, tied)
     for part in parts:
         named = _named(part, tied)
-        load(named, storage_reader=HuggingFaceStorageReader(folder))
+        if is_remote(folder):
+            from raytrain.models.hf_bucket import BucketHFReader
+
+            load(named, storage_reader=BucketHFReader(open_store(folder)))
+        else:
+            load(named, storage_reader=HuggingFaceStorageReader(folder))
         inverse = {to_hf(k): k for k in part.state_dict()}
         set_model_state_dict(part, {inverse[k]: v for k, v in named.items()},
                              options=StateDictOptions(strict=False))
@@ -135,9 +146,9 @@ def export_folder(parts: list[nn.Module], source: str, out: str | Path, tied: bo
         no_dist=not distributed)
     if rank == 0:
         shutil.rmtree(out / "sharded", ignore_errors=True)
-        config = json.loads((Path(source) / "config.json").read_text())
+        store = open_store(source)  # a folder or a bucket's prefix
+        config = json.loads(store.get_bytes("config.json") or b"{}")
         (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         for name in TOKENIZER_FILES:
-            if (Path(source) / name).is_file():
-                shutil.copy2(Path(source) / name, out / name)
+            store.get_file(name, out / name)  # False where the source has none
     return out

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from raytrain.errors import FieldError, SpecError
+from raytrain.errors import FieldError, RaytrainError, SpecError
 from raytrain.spec._base import Strict
 from raytrain.spec.gpt_config import GPTConfig, RopeScaling
 from raytrain.spec.hf_config import gpt_config_from_hf
@@ -42,22 +42,29 @@ class HFSource(Strict):
 
     path: str = Field(max_length=1024, description=(
         "The model folder (config.json, model.safetensors or its shards with their index, "
-        "and the tokenizer's files): a path on storage every node mounts."))
+        "and the tokenizer's files): a path on storage every node mounts, or s3://BUCKET/"
+        "PREFIX through the service's storage settings (each rank fetches its slices)."))
     weights: Literal["pretrained", "random"] = Field("pretrained", description=(
         "'pretrained': the folder's weights, each rank reading only the slices it holds; "
         "'random': the built-in initialisation of the same architecture (pretraining)."))
 
 
 def read_config(source: HFSource) -> dict[str, Any]:
-    """The folder's config.json; SpecError naming model.hf.path when it cannot be read."""
-    if source.path.startswith("s3://"):
-        raise SpecError([FieldError(HERE, "a model folder in a bucket is not read yet. To "
-                                    "fix: copy it to storage every node mounts and give "
-                                    "that path")])
-    config = Path(source.path).expanduser() / "config.json"
+    """The folder's config.json (in a folder, or a bucket through the service's storage
+    settings); SpecError naming model.hf.path when it cannot be read."""
+    config: Path | str = Path(source.path).expanduser() / "config.json"
     try:
-        document = json.loads(config.read_text())
-    except (OSError, ValueError) as exc:
+        if source.path.startswith("s3://"):
+            from raytrain.cloud.object_store import open_store
+
+            config = f"{source.path.rstrip('/')}/config.json"
+            data = open_store(source.path).get_bytes("config.json")
+            if data is None:
+                raise OSError(f"no {config}")
+            document = json.loads(data)
+        else:
+            document = json.loads(Path(config).read_text())
+    except (OSError, ValueError, RaytrainError, ImportError) as exc:
         raise SpecError([FieldError(HERE, f"cannot read {config}: {exc}. To fix: give a "
                                     "Hugging Face model folder (save_pretrained's output) "
                                     "that the service's node can read")]) from None

@@ -60,3 +60,59 @@ def hf_job(folder: Path, steps: int = 4, **sections: Any) -> dict[str, Any]:
                          "checkpoint_every_steps": steps, "learning_rate": 0.01},
             "resources": {"num_workers": 1},
             **sections}
+
+
+def pretrained_reads(rank: int, world_size: int, port: int, job: dict[str, Any],
+                     local: str, out: str) -> None:
+    """One of `world_size` gloo ranks (mp.spawn): build the job's model under its layout and
+    load its pretrained weights from model.hf.path (a bucket) and, into a second model, from
+    the same folder on disk (`local`); write OUT/read-RANK.json: the bytes this rank fetched,
+    the seconds each load took, and whether every tensor it holds is the same."""
+    import json
+    import os
+    import time
+
+    import torch.distributed as dist
+
+    from raytrain.core.resolve import job_layout
+    from raytrain.models import hf
+    from raytrain.models.hf_bucket import BucketHFReader
+    from raytrain.parallel.parallelize import build_parallel_model
+    from raytrain.spec import JobSpec
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    read: list[int] = []
+    original = BucketHFReader.read_data
+
+    def counted(self: BucketHFReader, *args: Any) -> Any:
+        done = original(self, *args)
+        read.append(self.bytes_read)
+        return done
+
+    BucketHFReader.read_data = counted  # type: ignore[method-assign]
+    try:
+        spec = JobSpec.model_validate(job)
+        layout, device = job_layout(spec), torch.device("cpu")
+        tied = spec.model.gpt.tie_embeddings
+        timed = {}
+        models = {}
+        for where, folder in (("bucket", spec.model.hf.path), ("disk", local)):
+            models[where] = build_parallel_model(spec, layout, device)
+            began = time.perf_counter()
+            hf.load_pretrained(models[where].parts, folder, tied)
+            timed[where] = time.perf_counter() - began
+        same = all(torch.equal(_local(a), _local(b)) for a, b in zip(
+            models["bucket"].parameters(), models["disk"].parameters()))
+        (Path(out) / f"read-{rank}.json").write_text(json.dumps(
+            {"bytes": sum(read), "bucket_s": timed["bucket"], "disk_s": timed["disk"],
+             "same": same}))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor

@@ -1,0 +1,69 @@
+"""A Hugging Face model folder in a bucket (moto's S3 server on 127.0.0.1): its config is read
+at submit, its tensors' shapes are checked from the safetensors headers, and each rank
+fetches only the rows it holds (raytrain.models.hf_bucket), loading the same weights as from
+the folder on disk."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from raytrain.cloud.object_store import open_store
+from raytrain.errors import SpecError
+from raytrain.serve.jobs.admission import check_paths_on_head_node
+from raytrain.spec import JobSpec
+from tests.support.hf_models import hf_job, make_folder, pretrained_reads
+from tests.support.s3_server import make_bucket, s3_server
+
+BUCKET = "s3://models/llama"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A tiny Llama, on disk and copied to the bucket."""
+    local = make_folder("llama", tmp_path_factory.mktemp("hf") / "llama",
+                        vocab_size=2048, hidden_size=128, intermediate_size=256)
+    with s3_server() as endpoint:
+        make_bucket(endpoint, "models")
+        store = open_store(BUCKET)
+        for path in sorted(local.iterdir()):
+            store.put_file(path, path.name)
+        yield local
+
+
+def test_a_folder_in_a_bucket_is_read_at_submit_and_its_shapes_checked(folder: Path) -> None:
+    spec = JobSpec.model_validate(hf_job(BUCKET))  # type: ignore[arg-type]
+    assert spec.model.gpt.dim == 128 and spec.model.gpt.vocab_size == 2048
+    check_paths_on_head_node(spec)  # every tensor's shape, from the headers
+    with pytest.raises(SpecError, match="model.hf.path|hf"):
+        JobSpec.model_validate(hf_job("s3://models/nowhere"))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "tensor"])
+def test_each_rank_fetches_only_the_rows_it_holds(folder: Path, tmp_path: Path,
+                                                  strategy: str) -> None:
+    """Two ranks load the same weights from the bucket as from the disk. Under FSDP each
+    fetches its half of every tensor (at most 1.2 times its share of the folder's bytes: with
+    each rank fetching every tensor whole it is 2); under tensor parallelism a row-wise
+    weight's rows are fetched whole by both, the rest by halves."""
+    import torch.multiprocessing as mp
+
+    from tests.support.runs import _free_port
+
+    job = hf_job(BUCKET, parallel={"strategy": strategy},  # type: ignore[arg-type]
+                 resources={"num_workers": 2})
+    mp.spawn(pretrained_reads, args=(2, _free_port(), job, str(folder), str(tmp_path)),
+             nprocs=2)
+    reads = [json.loads((tmp_path / f"read-{rank}.json").read_text()) for rank in (0, 1)]
+    total = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+    shares = [r["bytes"] / (total / 2) for r in reads]
+    print(f"\n{strategy} on 2 ranks, a {total:,}-byte folder: bytes fetched per rank "
+          f"{reads[0]['bytes']:,} and {reads[1]['bytes']:,} ({shares[0]:.2f}x and "
+          f"{shares[1]:.2f}x its share); load {reads[0]['bucket_s']:.2f} s from the bucket, "
+          f"{reads[0]['disk_s']:.2f} s from disk (rank 0)")
+    assert all(r["same"] for r in reads)
+    bound = 1.2 if strategy == "fsdp" else 2.0
+    assert all(share <= bound for share in shares), shares
