@@ -36,10 +36,12 @@ def _job(token_file: Path) -> JobSpec:
     })
 
 
-def _plain_loop(ids: np.ndarray) -> tuple[list[float], list[float], list[float]]:
-    """Each step's loss, learning rate and gradient norm, as the README says they are."""
+def _plain_loop(ids: np.ndarray, model: torch.nn.Module | None = None
+                ) -> tuple[list[float], list[float], list[float]]:
+    """Each step's loss, learning rate and gradient norm, as the README says they are (the
+    model trained in place)."""
     torch.manual_seed(SEED)
-    model = make_hf_llama()
+    model = make_hf_llama() if model is None else model
     params = list(model.parameters())
     optimizer = torch.optim.AdamW(
         [{"params": [p for p in params if p.dim() >= 2], "weight_decay": DECAY},
@@ -92,3 +94,36 @@ def test_a_plain_loop_from_the_readme_reproduces_a_jobs_losses(tmp_path: Path) -
     assert [rows[s + 1][2] for s in range(STEPS)] == pytest.approx(lrs, rel=1e-12)
     assert [rows[s + 1][3] for s in range(STEPS)] == pytest.approx(norms, rel=1e-4)
     assert max(norms) > CLIP  # clipping took part
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_a_pretrained_folder_trained_then_exported_is_a_plain_transformers_loops_model(
+        tmp_path: Path, family: str) -> None:
+    """A kind 'hf' job from a pretrained folder, trained for a few steps, writes `hf/` at its
+    end; the same folder trained by the plain loop above in transformers, on the same data,
+    has the same losses (1e-5) and, loaded back with `from_pretrained`, the same weights
+    (1e-4)."""
+    import transformers
+
+    from tests.support.hf_models import make_folder
+
+    ids = np.random.default_rng(1).integers(0, 64, size=SEQ * 23 + 5).astype(np.uint16)
+    token_file = tmp_path / "tokens.bin"
+    ids.tofile(token_file)
+    folder = make_folder(family, tmp_path / family)
+    document = _job(token_file).model_dump(mode="json", exclude_unset=True)
+    spec = JobSpec.model_validate({**document, "model": {"kind": "hf",
+                                                         "hf": {"path": str(folder)}}})
+    sink = RecordingSink()
+    train(spec, WorkerInfo.single_process(), sink, tmp_path / "ckpt", layout=job_layout(spec),
+          progress_interval_s=0.0)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder,
+                                                               torch_dtype=torch.float32)
+    losses, _, _ = _plain_loop(ids, theirs.train())
+    rows = sink.step_rows()
+    assert [rows[s + 1][1] for s in range(STEPS)] == pytest.approx(losses, abs=1e-5)
+    ours = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt" / "hf",
+                                                             torch_dtype=torch.float32)
+    mine = dict(ours.named_parameters())
+    for name, param in theirs.named_parameters():
+        assert torch.allclose(mine[name], param, atol=1e-4, rtol=0), name
