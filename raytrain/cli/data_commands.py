@@ -22,7 +22,9 @@ def add_data_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
                          help=".txt (one document per file), .jsonl or .parquet files")
     prepare.add_argument("--tokenizer", required=True,
                          help="the model's tokenizer.json (or the folder holding it)")
-    prepare.add_argument("--out", required=True, help="the folder to write the shards to")
+    prepare.add_argument("--out", required=True, help="the folder to write the shards to, or "
+                         "s3://BUCKET/PREFIX (each shard put there once complete, the index "
+                         "last)")
     prepare.add_argument("--field", default="text", help="JSONL: the text field (text)")
     prepare.add_argument("--column", default="text", help="Parquet: the text column (text)")
     prepare.add_argument("--eod", help="the end-of-document token (default: the tokenizer's "
@@ -76,6 +78,7 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from raytrain.data.prepare import PrepareError, prepare
+    from raytrain.errors import RaytrainError
 
     tokenizer = Path(args.tokenizer).expanduser()
     if tokenizer.is_dir():
@@ -95,7 +98,7 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
         index: dict[str, Any] = prepare(args.inputs, str(tokenizer), args.out,
                                         field=args.field, column=args.column, eod=args.eod,
                                         shard_tokens=args.shard_tokens, progress=progress)
-    except (PrepareError, OSError, ValueError) as exc:
+    except (PrepareError, OSError, ValueError, RaytrainError) as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         return 2
     seconds = time.monotonic() - began

@@ -6,6 +6,11 @@ Deterministic: documents in the order given (files in the order named, lines and
 file order), encoded in batches by `tokenizers`' Rust encoder; the same input and tokenizer
 give the same bytes. uint16 when the vocabulary fits, else uint32.
 
+`out` may be a bucket's prefix (s3://BUCKET/PREFIX; the storage settings of the environment,
+AWS_ENDPOINT_URL_S3 and the credentials): each shard is written to a local temporary folder,
+put in the bucket once complete and deleted here (one shard's disk at a time), and the index
+is put last, so a reader never finds an index whose shards are not all there.
+
     index = prepare(["corpus.jsonl"], "tokenizer.json", "out/", field="text")
 """
 
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import chain
 from pathlib import Path
@@ -20,6 +26,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from raytrain.cloud.object_store import is_remote, open_store
 from raytrain.data.shards import INDEX
 
 END_OF_DOCUMENT = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|im_end|>")
@@ -81,9 +88,32 @@ def prepare(inputs: list[str], tokenizer_path: str, out: str, field: str = "text
     vocab = tokenizer.get_vocab_size(with_added_tokens=True)
     dtype = np.uint16 if vocab <= 2**16 else np.uint32
     eod_id = end_of_document(tokenizer, eod)
-    folder = Path(out).expanduser()
-    folder.mkdir(parents=True, exist_ok=True)
-    writer = _ShardWriter(folder, dtype, shard_tokens)
+    with tempfile.TemporaryDirectory(prefix="raytrain-prepare-") as staging:
+        store = open_store(out) if is_remote(out) else None
+        folder = Path(staging) if store is not None else Path(out).expanduser()
+        folder.mkdir(parents=True, exist_ok=True)
+
+        def finished(path: Path) -> None:  # a complete shard: into the bucket
+            if store is not None:
+                store.put_file(path, path.name)
+                path.unlink()
+
+        writer = _ShardWriter(folder, dtype, shard_tokens, finished)
+        index = _tokenize(paths, tokenizer, writer, dtype, eod_id, field, column, progress)
+        index = {"version": 1, "dtype": np.dtype(dtype).name, "vocab_size": vocab,
+                 "eod_token": eod_id, **index}
+        text = json.dumps(index, indent=1) + "\n"
+        if store is not None:
+            store.put_bytes(INDEX, text.encode())
+        else:
+            (folder / INDEX).write_text(text)
+    return index
+
+
+def _tokenize(paths: list[Path], tokenizer: Any, writer: _ShardWriter, dtype: Any,
+              eod_id: int, field: str, column: str,
+              progress: Callable[[int, int], None] | None) -> dict[str, Any]:
+    """Every document into the writer's shards; the index's counts and shards."""
     count = 0
 
     def encode(batch: list[str]) -> np.ndarray:
@@ -110,11 +140,7 @@ def prepare(inputs: list[str], tokenizer_path: str, out: str, field: str = "text
             count += sizes.pop(0)
             if progress is not None:
                 progress(count, writer.tokens)
-    index = {"version": 1, "dtype": np.dtype(dtype).name, "vocab_size": vocab,
-             "eod_token": eod_id, "documents": count, "tokens": writer.tokens,
-             "shards": writer.close()}
-    (folder / INDEX).write_text(json.dumps(index, indent=1) + "\n")
-    return index
+    return {"documents": count, "tokens": writer.tokens, "shards": writer.close()}
 
 
 def _batches(items: Iterator[str]) -> Iterator[list[str]]:
@@ -131,8 +157,10 @@ def _batches(items: Iterator[str]) -> Iterator[list[str]]:
 class _ShardWriter:
     """Tokens appended to shard files of at most `shard_tokens` each."""
 
-    def __init__(self, folder: Path, dtype: Any, shard_tokens: int) -> None:
+    def __init__(self, folder: Path, dtype: Any, shard_tokens: int,
+                 finished: Callable[[Path], None] = lambda path: None) -> None:
         self.folder, self.dtype, self.limit = folder, dtype, shard_tokens
+        self.finished = finished  # told of each shard once it is complete
         self.shards: list[dict[str, Any]] = []
         self.tokens = 0
         self._handle: Any = None
@@ -162,6 +190,7 @@ class _ShardWriter:
         self._handle.close()
         self.shards[-1]["sha256"] = self._digest.hexdigest()
         self._handle = None
+        self.finished(self.folder / self.shards[-1]["file"])
 
     def close(self) -> list[dict[str, Any]]:
         if self._handle is not None:

@@ -394,3 +394,22 @@ def test_a_job_trains_on_token_shards_in_a_bucket_as_on_the_same_folder(
         check_paths_on_head_node(job("s3://jobs/corpora/missing"), endpoint)
     assert refused.value.errors[0].loc == ("data", "path")
     assert "no readable index.json" in str(refused.value)
+
+
+def test_data_prepare_writes_its_shards_to_a_bucket_as_to_a_folder(
+        endpoint: str, tmp_path: Path) -> None:
+    """`raytrain data prepare ... --out s3://...` puts the same shards and index in the bucket
+    as it writes to a folder, byte for byte."""
+    from raytrain.cli.parser import main
+    from tests.support.corpus import inputs, tokenizer_file
+
+    tokenizer, files = tokenizer_file(tmp_path), inputs(tmp_path)
+    prefix = "s3://jobs/corpora/prepared"
+    for out in (str(tmp_path / "folder"), prefix):
+        assert main(["data", "prepare", *files, "--tokenizer", str(tokenizer), "--out", out,
+                     "--shard-tokens", "500"]) == 0
+    folder, bucket = tmp_path / "folder", open_store(prefix)
+    local = sorted(p.name for p in folder.iterdir())
+    assert len(local) > 2 and sorted(bucket.keys("")) == local
+    for name in local:
+        assert bucket.get_bytes(name) == (folder / name).read_bytes(), name
