@@ -44,6 +44,9 @@ def add_data_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
                        "the job's storage, exports/step_<N>, and prints where")
     export.add_argument("--step", type=int, default=None,
                         help="a committed checkpoint's step (default: the latest)")
+    export.add_argument("--merge", action="store_true", help="a training.lora job: the adapter "
+                        "folded into the weights (a whole model), not the adapter as a PEFT "
+                        "folder")
     export.set_defaults(func=cmd_export)
 
 
@@ -55,13 +58,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     client = _client(args)
     try:
         if args.in_storage:
-            out.print(client.export(args.id, args.step).path, highlight=False, soft_wrap=True)
+            answer = client.export(args.id, args.step, args.merge)
+            out.print(answer.path, highlight=False, soft_wrap=True)
             return 0
         status = client.get(args.id)
         _, ref = checkpoint_to_export(status, args.step)
         from raytrain.train.export import export_checkpoint
 
-        folder = export_checkpoint(status.spec, ref, args.to)
+        folder = export_checkpoint(status.spec, ref, args.to, args.merge)
     except ImportError as exc:
         err.print(f"[red]error:[/red] export needs the full install ({escape(str(exc))}). "
                   "To fix: pip install raytrain (not the client-only one), or use "

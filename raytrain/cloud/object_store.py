@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator, Protocol
 
 from raytrain.errors import FieldError, SpecError, StoreError
+from raytrain.spec.hf_model import FOLDER_READERS
 
 RETRIES = 5
 
@@ -342,3 +343,11 @@ def with_retries(what: Any, attempts: int = RETRIES, first_s: float = 1.0) -> An
                 raise
             time.sleep(first_s * 2 ** attempt)
     return None
+
+
+def _read_file(folder: str, name: str) -> bytes | None:
+    """A file of a model folder in a bucket (raytrain.spec.hf_model.FOLDER_READERS)."""
+    return open_store(folder).get_bytes(name)
+
+
+FOLDER_READERS["s3"] = _read_file

@@ -153,6 +153,10 @@ class Workload:
     # PyTorch's (raytrain's), which saves the gathered input whole.
     sp_regather: bool = False
     kernels: KernelModel = KERNELS  # how fast kernels run (raytrain.core.kernels, fitted)
+    # The parameters that train (LoRA: its adapters' share of the model's); the others
+    # keep their weights only: no gradients, no optimizer state.
+    trainable_share: float = 1.0
+    frozen_param_bytes: int = 4  # a frozen weight's bytes (LoRA under bf16 keeps them in it)
 
     @property
     def act_bytes(self) -> int:
@@ -243,7 +247,8 @@ def memory_per_device(dims: ModelDims, work: Workload, c: Layout, shape: NodeSha
 def _rank_memory(dims: ModelDims, work: Workload, c: Layout, rank: int) -> float:
     params, _, last = rank_params(dims, c.pp, c.virtual_stages, rank)
     held = params / c.tp
-    state = held / c.dp_shard * 16
+    share = work.trainable_share  # of `held`, with gradients and optimizer state
+    state = held / c.dp_shard * (16 * share + work.frozen_param_bytes * (1 - share))
     param_bytes = work.act_bytes
     block_held = dims.block_params / c.tp
     if c.data_parallel_wrapper == "fsdp":
@@ -259,9 +264,10 @@ def _rank_memory(dims: ModelDims, work: Workload, c: Layout, rank: int) -> float
             # at the backward's start the whole model's parameters are.
             root_held = root_params(dims, c)
             state += (held if c.zero2 else root_held + 2 * block_held) * param_bytes
-            state += held * 4 if c.reduce_scatter_once else max(root_held, block_held) * 4
+            state += (held * 4 if c.reduce_scatter_once else
+                      max(root_held, block_held) * 4) * share
     elif c.data_parallel_wrapper == "ddp":
-        state += held * 4  # gradient buckets
+        state += held * 4 * share  # gradient buckets
     tokens = c.micro_batch_size * dims.seq_len
     # Selective recomputation recomputes the elementwise work, as fused kernels avoid saving it.
     fused = work.fused_elementwise or c.recompute == "selective"

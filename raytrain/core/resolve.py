@@ -60,11 +60,27 @@ def planner_inputs(spec: JobSpec, gpus: int | None = None, accelerator: str | No
         precision=planned_precision(spec.training.precision),
         recompute_options=(spec.parallel.recompute_mode,),
         micro_batch_options=(spec.training.micro_batch_size,),
-        data_parallel_only=not spec.model.builtin,
+        data_parallel_only=not spec.model.builtin or spec.training.lora is not None,
+        trainable_share=lora_share(spec, dims),
+        frozen_param_bytes=2 if spec.training.lora is not None
+        and spec.training.precision == "bf16" else 4,
         grad_reduce_bytes=2 if spec.parallel.grad_reduce_dtype == "bf16" else 4,
     )
     kind = accelerator or spec.resources.device_kind or "cpu"
     return dims, work, kind, gpus or spec.resources.num_workers
+
+
+def lora_share(spec: JobSpec, dims: ModelDims) -> float:
+    """The share of the model's parameters a training.lora job trains (its adapters: rank x
+    (in + out) for each targeted linear of each block); 1 without LoRA."""
+    lora = spec.training.lora
+    if lora is None:
+        return 1.0
+    d, q, kv, f = dims.dim, dims.q_dim, dims.kv_dim, dims.ffn_dim
+    sides = {"q_proj": d + q, "k_proj": d + kv, "v_proj": d + kv, "o_proj": q + d,
+             "gate_proj": d + f, "up_proj": d + f, "down_proj": f + d}
+    adapters = dims.num_layers * lora.rank * sum(sides[t] for t in lora.targets)
+    return adapters / (dims.params + adapters)
 
 
 def job_layout(spec: JobSpec) -> Layout:

@@ -25,6 +25,7 @@ from torch import nn
 from raytrain.cloud.object_store import is_remote, open_store
 from raytrain.errors import FieldError, SpecError
 from raytrain.spec.gpt_config import GPTConfig
+from raytrain.spec.lora import LoraSpec
 
 # Ours -> Hugging Face's, for the Llama family (Llama, Mistral, Qwen2, Qwen3).
 _TO_HF = (
@@ -62,7 +63,8 @@ def _named(part: nn.Module, tied: bool) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     state = get_model_state_dict(part)
-    return {to_hf(k): v for k, v in state.items() if not (tied and k == "output.weight")}
+    return {to_hf(k): v for k, v in state.items()
+            if not (tied and k == "output.weight") and ".lora_" not in k}  # adapters: ours
 
 
 def check_shapes(parts: list[nn.Module], folder: str, tied: bool) -> None:
@@ -120,7 +122,7 @@ def load_pretrained(parts: list[nn.Module], folder: str, tied: bool) -> None:
             load(named, storage_reader=BucketHFReader(open_store(folder)))
         else:
             load(named, storage_reader=HuggingFaceStorageReader(folder))
-        inverse = {to_hf(k): k for k in part.state_dict()}
+        inverse = {to_hf(k): k for k in part.state_dict() if ".lora_" not in k}
         set_model_state_dict(part, {inverse[k]: v for k, v in named.items()},
                              options=StateDictOptions(strict=False))
         tie = getattr(part, "tie_weights", None)
@@ -151,4 +153,34 @@ def export_folder(parts: list[nn.Module], source: str, out: str | Path, tied: bo
         (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         for name in TOKENIZER_FILES:
             store.get_file(name, out / name)  # False where the source has none
+    return out
+
+
+def export_adapter(parts: list[nn.Module], lora: LoraSpec, source: str, out: str | Path
+                   ) -> Path:
+    """The parts' LoRA adapters as a PEFT folder at `out` (adapter_config.json,
+    adapter_model.safetensors, and the source folder's tokenizer files), which
+    `peft.PeftModel.from_pretrained(base, out)` loads onto the source's model. Every rank
+    calls it: a sharded adapter is gathered (the adapters only, not the base weights)."""
+    import torch.distributed as dist
+    from safetensors.torch import save_file
+
+    from raytrain.models.lora import adapter_config, adapter_state
+
+    state: dict[str, torch.Tensor] = {}
+    for part in parts:
+        for name, param in part.named_parameters():  # every rank, in the same order
+            if ".lora_" in name:
+                full = param.full_tensor() if hasattr(param, "full_tensor") else param
+                state[name] = full.detach().to("cpu", torch.float32)
+    distributed = dist.is_available() and dist.is_initialized()
+    out = Path(out)
+    if not distributed or dist.get_rank() == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        save_file(adapter_state(state, to_hf), str(out / "adapter_model.safetensors"))
+        (out / "adapter_config.json").write_text(
+            json.dumps(adapter_config(lora, source), indent=2) + "\n")
+        store = open_store(source)
+        for name in TOKENIZER_FILES:
+            store.get_file(name, out / name)
     return out

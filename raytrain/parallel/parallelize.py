@@ -48,6 +48,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from raytrain.models.contract import logits_of
 from raytrain.models.gpt import GPT
+from raytrain.models.lora import apply_lora, freeze_in, init_lora
 from raytrain.models.registry import build_model
 from raytrain.parallel.blocks import describe_units, transformer_blocks
 from raytrain.parallel.compression import register_compression
@@ -293,6 +294,11 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
     compiled = training.compile if training.compile is not None else device.type == "cuda"
     if layout.world_size == 1:
         model = _in_precision(build_model(spec.model, seed=training.seed), training.precision)
+        if training.lora is not None:
+            apply_lora(model, training.lora)
+            init_lora(model, training.seed)
+            if training.precision == "bf16":
+                freeze_in(model, torch.bfloat16)
         model = model.to(device)
         _set_recompute(model, layout.recompute)
         if compiled:
@@ -314,6 +320,10 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
                                      training.precision)
             if layout.pp > 1:
                 gpt_stage(part, stage, layout.num_stages)
+            if training.lora is not None:  # before FSDP: its units hold the adapters too
+                apply_lora(part, training.lora)
+                if training.precision == "bf16":
+                    freeze_in(part, torch.bfloat16)
             if layout.tp > 1:
                 apply_tensor_parallel(part, mesh["tp"], layout.sequence_parallel)
         else:  # a user model: data parallel only (the spec rejects anything else)
@@ -333,6 +343,8 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
         if isinstance(part, GPT) and _on_meta(part):
             part.to_empty(device=device)
             part.init_weights()
+            if training.lora is not None:
+                init_lora(part, training.seed)
         runner: nn.Module = part
         if wrapper == "ddp":
             runner = DistributedDataParallel(

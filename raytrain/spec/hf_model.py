@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from pydantic import Field
 
@@ -33,6 +33,10 @@ ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
 QKV_BIAS = ("Qwen2ForCausalLM",)  # transformers' Qwen2 always has q, k, v biases
 QK_NORM = ("Qwen3ForCausalLM",)  # Qwen3 normalises each head's query and key
 HERE = ("model", "hf", "path")
+# What reads a file of a model folder given by URI, by scheme: (folder, name) -> its bytes, or
+# None if there is none. s3: raytrain.cloud.object_store registers its reader when imported
+# (the service and every worker import it); spec itself reaches no bucket.
+FOLDER_READERS: dict[str, Callable[[str, str], bytes | None]] = {}
 INSTEAD = ("To fix: train it as model.kind 'import' (a factory returning the transformers "
            "model) with parallel.strategy 'data' or 'fsdp'")
 
@@ -54,17 +58,20 @@ def read_config(source: HFSource) -> dict[str, Any]:
     settings); SpecError naming model.hf.path when it cannot be read."""
     config: Path | str = Path(source.path).expanduser() / "config.json"
     try:
-        if source.path.startswith("s3://"):
-            from raytrain.cloud.object_store import open_store
-
+        scheme, found, _ = source.path.partition("://")
+        if found:
             config = f"{source.path.rstrip('/')}/config.json"
-            data = open_store(source.path).get_bytes("config.json")
+            reader = FOLDER_READERS.get(scheme)
+            if reader is None:
+                raise OSError(f"nothing here reads {scheme}:// (the service does, with its "
+                              "storage settings)")
+            data = reader(source.path, "config.json")
             if data is None:
                 raise OSError(f"no {config}")
             document = json.loads(data)
         else:
             document = json.loads(Path(config).read_text())
-    except (OSError, ValueError, RaytrainError, ImportError) as exc:
+    except (OSError, ValueError, RaytrainError) as exc:
         raise SpecError([FieldError(HERE, f"cannot read {config}: {exc}. To fix: give a "
                                     "Hugging Face model folder (save_pretrained's output) "
                                     "that the service's node can read")]) from None

@@ -167,6 +167,8 @@ class JobSpec(Strict):
                 "float8-aware sharding to scale as one process does). To fix: set tp to 1 "
                 "(FSDP or pipeline parallelism scale fp8 alike), or use 'bf16'",
             ))
+        if training.lora is not None:
+            problems += _lora_problems(self, layout)
         if training.precision == "fp16" and layout.pp > 1:
             problems.append(Problem(
                 ("training", "precision"),
@@ -271,3 +273,26 @@ def _fp8_errors(spec: JobSpec) -> list[InitErrorDetails]:
         f"use 'bf16', or set resources.accelerator to one of {', '.join(able)}",
         "fp8",
     )]
+
+
+def _lora_problems(spec: JobSpec, layout: Layout) -> list[Problem]:
+    """What training.lora does not combine with, each with the fix."""
+    here, problems = ("training", "lora"), []
+    if not spec.model.builtin:
+        problems.append(Problem(here, "adapters are put on the built-in model's linears "
+                                "(kind 'gpt' or 'hf'). To fix: train a Hugging Face folder "
+                                "as model.kind 'hf', or apply PEFT in your own factory"))
+    if layout.tp > 1 or layout.pp > 1:
+        problems.append(Problem(here, f"adapters train under data parallelism or FSDP, not "
+                                f"this layout ({layout.describe()}). To fix: set "
+                                "parallel.strategy to 'data' or 'fsdp'"))
+    if spec.training.precision == "fp8":
+        problems.append(Problem(here, "float8 linears do not carry adapters. To fix: use "
+                                "training.precision 'bf16'"))
+    lora = spec.training.lora
+    if lora is not None and spec.model.builtin and spec.model.gpt.mlp != "swiglu" and (
+            {"gate_proj", "up_proj"} & set(lora.targets)):
+        problems.append(Problem(here, "gate_proj and up_proj are a gated MLP's (SwiGLU); "
+                                "this model's MLP is not. To fix: target down_proj or the "
+                                "attention's linears"))
+    return problems

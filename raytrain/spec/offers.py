@@ -211,6 +211,8 @@ class ExportRequest(Strict):
 
     step: int | None = Field(None, ge=1, description="The checkpoint's step; default: the "
                              "latest.")
+    merge: bool = Field(False, description="A training.lora job: its adapter folded into the "
+                        "weights (a whole model's folder), not the adapter as a PEFT folder.")
 
 
 class ExportAnswer(Strict):

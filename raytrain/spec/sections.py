@@ -18,6 +18,7 @@ from raytrain.spec._base import (
     raise_if_any,
     unused_fields,
 )
+from raytrain.spec.lora import LoraSpec
 
 
 class ValidationSpec(Strict):
@@ -172,6 +173,12 @@ class TrainingSpec(Strict):
         "out of its step time and ETA. Default: on for GPU jobs, off on CPU, where compiling "
         "costs more than it saves for a short job.",
     )
+    lora: LoraSpec | None = Field(
+        None, description="Train low-rank adapters (LoRA, as PEFT defines them) with every "
+        "other weight frozen: far less memory (no gradients or optimizer state for the base "
+        "weights), under data parallelism or FSDP; the job ends with the adapter as a PEFT "
+        "folder (`raytrain export --merge`: merged into the weights). Null: every weight "
+        "trains.")
     lr_scaling: Literal["none", "linear", "sqrt"] = Field(
         "none",
         description="Scale learning_rate with the global batch: 'linear' multiplies it by "

@@ -23,15 +23,17 @@ from raytrain.spec import JobSpec
 logger = logging.getLogger(__name__)
 
 
-def export_checkpoint(spec: JobSpec, checkpoint: str, to: str | Path) -> Path:
+def export_checkpoint(spec: JobSpec, checkpoint: str, to: str | Path,
+                      merge: bool = False) -> Path:
     """Write `checkpoint` (a committed checkpoint's folder or s3:// ref) of the job `spec`
-    describes as a Hugging Face folder at `to`; the folder."""
+    describes as a Hugging Face folder at `to`; the folder. A training.lora job's is its
+    adapter as a PEFT folder, or with `merge` the model with the adapter folded in."""
     import torch
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
     from raytrain.cloud.object_store import is_remote
-    from raytrain.models.hf import export_folder
+    from raytrain.models.hf import export_adapter, export_folder
     from raytrain.models.registry import build_model
     from raytrain.train.bucket_reader import BucketReader
     from raytrain.train.checkpoint import _OPTIONS, _locate, committed
@@ -45,7 +47,16 @@ def export_checkpoint(spec: JobSpec, checkpoint: str, to: str | Path) -> Path:
         raise SpecError([FieldError(("step",), (
             f"{checkpoint} is not a committed checkpoint. To fix: give a step that "
             "`raytrain status` lists as checkpointed"))])
+    lora = spec.training.lora
+    if merge and lora is None:
+        raise SpecError([FieldError(("merge",), (
+            "merge folds a training.lora job's adapter into its weights; this job trained "
+            "every weight. To fix: export without merge"))])
     model = build_model(spec.model, seed=0)
+    if lora is not None:
+        from raytrain.models.lora import apply_lora
+
+        apply_lora(model, lora)
     state = {"model": {k: v for k, v in model.state_dict().items()
                        if k in dict(model.named_parameters())}}
     if is_remote(checkpoint):
@@ -58,18 +69,25 @@ def export_checkpoint(spec: JobSpec, checkpoint: str, to: str | Path) -> Path:
     tie = getattr(model, "tie_weights", None)
     if callable(tie):
         tie()
-    out = export_folder([model], source.path, to, spec.model.gpt.tie_embeddings)
+    if lora is not None and not merge:
+        out = export_adapter([model], lora, source.path, to)
+    else:
+        if lora is not None:
+            from raytrain.models.lora import merge as merged
+
+            merged(model)
+        out = export_folder([model], source.path, to, spec.model.gpt.tie_embeddings)
     logger.info("wrote %s as a Hugging Face folder: %s", checkpoint, out)
     return out
 
 
-def export_to_storage(spec: JobSpec, checkpoint: str, target: str) -> str:
+def export_to_storage(spec: JobSpec, checkpoint: str, target: str, merge: bool = False) -> str:
     """export_checkpoint into `target` (a folder or an s3:// prefix): written in a local
     folder first, then each file put in place; `target`."""
     from raytrain.cloud.object_store import open_store
 
     with tempfile.TemporaryDirectory(prefix="raytrain-export-") as tmp:
-        folder = export_checkpoint(spec, checkpoint, Path(tmp) / "hf")
+        folder = export_checkpoint(spec, checkpoint, Path(tmp) / "hf", merge)
         store = open_store(target)
         for path in sorted(p for p in folder.rglob("*") if p.is_file()):
             store.put_file(path, path.relative_to(folder).as_posix())

@@ -24,7 +24,7 @@ from torch import nn
 from raytrain.core.batching import BatchPlan
 from raytrain.core.schedule import lr_multiplier, peak_learning_rate
 from raytrain.data.sources import TokenSource, build_source
-from raytrain.models.hf import export_folder, load_pretrained
+from raytrain.models.hf import export_adapter, export_folder, load_pretrained
 from raytrain.parallel.parallelize import ParallelModel, build_parallel_model, clip_grad_norm
 from raytrain.spec import JobSpec
 from raytrain.spec.layout import Layout
@@ -162,8 +162,12 @@ def export_at_end(spec: JobSpec, model: ParallelModel, checkpoint_root: Path | s
             logger.warning("the Hugging Face folder is written beside checkpoints on a local "
                            "or mounted path only; this job's are in a bucket")
         return
-    out = export_folder(model.parts, source.path, Path(checkpoint_root) / "hf",
-                        spec.model.gpt.tie_embeddings)
+    if spec.training.lora is not None:  # the adapter, as PEFT loads it onto the source
+        out = export_adapter(model.parts, spec.training.lora, source.path,
+                             Path(checkpoint_root) / "hf")
+    else:
+        out = export_folder(model.parts, source.path, Path(checkpoint_root) / "hf",
+                            spec.model.gpt.tie_embeddings)
     if worker.rank == 0:
         logger.info("wrote the model as a Hugging Face folder: %s", out)
 

@@ -93,3 +93,29 @@ def test_an_export_of_a_sharded_or_staged_checkpoint_is_the_jobs_own_folder(
 
     mine, theirs = tensors(exported), tensors(run / "hf")
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_lora_under_data_parallelism_and_fsdp_trains_as_one_process(
+        tmp_path: Path, precision: str) -> None:
+    """Adapters on a pretrained Llama, every other weight frozen (kept in bf16 under 'bf16',
+    beside fp32 adapters in the same FSDP units): 2 ranks under data parallelism and FSDP take
+    every step with one process's loss (1e-5 in fp32; bf16's rounding, 2e-3)."""
+    folder = make_folder("llama", tmp_path / "llama")
+
+    def lora(**sections: object) -> dict:
+        document = hf_job(folder, steps=4, **sections)
+        document["training"] = {**document["training"], "precision": precision,
+                                "lora": {"rank": 4, "alpha": 8.0}}
+        return document
+
+    cases = [(name, lora(parallel={"strategy": strategy}, resources={"num_workers": 2}), {})
+             for name, strategy in (("dp2", "data"), ("fsdp2", "fsdp"))]
+    _spawn(2, cases, tmp_path / "runs")
+    expected = run_single(JobSpec.model_validate(lora()), tmp_path / "single").losses()
+    tolerance = 1e-5 if precision == "fp32" else 2e-3
+    for name, _, _ in cases:
+        losses = _losses(tmp_path / "runs" / name / "losses.json")
+        assert sorted(losses) == sorted(expected)
+        for step, loss in expected.items():
+            assert losses[step] == pytest.approx(loss, abs=tolerance), (name, step)

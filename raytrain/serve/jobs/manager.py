@@ -264,17 +264,20 @@ class JobManager(JobReads):
             check_not_resumed(record.status, (r.status for r in self.records.values()))
         return self.submit(spec, caller, key)
 
-    def export(self, job_id: str, step: int | None = None) -> dict[str, Any]:
+    def export(self, job_id: str, step: int | None = None, merge: bool = False
+               ) -> dict[str, Any]:
         """A kind 'hf' job's checkpoint (the latest, or `step`'s) as a Hugging Face folder
-        in the job's storage, exports/step_<N> (raytrain.train.export.export_to_storage)."""
+        in the job's storage, exports/step_<N> (raytrain.train.export.export_to_storage; a
+        LoRA job's adapter, or with `merge` its merged model, exports/step_<N>-merged)."""
         from raytrain.train.export import export_to_storage
 
         with self.lock:
             status = self._record(job_id).status
         step, ref = checkpoint_to_export(status, step)
-        target = join(self.config.job_uri(job_id), "exports", f"step_{step:09d}")
+        target = join(self.config.job_uri(job_id), "exports",
+                      f"step_{step:09d}" + ("-merged" if merge else ""))
         return {"job_id": job_id, "step": step,
-                "path": export_to_storage(status.spec, ref, target)}
+                "path": export_to_storage(status.spec, ref, target, merge)}
 
     def offers(self, spec: JobSpec | None, policy: str | None, keep: int,
                job_id: str | None = None) -> dict[str, Any]:
