@@ -1,5 +1,5 @@
-"""A Hugging Face model at every layout: a pretrained Llama-family folder (Llama, Qwen2 with
-its q/k/v biases, Qwen3 with its q/k norms and wider heads) trained on 2 gloo
+"""A Hugging Face model at every layout: a pretrained folder of each Llama-family architecture
+(Llama, Llama 3.x with tied embeddings, Mistral, Qwen2, Qwen3) trained on 2 gloo
 ranks under data, FSDP, tensor and pipeline parallelism, each rank loading only its slices
 (DCP's Hugging Face reader), takes every step with one process's loss to 1e-5, starting from
 the pretrained model's; and a folder exported from FSDP and from the pipeline's stages loads
@@ -19,9 +19,14 @@ from tests.support.hf_models import hf_job, hf_logits, make_folder
 from tests.support.parity import _losses, _spawn
 from tests.support.runs import run_single
 
-FAMILIES = ("llama", "qwen2", "qwen3")  # qwen3: q/k norms, heads of their own width
+# Every family: Llama 3.x's rotary scaling and tied embeddings, Mistral, Qwen2's q/k/v biases,
+# Qwen3's q/k norms and heads of their own width.
+FAMILIES = ("llama", "llama3_tied", "mistral", "qwen2", "qwen3")
 LAYOUTS = {"dp2": {"strategy": "data"}, "fsdp2": {"strategy": "fsdp"},
            "tp2": {"strategy": "tensor"}, "pp2": {"strategy": "pipeline"}}
+# Tied embeddings are refused under a pipeline (the first and last stages would share them).
+CASES = [(family, layout) for family in FAMILIES for layout in sorted(LAYOUTS)
+         if not (family == "llama3_tied" and layout == "pp2")]
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +37,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, JobS
     for family, folder in folders.items():
         specs[family] = JobSpec.model_validate(hf_job(folder, steps=4))
         for name, parallel in LAYOUTS.items():
+            if (family, name) not in CASES:
+                continue
             document = hf_job(folder, steps=4, parallel=parallel,
                               resources={"num_workers": 2})
             cases.append((f"{family}_{name}", document, {}))
@@ -39,8 +46,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, JobS
     return root, specs
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize(("family", "layout"), CASES)
 def test_every_layout_trains_a_pretrained_model_as_one_process(
         runs: tuple[Path, dict[str, JobSpec]], family: str, layout: str) -> None:
     root, specs = runs
