@@ -75,5 +75,7 @@ def test_offers_that_change_while_a_job_trains_change_when_it_checkpoints(
     assert final.finished_at - changed.time > 3 * max(intervals), "too short to see it"
     assert len(saved) >= 2, (saved, intervals)
     gaps = [b - a for a, b in zip(saved, saved[1:])]
-    assert all(0.95 * min(intervals) <= gap <= max(intervals) + 1.5 for gap in gaps), \
+    # Never sooner than the interval; later by at most a step and a report on a busy host
+    # (1.5 s was exceeded with both cores loaded by other tests): far from the old 300 s.
+    assert all(0.95 * min(intervals) <= gap <= max(intervals) + 5.0 for gap in gaps), \
         (intervals, gaps)
