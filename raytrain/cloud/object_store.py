@@ -351,3 +351,21 @@ def _read_file(folder: str, name: str) -> bytes | None:
 
 
 FOLDER_READERS["s3"] = _read_file
+
+
+COMMIT_MARKER = "COMMITTED"  # a checkpoint's last file (raytrain.train.checkpoint writes it)
+
+
+def checkpoint_committed(ref: str, endpoint: str | None = None) -> tuple[bool, str]:
+    """Whether the checkpoint at `ref` (a folder, or s3://BUCKET/.../step_N) is committed (its
+    marker written last), and if not, why not. Torch-free: the service's admission asks it
+    too, where the checkpoint module (torch) is not imported."""
+    if not is_remote(ref):
+        found = (Path(ref).expanduser() / COMMIT_MARKER).is_file()
+        return found, "" if found else "no COMMITTED marker in that folder on this node"
+    folder, _, name = ref.rstrip("/").rpartition("/")
+    try:
+        marker = open_store(folder, endpoint).get_bytes(f"{name}/{COMMIT_MARKER}")
+    except StoreError as exc:
+        return False, str(exc)
+    return marker is not None, "" if marker is not None else "no COMMITTED marker there"

@@ -64,14 +64,20 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from raytrain.cloud.object_store import LocalStore, Store, is_remote, open_store
+from raytrain.cloud.object_store import (
+    COMMIT_MARKER,
+    LocalStore,
+    Store,
+    checkpoint_committed,
+    is_remote,
+    open_store,
+)
 from raytrain.errors import StoreError, TrainingError
 from raytrain.train.bucket_reader import BucketReader
 
 logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step_(\d{9})$")
-COMMIT_MARKER = "COMMITTED"
 DONE_DIR = ".done"
 RETRY_FIRST_S, RETRY_MAX_S = 1.0, 60.0
 FLUSH_TIMEOUT_S = 1800.0  # the end of training waits this long for a store that is down
@@ -90,8 +96,7 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 def committed(ref: str) -> bool:
     """Whether checkpoint `ref` (a folder, or s3://.../step_N) has its commit marker."""
-    store, name = _locate(str(ref))
-    return store.get_bytes(f"{name}/{COMMIT_MARKER}") is not None
+    return checkpoint_committed(str(ref))[0]
 
 
 def committed_steps(store: Store) -> list[int]:

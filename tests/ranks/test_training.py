@@ -13,7 +13,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from raytrain.core.resolve import job_layout
-from raytrain.serve.jobs.admission import COMMITTED
 from raytrain.train.checkpoint import COMMIT_MARKER, latest_checkpoint
 from raytrain.train.loop import train
 from raytrain.train.progress import ProgressMeter
@@ -68,7 +67,7 @@ def test_a_new_job_resuming_from_an_old_ones_checkpoint_goes_on_exactly(
     for step, loss in resumed.losses().items():
         assert loss == pytest.approx(whole[step], abs=1e-6)
     assert latest_checkpoint(tmp_path / "new") is not None  # its own from then on
-    assert (saved / COMMITTED).is_file()  # what the service checks at submit
+    assert (saved / COMMIT_MARKER).is_file()  # what the service checks at submit
 
 
 def test_resuming_a_finished_run_reports_its_final_loss(tmp_path: Path) -> None:

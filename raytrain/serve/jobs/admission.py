@@ -14,16 +14,15 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterable
 
-from raytrain.cloud.object_store import is_remote, open_store
+from raytrain.cloud.object_store import checkpoint_committed, is_remote
 from raytrain.core.lifecycle import Record
 from raytrain.core.queue import never_fits
 from raytrain.core.shuffle import held_out_windows
 from raytrain.data.shards import read_index
-from raytrain.errors import FieldError, JobStateError, ServiceBusyError, SpecError, StoreError
+from raytrain.errors import FieldError, JobStateError, ServiceBusyError, SpecError
 from raytrain.spec import JobSpec, JobState, JobStatus, PlanSummary, Progress, parse_job_spec
 
 IDEMPOTENCY_WINDOW_S = 24 * 3600.0
-COMMITTED = "COMMITTED"  # raytrain.train.checkpoint's marker (that module imports torch)
 BUSY_RETRY_AFTER_S = 30
 
 
@@ -168,20 +167,6 @@ def _check_held_out(spec: JobSpec, tokens: int) -> None:
     validation = spec.data.validation
     if validation is not None and validation.fraction is not None:
         held_out_windows((tokens - 1) // spec.data.seq_len, validation.fraction)
-
-
-def checkpoint_committed(ref: str, endpoint: str | None = None) -> tuple[bool, str]:
-    """Whether the checkpoint at `ref` (a folder, or s3://BUCKET/.../step_N) is committed
-    (its marker written last, raytrain.train.checkpoint), and if not, why not."""
-    if not is_remote(ref):
-        found = (Path(ref).expanduser() / COMMITTED).is_file()
-        return found, "" if found else "no COMMITTED marker in that folder on this node"
-    folder, _, name = ref.rstrip("/").rpartition("/")
-    try:
-        marker = open_store(folder, endpoint).get_bytes(f"{name}/{COMMITTED}")
-    except StoreError as exc:
-        return False, str(exc)
-    return marker is not None, "" if marker is not None else "no COMMITTED marker there"
 
 
 def check_fits_the_cluster(spec: JobSpec, nodes: Any) -> None:
