@@ -506,8 +506,9 @@ def test_groups_of_two_ranks_leave_die_and_are_replaced_twice_and_train_as_one_p
     assert processes[4].exitcode != 0  # killed
     left = [e for e in events(tmp_path) if e["state"] == "gone" and e["by"] == 0]
     assert len(left) == 2 and left[0]["redone"] == 0 and left[1]["redone"] <= 1, left
-    joined = [e for e in events(tmp_path) if e["state"] == "training" and e["group"] == 1]
-    assert len(joined) >= 3, joined  # at the start, and each replacement
+    # Each replacement's join was waited for (replace_group_1: group 1 "training" after its
+    # start); the first group 1's start is reported or not by how the two groups' first
+    # quorum formed (a busy host: not), so it is not counted here.
     losses = all_losses(tmp_path)
     assert sorted(losses) == list(range(1, STEPS + 1))
     for step, loss in losses.items():
