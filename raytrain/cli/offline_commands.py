@@ -270,7 +270,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if mismatch:
             err.print(f"[yellow]warning:[/yellow] {mismatch}", highlight=False,
                       soft_wrap=True)
-    processes = args.processes or max(1, min(len(os.sched_getaffinity(0)), args.starts))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        os.cpu_count() or 1  # the CPUs this process may use (Linux), else the machine's
+    processes = args.processes or max(1, min(cpus, args.starts))
     rows = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("start times"), TimeElapsedColumn(), TimeRemainingColumn(),
