@@ -18,6 +18,7 @@ import json
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -78,10 +79,11 @@ def check_shapes(parts: list[nn.Module], folder: str, tied: bool) -> None:
 
         for tensors in headers(open_store(folder)).values():
             found.update({key: shape for key, (_, shape, _, _) in tensors.items()})
-    for file in [] if is_remote(folder) else sorted(Path(folder).glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as handle:
-            for key in handle.keys():
-                found[key] = list(handle.get_slice(key).get_shape())
+    else:
+        for file in sorted(Path(folder).glob("*.safetensors")):
+            with safe_open(str(file), framework="pt") as handle:
+                for key in handle.keys():
+                    found[key] = list(handle.get_slice(key).get_shape())
     here = ("model", "hf", "path")
     for part in parts:
         for name, tensor in _named(part, tied).items():
@@ -104,9 +106,10 @@ def check_folder(config: GPTConfig, folder: str) -> None:
     check_shapes([model], folder, config.tie_embeddings)
 
 
-def load_pretrained(parts: list[nn.Module], folder: str, tied: bool) -> None:
+def load_pretrained(parts: list[nn.Module], folder: str, tied: bool) -> int:
     """Load the folder's weights into this rank's parts, in place, each rank reading the
-    slices it holds (sharded or not, any layout); shapes checked first."""
+    slices it holds (sharded or not, any layout); shapes checked first. The bytes this rank
+    fetched from a bucket (0 from a folder, memory-mapped)."""
     from torch.distributed.checkpoint import HuggingFaceStorageReader, load
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -114,12 +117,15 @@ def load_pretrained(parts: list[nn.Module], folder: str, tied: bool) -> None:
     )
 
     check_shapes(parts, folder, tied)
+    fetched = 0
     for part in parts:
         named = _named(part, tied)
         if is_remote(folder):
             from raytrain.models.hf_bucket import BucketHFReader
 
-            load(named, storage_reader=BucketHFReader(open_store(folder)))
+            reader = BucketHFReader(open_store(folder))
+            load(named, storage_reader=reader)
+            fetched += reader.bytes_read
         else:
             load(named, storage_reader=HuggingFaceStorageReader(folder))
         inverse = {to_hf(k): k for k in part.state_dict() if ".lora_" not in k}
@@ -128,6 +134,7 @@ def load_pretrained(parts: list[nn.Module], folder: str, tied: bool) -> None:
         tie = getattr(part, "tie_weights", None)
         if callable(tie):
             tie()
+    return fetched
 
 
 def export_folder(parts: list[nn.Module], source: str, out: str | Path, tied: bool) -> Path:
@@ -148,12 +155,18 @@ def export_folder(parts: list[nn.Module], source: str, out: str | Path, tied: bo
         no_dist=not distributed)
     if rank == 0:
         shutil.rmtree(out / "sharded", ignore_errors=True)
-        store = open_store(source)  # a folder or a bucket's prefix
-        config = json.loads(store.get_bytes("config.json") or b"{}")
+        config = json.loads(_copy_tokenizer(source, out).get_bytes("config.json") or b"{}")
         (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        for name in TOKENIZER_FILES:
-            store.get_file(name, out / name)  # False where the source has none
     return out
+
+
+def _copy_tokenizer(source: str, out: Path) -> Any:
+    """The source folder's tokenizer files (those it has) copied into `out`; its store (a
+    folder or a bucket's prefix)."""
+    store = open_store(source)
+    for name in TOKENIZER_FILES:
+        store.get_file(name, out / name)  # False where the source has none
+    return store
 
 
 def export_adapter(parts: list[nn.Module], lora: LoraSpec, source: str, out: str | Path
@@ -180,7 +193,5 @@ def export_adapter(parts: list[nn.Module], lora: LoraSpec, source: str, out: str
         save_file(adapter_state(state, to_hf), str(out / "adapter_model.safetensors"))
         (out / "adapter_config.json").write_text(
             json.dumps(adapter_config(lora, source), indent=2) + "\n")
-        store = open_store(source)
-        for name in TOKENIZER_FILES:
-            store.get_file(name, out / name)
+        _copy_tokenizer(source, out)
     return out

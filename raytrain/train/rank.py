@@ -129,9 +129,10 @@ def resume_rank(checkpoints: CheckpointManager, spec: JobSpec, model: ParallelMo
     if latest is None:
         source = spec.model.hf
         if source is not None and source.weights == "pretrained":
-            load_pretrained(model.parts, source.path, spec.model.gpt.tie_embeddings)
+            fetched = load_pretrained(model.parts, source.path, spec.model.gpt.tie_embeddings)
             if worker.rank == 0:
-                logger.info("loaded the pretrained weights of %s", source.path)
+                logger.info("loaded the pretrained weights of %s%s", source.path,
+                            f" ({fetched:,} bytes fetched by rank 0)" if fetched else "")
         return 0, None, float("nan")
     meta = checkpoints.load(latest, model.parts, optimizers)
     if worker.rank == 0:

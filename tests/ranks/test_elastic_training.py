@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from tests.support.elastic_groups import (
     wait_for_a_step_together,
     wait_for_event,
     wait_for_step,
+    wait_until_ended,
 )
 from tests.support.jobs import RecordingSink
 from tests.support.runs import run_single
@@ -247,10 +247,7 @@ def test_groups_of_two_ranks_agree_on_every_decision_and_train_as_one_process(
         (tmp_path / "start-1").touch()
         wait_for_step(tmp_path, 12, timeout_s=180)
         (tmp_path / "notice-1-1").touch()  # group 1's second node is being taken
-        deadline = time.monotonic() + 120
-        while processes[2].is_alive() or processes[3].is_alive():  # group 1 leaves
-            assert time.monotonic() < deadline, "group 1 did not leave on its rank's notice"
-            time.sleep(0.1)
+        wait_until_ended(processes[2:4], "rank's notice")  # group 1 leaves
         (tmp_path / "slow").unlink()
         for process in processes[:2]:
             process.join(180)
@@ -419,10 +416,7 @@ def test_groups_holding_a_pipeline_each_take_a_left_groups_share_and_train_as_on
         together = wait_for_groups(tmp_path, 0, 2, timeout_s=150)
         wait_for_step(tmp_path, together + 3)
         (tmp_path / "notice-1-0").touch()  # group 1's first node is being taken
-        deadline = time.monotonic() + 120
-        while processes[2].is_alive() or processes[3].is_alive():  # group 1 leaves
-            assert time.monotonic() < deadline, "group 1 did not leave on its rank's notice"
-            time.sleep(0.1)
+        wait_until_ended(processes[2:4], "rank's notice")  # group 1 leaves
         (tmp_path / "slow").unlink()
         for process in processes[:2]:
             process.join(180)
@@ -466,12 +460,6 @@ def test_groups_of_two_ranks_leave_die_and_are_replaced_twice_and_train_as_one_p
     address = f"127.0.0.1:{beats.port}"
     processes = start_two_rank_groups(tmp_path, lighthouse.address(), job, 1000.0, address)
 
-    def gone(ranks: list[Any], what: str) -> None:
-        deadline = time.monotonic() + 120
-        while any(p.is_alive() for p in ranks):
-            assert time.monotonic() < deadline, f"group 1 did not end on its rank's {what}"
-            time.sleep(0.1)
-
     def replace_group_1() -> list[Any]:
         before = len(events(tmp_path))
         started = start_group_of_two(tmp_path, lighthouse.address(), job, 1, 1000.0, address,
@@ -486,12 +474,12 @@ def test_groups_of_two_ranks_leave_die_and_are_replaced_twice_and_train_as_one_p
         together = wait_for_groups(tmp_path, 0, 2, timeout_s=150)
         wait_for_step(tmp_path, together + 2)
         (tmp_path / "notice-1-1").touch()
-        gone(processes[2:], "notice")
+        wait_until_ended(processes[2:], "rank's notice")
         (tmp_path / "notice-1-1").unlink()
         processes += replace_group_1()  # the first join
         wait_for_step(tmp_path, wait_for_groups(tmp_path, 0, 2) + 2)
         (tmp_path / "kill-1-0").touch()  # the replacement's first rank dies mid-step
-        gone(processes[4:], "death")
+        wait_until_ended(processes[4:], "rank's death")
         (tmp_path / "kill-1-0").unlink()
         processes += replace_group_1()  # the second join
         (tmp_path / "slow").unlink()

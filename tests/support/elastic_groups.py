@@ -210,6 +210,15 @@ def start_group_of_two(folder: Path, lighthouse: str, job: dict[str, Any], group
     return processes
 
 
+def wait_until_ended(processes: list[Any], what: str, timeout_s: float = 120.0) -> None:
+    """Wait for every one of `processes` to end (a group leaving or dying), `what` naming
+    the cause in the failure."""
+    deadline = time.monotonic() + timeout_s
+    while any(p.is_alive() for p in processes):
+        assert time.monotonic() < deadline, f"the group did not end on its {what}"
+        time.sleep(0.1)
+
+
 def all_losses(folder: Path) -> dict[int, float]:
     """Every step's loss, as the groups that led it recorded it (losses-G.json)."""
     losses: dict[int, float] = {}

@@ -76,22 +76,13 @@ def pretrained_reads(rank: int, world_size: int, port: int, job: dict[str, Any],
 
     from raytrain.core.resolve import job_layout
     from raytrain.models import hf
-    from raytrain.models.hf_bucket import BucketHFReader
     from raytrain.parallel.parallelize import build_parallel_model
     from raytrain.spec import JobSpec
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    read: list[int] = []
-    original = BucketHFReader.read_data
-
-    def counted(self: BucketHFReader, *args: Any) -> Any:
-        done = original(self, *args)
-        read.append(self.bytes_read)
-        return done
-
-    BucketHFReader.read_data = counted  # type: ignore[method-assign]
+    fetched: dict[str, int] = {}
     try:
         spec = JobSpec.model_validate(job)
         layout, device = job_layout(spec), torch.device("cpu")
@@ -101,12 +92,12 @@ def pretrained_reads(rank: int, world_size: int, port: int, job: dict[str, Any],
         for where, folder in (("bucket", spec.model.hf.path), ("disk", local)):
             models[where] = build_parallel_model(spec, layout, device)
             began = time.perf_counter()
-            hf.load_pretrained(models[where].parts, folder, tied)
+            fetched[where] = hf.load_pretrained(models[where].parts, folder, tied)
             timed[where] = time.perf_counter() - began
         same = all(torch.equal(_local(a), _local(b)) for a, b in zip(
             models["bucket"].parameters(), models["disk"].parameters()))
         (Path(out) / f"read-{rank}.json").write_text(json.dumps(
-            {"bytes": sum(read), "bucket_s": timed["bucket"], "disk_s": timed["disk"],
+            {"bytes": fetched["bucket"], "bucket_s": timed["bucket"], "disk_s": timed["disk"],
              "same": same}))
         dist.barrier()
     finally:

@@ -57,7 +57,6 @@ from raytrain.spec import (
 )
 from raytrain.spec.files import (
     catalog_for,
-    catalog_stamp,
     load_policies,
     offers_path,
     unknown_policy,
@@ -127,7 +126,7 @@ class Provisioner:
         self._planned: dict[int, tuple[JobSpec, Throughput]] = {}
         self.catalog = catalog_for(self.config)
         self._offers_file = str(offers_path(self.config))  # stat every pass: no Path parsing
-        self._catalog_stamp = catalog_stamp(self.config)
+        self._catalog_stamp = self._stamp()
         self._bound = self._bound_offers()
         folder = Path(self.config.policy_dir).expanduser() if self.config.policy_dir else None
         self.policies = load_policies(folder)
@@ -302,7 +301,8 @@ class Provisioner:
         return self._adopt(job, now, EngineEvent(event), old.missing, decision, costs)
 
     def _stamp(self) -> float | None:
-        """catalog_stamp, for the file of this service's offers."""
+        """When this service's offers file last changed (None: there is none, the shipped
+        snapshot): spec.files.catalog_stamp on a path worked out once."""
         try:
             return os.stat(self._offers_file).st_mtime
         except FileNotFoundError:
