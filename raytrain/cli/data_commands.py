@@ -31,6 +31,11 @@ def add_data_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
                          "<|endoftext|>, </s>, ...)")
     prepare.add_argument("--shard-tokens", type=int, default=100_000_000,
                          help="tokens per shard file (100,000,000)")
+    prepare.add_argument("--chat", action="store_true", help="fine-tuning examples: JSONL "
+                         "lines with `messages` ({role, content}) or `prompt` and `response`; "
+                         "the loss is taken on the assistant's turns only (rendered by the "
+                         "chat template of the tokenizer_config.json beside the tokenizer, "
+                         "when there is one)")
     prepare.set_defaults(func=cmd_data_prepare)
 
     export = command("export", "write a kind 'hf' job's checkpoint as a Hugging Face folder "
@@ -101,12 +106,14 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
     try:
         index: dict[str, Any] = prepare(args.inputs, str(tokenizer), args.out,
                                         field=args.field, column=args.column, eod=args.eod,
-                                        shard_tokens=args.shard_tokens, progress=progress)
+                                        shard_tokens=args.shard_tokens, progress=progress,
+                                        chat=args.chat)
     except (PrepareError, OSError, ValueError, RaytrainError) as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         return 2
     seconds = time.monotonic() - began
-    out.print(f"{index['documents']:,} documents, {index['tokens']:,} tokens ({index['dtype']}) "
+    kind = "examples" if args.chat else "documents"
+    out.print(f"{index['documents']:,} {kind}, {index['tokens']:,} tokens ({index['dtype']}) "
               f"in {len(index['shards'])} shard(s) at {escape(args.out)} in {seconds:.1f} s; "
               f"train on it with data.kind token_file, data.path {escape(args.out)}",
               highlight=False)

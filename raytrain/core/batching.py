@@ -45,6 +45,15 @@ class BatchPlan:
         )
         return range(start, start + self.micro_batch_size)
 
+    def step_samples(self, step: int) -> range:
+        """The global sample indices of `step`, every rank's."""
+        return range(step * self.global_batch_size, (step + 1) * self.global_batch_size)
+
+    @property
+    def micro_batches_per_step(self) -> int:
+        """Across every data-parallel rank."""
+        return self.global_batch_size // self.micro_batch_size
+
     def samples_consumed(self, steps_done: int) -> int:
         """The data position after `steps_done` optimizer steps."""
         return steps_done * self.global_batch_size

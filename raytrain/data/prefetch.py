@@ -13,7 +13,12 @@ windows of a global sample order that the batch plan gives per step and rank, an
 is enough to keep a step's few micro-batches ahead.
 
     batches = Prefetcher(source, plan, dp_rank=0, device=device)
-    tokens = batches.get(step, units=[0, 1])   # on the device; step + 1 is being read
+    tokens, trained = batches.get(step, units=[0, 1])  # on the device; step + 1 being read
+
+With masked data (raytrain.data.masks) a step's loss is the mean over its trained targets,
+every rank's: `trained` is their count in the step's global batch (the source counts it
+from its spans, reading no tokens), from which the loop scales each micro-batch's summed
+loss (ParallelModel.loss_scale); None for data whose every target is trained.
 """
 
 from __future__ import annotations
@@ -26,6 +31,23 @@ import torch
 from raytrain.core.batching import BatchPlan
 from raytrain.data.sources import TokenSource
 
+Read = tuple[list[torch.Tensor], int | None]
+
+
+def trained_targets(source: TokenSource, samples: range) -> int | None:
+    """How many targets of the global batch `samples` a masked source trains; None for a
+    source whose every target is trained."""
+    if not getattr(source, "masked", False):
+        return None
+    return int(source.trained(samples))  # type: ignore[attr-defined]
+
+
+def loss_scale(plan: BatchPlan, trained: int | None) -> float | None:
+    """What each micro-batch's summed loss is multiplied by for the step's loss to be the
+    mean over its `trained` targets, however the step is cut (ParallelModel.loss_scale); a
+    step with none trains nothing. None: unmasked data, each micro-batch's mean."""
+    return None if trained is None else plan.micro_batches_per_step / max(1, trained)
+
 
 class Prefetcher:
     def __init__(self, source: TokenSource, plan: BatchPlan, dp_rank: int,
@@ -33,25 +55,25 @@ class Prefetcher:
         self.source, self.plan, self.dp_rank, self.device = source, plan, dp_rank, device
         self.pin = device.type == "cuda"
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="raytrain-data")
-        self._ahead: tuple[tuple[int, tuple[int, ...]], Future[list[torch.Tensor]]] | None = None
+        self._ahead: tuple[tuple[int, tuple[int, ...]], Future[Read]] | None = None
         self.waited_s = 0.0  # the steps' waits for their data, since the caller last took it
 
-    def get(self, step: int, units: list[int]) -> list[torch.Tensor]:
-        """Step `step`'s micro-batches `units` of this rank, on the device; starts reading
-        the same units of the next step."""
+    def get(self, step: int, units: list[int]) -> Read:
+        """Step `step`'s micro-batches `units` of this rank, on the device, and the step's
+        trained targets (module doc); starts reading the same units of the next step."""
         began = time.perf_counter()
         key = (step, tuple(units))
-        batches: list[torch.Tensor] | None = None
+        got: Read | None = None
         if self._ahead is not None:
             foreseen, future = self._ahead
             read = future.result()  # also: never two reads at once
-            batches = read if foreseen == key else None
-        if batches is None:
-            batches = self._read(step, units)
+            got = read if foreseen == key else None
+        if got is None:
+            got = self._read(step, units)
         self._ahead = ((step + 1, key[1]), self._pool.submit(self._read, step + 1, units))
-        on_device = [b.to(self.device, non_blocking=True) for b in batches]
+        on_device = [b.to(self.device, non_blocking=True) for b in got[0]]
         self.waited_s += time.perf_counter() - began
-        return on_device
+        return on_device, got[1]
 
     def settle(self) -> None:
         """Wait for the read ahead to finish (its batches are kept), so that the caller may
@@ -64,10 +86,11 @@ class Prefetcher:
         waited, self.waited_s = self.waited_s, 0.0
         return waited
 
-    def _read(self, step: int, units: list[int]) -> list[torch.Tensor]:
+    def _read(self, step: int, units: list[int]) -> Read:
         batches = [self.source.batch(self.plan.sample_range(step, unit, self.dp_rank))
                    for unit in units]
-        return [b.pin_memory() for b in batches] if self.pin else batches
+        trained = trained_targets(self.source, self.plan.step_samples(step))
+        return [b.pin_memory() for b in batches] if self.pin else batches, trained
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

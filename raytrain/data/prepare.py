@@ -6,6 +6,11 @@ Deterministic: documents in the order given (files in the order named, lines and
 file order), encoded in batches by `tokenizers`' Rust encoder; the same input and tokenizer
 give the same bytes. uint16 when the vocabulary fits, else uint32.
 
+With `chat=True` the inputs are JSONL fine-tuning examples (raytrain.data.chat): each shard
+gets a `.spans` file beside it, the [start, end) token ranges (int64 pairs, from the shard's
+start) whose loss is taken, and the index says `"masked": true`. Examples follow each other
+in the shards (packed), each ended by the end-of-document token.
+
 `out` may be a bucket's prefix (s3://BUCKET/PREFIX; the storage settings of the environment,
 AWS_ENDPOINT_URL_S3 and the credentials): each shard is written to a local temporary folder,
 put in the bucket once complete and deleted here (one shard's disk at a time), and the index
@@ -22,12 +27,15 @@ import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import chain
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import numpy as np
 
 from raytrain.cloud.object_store import is_remote, open_store
-from raytrain.data.shards import INDEX
+from raytrain.data.chat import ChatEncoder, ChatError, messages_of, spans_of
+from raytrain.data.shards import INDEX, SPANS_DTYPE
+
+T = TypeVar("T")
 
 END_OF_DOCUMENT = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|im_end|>")
 BATCH_DOCUMENTS = 256
@@ -75,7 +83,8 @@ def end_of_document(tokenizer: Any, named: str | None) -> int:
 
 def prepare(inputs: list[str], tokenizer_path: str, out: str, field: str = "text",
             column: str = "text", eod: str | None = None, shard_tokens: int = 100_000_000,
-            progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+            progress: Callable[[int, int], None] | None = None, chat: bool = False
+            ) -> dict[str, Any]:
     """Tokenize `inputs` into shards under `out`; the index written (module doc).
     `progress(documents, tokens)` is called after each batch."""
     from tokenizers import Tokenizer
@@ -84,7 +93,11 @@ def prepare(inputs: list[str], tokenizer_path: str, out: str, field: str = "text
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         raise PrepareError(f"no such input: {', '.join(missing)}")
-    tokenizer = Tokenizer.from_file(str(Path(tokenizer_path).expanduser()))
+    if chat and any(p.suffix != ".jsonl" for p in paths):
+        raise PrepareError("--chat reads JSONL examples (messages, or prompt and response); "
+                           f"not {', '.join(str(p) for p in paths if p.suffix != '.jsonl')}")
+    tokenizer_file = Path(tokenizer_path).expanduser()
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
     vocab = tokenizer.get_vocab_size(with_added_tokens=True)
     dtype = np.uint16 if vocab <= 2**16 else np.uint32
     eod_id = end_of_document(tokenizer, eod)
@@ -99,9 +112,15 @@ def prepare(inputs: list[str], tokenizer_path: str, out: str, field: str = "text
                 path.unlink()
 
         writer = _ShardWriter(folder, dtype, shard_tokens, finished)
-        index = _tokenize(paths, tokenizer, writer, dtype, eod_id, field, column, progress)
+        if chat:
+            encoder = ChatEncoder(tokenizer, tokenizer_file, eod_id)
+            index = _tokenize_chat(paths, encoder, writer, dtype, progress)
+        else:
+            index = _tokenize(paths, tokenizer, writer, dtype, eod_id, field, column, progress)
         index = {"version": 1, "dtype": np.dtype(dtype).name, "vocab_size": vocab,
                  "eod_token": eod_id, **index}
+        if chat:
+            index = {**index, "masked": True, "chat_template": encoder.templated}
         text = json.dumps(index, indent=1) + "\n"
         if store is not None:
             store.put_bytes(INDEX, text.encode())
@@ -143,8 +162,36 @@ def _tokenize(paths: list[Path], tokenizer: Any, writer: _ShardWriter, dtype: An
     return {"documents": count, "tokens": writer.tokens, "shards": writer.close()}
 
 
-def _batches(items: Iterator[str]) -> Iterator[list[str]]:
-    batch: list[str] = []
+def _tokenize_chat(paths: list[Path], encoder: ChatEncoder, writer: _ShardWriter, dtype: Any,
+                   progress: Callable[[int, int], None] | None) -> dict[str, Any]:
+    """Every example into the writer's shards with its trained spans."""
+    def examples() -> Iterator[tuple[list[dict[str, str]], str]]:
+        for path in paths:
+            with open(path, encoding="utf-8") as handle:
+                for number, line in enumerate(handle, 1):
+                    if line.strip():
+                        where = f"{path}:{number}"
+                        try:
+                            yield messages_of(json.loads(line), where), where
+                        except (ChatError, ValueError) as exc:
+                            raise PrepareError(str(exc)) from None
+
+    count = 0
+    for batch in _batches(examples()):
+        try:
+            encoded = encoder.encode(batch)
+        except ChatError as exc:
+            raise PrepareError(str(exc)) from None
+        for ids, trained in encoded:
+            writer.add(ids.astype(dtype), trained)
+        count += len(batch)
+        if progress is not None:
+            progress(count, writer.tokens)
+    return {"documents": count, "tokens": writer.tokens, "shards": writer.close()}
+
+
+def _batches(items: Iterator[T]) -> Iterator[list[T]]:
+    batch: list[T] = []
     for item in items:
         batch.append(item)
         if len(batch) == BATCH_DOCUMENTS:
@@ -166,8 +213,10 @@ class _ShardWriter:
         self._handle: Any = None
         self._in_shard = 0
         self._digest: Any = None
+        self._spans: list[np.ndarray] = []  # the shard's trained spans so far (chat)
 
-    def add(self, ids: np.ndarray) -> None:
+    def add(self, ids: np.ndarray, trained: np.ndarray | None = None) -> None:
+        """Append `ids`; `trained`: whether each one's loss is taken (chat examples)."""
         while len(ids):
             if self._handle is None:
                 name = f"shard-{len(self.shards):05d}.bin"
@@ -176,6 +225,9 @@ class _ShardWriter:
                 self.shards.append({"file": name, "tokens": 0})
                 self._in_shard = 0
             piece = ids[:self.limit - self._in_shard]
+            if trained is not None:
+                self._spans.append(spans_of(trained[:len(piece)]) + self._in_shard)
+                trained = trained[len(piece):]
             data = piece.tobytes()
             self._handle.write(data)
             self._digest.update(data)
@@ -188,11 +240,28 @@ class _ShardWriter:
 
     def _finish(self) -> None:
         self._handle.close()
-        self.shards[-1]["sha256"] = self._digest.hexdigest()
+        shard = self.shards[-1]
+        shard["sha256"] = self._digest.hexdigest()
         self._handle = None
-        self.finished(self.folder / self.shards[-1]["file"])
+        self.finished(self.folder / shard["file"])
+        if self._spans:
+            spans = _joined(np.concatenate(self._spans))
+            shard["spans"] = shard["file"].removesuffix(".bin") + ".spans"
+            spans.astype(SPANS_DTYPE).tofile(self.folder / shard["spans"])
+            self._spans = []
+            self.finished(self.folder / shard["spans"])
 
     def close(self) -> list[dict[str, Any]]:
         if self._handle is not None:
             self._finish()
         return self.shards
+
+
+def _joined(spans: np.ndarray) -> np.ndarray:
+    """Spans with those that touch (one ending where the next starts) made one."""
+    if len(spans) < 2:
+        return spans
+    touching = spans[1:, 0] == spans[:-1, 1]
+    starts = spans[np.concatenate([[True], ~touching]), 0]
+    ends = spans[np.concatenate([~touching, [True]]), 1]
+    return np.stack([starts, ends], axis=1)

@@ -31,8 +31,18 @@ class HeldOut:
         self.source, self.start, self.count = source, start, count
         self.seq_len = source.seq_len
 
+    @property
+    def masked(self) -> bool:
+        return bool(getattr(self.source, "masked", False))
+
     def batch(self, indices: Sequence[int]) -> torch.Tensor:
-        return self.source.window_rows([self.start + int(i) % self.count for i in indices])
+        return self.source.window_rows(self._windows(indices))
+
+    def trained(self, indices: Sequence[int]) -> int:
+        return int(self.source.trained_in_windows(self._windows(indices)))
+
+    def _windows(self, indices: Sequence[int]) -> list[int]:
+        return [self.start + int(i) % self.count for i in indices]
 
 
 class Beyond:

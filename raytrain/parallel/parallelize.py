@@ -46,6 +46,7 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
+from raytrain.data.masks import IGNORE, inputs_and_targets
 from raytrain.models.contract import logits_of
 from raytrain.models.gpt import GPT
 from raytrain.models.lora import apply_lora, freeze_in, init_lora
@@ -158,12 +159,14 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: boo
     return units
 
 
-def _cross_entropy(output: Any, targets: torch.Tensor) -> torch.Tensor:
-    """The mean next-token loss of a forward's output (the built-in GPT's logits, or what a
-    user's model returns: raytrain.models.contract) against `targets`, in fp32."""
+def _cross_entropy(output: Any, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """The mean (or summed) next-token loss of a forward's output (the built-in GPT's logits,
+    or what a user's model returns: raytrain.models.contract) against `targets` (IGNORE
+    where not trained), in fp32."""
     logits = output if isinstance(output, torch.Tensor) and output.dim() == 3 \
         else logits_of(output)
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(),
+                           ignore_index=IGNORE, reduction=reduction)
 
 
 @dataclass
@@ -183,6 +186,11 @@ class ParallelModel:
     scaler: torch.amp.GradScaler | None = None
     fsdp_units: str | None = None  # what FSDP shards one by one, in words (None: no FSDP)
     compiled: bool = False  # each block under torch.compile (compile_blocks)
+    # Masked data (raytrain.data.masks): each micro-batch's loss is its trained targets'
+    # summed loss times this (the step's micro-batch count over its trained targets), so
+    # that the step's loss is the mean over its trained targets however it is cut. None:
+    # every target trained, each micro-batch's mean.
+    loss_scale: float | None = None
 
     @property
     def pp_group(self) -> dist.ProcessGroup | None:
@@ -230,14 +238,23 @@ class ParallelModel:
         """The mean next-token loss of one micro-batch. The built-in model computes it a
         chunk of tokens at a time, its logits never whole (models.gpt.chunked_cross_entropy;
         not under tensor parallelism, whose head is sharded by vocabulary)."""
+        inputs, targets = (tokens[:, :-1], tokens[:, 1:]) if self.loss_scale is None \
+            else inputs_and_targets(tokens)
         if isinstance(self.parts[0], GPT) and self.layout.tp == 1:
-            loss: torch.Tensor = runner(tokens[:, :-1], targets=tokens[:, 1:])
-            return loss
-        output = runner(tokens[:, :-1])
+            loss: torch.Tensor = runner(inputs, targets=targets)
+            return loss if self.loss_scale is None else \
+                loss * (targets.numel() * self.loss_scale)
+        output = runner(inputs)
         if not (isinstance(output, torch.Tensor) and output.dim() == 3):
             # a user's model: what it may return (raytrain.models.contract)
             output = logits_of(output, self.parts[0])
-        return _cross_entropy(output, tokens[:, 1:])
+        return self.stage_loss(output, targets)
+
+    def stage_loss(self, output: Any, targets: torch.Tensor) -> torch.Tensor:
+        """A micro-batch's loss from the model's output (a pipeline's last stage's too)."""
+        if self.loss_scale is None:
+            return _cross_entropy(output, targets)
+        return _cross_entropy(output, targets, reduction="sum") * self.loss_scale
 
     @torch.no_grad()
     def evaluate(self, micro_batches: list[torch.Tensor]) -> torch.Tensor:
@@ -256,12 +273,14 @@ class ParallelModel:
         tokens = torch.cat(micro_batches).to(self.device)
         first, last = 0 in self.stage_ids, self.layout.num_stages - 1 in self.stage_ids
         losses: list[torch.Tensor] = []
-        args = (tokens[:, :-1],) if first else ()
+        inputs, targets = (tokens[:, :-1], tokens[:, 1:]) if self.loss_scale is None \
+            else inputs_and_targets(tokens)
+        args = (inputs,) if first else ()
         assert self.pipeline is not None
         with self._autocast():
             self.pipeline(len(micro_batches)).step(
                 *args,
-                target=tokens[:, 1:] if last else None,
+                target=targets if last else None,
                 losses=losses if last else None,
                 return_outputs=False,
             )
@@ -369,7 +388,7 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
     )
     if layout.pp > 1:
         model.pipeline = Pipeline(runners, stage_ids, layout, device, mesh["pp"].get_group(),
-                                  _cross_entropy)
+                                  model.stage_loss)
     return model
 
 

@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from raytrain.core.step_rules import StepRule, after_step
-from raytrain.data.prefetch import Prefetcher
+from raytrain.data.prefetch import Prefetcher, loss_scale
 from raytrain.data.validation import with_validation
 from raytrain.spec import JobSpec
 from raytrain.spec.layout import Layout
@@ -135,21 +135,22 @@ class OneGroup:
 class _Unsynced:
     """The committed steps since the ranks last agreed, and what rank 0 heard in them."""
 
-    steps: list[tuple[int, float, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    steps: list[tuple[int, float, torch.Tensor, torch.Tensor, int | None]] = field(
+        default_factory=list)
     stop: bool = False
     move: bool = False
 
     def add(self, steps_done: int, lr: float, exchanged: Exchanged,
-            grad_norm: torch.Tensor) -> None:
-        self.steps.append((steps_done, lr, exchanged.loss, grad_norm))
+            grad_norm: torch.Tensor, tokens: int | None) -> None:
+        self.steps.append((steps_done, lr, exchanged.loss, grad_norm, tokens))
         self.stop, self.move = self.stop or exchanged.stop, self.move or exchanged.move
 
     def note(self, meter: ProgressMeter, losses: tuple[float, ...]) -> None:
         """Every step's figures into the meter, the gradient norms in one read of the
         device."""
         norms = torch.stack([s[3] for s in self.steps]).tolist()
-        for (done, lr, _, _), loss, norm in zip(self.steps, losses, norms):
-            meter.add_step(done, loss, lr, norm)
+        for (done, lr, _, _, tokens), loss, norm in zip(self.steps, losses, norms):
+            meter.add_step(done, loss, lr, norm, tokens)
 
 
 @dataclass
@@ -210,7 +211,9 @@ def train(
                 steps_done = turn.step
                 break
             reporter, leads = worker.rank == 0 and turn.leads, turn.leads
-            batches = data.get(turn.step, turn.units) if turn.units else []
+            batches, trained = data.get(turn.step, turn.units) if turn.units else ([], None)
+            # masked data: each micro-batch's summed loss over the step's trained targets
+            model.loss_scale = loss_scale(plan, trained)
             loss = forward_backward(model, batches, turn.share)
             exchanged = members.exchange(turn.step, model, loss,
                                          reporter and sink.should_stop(),
@@ -228,7 +231,7 @@ def train(
                 meter.validated(steps_done, validation_loss(
                     model, held_out, plan, training.eval_batches, worker, layout.dp),
                     time.monotonic() - measured)
-            unsynced.add(steps_done, lr, exchanged, grad_norm)
+            unsynced.add(steps_done, lr, exchanged, grad_norm, trained)
             rule = after_step(steps_done, training.steps, training.checkpoint_every_steps,
                               0.0, None)
             if sync.due(forced=rule.checkpoint or steps_done == last_step):
@@ -321,5 +324,6 @@ def _result(spec: JobSpec, worker: WorkerInfo, meter: ProgressMeter, notices: No
         # When this rank heard of the interruption, and when its checkpoint was durable.
         "noticed_at": noticed_at, "checkpointed_at": time.time() if ending.preempted else None,
         "steps": steps_done, "train_wall_s": wall_s,
-        "tokens_per_s": steps_run * spec.tokens_per_step / wall_s if wall_s > 0 else 0.0,
+        "tokens_per_s": (meter.tokens_total or steps_run * spec.tokens_per_step) / wall_s
+        if wall_s > 0 else 0.0,
     }

@@ -140,11 +140,19 @@ class ProgressMeter:
         self._warmup_s = 0.0  # compilation's first steps in the current window
         self.data_s: float | None = None
         self._steps: list[list[Any]] = []  # [step, loss, lr, grad_norm, tokens] since the last
+        self._window_tokens = 0  # trained tokens of the steps noted in the current window
+        self.tokens_total = 0  # of every step noted
+        self._step_period_s: float | None = None
         self.fixed: dict[str, Any] = {}  # sent with every snapshot (fsdp_units, ...)
 
-    def add_step(self, step: int, loss: float, lr: float, grad_norm: float | None) -> None:
-        """Note one step's figures, sent with the next snapshot."""
-        self._steps.append([step, loss, lr, grad_norm, self.tokens_per_step])
+    def add_step(self, step: int, loss: float, lr: float, grad_norm: float | None,
+                 tokens: int | None = None) -> None:
+        """Note one step's figures, sent with the next snapshot. `tokens`: those it trained
+        on (masked data's trained targets; default every token of the step)."""
+        tokens = self.tokens_per_step if tokens is None else tokens
+        self._steps.append([step, loss, lr, grad_norm, tokens])
+        self._window_tokens += tokens
+        self.tokens_total += tokens
 
     def saved(self, seconds: float) -> None:
         """A checkpoint save took `seconds` of the current window: tokens/s counts it (it is
@@ -180,17 +188,19 @@ class ProgressMeter:
             span = now - window_t - self._warmup_s
             if step > window_step and span > 0:
                 steps = step - window_step
-                self.tokens_per_s = steps * self.tokens_per_step / span
+                self.tokens_per_s = (self._window_tokens or steps * self.tokens_per_step) / span
+                self._step_period_s = span / steps
                 self.step_s = max(0.0, span - self._saving_s - self._data_s) / steps
                 self.data_s = self._data_s / steps
             self._window_start, self._saving_s = (now, step), 0.0
             self._data_s = self._warmup_s = 0.0
+            self._window_tokens = 0
             self._last_publish_at = now
         return due
 
     def snapshot(self) -> dict[str, Any]:
         remaining = self.total_steps - self.step
-        eta = remaining * self.tokens_per_step / self.tokens_per_s if self.tokens_per_s else None
+        eta = remaining * self._step_period_s if self._step_period_s is not None else None
         return {
             "step": self.step,
             "total_steps": self.total_steps,

@@ -23,6 +23,7 @@ from torch import nn
 
 from raytrain.core.batching import BatchPlan
 from raytrain.core.schedule import lr_multiplier, peak_learning_rate
+from raytrain.data.prefetch import loss_scale, trained_targets
 from raytrain.data.sources import TokenSource, build_source
 from raytrain.models.hf import export_adapter, export_folder, load_pretrained
 from raytrain.parallel.parallelize import ParallelModel, build_parallel_model, clip_grad_norm
@@ -177,12 +178,16 @@ def validation_loss(model: ParallelModel, held_out: TokenSource, plan: BatchPlan
                     batches: int, worker: WorkerInfo, dp: int) -> float:
     """The mean loss over `batches` global batches of the validation source (each cut
     across the group's data-parallel ranks as a training step's is), forward only: the same
-    on every layout. Every rank of the group takes part."""
+    on every layout (masked data: each batch's mean over its trained targets). Every rank of
+    the group takes part."""
     total = torch.zeros((), device=worker.device)
     for index in range(batches):
         micro = [held_out.batch(plan.sample_range(index, unit, model.dp_rank))
                  for unit in range(plan.grad_accum_steps)]
+        trained = trained_targets(held_out, plan.step_samples(index))
+        model.loss_scale = loss_scale(plan, trained)
         total += model.evaluate(micro)
+    model.loss_scale = None
     total = total.to(torch.float64) / batches
     if worker.world_size > 1:
         dist.all_reduce(total)

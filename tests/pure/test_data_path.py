@@ -58,7 +58,8 @@ def test_the_next_steps_batches_are_read_ahead_and_are_the_ones_read_in_line() -
     data = Prefetcher(source, plan, dp_rank=1, device=torch.device("cpu"))
     try:
         for step, units in ((0, [0, 1]), (1, [0, 1]), (2, [0, 1]), (3, [1]), (4, [1])):
-            got = data.get(step, units)
+            got, trained = data.get(step, units)
+            assert trained is None  # every target trained
             expected = [torch.tensor([[i] * 5 for i in plan.sample_range(step, u, 1)])
                         for u in units]
             assert all(torch.equal(a, b) for a, b in zip(got, expected)), step

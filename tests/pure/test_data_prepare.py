@@ -14,7 +14,7 @@ import torch
 from raytrain.cli.parser import main
 from raytrain.data.shards import TokenShards
 from raytrain.spec import JobSpec
-from tests.support.corpus import TEXTS, inputs, tokenizer_file
+from tests.support.corpus import CHATML, CHATS, TEXTS, chat_inputs, inputs, tokenizer_file
 from tests.support.runs import run_single
 
 
@@ -77,3 +77,59 @@ def test_a_bad_input_is_refused_with_the_fix(tmp_path: Path, capsys: pytest.Capt
     assert main(["data", "prepare", inputs(tmp_path)[0], "--tokenizer",
                  str(tokenizer), "--out", str(tmp_path / "out"), "--eod", "<nope>"]) == 2
     assert "--eod" in capsys.readouterr().err
+
+
+def _trained_text(folder: Path, tokenizer: Path) -> list[str]:
+    """Each example's trained tokens, decoded."""
+    from tokenizers import Tokenizer
+
+    source = TokenShards(str(folder), seq_len=16, vocab_size=None)
+    stream = source.tokens(0, source.total)
+    trained = source.spans.contains(np.arange(source.total))
+    ends = np.flatnonzero(stream == json.loads((folder / "index.json").read_text())["eod_token"])
+    decoder = Tokenizer.from_file(str(tokenizer))
+    return [decoder.decode([int(t) for t, on in zip(stream[a:b + 1], trained[a:b + 1]) if on],
+                           skip_special_tokens=False)
+            for a, b in zip(np.concatenate([[0], ends[:-1] + 1]), ends)]
+
+
+@pytest.mark.parametrize("template", ["chatml", None])
+def test_chat_examples_train_on_the_assistants_turns_only(tmp_path: Path,
+                                                          template: str | None) -> None:
+    """With the tokenizer's chat template the trained tokens are each assistant turn and the
+    template's closing of it; without one, the assistant's contents and the end of the
+    example. Across shard boundaries, and the same bytes from the same input."""
+    tokenizer, files = chat_inputs(tmp_path, CHATML if template else None)
+    for out in ("a", "b"):
+        assert main(["data", "prepare", *files, "--chat", "--tokenizer", str(tokenizer),
+                     "--out", str(tmp_path / out), "--shard-tokens", "200"]) == 0
+    index = json.loads((tmp_path / "a" / "index.json").read_text())
+    assert index["masked"] and index["chat_template"] == bool(template)
+    assert len(index["shards"]) > 2 and index["documents"] == len(CHATS)
+    for name in sorted(p.name for p in (tmp_path / "a").iterdir()):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    close = "<|im_end|>\n" if template else ""
+    expected = []
+    for example in CHATS:
+        turns = [m["content"] for m in example.get("messages", [])
+                 if m["role"] == "assistant"] or [example["response"]]
+        expected.append("".join(t + close for t in turns) + ("" if template
+                                                            else "<|endoftext|>"))
+    assert _trained_text(tmp_path / "a", tokenizer) == expected
+
+
+def test_a_bad_chat_example_is_refused_with_the_fix(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture) -> None:
+    tokenizer, _ = chat_inputs(tmp_path, CHATML)
+    for record, says in (({"text": "x"}, "`messages`"),
+                         ({"messages": [{"role": "user", "content": "hi"}]}, "no assistant")):
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(json.dumps(record) + "\n")
+        assert main(["data", "prepare", str(bad), "--chat", "--tokenizer", str(tokenizer),
+                     "--out", str(tmp_path / "out")]) == 2
+        assert says in capsys.readouterr().err
+    text = tmp_path / "a.txt"
+    text.write_text("plain")
+    assert main(["data", "prepare", str(text), "--chat", "--tokenizer", str(tokenizer),
+                 "--out", str(tmp_path / "out")]) == 2
+    assert "JSONL" in capsys.readouterr().err

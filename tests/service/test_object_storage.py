@@ -348,11 +348,12 @@ def test_a_cold_start_on_two_ranks_reads_each_ranks_half_of_the_checkpoint(
 
 
 def test_a_job_trains_on_token_shards_in_a_bucket_as_on_the_same_folder(
-        endpoint: str, tmp_path: Path) -> None:
+        endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Token shards (the folder `raytrain data prepare` writes) uploaded to a bucket: a job
     with data.path the prefix trains the losses of the same job on the folder, bit for bit;
-    a batch fetches exactly its windows' bytes; a prefix with no index is refused at submit
-    naming data.path."""
+    a batch fetches exactly its windows' bytes into the node's cache, and reading it again
+    (another epoch, another run on the node) fetches nothing; a prefix with no index is
+    refused at submit naming data.path."""
     from raytrain.data.shards import TokenShards
     from raytrain.serve.jobs.admission import check_paths_on_head_node
 
@@ -384,11 +385,14 @@ def test_a_job_trains_on_token_shards_in_a_bucket_as_on_the_same_folder(
     remote = run_single(job(prefix), tmp_path / "remote").losses()
     assert remote == local  # the same tokens, so the same floats
 
+    monkeypatch.setenv("RAYTRAIN_DATA_CACHE", str(tmp_path / "cache"))  # a node's, empty
     source = TokenShards(prefix, seq_len=16, vocab_size=300, shuffle=True)
     batch = source.batch(range(8, 16))
     assert torch.equal(batch, TokenShards(str(folder), 16, 300, shuffle=True).batch(
         range(8, 16)))
     assert source.bytes_read == 8 * 17 * 2  # its 8 windows, nothing more
+    again = TokenShards(prefix, seq_len=16, vocab_size=300, shuffle=True)
+    assert torch.equal(again.batch(range(8, 16)), batch) and again.bytes_read == 0
     check_paths_on_head_node(job(prefix), endpoint)  # a prefix with its index: accepted
     with pytest.raises(SpecError) as refused:
         check_paths_on_head_node(job("s3://jobs/corpora/missing"), endpoint)
@@ -413,3 +417,22 @@ def test_data_prepare_writes_its_shards_to_a_bucket_as_to_a_folder(
     assert len(local) > 2 and sorted(bucket.keys("")) == local
     for name in local:
         assert bucket.get_bytes(name) == (folder / name).read_bytes(), name
+
+
+def test_chat_shards_in_a_bucket_mask_as_in_a_folder(endpoint: str, tmp_path: Path) -> None:
+    """`data prepare --chat` to a bucket puts each shard's spans beside it; a rank reading
+    the prefix marks the same targets untrained, and counts the same trained targets, as
+    one reading the folder."""
+    from raytrain.data.prepare import prepare
+    from raytrain.data.shards import TokenShards
+    from tests.support.corpus import CHATML, chat_inputs
+
+    tokenizer, files = chat_inputs(tmp_path, CHATML)
+    prefix = "s3://jobs/corpora/chats"
+    for out in (str(tmp_path / "folder"), prefix):
+        prepare(files, str(tokenizer), out, shard_tokens=300, chat=True)
+    local = TokenShards(str(tmp_path / "folder"), 16, None, shuffle=True)
+    remote = TokenShards(prefix, 16, None, shuffle=True)
+    batch = remote.batch(range(24))
+    assert torch.equal(batch, local.batch(range(24))) and bool((batch < 0).any())
+    assert remote.trained(range(24)) == local.trained(range(24)) == int((batch[:, 1:] >= 0).sum())

@@ -34,3 +34,30 @@ def inputs(folder: Path) -> list[str]:
         path.write_text(text, encoding="utf-8")
         texts.append(str(path))
     return [str(jsonl), *texts]
+
+
+# Fine-tuning examples: a chat of two assistant turns, and prompt / response pairs.
+CHATS = [{"messages": [{"role": "system", "content": "Be brief."},
+                       {"role": "user", "content": f"How many times, fox {n}?"},
+                       {"role": "assistant", "content": f"{n} times, then rests."},
+                       {"role": "user", "content": "And the dog?"},
+                       {"role": "assistant", "content": "The lazy dog sleeps."}]}
+         for n in range(12)] + [{"prompt": f"Document {n}: the quick", "response": " brown fox."}
+                                for n in range(12)]
+
+# ChatML, as Qwen's and others' tokenizer_config.json ship it.
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+          "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt "
+          "%}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def chat_inputs(folder: Path, template: str | None) -> tuple[Path, list[str]]:
+    """The tokenizer (with `template` in its tokenizer_config.json, if any) and the JSONL
+    of CHATS."""
+    tokenizer = tokenizer_file(folder)
+    if template is not None:
+        (folder / "tokenizer_config.json").write_text(json.dumps(
+            {"chat_template": template, "eos_token": "<|endoftext|>"}))
+    jsonl = folder / "chats.jsonl"
+    jsonl.write_text("".join(json.dumps(c) + "\n" for c in CHATS))
+    return tokenizer, [str(jsonl)]

@@ -1,0 +1,164 @@
+"""`raytrain data prepare --chat`: fine-tuning examples into tokens and the spans of them
+whose loss is taken.
+
+An example is a JSONL record with `messages` (a list of {role, content}) or `prompt` and
+`response` strings. Its loss is taken on the assistant's turns (the response) only:
+
+- with a chat template (`chat_template` in the `tokenizer_config.json` beside the
+  `tokenizer.json`, as Hugging Face ships it), the conversation is rendered by that template
+  (Jinja in a sandbox, as transformers renders it), and an assistant turn is the text the
+  template adds between the conversation before it with the generation prompt and the
+  conversation up to it: the turn's content and its closing tokens, which the model must
+  learn to write. A prompt / response record is the messages user, assistant.
+- without one, the tokens of each message follow each other, the assistant's trained, and
+  the end-of-document token after the example is trained too (so the model learns to stop).
+
+A token is trained when the character it starts at lies in a trained turn. Hand-written here:
+transformers' `apply_chat_template(return_assistant_tokens_mask=True)` needs the template to
+mark turns with `{% generation %}`, which few shipped templates do, and transformers is not a
+dependency of the data path.
+
+    encoder = ChatEncoder(tokenizer, Path("tokenizer.json"), eod_id)
+    [(ids, trained)] = encoder.encode([(messages_of(record, "line 1"), "line 1")])
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+
+class ChatError(ValueError):
+    """An example or template that cannot be made into tokens and spans, with the fix."""
+
+
+def load_template(tokenizer_path: Path) -> tuple[str | None, dict[str, str]]:
+    """The chat template beside `tokenizer_path` (tokenizer_config.json's `chat_template`,
+    or its entry named 'default'), and the special tokens a template may name."""
+    config_path = tokenizer_path.parent / "tokenizer_config.json"
+    if not config_path.is_file():
+        return None, {}
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    template = config.get("chat_template")
+    if isinstance(template, list):  # [{name, template}, ...]
+        named = {entry.get("name"): entry.get("template") for entry in template}
+        template = named.get("default")
+    specials = {}
+    for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        value = config.get(key)
+        if isinstance(value, dict):
+            value = value.get("content")
+        if isinstance(value, str):
+            specials[key] = value
+    return (template if isinstance(template, str) else None), specials
+
+
+def _renderer(template: str, specials: dict[str, str]) -> Callable[[list[Any], bool], str]:
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda value, indent=None: json.dumps(value, indent=indent,
+                                                                  ensure_ascii=False)
+    env.globals["raise_exception"] = raise_exception
+    compiled = env.from_string(template)
+
+    def render(messages: list[Any], generation_prompt: bool) -> str:
+        try:
+            return str(compiled.render(messages=messages, add_generation_prompt=generation_prompt,
+                                       **specials))
+        except TemplateError as exc:
+            raise ChatError(f"the chat template refused the example: {exc}") from None
+    return render
+
+
+def messages_of(record: Any, where: str) -> list[dict[str, str]]:
+    """The conversation of one record: its `messages`, or `prompt` and `response`."""
+    if isinstance(record, dict) and isinstance(record.get("messages"), list):
+        messages = record["messages"]
+        if all(isinstance(m, dict) and isinstance(m.get("role"), str)
+               and isinstance(m.get("content"), str) for m in messages) and messages:
+            return [{"role": m["role"], "content": m["content"]} for m in messages]
+    elif isinstance(record, dict) and isinstance(record.get("prompt"), str) \
+            and isinstance(record.get("response"), str):
+        return [{"role": "user", "content": record["prompt"]},
+                {"role": "assistant", "content": record["response"]}]
+    raise ChatError(f"{where} is not an example: with --chat each line holds `messages` (a "
+                    "list of {role, content}) or `prompt` and `response` strings")
+
+
+class ChatEncoder:
+    """Examples into (token ids, trained flags), by the template when there is one."""
+
+    def __init__(self, tokenizer: Any, tokenizer_path: Path, eod_id: int) -> None:
+        self.tokenizer, self.eod_id = tokenizer, eod_id
+        template, specials = load_template(tokenizer_path)
+        self.render = _renderer(template, specials) if template else None
+
+    @property
+    def templated(self) -> bool:
+        return self.render is not None
+
+    def encode(self, examples: list[tuple[list[dict[str, str]], str]]
+               ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each (messages, where) example's token ids (its end-of-document token last) and
+        whether each id's loss is taken; the templated texts encoded in one batch."""
+        for messages, where in examples:
+            if not any(m["role"] == "assistant" for m in messages):
+                raise ChatError(f"{where} has no assistant turn to train on")
+        if self.render is None:
+            return [self._plain(messages) for messages, _ in examples]
+        rendered = [self._rendered(messages, where) for messages, where in examples]
+        encodings = self.tokenizer.encode_batch([text for text, _ in rendered],
+                                                add_special_tokens=False)
+        out = []
+        for encoding, (_, spans) in zip(encodings, rendered):
+            starts = np.fromiter((start for start, _ in encoding.offsets), dtype=np.int64,
+                                 count=len(encoding.ids))
+            trained = np.zeros(len(starts), dtype=bool)
+            for first, end in spans:
+                trained |= (starts >= first) & (starts < end)
+            ids = np.asarray(encoding.ids + [self.eod_id], dtype=np.int64)
+            out.append((ids, np.append(trained, False)))  # the template closed the turn
+        return out
+
+    def _rendered(self, messages: list[dict[str, str]], where: str
+                  ) -> tuple[str, list[tuple[int, int]]]:
+        """The conversation's text and the character spans of its assistant turns."""
+        assert self.render is not None
+        text = self.render(messages, False)
+        spans = []
+        for turn, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            before = self.render(messages[:turn], True)
+            upto = self.render(messages[:turn + 1], False)
+            if not (upto.startswith(before) and text.startswith(upto)):
+                raise ChatError(f"{where}: the chat template does not render a conversation "
+                                "as the conversation before it plus the new turn, so the "
+                                "assistant's tokens cannot be told apart. To fix: give a "
+                                "tokenizer_config.json whose template does, or none (the "
+                                "messages' tokens one after the other)")
+            spans.append((len(before), len(upto)))
+        return text, spans
+
+    def _plain(self, messages: list[dict[str, str]]) -> tuple[np.ndarray, np.ndarray]:
+        encoded = self.tokenizer.encode_batch([m["content"] for m in messages],
+                                              add_special_tokens=False)
+        ids = [np.asarray(e.ids, dtype=np.int64) for e in encoded]
+        trained = [np.full(len(i), m["role"] == "assistant") for i, m in zip(ids, messages)]
+        return (np.concatenate([*ids, [self.eod_id]]),
+                np.concatenate([*trained, [messages[-1]["role"] == "assistant"]]))
+
+
+def spans_of(trained: np.ndarray) -> np.ndarray:
+    """The runs of True in `trained`, as [start, end) rows (int64 [n, 2])."""
+    padded = np.concatenate([[False], trained, [False]]).astype(np.int8)
+    edges = np.flatnonzero(np.diff(padded))
+    return edges.reshape(-1, 2)
