@@ -137,6 +137,11 @@ def status_table(job: JobStatus) -> Table:
         ("checkpoint",
          f"step {job.checkpoint.step}: {job.checkpoint.path}" if job.checkpoint else "-"),
     ]
+    if job.tracking is not None:  # its runs in the trackers, and why one lags
+        rows += [(f"{name} run", run.url or run.run_id or "-")
+                 for name, run in job.tracking.runs.items()]
+        if job.tracking.warning:
+            rows.append(("tracking", job.tracking.warning))
     if job.groups:  # an elastic job's replica groups
         rows.append(("replica groups", ", ".join(f"{g.index} {g.state}" for g in job.groups)
                      + (f"; {p.groups} in the latest step" if p.groups else "")))

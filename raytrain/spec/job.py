@@ -32,6 +32,7 @@ from raytrain.spec.sections import (
     ResourcesSpec,
     TrainingSpec,
 )
+from raytrain.spec.tracking import TrackingSpec
 
 
 class JobSpec(Strict):
@@ -54,6 +55,9 @@ class JobSpec(Strict):
     capacity: CapacitySpec = Field(
         default_factory=CapacitySpec, description="How capacity is bought (autoscaling)."
     )
+    tracking: TrackingSpec | None = Field(None, description=(
+        "Experiment trackers that get the job's run (MLflow, W&B, TensorBoard); null: the "
+        "service's default (ServiceConfig.tracking), if any."))
 
     @model_validator(mode="after")
     def _sections_agree(self) -> JobSpec:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_core import InitErrorDetails
 
 from raytrain.catalog.hardware import GPUS, fp8_kinds
@@ -342,14 +342,27 @@ def accelerator_errors(accelerator: str | None, loc: tuple[str, ...] = ("acceler
     )]
 
 
+RAY_GRANULARITY = 0.0001  # the smallest resource share Ray schedules
+
+
 class ResourcesSpec(Strict):
     """What each training worker needs. GPUs imply NCCL; CPU-only workers use gloo."""
 
     num_workers: int = Field(2, ge=1, le=100_000, description="Training processes.")
-    cpus_per_worker: float = Field(1.0, gt=0, le=1024, description="CPUs reserved per worker.")
+    cpus_per_worker: float = Field(1.0, ge=RAY_GRANULARITY, le=1024, description=(
+        "CPUs reserved per worker (at least 0.0001, Ray's smallest share)."))
     gpus_per_worker: float = Field(
-        0.0, ge=0, le=16, description="GPUs per worker; 0 trains on CPU with gloo."
+        0.0, ge=0, le=16, description="GPUs per worker (0, or at least 0.0001, Ray's smallest "
+        "share); 0 trains on CPU with gloo."
     )
+
+    @field_validator("gpus_per_worker")
+    @classmethod
+    def _a_share_ray_holds(cls, value: float) -> float:
+        if 0 < value < RAY_GRANULARITY:
+            raise ValueError(f"{value} is below Ray's smallest share of a GPU. To fix: 0 for "
+                             "CPU workers, or at least 0.0001")
+        return value
     accelerator: str | None = Field(
         None,
         description="GPU kind, for the planner's predictions and for strategy 'auto': one of "

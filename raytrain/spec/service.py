@@ -9,11 +9,20 @@ from pydantic import Field, field_validator, model_validator
 
 from raytrain.spec._base import Strict
 from raytrain.spec.offers import NodeTypeBinding, PodType
+from raytrain.spec.tracking import TrackingSpec
 
 
 class ServiceConfig(Strict):
     """How an operator runs the service (`raytrain serve` flags or a YAML file)."""
 
+    tracking: TrackingSpec | None = Field(None, description=(
+        "The trackers of a job whose spec names none (tracking: in the job spec)."))
+    tracking_credentials_file: str | None = Field(None, max_length=1024, description=(
+        "A file of KEY=VALUE lines (WANDB_API_KEY, MLFLOW_TRACKING_TOKEN, "
+        "MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD) the trackers' credentials are read "
+        "from, over the service's environment. Never part of a job, a status or a log."))
+    tracking_interval_s: float = Field(
+        2.0, gt=0, le=600, description="How often new metrics are sent to the trackers.")
     state_dir: str = Field(
         "~/.raytrain",
         description="Directory on the head node for the job store; checkpoints go under "

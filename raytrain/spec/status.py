@@ -12,6 +12,7 @@ from raytrain.spec._base import Record
 from raytrain.spec.job import JobSpec
 from raytrain.spec.layout import Layout
 from raytrain.spec.offers import DecisionRecord
+from raytrain.spec.tracking import TrackingState
 
 
 class JobState(str, Enum):
@@ -238,6 +239,9 @@ class JobStatus(Record):
     message: str | None = Field(None, description="What the job waits for, when it waits.")
     warning: str | None = Field(None, description="What a user should know while the job "
                                 "runs: its last durable checkpoint is getting old.")
+    tracking: TrackingState | None = Field(None, description=(
+        "Its runs in the trackers of spec.tracking, with links, and a warning while one does "
+        "not take them."))
     checkpoint: CheckpointInfo | None = Field(None, description="The latest durable checkpoint.")
     decisions: list[DecisionRecord] = Field(
         default_factory=list, description="The autoscaling policy's decisions, with reasons."
@@ -292,6 +296,7 @@ class ProgressPoint(Record):
     usd_per_hour: float = Field(0.0, description="Hourly price of the capacity held then.")
     val_loss: float | None = Field(None, description="The latest validation loss then.")
     val_step: int | None = Field(None, description="The step val_loss was measured after.")
+    mfu: float | None = Field(None, description="Model FLOPs utilization then.")
 
 
 class StepRecord(Record):

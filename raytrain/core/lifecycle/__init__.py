@@ -48,6 +48,7 @@ from raytrain.core.lifecycle.events import (
     ServiceStopping,
     StopOverdue,
     Submitted,
+    TrackingNoted,
 )
 from raytrain.core.lifecycle.values import (
     CANCEL_GRACE_S,
@@ -78,7 +79,8 @@ __all__ = [
     "noticed_nodes_present", "Submitted", "Queued", "Passed", "CapacityDecided", "Launched",
     "NodesHeld", "GroupStarted", "GroupChanged", "Replace", "ProgressReported",
     "CheckpointCommitted", "FinalReport", "RunEnded",
-    "StopOverdue", "CancelRequested", "Reviewed", "ServiceRestarted", "ServiceStopping", "Event",
+    "StopOverdue", "CancelRequested", "Reviewed", "ServiceRestarted", "ServiceStopping",
+    "TrackingNoted", "Event",
     "Emit", "Save", "ReleaseNodes", "StopRunner", "Rebuy", "Effect", "Outcome", "Change", "step",
 ]
 
@@ -108,5 +110,5 @@ _HANDLERS: dict[type, Callable[[Any, Any], Any]] = {
     GroupChanged: on.group_changed, FinalReport: on.final_report,
     RunEnded: run_ended, StopOverdue: on.stop_overdue, CancelRequested: on.cancel,
     Reviewed: on.reviewed, ServiceRestarted: on.service_restarted,
-    ServiceStopping: on.service_stopping,
+    ServiceStopping: on.service_stopping, TrackingNoted: on.tracking_noted,
 }

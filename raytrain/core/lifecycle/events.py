@@ -9,6 +9,7 @@ from typing import Any, Mapping, Union
 
 from raytrain.core.lifecycle.values import Run
 from raytrain.spec import DecisionRecord, JobCosts, PlanSummary, Resources
+from raytrain.spec.tracking import TrackingState
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,15 @@ class ServiceStopping:
     pass
 
 
+@dataclass(frozen=True)
+class TrackingNoted:
+    """What the trackers took of the job's run (raytrain.serve.tracking): kept with the
+    record; saved at once when a run is made, a warning comes or goes, or the job has ended
+    (no progress save comes after), else with the job's next save."""
+    tracking: TrackingState
+
+
 Event = Union[Submitted, Queued, Passed, CapacityDecided, NodesHeld, Launched, GroupStarted,
               ProgressReported, CheckpointCommitted, GroupChanged, FinalReport, RunEnded,
-              StopOverdue, CancelRequested, Reviewed, ServiceRestarted, ServiceStopping]
+              StopOverdue, CancelRequested, Reviewed, ServiceRestarted, ServiceStopping,
+              TrackingNoted]

@@ -26,6 +26,7 @@ from raytrain.core.lifecycle.events import (
     ServiceStopping,
     StopOverdue,
     Submitted,
+    TrackingNoted,
 )
 from raytrain.core.lifecycle.values import (
     CANCEL_GRACE_S,
@@ -387,4 +388,14 @@ def service_stopping(c: Change, event: ServiceStopping) -> None:
         c.run = None
     if not c.job.state.is_terminal:
         c.job.message = "the service stopped; the job resumes from its checkpoint on restart"
+        c.save = True
+
+
+def tracking_noted(c: Change, event: TrackingNoted) -> None:
+    before, after = c.job.tracking, event.tracking
+    c.job.tracking = after
+    runs_before = {k: r.run_id for k, r in before.runs.items()} if before is not None else {}
+    if runs_before != {k: r.run_id for k, r in after.runs.items()} or \
+            (before.warning if before is not None else None) != after.warning or \
+            c.job.state.is_terminal:
         c.save = True

@@ -79,7 +79,8 @@ def point_of(data: Mapping[str, Any], now: float) -> dict[str, Any]:
             "tokens_per_s": data.get("tokens_per_s"),
             "cost_usd": float(data.get("cost_usd") or 0.0),
             "usd_per_hour": float(data.get("usd_per_hour") or 0.0),
-            "val_loss": data.get("val_loss"), "val_step": data.get("val_step")}
+            "val_loss": data.get("val_loss"), "val_step": data.get("val_step"),
+            "mfu": data.get("mfu")}
 
 
 class History:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from pathlib import Path
 from typing import Any, Callable
 
 from pydantic import ValidationError
@@ -61,6 +62,8 @@ from raytrain.serve.jobs.reads import JobReads
 from raytrain.serve.jobs.scheduler import Scheduler
 from raytrain.serve.jobs.store import STORE_FILE, JobStore
 from raytrain.serve.jobs.versions import Versions
+from raytrain.serve.tracking import check_trackers, tracker_factory
+from raytrain.serve.tracking.pump import TrackingPump
 from raytrain.spec import (
     JobSpec,
     JobStatus,
@@ -70,6 +73,7 @@ from raytrain.spec import (
     check_imports_allowed,
 )
 from raytrain.spec.files import load_cpu_profile
+from raytrain.spec.tracking import TrackingState
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +111,7 @@ class JobManager(JobReads):
         self._history: History
         self.provisioner: Provisioner
         self.scheduler: Scheduler
+        self.tracking: TrackingPump | None = None  # started by start(), persisted services
 
     def start(self) -> JobManager:
         """Open the store and reload every job; requeue the ones in flight; start scheduling.
@@ -143,6 +148,9 @@ class JobManager(JobReads):
         if self._schedule:
             threading.Thread(target=self._schedule_forever, name="scheduler",
                              daemon=True).start()
+        if self.persist:  # a replay tracks nothing
+            self.tracking = TrackingPump(self, tracker_factory(self.config),
+                                         self.config.tracking_interval_s).start()
         return self
 
     # ------------------------------------------------------------ the lifecycle's effects
@@ -219,6 +227,7 @@ class JobManager(JobReads):
         for loc, path in spec.import_paths():  # a typo is found now, not on a node bought
             resolve_factory(path, loc)  # for it
         check_paths_on_head_node(spec, self.config.storage_endpoint)
+        check_trackers(spec, self.config)
         self.provisioner.check_capacity(spec, self.cluster.node_resources)
         job = new_job(spec, plan, caller, key, self.cluster.now())
         with self.lock:
@@ -252,7 +261,8 @@ class JobManager(JobReads):
 
     def resume(self, job_id: str, caller: str | None = None, budget_usd: float | None = None,
                key: str | None = None) -> JobStatus:
-        """Queue a new job that goes on from a failed or cancelled job's latest checkpoint."""
+        """Queue a new job that goes on from a failed or cancelled job's latest checkpoint;
+        its tracked runs are new ones, tagged with the runs of the job it resumes."""
         with self.lock:
             record = self._record(job_id)
             self._check_writable()
@@ -262,7 +272,21 @@ class JobManager(JobReads):
             if earlier is not None:  # a retried request: the job it queued
                 return earlier
             check_not_resumed(record.status, (r.status for r in self.records.values()))
-        return self.submit(spec, caller, key)
+            runs = record.status.tracking.runs if record.status.tracking is not None else {}
+        job = self.submit(spec, caller, key)
+        linked = {name: run.run_id for name, run in runs.items() if run.run_id}
+        with self.lock:  # not a retried request's job, nor one whose runs are made
+            if linked and self.records[job.id].status.tracking is None:
+                self.apply(job.id, lc.TrackingNoted(TrackingState(resumes_run=linked)))
+                job = self.records[job.id].status
+        return job
+
+    def exported_folder(self, job_id: str) -> Path | None:
+        """The Hugging Face folder a kind 'hf' job wrote at its end (hf/ in its storage
+        folder, on a local or mounted path), if it did."""
+        root = self.config.job_uri(job_id)
+        folder = Path(root) / "hf"
+        return folder if not is_remote(root) and folder.is_dir() else None
 
     def export(self, job_id: str, step: int | None = None, merge: bool = False
                ) -> dict[str, Any]:
@@ -348,6 +372,8 @@ class JobManager(JobReads):
     def shutdown(self) -> None:
         """Stop scheduling and every running job (used when the service that started us stops)."""
         self._stopping.set()
+        if self.tracking is not None:
+            self.tracking.stop()
         with self.lock:
             for job_id in list(self.handles):
                 self.apply(job_id, lc.ServiceStopping())

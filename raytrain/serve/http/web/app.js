@@ -502,7 +502,8 @@
         h("dt", {}, "Memory"), h("dd", {}, `${num(pl.predicted_memory_gib)} GiB per device (predicted)`),
         h("dt", {}, "Batch"), h("dd", {}, `${pl.tokens_per_step} tokens per step, ${pl.grad_accum_steps} micro-batch(es) accumulated`),
         h("dt", {}, "Backend"), h("dd", {}, pl.backend),
-        pl.reason ? [h("dt", {}, "Why"), h("dd", {}, pl.reason)] : null)
+        pl.reason ? [h("dt", {}, "Why"), h("dd", {}, pl.reason)] : null,
+        tracked(job.tracking))
         : h("p", { class: "muted" }, "No plan."));
       const c = job.checkpoint;
       const saved = seen.filter((e) => e.type === "checkpoint");
@@ -514,6 +515,14 @@
         saved.length ? h("p", { class: "muted" }, `Saved at steps ${saved.map((e) => e.data.step).join(", ")}.`) : null);
       redraw();
     };
+
+    // Each tracker's run: a link where it is a web page (http(s) only), else its folder.
+    const tracked = (t) => t ? [
+      Object.entries(t.runs).map(([name, run]) => [h("dt", {}, `${name} run`),
+        h("dd", { class: "tracked-run" }, run.url && /^https?:\/\//.test(run.url)
+          ? h("a", { href: run.url, target: "_blank", rel: "noopener noreferrer" }, run.url)
+          : (run.url || run.run_id || "–"))]),
+      t.warning ? [h("dt", {}, "Tracking"), h("dd", { class: "warn" }, t.warning)] : null] : null;
 
     let refreshing = null;
     const refresh = () => {
