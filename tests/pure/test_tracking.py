@@ -79,3 +79,22 @@ def test_a_job_without_trackers_takes_the_services_default() -> None:
     assert tracking_of(own, default) == own.tracking
     assert tracking_of(JobSpec(), None) is None
     assert tracking_of(JobSpec.model_validate({"tracking": {}}), default) is None  # off
+
+
+def test_raytrain_status_links_each_run_and_says_why_one_lags() -> None:
+    import io
+
+    from rich.console import Console
+
+    from raytrain.cli.views import status_table
+    from raytrain.spec import JobStatus
+    from tests.support.service import small_job
+
+    url = "http://mlflow.internal:5000/#/experiments/1/runs/abc"
+    job = JobStatus.model_validate({
+        "id": "j", "state": "RUNNING", "spec": small_job(), "created_at": 0.0,
+        "tracking": {"runs": {"mlflow": {"run_id": "abc", "url": url}},
+                     "warning": "wandb: did not answer; retrying"}})
+    drawn = io.StringIO()
+    Console(file=drawn, width=200).print(status_table(job))
+    assert url in drawn.getvalue() and "did not answer; retrying" in drawn.getvalue()

@@ -4,8 +4,8 @@ own methods, called as the workers call them; the cluster is the recording fake)
 step's loss, learning rate and gradient norm equal the job's own history; a service
 restarted mid-job goes on with the same run; the server stopped mid-job leaves the job
 running with a warning in its status, and the steps of the outage arrive once it is back;
-the run ends FINISHED when the job SUCCEEDED. No credential shows in a status, an event or
-the service's log."""
+the run ends FINISHED when the job SUCCEEDED, its exported folder the run's `model`. No
+credential shows in a status, an event or the service's log."""
 
 from __future__ import annotations
 
@@ -91,6 +91,9 @@ def test_a_jobs_mlflow_run_through_a_restart_and_an_outage(
         status = _pump_until(service, job_id, lambda s: s["tracking"]["warning"])
         assert "mlflow" in status["tracking"]["warning"] and status["state"] == "RUNNING"
         service.manager.report_checkpoint(job_id, attempt, 30, "/ckpt/30", 0.5)
+        exported = Path(service.config.job_uri(job_id)) / "hf"  # as a kind 'hf' job's end
+        exported.mkdir(parents=True)
+        (exported / "config.json").write_text('{"model_type": "llama"}')
         service.manager.report_finished(job_id, attempt, result(30))
         service.cluster.finish(job_id)
         service.tick()
@@ -112,6 +115,8 @@ def test_a_jobs_mlflow_run_through_a_restart_and_an_outage(
         params = {p["key"]: p["value"] for p in info["data"]["params"]}
         assert params["training.steps"] == "60" and "plan.layout" in params
         assert sorted(server.history(run["run_id"], "tokens_per_s")) == list(range(1, 31))
+        listed = server.get("artifacts/list", run_id=run["run_id"], path="model")
+        assert [f["path"] for f in listed["files"]] == ["model/config.json"]
 
         shown = [service.request("GET", f"/v1/jobs/{job_id}").text,
                  service.request("GET", f"/v1/jobs/{job_id}/events").text, caplog.text]

@@ -60,8 +60,8 @@ class MlflowServer:
                 self.process.wait()
         self.process = None
 
-    def get(self, path: str, **params: Any) -> dict[str, Any]:
-        answer = httpx.get(f"{self.url}/api/2.0/mlflow/{path}", params=params, timeout=30)
+    def get(self, route: str, **params: Any) -> dict[str, Any]:
+        answer = httpx.get(f"{self.url}/api/2.0/mlflow/{route}", params=params, timeout=30)
         answer.raise_for_status()
         return dict(answer.json())
 
