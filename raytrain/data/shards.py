@@ -99,6 +99,11 @@ class _BucketShard:
     def __len__(self) -> int:
         return self.tokens
 
+    def __del__(self) -> None:  # the files stay for the next reader; the descriptors go
+        for fd in (getattr(self, "_fd", None), getattr(self, "_log", None)):
+            if fd is not None:
+                os.close(fd)
+
     def __getitem__(self, part: slice) -> np.ndarray:
         start, stop, _ = part.indices(self.tokens)
         with self._lock:

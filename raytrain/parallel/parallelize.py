@@ -259,8 +259,10 @@ class ParallelModel:
     @torch.no_grad()
     def evaluate(self, micro_batches: list[torch.Tensor]) -> torch.Tensor:
         """The mean loss over `micro_batches`, forward only; this rank's share of it (0 on
-        ranks that do not own it), as forward_backward returns. Not under a pipeline (the
-        spec refuses validation there)."""
+        ranks that do not own it), as forward_backward returns. Under a pipeline, the
+        schedule's forward-only pass (`eval`) over the same micro-batches."""
+        if self.pipeline is not None:
+            return self._pipeline_step(micro_batches, forward_only=True)
         runner = self.runners[0]
         total = torch.zeros((), device=self.device)
         for tokens in micro_batches:
@@ -269,7 +271,8 @@ class ParallelModel:
                 total += self._loss(runner, tokens) / len(micro_batches)
         return total if self.owns_loss else torch.zeros((), device=self.device)
 
-    def _pipeline_step(self, micro_batches: list[torch.Tensor]) -> torch.Tensor:
+    def _pipeline_step(self, micro_batches: list[torch.Tensor], forward_only: bool = False
+                       ) -> torch.Tensor:
         tokens = torch.cat(micro_batches).to(self.device)
         first, last = 0 in self.stage_ids, self.layout.num_stages - 1 in self.stage_ids
         losses: list[torch.Tensor] = []
@@ -277,8 +280,9 @@ class ParallelModel:
             else inputs_and_targets(tokens)
         args = (inputs,) if first else ()
         assert self.pipeline is not None
+        schedule = self.pipeline(len(micro_batches))
         with self._autocast():
-            self.pipeline(len(micro_batches)).step(
+            (schedule.eval if forward_only else schedule.step)(
                 *args,
                 target=targets if last else None,
                 losses=losses if last else None,

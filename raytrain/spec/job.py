@@ -150,10 +150,6 @@ class JobSpec(Strict):
                                gpt.max_seq_len if gpt.positions == "learned" else None,
                                gpt.tie_embeddings)
         problems = check_layout(layout, shape, self.data.seq_len, self.model.builtin)
-        if self.data.validation is not None and layout.pp > 1:
-            problems.append(Problem(("data", "validation"), (
-                "the validation loss is not measured under a pipeline yet (pp > 1). To fix: "
-                "choose a layout without pipeline stages, or remove data.validation")))
         if parallel.compression != "none" and layout.data_parallel_wrapper != "ddp":
             problems.append(Problem(
                 ("parallel", "compression"),

@@ -1,6 +1,7 @@
 """The validation loss: a held-out share of a token file that training never reads, measured
 every eval_every_steps and at the end, equal to a plain loop's mean over the held-out
-windows with the weights of that step; in the job's status; refused under a pipeline."""
+windows with the weights of that step; in the job's status (under a pipeline too:
+tests/ranks/test_validation_layouts.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from raytrain.core.resolve import job_layout
 from raytrain.data.sources import build_source
 from raytrain.data.validation import with_validation
 from raytrain.models.registry import build_model
-from raytrain.spec import JobSpec, Layout
+from raytrain.spec import JobSpec
 from raytrain.train.checkpoint import CheckpointManager
 from tests.support.runs import run_single
 from tests.support.service import Service, small_job
@@ -83,13 +83,6 @@ def test_a_jobs_status_and_metrics_carry_its_validation_loss(tmp_path: Path) -> 
     # The chart's history keeps it with the point, for the dashboard's loss chart.
     points = service.request("GET", f"/v1/jobs/{job_id}/history").json()["points"]
     assert (points[-1]["val_loss"], points[-1]["val_step"]) == (4.5, 5)
-
-
-def test_validation_under_a_pipeline_is_refused_naming_the_field(tmp_path: Path) -> None:
-    spec = job(tokens_file(tmp_path))
-    problems = spec.layout_problems(Layout(pp=2, micro_batch_size=4, microbatches=2))
-    assert any(p.field == ("data", "validation") for p in problems)
-    assert job_layout(spec).pp == 1
 
 
 def test_a_share_that_leaves_nothing_to_train_on_is_refused_at_submit(tmp_path: Path) -> None:

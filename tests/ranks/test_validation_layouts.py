@@ -1,5 +1,6 @@
-"""The validation loss is the same under every layout: 2 gloo ranks under data, FSDP and
-tensor parallelism measure, at each eval step, one process's validation loss to 1e-5 (the
+"""The validation loss is the same under every layout: 2 gloo ranks under data, FSDP,
+tensor parallelism and pipelines (1F1B and interleaved: the schedule's forward-only pass)
+measure, at each eval step, one process's validation loss to 1e-5 (the
 held-out windows cut across data-parallel ranks as a training step's are, the losses
 averaged over them)."""
 
@@ -15,7 +16,9 @@ from tests.support.parity import _spawn
 from tests.support.runs import run_single
 
 LAYOUTS = {"dp2": {"strategy": "data"}, "fsdp2": {"strategy": "fsdp"},
-           "tp2": {"strategy": "tensor"}}
+           "tp2": {"strategy": "tensor"}, "pp2_1f1b": {"strategy": "pipeline"},
+           "pp2_interleaved": {"strategy": "pipeline", "pipeline_schedule": "interleaved_1f1b",
+                               "virtual_stages": 2}}
 
 
 def document(path: Path, workers: int, parallel: dict[str, str] | None = None) -> dict:
