@@ -35,13 +35,18 @@ def test_every_block_linear_runs_in_float8_but_the_head_and_odd_sizes():
     assert float8_layers(odd) == []  # 24 is no multiple of 16: torch's scaled matmul refuses
 
 
-def test_fp8_is_refused_on_gpus_without_fp8_and_with_tensor_parallelism():
+def test_fp8_is_refused_on_gpus_without_fp8_uncompiled_and_with_tensor_parallelism():
     with pytest.raises(SpecError, match="FP8 tensor cores.*h100-sxm"):
         _job(gpus_per_worker=1, accelerator="a100-80gb-sxm")
     with pytest.raises(SpecError, match="tensor parallelism"):
         parse_job_spec({**_job().model_dump(exclude_unset=True),
                         "parallel": {"strategy": "tensor"}})
-    _job(gpus_per_worker=1, accelerator="h100-sxm")  # fine
+    _job(gpus_per_worker=1, accelerator="h100-sxm")  # fine: compiled, as GPU jobs are
+    eager = {**_job(gpus_per_worker=1, accelerator="h100-sxm").model_dump(exclude_unset=True)}
+    eager["training"] = {**eager["training"], "compile": False}
+    with pytest.raises(SpecError, match="training.compile unset or true"):
+        parse_job_spec(eager)
+    parse_job_spec({**eager, "resources": {"num_workers": 2}})  # CPU: emulated, eager is fine
     spec = _job()
     with pytest.raises(SpecError, match="no FP8 tensor cores"):
         rank_plans(PlanRequest(spec=spec, accelerator="a100-80gb-sxm", gpus=8,
