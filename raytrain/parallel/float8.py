@@ -44,14 +44,16 @@ def _convertible(module: nn.Module, fqn: str) -> bool:
             and module.in_features % 16 == 0 and module.out_features % 16 == 0)
 
 
-def to_float8(model: nn.Module) -> nn.Module:
+def to_float8(model: nn.Module, fsdp_float8_all_gather: bool = False) -> nn.Module:
     """Swap `model`'s eligible linear layers for Float8Linear, in place (meta tensors too:
-    convert before parallelising, as torchtitan does). Returns the model."""
+    convert before parallelising, as torchtitan does). Returns the model.
+    `fsdp_float8_all_gather`: FSDP2 gathers their weights already cast to float8 (torchao's
+    enable_fsdp_float8_all_gather, torchtitan's default with FSDP on GPUs)."""
     with _quiet("torchao", "torch.utils._pytree"):
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-    convert_to_float8_training(model, config=Float8LinearConfig(),
-                               module_filter_fn=_convertible)
+    config = Float8LinearConfig(enable_fsdp_float8_all_gather=fsdp_float8_all_gather)
+    convert_to_float8_training(model, config=config, module_filter_fn=_convertible)
     return model
 
 

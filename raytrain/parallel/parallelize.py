@@ -294,14 +294,16 @@ class ParallelModel:
         return torch.zeros((), device=self.device)
 
 
-def _in_precision(model: nn.Module, precision: str) -> nn.Module:
+def _in_precision(model: nn.Module, precision: str, float8_gathers: bool = False
+                  ) -> nn.Module:
     """The model with its linear layers in float8 under precision 'fp8' (as built, before
-    any parallelism); unchanged otherwise."""
+    any parallelism); unchanged otherwise. `float8_gathers`: FSDP gathers their weights in
+    float8 (raytrain.parallel.float8)."""
     if precision != "fp8":
         return model
     from raytrain.parallel.float8 import to_float8
 
-    return to_float8(model)
+    return to_float8(model, fsdp_float8_all_gather=float8_gathers)
 
 
 def build_mesh(layout: Layout, device: torch.device) -> DeviceMesh:
@@ -336,11 +338,14 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
     parts: list[nn.Module] = []
     runners: list[nn.Module] = []
     units: list[str] = []
+    # Float8 weights all-gathered as float8 under FSDP, as torchtitan does (half bf16's
+    # bytes; FSDP2 gathers them as bytes, so gloo carries them too).
+    float8_gathers = layout.data_parallel_wrapper == "fsdp"
     for stage in stage_ids:
         if spec.model.builtin:
             with torch.device("meta"):
                 part = _in_precision(build_model(spec.model, seed=training.seed),
-                                     training.precision)
+                                     training.precision, float8_gathers)
             if layout.pp > 1:
                 gpt_stage(part, stage, layout.num_stages)
             if training.lora is not None:  # before FSDP: its units hold the adapters too
