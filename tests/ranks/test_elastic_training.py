@@ -22,6 +22,9 @@ from tests.support.elastic_groups import (
     all_losses,
     events,
     group_main,
+    kill_group,
+    replace_and_finish,
+    stop_all,
     wait_for_a_step_together,
     wait_for_event,
     wait_for_step,
@@ -353,28 +356,16 @@ def test_a_replacement_heals_from_a_live_group_and_reads_nothing_from_storage(
         (tmp_path / "start-1").touch()
         together = wait_for_a_step_together(tmp_path, (0, 1))
         wait_for_step(tmp_path, together + 9)  # two checkpoints at least
-        (tmp_path / "kill-1").touch()
-        processes[1].join(60)
-        wait_for_event(tmp_path, 1, "gone")
-        (tmp_path / "kill-1").unlink()
+        kill_group(tmp_path, processes[1], 1)
         saved = sorted(p.name for p in shared.iterdir() if p.name.startswith("step_"))
         assert saved, "no checkpoint to leave unread"
         (tmp_path / "read-1.json").unlink(missing_ok=True)
-        processes[2] = context.Process(
+        replace_and_finish(tmp_path, processes, context.Process(  # group 1 again
             target=partial(group_main, job=job, groups=2, heals=True,
                            checkpoints=str(shared)),
-            args=(1, lighthouse.address(), str(tmp_path)), daemon=True)
-        before = len(events(tmp_path))
-        processes[2].start()  # the replacement: group 1 again
-        wait_for_event(tmp_path, 1, "training", after=before)
-        (tmp_path / "slow").unlink()
-        for group in (0, 2):
-            processes[group].join(120)
+            args=(1, lighthouse.address(), str(tmp_path)), daemon=True))
     finally:
-        for process in processes.values():
-            if process.is_alive():
-                process.kill()
-        lighthouse.shutdown()
+        stop_all(processes, lighthouse)
     assert processes[0].exitcode == 0 and processes[2].exitcode == 0
     read = json.loads((tmp_path / "read-1.json").read_text())
     print(f"\na replacement joining a live group read {read['bytes']} bytes in "

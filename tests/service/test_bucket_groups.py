@@ -19,10 +19,11 @@ from raytrain.spec import JobSpec
 from tests.support.corpus import CHATML, chat_inputs
 from tests.support.elastic_groups import (
     all_losses,
-    events,
     group_main,
+    kill_group,
+    replace_and_finish,
+    stop_all,
     wait_for_a_step_together,
-    wait_for_event,
     wait_for_step,
 )
 from tests.support.runs import run_single
@@ -63,24 +64,12 @@ def test_groups_losing_one_train_on_a_buckets_shards_as_one_process(tmp_path: Pa
             (tmp_path / "start-1").touch()
             together = wait_for_a_step_together(tmp_path, (0, 1))
             wait_for_step(tmp_path, together + 4)
-            (tmp_path / "kill-1").touch()
-            processes[1].join(60)
-            wait_for_event(tmp_path, 1, "gone")
-            (tmp_path / "kill-1").unlink()
-            processes[2] = context.Process(
+            kill_group(tmp_path, processes[1], 1)
+            replace_and_finish(tmp_path, processes, context.Process(
                 target=partial(group_main, job=job, groups=2, heals=True),
-                args=(1, lighthouse.address(), str(tmp_path)), daemon=True)
-            before = len(events(tmp_path))
-            processes[2].start()
-            wait_for_event(tmp_path, 1, "training", after=before)
-            (tmp_path / "slow").unlink()
-            for group in (0, 2):
-                processes[group].join(120)
+                args=(1, lighthouse.address(), str(tmp_path)), daemon=True))
         finally:
-            for process in processes.values():
-                if process.is_alive():
-                    process.kill()
-            lighthouse.shutdown()
+            stop_all(processes, lighthouse)
     assert processes[0].exitcode == 0 and processes[2].exitcode == 0
     losses = all_losses(tmp_path)
     assert sorted(losses) == list(range(1, STEPS + 1))

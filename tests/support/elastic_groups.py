@@ -336,3 +336,32 @@ def group_rank_main(group: int, rank: int, lighthouse: str, folder: str, job: di
     finally:
         dist.destroy_process_group()
         del store
+
+
+def kill_group(folder: Path, process: Any, group: int) -> None:
+    """Kill group `group`'s process through its signal file; return once it is gone (the
+    signal taken back, so that a replacement may start)."""
+    (folder / f"kill-{group}").touch()
+    process.join(60)
+    wait_for_event(folder, group, "gone")
+    (folder / f"kill-{group}").unlink()
+
+
+def replace_and_finish(folder: Path, processes: dict[int, Any], replacement: Any,
+                       group: int = 1) -> None:
+    """Start `replacement` for `group` (processes[2]), wait for it to train, let the groups
+    run at full speed, and wait for group 0 and the replacement to end."""
+    processes[2] = replacement
+    before = len(events(folder))
+    replacement.start()
+    wait_for_event(folder, group, "training", after=before)
+    (folder / "slow").unlink()
+    for key in (0, 2):
+        processes[key].join(120)
+
+
+def stop_all(processes: dict[int, Any], lighthouse: Any) -> None:
+    for process in processes.values():
+        if process.is_alive():
+            process.kill()
+    lighthouse.shutdown()
