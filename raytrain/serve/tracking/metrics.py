@@ -13,6 +13,7 @@ losses to fp32 rounding: the tracker keeps the first).
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ def metrics_after(history: dict[str, Any], run: TrackedRun) -> tuple[list[Metric
     them."""
     out: list[Metric] = []
     points = [p for p in history.get("points", []) if p.get("time", 0.0) > run.sent_report]
-    times = {int(p["step"]): float(p["time"]) for p in history.get("points", [])}
+    times = _report_times(history.get("points", []))
     sent_step = run.sent_step
     for row in history.get("steps", []):
         step = int(row["step"])
@@ -86,10 +87,27 @@ def _first_of_each(metrics: list[Metric], run: TrackedRun) -> list[Metric]:
     return out
 
 
-def _time_of(step: int, times: dict[int, float]) -> float:
-    """A step's time: the first report at or after it (steps ride in the next report)."""
-    later = [t for s, t in times.items() if s >= step]
-    return min(later) if later else max(times.values(), default=0.0)
+Times = tuple[list[int], list[float], float]
+
+
+def _report_times(points: list[dict[str, Any]]) -> Times:
+    """Each report step's time (a step reported twice: its later report's), the steps
+    ascending with the earliest time at or after each (a suffix minimum, so that a step's
+    time is one bisection), and the latest time of all."""
+    by_step = {int(p["step"]): float(p["time"]) for p in points}
+    steps = sorted(by_step)
+    earliest = [by_step[s] for s in steps]
+    for i in range(len(earliest) - 2, -1, -1):
+        earliest[i] = min(earliest[i], earliest[i + 1])
+    return steps, earliest, max(by_step.values(), default=0.0)
+
+
+def _time_of(step: int, times: Times) -> float:
+    """A step's time: the first report at or after it (steps ride in the next report);
+    after the last report, the latest report's."""
+    steps, earliest, latest = times
+    at = bisect.bisect_left(steps, step)
+    return earliest[at] if at < len(steps) else latest
 
 
 def _number(value: Any) -> bool:
