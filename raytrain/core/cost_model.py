@@ -21,7 +21,13 @@ from raytrain.core.kernels import (
     MicrobatchShape,
     microbatch_compute_s,
 )
-from raytrain.spec.layout import Layout, ModelShape, stage_layers, stages_of_rank
+from raytrain.spec.layout import (
+    Layout,
+    ModelShape,
+    one_device_shards,
+    stage_layers,
+    stages_of_rank,
+)
 
 USABLE_MEMORY = 0.92
 
@@ -251,7 +257,10 @@ def _rank_memory(dims: ModelDims, work: Workload, c: Layout, rank: int) -> float
     state = held / c.dp_shard * (16 * share + work.frozen_param_bytes * (1 - share))
     param_bytes = work.act_bytes
     block_held = dims.block_params / c.tp
-    if c.data_parallel_wrapper == "fsdp":
+    # bf16 on one device: FSDP2 over a mesh of one for its bf16 parameters
+    # (raytrain.parallel.parallelize), which holds what a sharded layout's gathers hold.
+    if c.data_parallel_wrapper == "fsdp" or one_device_shards(
+            c, work.precision, lora=work.trainable_share < 1):
         if c.pp > 1:  # parameters stay gathered between microbatches
             state += held * param_bytes
         else:

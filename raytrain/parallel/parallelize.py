@@ -55,7 +55,7 @@ from raytrain.parallel.blocks import describe_units, transformer_blocks
 from raytrain.parallel.compression import register_compression
 from raytrain.parallel.pipeline import Pipeline
 from raytrain.spec import JobSpec
-from raytrain.spec.layout import Layout, stage_layers, stages_of_rank
+from raytrain.spec.layout import Layout, one_device_shards, stage_layers, stages_of_rank
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
 
@@ -191,6 +191,15 @@ class ParallelModel:
     # that the step's loss is the mean over its trained targets however it is cut. None:
     # every target trained, each micro-batch's mean.
     loss_scale: float | None = None
+    owns_process_group: bool = False  # made for a mesh of one: ended by close()
+
+    def close(self) -> None:
+        """End what building the model started in this process (a one-device bf16 model's
+        process group), so that the process can train another job or start a group of its
+        own."""
+        if self.owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self.owns_process_group = False
 
     @property
     def pp_group(self) -> dist.ProcessGroup | None:
@@ -317,7 +326,14 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
     parallel, training = spec.parallel, spec.training
     scaler = torch.amp.GradScaler(device.type) if training.precision == "fp16" else None
     compiled = training.compile if training.compile is not None else device.type == "cuda"
-    if layout.world_size == 1:
+    # bf16 on one device: FSDP2 over a mesh of one, for its bf16 parameters (the residual
+    # stream, norms and adds in bf16, no cache of cast weights beside the fp32 ones) with fp32
+    # gradients and optimizer state, as on every FSDP layout; other precisions and LoRA keep
+    # the plain module (fp32 needs no cast; fp16 and fp8 run under autocast; LoRA's frozen
+    # weights are bf16 already).
+    one_device_fsdp = one_device_shards(layout, training.precision,
+                                        lora=training.lora is not None)
+    if layout.world_size == 1 and not one_device_fsdp:
         model = _in_precision(build_model(spec.model, seed=training.seed), training.precision)
         if training.lora is not None:
             apply_lora(model, training.lora)
@@ -331,10 +347,11 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
         return ParallelModel(layout, device, [model], [model], precision=training.precision,
                              scaler=scaler, compiled=compiled)
 
+    owns_group = one_device_fsdp and _one_rank_process_group(device)
     mesh = build_mesh(layout, device)
     pp_rank, rep_rank, shard_rank, tp_rank = mesh.get_coordinate()
     stage_ids = stages_of_rank(pp_rank, layout.pp, layout.num_stages)
-    wrapper = layout.data_parallel_wrapper
+    wrapper = "fsdp" if one_device_fsdp else layout.data_parallel_wrapper
     parts: list[nn.Module] = []
     runners: list[nn.Module] = []
     units: list[str] = []
@@ -394,11 +411,23 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
         owns_loss=(pp_rank == layout.pp - 1 and tp_rank == 0),
         precision=training.precision, scaler=scaler,
         fsdp_units="; ".join(units) if units else None, compiled=compiled,
+        owns_process_group=owns_group,
     )
     if layout.pp > 1:
         model.pipeline = Pipeline(runners, stage_ids, layout, device, mesh["pp"].get_group(),
                                   model.stage_loss)
     return model
+
+
+def _one_rank_process_group(device: torch.device) -> bool:
+    """A process group of this process alone, for FSDP2's mesh of one, unless one exists
+    (Ray Train's worker has one already); its store is in memory: nothing is listened on.
+    Whether it was made here (ParallelModel.close ends it)."""
+    if dist.is_initialized():
+        return False
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            store=dist.HashStore(), rank=0, world_size=1)
+    return True
 
 
 def _on_meta(module: nn.Module) -> bool:

@@ -167,6 +167,15 @@ class Problem:
     message: str
 
 
+def one_device_shards(layout: Layout, precision: str, lora: bool) -> bool:
+    """Whether a layout of one device runs under FSDP2 over a mesh of one for its precision:
+    bf16's parameters (gathered, and computed, in bf16; fp32 gradients and optimizer state).
+    Not with LoRA: its frozen weights are kept in bf16 already, and FSDP's unsharded copies
+    of them would only add memory. The engine builds it (raytrain.parallel.parallelize) and
+    the planner prices it."""
+    return layout.world_size == 1 and precision == "bf16" and not lora
+
+
 def stage_layers(num_layers: int, num_stages: int) -> list[range]:
     """Contiguous layer ranges per stage, sizes differing by at most one. Where the layers do
     not divide evenly, the stages one layer short are taken from the ends inwards (the first,

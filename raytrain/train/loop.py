@@ -261,6 +261,7 @@ def train(
     finally:
         members.close()
         data.close()
+        model.close()
     result = _result(spec, worker, meter, notices, steps_done - start_step, steps_done,
                      loss_value, ending)
     if worker.rank == 0 and members.ends_job(ending.left, start_step >= training.steps):

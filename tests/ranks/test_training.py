@@ -114,6 +114,37 @@ def test_bf16_training_follows_fp32_closely(tmp_path: Path) -> None:
     bf16 = run_single(small_spec(1, steps=20, precision="bf16"), tmp_path / "bf16").losses()
     assert bf16[20] < 0.8 * bf16[1]
     assert bf16[20] == pytest.approx(fp32[20], rel=0.05)
+    # The process group a one-device bf16 model made is gone with the run; resumed from
+    # its checkpoint in fp32 (a plain module), the job goes on.
+    assert not dist.is_initialized()
+    resumed = run_single(small_spec(1, steps=24), tmp_path / "bf16").losses()
+    assert sorted(resumed) == [21, 22, 23, 24]
+
+
+def test_one_device_bf16_computes_in_bf16_parameters_over_fp32_state() -> None:
+    """bf16 on one device runs under FSDP2 over a mesh of one (its MixedPrecisionPolicy), as
+    every FSDP layout does: each block computes with bf16 parameters, so its output (the
+    residual stream) is bf16, where autocast over fp32 weights leaves it fp32 (with autocast
+    instead, the dtype assertion fails); the optimizer's parameters and gradients stay fp32;
+    and the model ends the process group it made."""
+    from raytrain.parallel.parallelize import build_parallel_model
+
+    spec = small_spec(1, precision="bf16")
+    model = build_parallel_model(spec, job_layout(spec), torch.device("cpu"))
+    try:
+        outputs: list[torch.dtype] = []
+        block = next(iter(model.parts[0].layers.values()))
+        block.register_forward_hook(lambda _module, _args, out: outputs.append(out.dtype))
+        tokens = torch.randint(0, spec.model.gpt.vocab_size, (2, spec.data.seq_len + 1))
+        model.forward_backward([tokens])
+        assert outputs == [torch.bfloat16]
+        assert model.fsdp_units is not None
+        assert {p.dtype for p in model.parameters()} == {torch.float32}
+        assert {p.grad.dtype for p in model.parameters() if p.grad is not None} == \
+            {torch.float32}
+    finally:
+        model.close()
+    assert not dist.is_initialized()
 
 
 def test_uncommitted_checkpoint_is_ignored(tmp_path: Path) -> None:
