@@ -131,17 +131,19 @@ LIVE_MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
 
 def run(parallel: dict, ranks: int, steps: int, global_batch: int, micro_batch: int,
         device: str, model: dict | None = None, live: bool = False,
-        spec: dict | None = None, script: Path = HERE) -> dict[str, Any]:
+        spec: dict | None = None, script: Path = HERE, worker_args: tuple[str, ...] = ()
+        ) -> dict[str, Any]:
     """One torchrun of the loop (one plain process for one rank); step time (median over
     steady steps) and peak memory (with `live`, of live memory only: see the module
     docstring). `spec`: the job document to run instead of `document(...)`'s; `script`:
     another worker with this one's `--worker` and record (benchmarks/gpu_truth.py's
-    reference loop)."""
+    reference loop), given `worker_args` after them. Also returns rank 0's (step, time, ...)
+    points and every rank's record as written."""
     with tempfile.TemporaryDirectory() as tmp:
         spec_path = Path(tmp, "spec.json")
         spec_path.write_text(json.dumps(spec or document(
             parallel, ranks, steps, global_batch, micro_batch, device, model)))
-        worker = [str(script), "--worker", str(spec_path), tmp, device]
+        worker = [str(script), "--worker", str(spec_path), tmp, device, *worker_args]
         env = {**os.environ, "OMP_NUM_THREADS": "1", **(LIVE_MEMORY_ENV if live else {})}
         if ranks == 1:  # the same worker without torchrun's agent (a process importing torch)
             command = [sys.executable, *worker]
@@ -150,8 +152,11 @@ def run(parallel: dict, ranks: int, steps: int, global_batch: int, micro_batch: 
         else:
             command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
                        str(ranks), "--master_port", "29541", *worker]
-        subprocess.run(command, check=True, env=env,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{script.name} exited {done.returncode}:\n"
+                               + "\n".join(done.stderr.splitlines()[-30:]))
         records = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(ranks)]
     points = records[0]["points"]
     # Steady state: skip the first two steps (warm-up, lazy optimizer state).
@@ -160,7 +165,8 @@ def run(parallel: dict, ranks: int, steps: int, global_batch: int, micro_batch: 
     return {"step_s": step_s,
             "tokens_per_s": global_batch * (model or MODEL)["max_seq_len"] / step_s,
             "peak_bytes": [r["peak_bytes"] for r in records],
-            "reserved_bytes": [r["reserved_bytes"] for r in records]}
+            "reserved_bytes": [r["reserved_bytes"] for r in records], "points": points,
+            "records": records}
 
 
 def held_parameters(parallel: dict, ranks: int) -> int:
