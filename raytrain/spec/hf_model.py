@@ -4,10 +4,13 @@ decoder's dimensions and blocks, so every layout, the planner and the policy wor
 unchanged (raytrain.models.hf maps the weights).
 
 Supported, as transformers defines them: `LlamaForCausalLM` (Llama 2 and 3, with Llama 3.x's
-rotary scaling and the tied embeddings of the 1B and 3B models), `MistralForCausalLM` without
-a sliding window, `Qwen2ForCausalLM` (biases on q, k and v) without one, and
-`Qwen3ForCausalLM` (each head's query and key normalised, heads of their own width,
-`head_dim`) without one. Anything else,
+rotary scaling and the tied embeddings of the 1B and 3B models), `MistralForCausalLM`,
+`Qwen2ForCausalLM` (biases on q, k and v) and `Qwen3ForCausalLM` (each head's query and key
+normalised, heads of their own width, `head_dim`). A sliding window (Mistral's
+`sliding_window`, 4,096 in transformers' own default; Qwen's `use_sliding_window` and
+`layer_types`) is trained for sequences within it, where it is exactly full causal attention
+(every position sees all before it): the model's positions are then the window's, and a
+longer `data.seq_len` is refused. Anything else,
 and any config field whose meaning the built-in blocks do not implement, is refused naming
 the field and what to do instead. Read by hand because the mapping is ours (the shape part is
 raytrain.spec.hf_config's, shared with `raytrain plan --model-config`).
@@ -88,7 +91,9 @@ def derived_gpt(source: HFSource) -> GPTConfig:
         raise SpecError(errors, f"{source.path}/config.json")
     shape = gpt_config_from_hf(config, f"{source.path}/config.json")
     theta, scaling = _rope(config)
+    window = _window(config)
     return shape.model_copy(update={
+        "max_seq_len": shape.max_seq_len if window is None else min(shape.max_seq_len, window),
         "rope_theta": theta,
         "norm_eps": config.get("rms_norm_eps"),
         "qkv_bias": config["architectures"][0] in QKV_BIAS,
@@ -109,6 +114,16 @@ def _rope(config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     return float(config.get("rope_theta", 10_000.0)), config.get("rope_scaling")
 
 
+def _window(config: dict[str, Any]) -> Any:
+    """The attention window the config sets on some or all of its layers, or None: Mistral's
+    `sliding_window` applies to every layer; Qwen's only with `use_sliding_window` or where
+    `layer_types` names sliding layers."""
+    layers = config.get("layer_types") or []
+    applies = (config["architectures"][0] == "MistralForCausalLM"
+               or bool(config.get("use_sliding_window")) or "sliding_attention" in layers)
+    return config.get("sliding_window") if applies else None
+
+
 def _unsupported(config: dict[str, Any]) -> list[FieldError]:
     """What in `config` the built-in blocks do not implement, each with what to do."""
     errors = []
@@ -125,16 +140,17 @@ def _unsupported(config: dict[str, Any]) -> list[FieldError]:
         if config.get(field):
             errors.append(FieldError((field,), f"biases on every projection ({field}) are not "
                                      f"in the built-in blocks. {INSTEAD}"))
-    if config.get("sliding_window") is not None and (
-            architectures[0] == "MistralForCausalLM" or config.get("use_sliding_window")):
-        errors.append(FieldError(("sliding_window",), f"{config['sliding_window']}: "
-                                 "attention over a sliding window is not implemented (every "
-                                 f"token sees all before it). {INSTEAD}, or use a config "
-                                 "whose sliding_window is null"))
+    window = _window(config)
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                               or window < 1):
+        errors.append(FieldError(("sliding_window",), f"{window!r}: an attention window is a "
+                                 "positive number of tokens. To fix: give one, or null"))
     layers = config.get("layer_types") or []
-    if any(kind != "full_attention" for kind in layers):
-        errors.append(FieldError(("layer_types",), f"{sorted(set(layers))}: only full "
-                                 f"attention is implemented (no sliding window). {INSTEAD}"))
+    if any(kind not in ("full_attention", "sliding_attention") for kind in layers) or (
+            "sliding_attention" in layers and window is None):
+        errors.append(FieldError(("layer_types",), f"{sorted(set(layers))}: the layers "
+                                 "trained attend in full, or over a sliding_window (within "
+                                 f"which sequences are kept). {INSTEAD}"))
     _, scaling = _rope(config)
     if scaling is not None:
         kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) \

@@ -79,12 +79,17 @@ class JobSpec(Strict):
             )
         errors.extend(_fp8_errors(self))
         if self.model.builtin and self.data.seq_len > self.model.gpt.max_seq_len:
+            limit = self.model.gpt.max_seq_len
             errors.append(
                 field_error(
                     ("data", "seq_len"),
-                    f"seq_len={self.data.seq_len} exceeds model.gpt.max_seq_len="
-                    f"{self.model.gpt.max_seq_len}. To fix: lower data.seq_len or raise "
-                    "model.gpt.max_seq_len",
+                    f"seq_len={self.data.seq_len} exceeds the {limit} positions of "
+                    "model.hf.path's model (its config's max_position_embeddings, or its "
+                    "sliding_window: within it a window is full attention, beyond it it is "
+                    f"not implemented). To fix: lower data.seq_len to at most {limit}"
+                    if self.model.kind == "hf" else
+                    f"seq_len={self.data.seq_len} exceeds model.gpt.max_seq_len={limit}. "
+                    "To fix: lower data.seq_len or raise model.gpt.max_seq_len",
                     self.data.seq_len,
                 )
             )

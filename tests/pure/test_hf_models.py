@@ -16,7 +16,7 @@ from raytrain.errors import SpecError
 from raytrain.models.hf import load_pretrained
 from raytrain.models.registry import build_model
 from raytrain.serve.jobs.admission import check_paths_on_head_node
-from raytrain.spec import JobSpec
+from raytrain.spec import JobSpec, parse_job_spec
 from raytrain.train.checkpoint import latest_checkpoint
 from tests.support.hf_models import FAMILIES, hf_job, hf_logits, make_folder
 from tests.support.runs import run_single
@@ -77,6 +77,25 @@ def test_a_job_starts_from_the_pretrained_loss_and_exports_a_folder_transformers
     assert torch.allclose(ours, hf_logits(exported, tokens), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("family,window", [
+    ("mistral", {"sliding_window": 16}),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1})])
+def test_a_sliding_window_trains_sequences_within_it_as_transformers_runs_them(
+        family: str, window: dict, tmp_path: Path) -> None:
+    """A window of 16 (Mistral's on every layer, Qwen2's on the layers past
+    max_window_layers) over sequences of 16: transformers' windowed attention is full causal
+    attention there, so the logits are the same to 1e-5; the model's positions are the
+    window's, and a job of longer sequences is refused naming data.seq_len and the window."""
+    folder = make_folder(family, tmp_path / family, **window)
+    spec = JobSpec.model_validate(hf_job(folder))
+    assert spec.model.gpt.max_seq_len == 16
+    tokens = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(1))
+    ours, theirs = raytrain_logits(spec, tokens), hf_logits(folder, tokens)
+    assert torch.allclose(ours, theirs, atol=1e-5, rtol=0), (ours - theirs).abs().max()
+    with pytest.raises(SpecError, match=r"data.seq_len.*sliding_window.*at most 16"):
+        parse_job_spec(hf_job(folder, data={"seq_len": 17}))
+
+
 def test_what_cannot_be_trained_is_refused_at_submit_naming_the_field(tmp_path: Path) -> None:
     """An architecture outside the Llama family, a Mistral with a sliding window, a Qwen3
     whose layers attend over one, an unknown rotary scaling, a missing folder, and weights
@@ -98,7 +117,7 @@ def test_what_cannot_be_trained_is_refused_at_submit_naming_the_field(tmp_path: 
                           (yarn, "rope_parameters"), (windowed, "layer_types"),
                           (tmp_path / "nowhere", "hf")):
         with pytest.raises(SpecError) as refused:
-            JobSpec.model_validate(hf_job(folder))
+            parse_job_spec(hf_job(folder))
         assert field in str(refused.value) and "To fix" in str(refused.value), folder
     wrong = make_folder("llama", tmp_path / "wrong")
     config = json.loads((wrong / "config.json").read_text())

@@ -17,8 +17,8 @@ FAMILIES = {
         "tie_word_embeddings": True, "rope_theta": 500000.0,
         "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}),
-    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None,
-                                                        "tie_word_embeddings": False}),
+    # transformers' own default window (4,096), past the model's 64 positions: full attention
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"tie_word_embeddings": False}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"tie_word_embeddings": False,
                                                   "use_sliding_window": False}),
     # Heads twice hidden_size / heads wide, as Qwen3's are (0.6B: 16 x 128 over 1,024).
