@@ -27,7 +27,8 @@ def add_data_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
                          "last)")
     prepare.add_argument("--field", default="text", help="JSONL: the text field (text)")
     prepare.add_argument("--column", default="text", help="Parquet: the text column (text)")
-    prepare.add_argument("--eod", help="the end-of-document token (default: the tokenizer's "
+    prepare.add_argument("--eod", help="the end-of-document token (default: the eos_token of "
+                         "the tokenizer_config.json beside the tokenizer, else its "
                          "<|endoftext|>, </s>, ...)")
     prepare.add_argument("--shard-tokens", type=int, default=100_000_000,
                          help="tokens per shard file (100,000,000)")

@@ -42,6 +42,9 @@ def load_template(tokenizer_path: Path) -> tuple[str | None, dict[str, str]]:
     if not config_path.is_file():
         return None, {}
     config = json.loads(config_path.read_text(encoding="utf-8"))
+    if not isinstance(config, dict):
+        raise ChatError(f"{config_path} is not a JSON object. To fix: give the tokenizer's "
+                        "folder as save_pretrained wrote it")
     template = config.get("chat_template")
     if isinstance(template, list):  # [{name, template}, ...]
         named = {entry.get("name"): entry.get("template") for entry in template}

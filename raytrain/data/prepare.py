@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator, TypeVar
 import numpy as np
 
 from raytrain.cloud.object_store import is_remote, open_store
-from raytrain.data.chat import ChatEncoder, ChatError, messages_of, spans_of
+from raytrain.data.chat import ChatEncoder, ChatError, load_template, messages_of, spans_of
 from raytrain.data.shards import INDEX, SPANS_DTYPE
 
 T = TypeVar("T")
@@ -70,14 +70,17 @@ def documents(path: Path, field: str, column: str) -> Iterator[str]:
         yield path.read_text(encoding="utf-8")
 
 
-def end_of_document(tokenizer: Any, named: str | None) -> int:
-    """The id written after each document: `named`, else the first of END_OF_DOCUMENT the
-    tokenizer knows."""
-    for token in ([named] if named else END_OF_DOCUMENT):
+def end_of_document(tokenizer: Any, named: str | None, eos_token: str | None = None) -> int:
+    """The id written after each document: `named`, else the model's own end-of-sequence
+    token (`eos_token`, from the tokenizer_config.json beside the tokenizer: what the model
+    was trained to end a text with), else the first of END_OF_DOCUMENT the tokenizer
+    knows."""
+    candidates = [named] if named else [*([eos_token] if eos_token else []), *END_OF_DOCUMENT]
+    for token in candidates:
         found = tokenizer.token_to_id(token)
         if found is not None:
             return int(found)
-    raise PrepareError(f"the tokenizer has none of {named or END_OF_DOCUMENT} as a token. "
+    raise PrepareError(f"the tokenizer has none of {candidates} as a token. "
                        "To fix: name its end-of-document token with --eod")
 
 
@@ -100,7 +103,7 @@ def prepare(inputs: list[str], tokenizer_path: str, out: str, field: str = "text
     tokenizer = Tokenizer.from_file(str(tokenizer_file))
     vocab = tokenizer.get_vocab_size(with_added_tokens=True)
     dtype = np.uint16 if vocab <= 2**16 else np.uint32
-    eod_id = end_of_document(tokenizer, eod)
+    eod_id = end_of_document(tokenizer, eod, load_template(tokenizer_file)[1].get("eos_token"))
     with tempfile.TemporaryDirectory(prefix="raytrain-prepare-") as staging:
         store = open_store(out) if is_remote(out) else None
         folder = Path(staging) if store is not None else Path(out).expanduser()

@@ -66,6 +66,27 @@ def test_a_job_trains_on_shards_read_as_one_stream(tmp_path: Path) -> None:
     assert losses[30] < 0.7 * losses[1]
 
 
+def test_documents_end_with_the_eos_token_of_a_tokenizer_saved_by_transformers(
+        tmp_path: Path) -> None:
+    """A tokenizer folder as transformers' save_pretrained writes it, whose eos_token
+    ('[EOS]') is none of the usual names and comes after one of them ('<|endoftext|>'):
+    documents end with the model's own eos_token (reading the list first fails it)."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    plain = Tokenizer.from_file(str(tokenizer_file(tmp_path)))
+    plain.add_special_tokens(["[EOS]"])
+    folder = tmp_path / "model"
+    PreTrainedTokenizerFast(tokenizer_object=plain, eos_token="[EOS]").save_pretrained(folder)
+    assert main(["data", "prepare", *inputs(tmp_path)[:3], "--tokenizer", str(folder),
+                 "--out", str(tmp_path / "out")]) == 0
+    index = json.loads((tmp_path / "out" / "index.json").read_text())
+    assert index["eod_token"] == plain.token_to_id("[EOS]") != plain.token_to_id("<|endoftext|>")
+    stream = np.fromfile(tmp_path / "out" / index["shards"][0]["file"], dtype=np.uint16)
+    assert int(stream[-1]) == index["eod_token"]
+    assert int((stream == index["eod_token"]).sum()) == index["documents"] == 42
+
+
 def test_a_bad_input_is_refused_with_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture
                                              ) -> None:
     tokenizer = tokenizer_file(tmp_path)
