@@ -80,6 +80,10 @@ def test_the_dashboard_follows_a_job_from_submit_to_the_end(
         "  checkpoint_every_steps: 50\n",
         "  checkpoint_every_steps: 50\n  eval_every_steps: 25\n  eval_batches: 1\n")
     assert "validation" in demo and "eval_every_steps" in demo
+    # Tracked: TensorBoard's run is a folder in the job's storage; MLflow's server does not
+    # answer (nothing listens on port 9), so the page warns while the job trains on.
+    demo += ("tracking:\n  tensorboard: {}\n"
+             "  mlflow: {tracking_uri: 'http://127.0.0.1:9', experiment: demo}\n")
     problems: list[str] = []
     with playwright_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -146,6 +150,10 @@ def test_the_dashboard_follows_a_job_from_submit_to_the_end(
         expect(loss).to_have_attribute("data-val-points", re.compile(r"^[2-6]$"))
         expect(page.locator("#stat-val-loss")).to_contain_text("perplexity")
         expect(page.locator("#checkpoint-step")).to_have_text("step 150")
+        plan = page.locator("#job-plan")
+        expect(plan.locator("dt", has_text="tensorboard run")).to_be_visible()
+        expect(plan.locator(".tracked-run").first).to_contain_text("tensorboard")
+        expect(plan.locator("dd.warn")).to_contain_text("mlflow:")
         page.screenshot(path=str(shots / "dashboard-finished.png"), full_page=True)
         check_the_axes_read_true(page)
         # A reload draws the whole run again, from the service's history.
