@@ -6,17 +6,23 @@ An example is a JSONL record with `messages` (a list of {role, content}) or `pro
 
 - with a chat template (`chat_template` in the `tokenizer_config.json` beside the
   `tokenizer.json`, as Hugging Face ships it), the conversation is rendered by that template
-  (Jinja in a sandbox, as transformers renders it), and an assistant turn is the text the
-  template adds between the conversation before it with the generation prompt and the
-  conversation up to it: the turn's content and its closing tokens, which the model must
-  learn to write. A prompt / response record is the messages user, assistant.
+  (Jinja in a sandbox, as transformers renders it: its `{% generation %}` tag, loop
+  controls, `tojson`, `raise_exception`; not `strftime_now`, so that the same input gives the
+  same bytes on any day: templates that ask whether it is defined use their own date). A
+  template that marks the trained text with `{% generation %}` ... `{% endgeneration %}` (as
+  transformers' `return_assistant_tokens_mask` and TRL's assistant-only loss read it) trains
+  exactly what it marks. Otherwise an assistant turn is the text the template adds between
+  the conversation before it with the generation prompt and the conversation up to it: the
+  turn's content and its closing tokens, which the model must learn to write. A prompt /
+  response record is the messages user, assistant.
 - without one, the tokens of each message follow each other, the assistant's trained, and
   the end-of-document token after the example is trained too (so the model learns to stop).
 
 A token is trained when the character it starts at lies in a trained turn. Hand-written here:
 transformers' `apply_chat_template(return_assistant_tokens_mask=True)` needs the template to
 mark turns with `{% generation %}`, which few shipped templates do, and transformers is not a
-dependency of the data path.
+dependency of the data path; where a template marks them, the masks are transformers' own
+(tests/pure/test_data_prepare.py compares them).
 
     encoder = ChatEncoder(tokenizer, Path("tokenizer.json"), eod_id)
     [(ids, trained)] = encoder.encode([(messages_of(record, "line 1"), "line 1")])
@@ -25,10 +31,15 @@ dependency of the data path.
 from __future__ import annotations
 
 import json
+import re
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+
+GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+Spans = list[tuple[int, int]]
 
 
 class ChatError(ValueError):
@@ -59,25 +70,74 @@ def load_template(tokenizer_path: Path) -> tuple[str | None, dict[str, str]]:
     return (template if isinstance(template, str) else None), specials
 
 
-def _renderer(template: str, specials: dict[str, str]) -> Callable[[list[Any], bool], str]:
+def _environment() -> Any:
+    """A sandboxed Jinja environment as transformers makes one for chat templates (module
+    doc), with its `{% generation %}` tag recording the character ranges it renders."""
+    from jinja2 import nodes
     from jinja2.exceptions import TemplateError
+    from jinja2.ext import Extension, loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_marked"), [], [], body).set_lineno(lineno)
+
+        def _marked(self, caller: Callable[[], str]) -> str:
+            text = caller()
+            tracking = GENERATION_SPANS.get()
+            if tracking is not None:  # (the blocks rendered so far, the spans)
+                start = sum(len(block) for block in tracking[0])
+                tracking[1].append((start, start + len(text)))
+            return text
 
     def raise_exception(message: str) -> None:
         raise TemplateError(message)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.filters["tojson"] = lambda value, indent=None: json.dumps(value, indent=indent,
-                                                                  ensure_ascii=False)
-    env.globals["raise_exception"] = raise_exception
-    compiled = env.from_string(template)
+    def tojson(value: Any, ensure_ascii: bool = False, indent: Any = None,
+               separators: Any = None, sort_keys: bool = False) -> str:
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
+                          separators=separators, sort_keys=sort_keys)
 
-    def render(messages: list[Any], generation_prompt: bool) -> str:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[Generation, loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    return env
+
+
+GENERATION_SPANS: ContextVar[tuple[list[str], Spans] | None] = ContextVar(
+    "raytrain_generation_spans", default=None)
+
+
+def _renderer(template: str, specials: dict[str, str]
+              ) -> Callable[[list[Any], bool], tuple[str, Spans]]:
+    """render(messages, generation prompt) -> (text, the ranges `{% generation %}` marked)."""
+    from jinja2.exceptions import TemplateError
+
+    try:
+        compiled = _environment().from_string(template)
+    except TemplateError as exc:
+        raise ChatError(f"the tokenizer's chat template does not compile: {exc}. To fix: give "
+                        "a tokenizer_config.json whose chat_template transformers renders") \
+            from None
+
+    def render(messages: list[Any], generation_prompt: bool) -> tuple[str, Spans]:
+        blocks: list[str] = []
+        spans: Spans = []
+        token = GENERATION_SPANS.set((blocks, spans))
         try:
-            return str(compiled.render(messages=messages, add_generation_prompt=generation_prompt,
-                                       **specials))
+            for block in compiled.generate(messages=messages,
+                                           add_generation_prompt=generation_prompt, **specials):
+                blocks.append(block)
         except TemplateError as exc:
             raise ChatError(f"the chat template refused the example: {exc}") from None
+        finally:
+            GENERATION_SPANS.reset(token)
+        return "".join(blocks), spans
     return render
 
 
@@ -103,6 +163,7 @@ class ChatEncoder:
         self.tokenizer, self.eod_id = tokenizer, eod_id
         template, specials = load_template(tokenizer_path)
         self.render = _renderer(template, specials) if template else None
+        self.marked = bool(template and GENERATION_TAG.search(template))
 
     @property
     def templated(self) -> bool:
@@ -135,13 +196,20 @@ class ChatEncoder:
                   ) -> tuple[str, list[tuple[int, int]]]:
         """The conversation's text and the character spans of its assistant turns."""
         assert self.render is not None
-        text = self.render(messages, False)
+        text, marked = self.render(messages, False)
+        if self.marked:  # the template says what is trained
+            if not marked:
+                raise ChatError(f"{where}: the chat template marks no text of it with "
+                                "{% generation %}, so nothing would be trained. To fix: mark "
+                                "the assistant's turns in the template, or give examples "
+                                "with an assistant turn it marks")
+            return text, marked
         spans = []
         for turn, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
-            before = self.render(messages[:turn], True)
-            upto = self.render(messages[:turn + 1], False)
+            before = self.render(messages[:turn], True)[0]
+            upto = self.render(messages[:turn + 1], False)[0]
             if not (upto.startswith(before) and text.startswith(upto)):
                 raise ChatError(f"{where}: the chat template does not render a conversation "
                                 "as the conversation before it plus the new turn, so the "

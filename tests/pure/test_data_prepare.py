@@ -114,13 +114,25 @@ def _trained_text(folder: Path, tokenizer: Path) -> list[str]:
             for a, b in zip(np.concatenate([[0], ends[:-1] + 1]), ends)]
 
 
-@pytest.mark.parametrize("template", ["chatml", None])
+# ChatML with the system prompt folded into the first turn after it: a namespace, loop
+# controls (`continue`, which transformers' environment has) and tojson's keywords.
+FOLDED = ("{% set ns = namespace(system='') %}{% for m in messages %}"
+          "{% if m['role'] == 'system' %}{% set ns.system = m['content'] %}{% continue %}"
+          "{% endif %}{{ '<|im_start|>' + m['role'] + '\\n' }}{% if ns.system and "
+          "loop.index0 == 1 %}{{ ns.system | tojson(ensure_ascii=False, indent=None) }}"
+          "{{ '\\n' }}{% endif %}{{ m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+TEMPLATES = {"chatml": CHATML, "folded": FOLDED}
+
+
+@pytest.mark.parametrize("template", ["chatml", "folded", None])
 def test_chat_examples_train_on_the_assistants_turns_only(tmp_path: Path,
                                                           template: str | None) -> None:
     """With the tokenizer's chat template the trained tokens are each assistant turn and the
-    template's closing of it; without one, the assistant's contents and the end of the
+    template's closing of it, and every example's tokens are those of transformers'
+    apply_chat_template; without one, the assistant's contents and the end of the
     example. Across shard boundaries, and the same bytes from the same input."""
-    tokenizer, files = chat_inputs(tmp_path, CHATML if template else None)
+    tokenizer, files = chat_inputs(tmp_path, TEMPLATES[template] if template else None)
     for out in ("a", "b"):
         assert main(["data", "prepare", *files, "--chat", "--tokenizer", str(tokenizer),
                      "--out", str(tmp_path / out), "--shard-tokens", "200"]) == 0
@@ -137,6 +149,62 @@ def test_chat_examples_train_on_the_assistants_turns_only(tmp_path: Path,
         expected.append("".join(t + close for t in turns) + ("" if template
                                                             else "<|endoftext|>"))
     assert _trained_text(tmp_path / "a", tokenizer) == expected
+    if template:
+        from transformers import PreTrainedTokenizerFast
+
+        from raytrain.data.chat import messages_of
+
+        theirs = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer),
+                                         chat_template=TEMPLATES[template])
+        source = TokenShards(str(tmp_path / "a"), seq_len=16, vocab_size=None)
+        stream = source.tokens(0, source.total).tolist()
+        rendered = [theirs.apply_chat_template(messages_of(c, "-"), tokenize=True,
+                                               return_dict=True)["input_ids"] for c in CHATS]
+        assert stream == [t for ids in rendered for t in [*ids, index["eod_token"]]]
+
+
+# ChatML whose earlier assistant turns are rendered shorter than the last (as Qwen3's
+# template drops their reasoning), its trained text marked with {% generation %}.
+MARKED = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+          "{% if message['role'] == 'assistant' %}{% generation %}{% if loop.last %}"
+          "{{ message['content'] }}{% else %}{{ message['content'] | replace(', then rests', '') }}"
+          "{% endif %}{{ '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}{% else %}"
+          "{{ message['content'] + '<|im_end|>\\n' }}{% endif %}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def test_a_template_marking_its_trained_text_trains_what_transformers_masks(
+        tmp_path: Path) -> None:
+    """A template with {% generation %} marks: every example's tokens and trained flags are
+    transformers' own `apply_chat_template(return_assistant_tokens_mask=True)` (its last
+    token the end-of-document one, untrained). The template renders earlier turns apart from
+    the last, so without its marks the examples are refused (checked below): the marks are
+    what trains it."""
+    from transformers import PreTrainedTokenizerFast
+
+    from raytrain.data.chat import messages_of
+
+    tokenizer, files = chat_inputs(tmp_path, MARKED)
+    assert main(["data", "prepare", *files, "--tokenizer", str(tokenizer), "--chat",
+                 "--out", str(tmp_path / "out")]) == 0
+    source = TokenShards(str(tmp_path / "out"), seq_len=16, vocab_size=None)
+    stream = source.tokens(0, source.total)
+    trained = source.spans.contains(np.arange(source.total))
+    eod = json.loads((tmp_path / "out" / "index.json").read_text())["eod_token"]
+    ends = np.flatnonzero(stream == eod)
+    theirs = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer), chat_template=MARKED)
+    assert len(ends) == len(CHATS)
+    for record, first, end in zip(CHATS, np.concatenate([[0], ends[:-1] + 1]), ends):
+        masked = theirs.apply_chat_template(messages_of(record, "-"), tokenize=True,
+                                            return_dict=True, return_assistant_tokens_mask=True)
+        assert stream[first:end].tolist() == masked["input_ids"]
+        assert trained[first:end].astype(int).tolist() == masked["assistant_masks"]
+        assert 0 < sum(masked["assistant_masks"]) and not trained[end]
+    unmarked = MARKED.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+    (tmp_path / "unmarked").mkdir()
+    tokenizer, files = chat_inputs(tmp_path / "unmarked", unmarked)
+    assert main(["data", "prepare", *files, "--tokenizer", str(tokenizer), "--chat",
+                 "--out", str(tmp_path / "refused")]) == 2
 
 
 def test_a_bad_chat_example_is_refused_with_the_fix(tmp_path: Path,
