@@ -100,7 +100,21 @@ def prepare(inputs: list[str], tokenizer_path: str, out: str, field: str = "text
         raise PrepareError("--chat reads JSONL examples (messages, or prompt and response); "
                            f"not {', '.join(str(p) for p in paths if p.suffix != '.jsonl')}")
     tokenizer_file = Path(tokenizer_path).expanduser()
-    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    if not tokenizer_file.is_file():
+        beside = sorted(p.name for p in tokenizer_file.parent.glob("tokenizer*"))
+        raise PrepareError(
+            f"no tokenizer file {tokenizer_file}" + (f" (beside it: {', '.join(beside)})"
+                                                     if beside else "")
+            + ". To fix: give the model's tokenizer.json, or its folder holding one (a "
+            "tokenizer.model alone is a slow tokenizer: transformers' "
+            "AutoTokenizer.from_pretrained(folder).save_pretrained(folder) writes the "
+            "tokenizer.json beside it)")
+    try:
+        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception
+        raise PrepareError(f"{tokenizer_file} is not a tokenizer tokenizers reads ({exc}). "
+                           "To fix: give the tokenizer.json Hugging Face's save_pretrained "
+                           "wrote") from None
     vocab = tokenizer.get_vocab_size(with_added_tokens=True)
     dtype = np.uint16 if vocab <= 2**16 else np.uint32
     eod_id = end_of_document(tokenizer, eod, load_template(tokenizer_file)[1].get("eos_token"))

@@ -98,6 +98,17 @@ def test_a_bad_input_is_refused_with_the_fix(tmp_path: Path, capsys: pytest.Capt
     assert main(["data", "prepare", inputs(tmp_path)[0], "--tokenizer",
                  str(tokenizer), "--out", str(tmp_path / "out"), "--eod", "<nope>"]) == 2
     assert "--eod" in capsys.readouterr().err
+    # A folder with no tokenizer.json, and one that is not a tokenizer: the fix, no traceback.
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "tokenizer.model").write_bytes(b"sentencepiece")
+    assert main(["data", "prepare", inputs(tmp_path)[0], "--tokenizer", str(slow),
+                 "--out", str(tmp_path / "out")]) == 2
+    assert "tokenizer.model" in capsys.readouterr().err
+    (slow / "tokenizer.json").write_text("{not json")
+    assert main(["data", "prepare", inputs(tmp_path)[0], "--tokenizer", str(slow),
+                 "--out", str(tmp_path / "out")]) == 2
+    assert "To fix" in capsys.readouterr().err
 
 
 def _trained_text(folder: Path, tokenizer: Path) -> list[str]:
