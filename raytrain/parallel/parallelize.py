@@ -26,6 +26,7 @@ pipeline peers are farthest apart.
 
 from __future__ import annotations
 
+import threading
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -191,15 +192,15 @@ class ParallelModel:
     # that the step's loss is the mean over its trained targets however it is cut. None:
     # every target trained, each micro-batch's mean.
     loss_scale: float | None = None
-    owns_process_group: bool = False  # made for a mesh of one: ended by close()
+    owns_process_group: bool = False  # holds the mesh of one's group: close() gives it back
 
     def close(self) -> None:
         """End what building the model started in this process (a one-device bf16 model's
         process group), so that the process can train another job or start a group of its
         own."""
-        if self.owns_process_group and dist.is_initialized():
-            dist.destroy_process_group()
-        self.owns_process_group = False
+        if self.owns_process_group:
+            self.owns_process_group = False
+            _release_one_rank_process_group()
 
     @property
     def pp_group(self) -> dist.ProcessGroup | None:
@@ -421,13 +422,29 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
 
 def _one_rank_process_group(device: torch.device) -> bool:
     """A process group of this process alone, for FSDP2's mesh of one, unless one exists
-    (Ray Train's worker has one already); its store is in memory: nothing is listened on.
-    Whether it was made here (ParallelModel.close ends it)."""
-    if dist.is_initialized():
-        return False
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                            store=dist.HashStore(), rank=0, world_size=1)
-    return True
+    that this function did not make (Ray Train's worker has one already); its store is in
+    memory: nothing is listened on. Counted, so that models built side by side in one
+    process (threads) share it and the last one's close() ends it. Whether this model
+    holds a count (ParallelModel.close gives it back)."""
+    with _ONE_RANK_LOCK:
+        if dist.is_initialized() and _ONE_RANK_USERS[0] == 0:
+            return False
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                    store=dist.HashStore(), rank=0, world_size=1)
+        _ONE_RANK_USERS[0] += 1
+        return True
+
+
+def _release_one_rank_process_group() -> None:
+    with _ONE_RANK_LOCK:
+        _ONE_RANK_USERS[0] -= 1
+        if _ONE_RANK_USERS[0] == 0 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+_ONE_RANK_LOCK = threading.Lock()
+_ONE_RANK_USERS = [0]  # models holding the process group _one_rank_process_group made
 
 
 def _on_meta(module: nn.Module) -> bool:

@@ -183,20 +183,30 @@ def train(
     notices, members = notices or NoNotices(), members or OneGroup()
     training = spec.training
     model, optimizers, source, plan = build_rank(spec, layout, worker)
-    source, held_out = with_validation(
-        spec.data, spec.model.gpt.vocab_size if spec.model.builtin else None, source)
-    data = Prefetcher(source, plan, model.dp_rank, worker.device)  # the next step read ahead
-    checkpoints = CheckpointManager(
-        checkpoint_root, worker.rank, keep=training.keep_checkpoints,
-        world_size=worker.world_size, on_durable=sink.checkpoint if worker.rank == 0 else None)
-    # A group joining live ones reads nothing from storage: it heals at its first quorum.
-    start_step, first_loss, loss_value = (0, None, float("nan")) if members.heals else \
-        resume_rank(checkpoints, spec, model, optimizers, worker)
+    try:
+        source, held_out = with_validation(
+            spec.data, spec.model.gpt.vocab_size if spec.model.builtin else None, source)
+        checkpoints = CheckpointManager(
+            checkpoint_root, worker.rank, keep=training.keep_checkpoints,
+            world_size=worker.world_size,
+            on_durable=sink.checkpoint if worker.rank == 0 else None)
+        # A group joining live ones reads nothing from storage: it heals at its first quorum.
+        start_step, first_loss, loss_value = (0, None, float("nan")) if members.heals else \
+            resume_rank(checkpoints, spec, model, optimizers, worker)
+        data = Prefetcher(source, plan, model.dp_rank, worker.device)  # the next step read ahead
+    except BaseException:
+        model.close()  # nothing it started outlives a run that could not start
+        raise
     last_step = training.steps if stop_after_steps is None else min(
         training.steps, start_step + stop_after_steps)
     meter = start_meter(spec, model, start_step, first_loss, progress_interval_s)
-    members.start(start_step, model, optimizers, meter)
-    sink.started(start_step)
+    try:
+        members.start(start_step, model, optimizers, meter)
+        sink.started(start_step)
+    except BaseException:
+        data.close()
+        model.close()
+        raise
     sync = LossSync(worker.world_size, worker.rank,
                     0.0 if members.every_step else progress_interval_s / 2, dp=layout.dp,
                     device=worker.device)

@@ -131,11 +131,14 @@ def test_one_device_bf16_computes_in_bf16_parameters_over_fp32_state() -> None:
 
     spec = small_spec(1, precision="bf16")
     model = build_parallel_model(spec, job_layout(spec), torch.device("cpu"))
+    # A second model beside it (two runs in threads of one process) shares the group, which
+    # outlives the first model's close and ends with the last's.
+    beside = build_parallel_model(spec, job_layout(spec), torch.device("cpu"))
+    tokens = torch.randint(0, spec.model.gpt.vocab_size, (2, spec.data.seq_len + 1))
     try:
         outputs: list[torch.dtype] = []
         block = next(iter(model.parts[0].layers.values()))
         block.register_forward_hook(lambda _module, _args, out: outputs.append(out.dtype))
-        tokens = torch.randint(0, spec.model.gpt.vocab_size, (2, spec.data.seq_len + 1))
         model.forward_backward([tokens])
         assert outputs == [torch.bfloat16]
         assert model.fsdp_units is not None
@@ -144,6 +147,9 @@ def test_one_device_bf16_computes_in_bf16_parameters_over_fp32_state() -> None:
             {torch.float32}
     finally:
         model.close()
+    assert dist.is_initialized()
+    beside.forward_backward([tokens])
+    beside.close()
     assert not dist.is_initialized()
 
 
