@@ -158,8 +158,9 @@ class TrainingSpec(Strict):
     )
     precision: Literal["fp32", "bf16", "fp16", "fp8"] = Field(
         "fp32",
-        description="Compute precision. 'bf16' runs matmuls in bfloat16 with fp32 weights and "
-        "optimizer; 'fp16' adds dynamic loss scaling and needs GPUs; 'fp8' is bf16 with the "
+        description="Compute precision. 'bf16' computes in bfloat16 (FSDP2's bf16 parameters "
+        "on FSDP layouts and on one device, autocast otherwise) with fp32 weights, gradients "
+        "and optimizer; 'fp16' adds dynamic loss scaling and needs GPUs; 'fp8' is bf16 with the "
         "model's linear layers' matmuls in float8 (torchao's Float8Linear, dynamic scaling; "
         "not the output head), on GPUs with FP8 tensor cores (" + ", ".join(fp8_kinds())
         + ") and emulated, "
