@@ -165,6 +165,12 @@ class Workload:
     frozen_param_bytes: int = 4  # a frozen weight's bytes (LoRA under bf16 keeps them in it)
 
     @property
+    def frozen_weights(self) -> bool:
+        """LoRA: the linears' own weights take no gradient (their adapters' small matmuls,
+        rank r against the layer's width, are not counted)."""
+        return self.trainable_share < 1
+
+    @property
     def act_bytes(self) -> int:
         return 4 if self.precision == "fp32" else 2
 

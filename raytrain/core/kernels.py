@@ -93,11 +93,12 @@ def matmul_s(m: float, n: float, k: float, gpu: GPUKind, flops: float, value_byt
 
 
 def linear_s(m: float, k: float, n: float, gpu: GPUKind, flops: float, value_bytes: int,
-             rate: float) -> float:
-    """Forward and backward of a linear layer: tokens m, in k, out n."""
+             rate: float, weight_grad: bool = True) -> float:
+    """Forward and backward of a linear layer: tokens m, in k, out n; a frozen weight's
+    (`weight_grad` False: LoRA's base weights) backward computes its input's gradient only."""
     return (matmul_s(m, n, k, gpu, flops, value_bytes, rate)
             + matmul_s(m, k, n, gpu, flops, value_bytes, rate)
-            + matmul_s(k, n, m, gpu, flops, value_bytes, rate))
+            + (matmul_s(k, n, m, gpu, flops, value_bytes, rate) if weight_grad else 0.0))
 
 
 # Float8 training (torchao's Float8Linear, dynamic tensorwise scaling) scales each linear's
@@ -112,9 +113,10 @@ def _block_linear_s(tokens: float, k: float, n: float, gpu: GPUKind, work: Work,
     """A block's linear, forward and backward; under fp8 its three matmuls run at the FP8
     rate and its input, weight and output gradient are scaled and cast first."""
     if work.precision != "fp8" or not gpu.fp8_flops:  # no FP8 cores: refused before here
-        return linear_s(tokens, k, n, gpu, flops, work.act_bytes, rate)
+        return linear_s(tokens, k, n, gpu, flops, work.act_bytes, rate, not work.frozen_weights)
     casts = (tokens * k + k * n + tokens * n) * FLOAT8_CAST_BYTES[work.fused_elementwise]
-    return linear_s(tokens, k, n, gpu, gpu.fp8_flops, 1, rate) + casts / gpu.memory_bandwidth
+    return linear_s(tokens, k, n, gpu, gpu.fp8_flops, 1, rate, not work.frozen_weights) \
+        + casts / gpu.memory_bandwidth
 
 
 class Dimensions(Protocol):
@@ -150,6 +152,8 @@ class Work(Protocol):
     def kernels(self) -> KernelModel: ...
     @property
     def act_bytes(self) -> int: ...
+    @property
+    def frozen_weights(self) -> bool: ...
 
 
 @lru_cache(maxsize=65536)  # the planner's search asks for the same few ranks many times
@@ -191,5 +195,6 @@ def microbatch_compute_s(dims: Dimensions, work: Work, gpu: GPUKind, c: Microbat
     block += tokens * values * b * passes / gpu.memory_bandwidth
     total = layers * block * recompute
     if head:
-        total += linear_s(tokens, d, dims.vocab_size / tp, gpu, flops, b, rate)
+        total += linear_s(tokens, d, dims.vocab_size / tp, gpu, flops, b, rate,
+                          not work.frozen_weights)
     return total + layers * gpu.block_overhead_s
