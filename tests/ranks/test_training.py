@@ -119,6 +119,15 @@ def test_bf16_training_follows_fp32_closely(tmp_path: Path) -> None:
     assert not dist.is_initialized()
     resumed = run_single(small_spec(1, steps=24), tmp_path / "bf16").losses()
     assert sorted(resumed) == [21, 22, 23, 24]
+    # A run that cannot load its checkpoint fails before its first step, and gives the
+    # group back too.
+    broken = tmp_path / "broken" / "step_000000005"
+    broken.mkdir(parents=True)
+    (broken / "meta.json").write_text("{not json")
+    (broken / COMMIT_MARKER).write_text("")
+    with pytest.raises(BaseException):  # DCP raises a CheckpointException (BaseException)
+        run_single(small_spec(1, steps=8, precision="bf16"), tmp_path / "broken")
+    assert not dist.is_initialized()
 
 
 def test_one_device_bf16_computes_in_bf16_parameters_over_fp32_state() -> None:
