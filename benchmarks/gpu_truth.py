@@ -94,16 +94,6 @@ def job_document(model: str, ranks: int, steps: int, device: str, kind: str | No
 # ------------------------------------------------------------------------------ worker side
 
 
-def _device(device_type: str) -> Any:
-    import torch
-
-    if device_type == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        return torch.device("cuda", torch.cuda.current_device())
-    torch.set_num_threads(1)
-    return torch.device("cpu")
-
-
 class _Profiled:
     """torch.profiler over the steps from `first` on (None: no profile); `table()` is its
     top kernels by device time (CPU time on CPU)."""
@@ -133,45 +123,17 @@ class _Profiled:
 
 def raytrain_worker(spec_path: str, out: str, device_type: str, profile_from: int | None
                     ) -> None:
-    """Run under torchrun: raytrain's loop, with each step's time and data wait."""
-    import tempfile
-
-    import torch.distributed as dist
-
-    from benchmarks.parallel_strategies import rss_bytes
-    from raytrain.core.resolve import job_layout
-    from raytrain.spec import JobSpec
-    from raytrain.train.loop import train
-    from raytrain.train.progress import NullSink
-    from raytrain.train.rank import WorkerInfo
+    """Run under torchrun: raytrain's loop, with each step's time and data wait (rank 0
+    profiles the steps from `profile_from` on)."""
+    import raytrain.train.loop  # noqa: F401 - imported before the clock starts, as the reference's are
+    from benchmarks.parallel_strategies import train_timed
 
     started = time.perf_counter()
-    spec = JobSpec.model_validate(json.loads(Path(spec_path).read_text()))
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    device = _device(device_type)
-    if world > 1:
-        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
-    rank = dist.get_rank() if world > 1 else 0
-    rss_before = rss_bytes()
-    profiled = _Profiled(profile_from if rank == 0 else None, device_type)
-
-    class StepTimes(NullSink):
-        def __init__(self) -> None:
-            self.points: list[tuple[int, float, float]] = []
-
-        def progress(self, payload: dict[str, Any]) -> None:
-            self.points.append((payload["step"], time.perf_counter(), payload["data_s"] or 0.0))
-            profiled.after_step(payload["step"])
-
-    sink = StepTimes()
-    with tempfile.TemporaryDirectory() as checkpoints:
-        # One step short of the end: the final checkpoint would add its own buffers to the peak.
-        train(spec, WorkerInfo(rank, world, device), sink, Path(checkpoints),
-              layout=job_layout(spec), stop_after_steps=spec.training.steps - 1,
-              progress_interval_s=0.0)
-    _finish(out, rank, sink.points, device, rss_before, started, profiled)
-    if world > 1:
-        dist.destroy_process_group()
+    first = profile_from if int(os.environ.get("RANK", 0)) == 0 else None
+    profiled = _Profiled(first, device_type)
+    rank, points, device, rss_before = train_timed(
+        spec_path, device_type, profiled.after_step, one_thread=device_type != "cuda")
+    _finish(out, rank, points, device, rss_before, started, profiled)
 
 
 def _finish(out: str, rank: int, points: list[tuple[int, float, float]], device: Any,
@@ -194,14 +156,14 @@ def reference_worker(spec_path: str, out: str, device_type: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from benchmarks.parallel_strategies import rss_bytes
+    from benchmarks.parallel_strategies import device_of, rss_bytes
     from raytrain.models.registry import build_model
     from raytrain.spec import JobSpec
 
     started = time.perf_counter()
     spec = JobSpec.model_validate(json.loads(Path(spec_path).read_text()))
     rank = int(os.environ.get("RANK", 0))
-    device = _device(device_type)
+    device = device_of(device_type, one_thread=device_type != "cuda")
     dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
     world = dist.get_world_size()
     rss_before = rss_bytes()

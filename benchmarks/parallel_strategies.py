@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent.parent))  # torchrun runs this file as a script
@@ -62,7 +62,30 @@ def document(parallel: dict, ranks: int, steps: int, global_batch: int, micro_ba
 
 def worker(spec_path: str, out: str, device_type: str) -> None:
     """Run under torchrun: train, then write this rank's step timestamps and peak memory."""
+    write_record(out, *train_timed(spec_path, device_type))
+
+
+def device_of(device_type: str, one_thread: bool = True) -> Any:
+    """This rank's device under torchrun (LOCAL_RANK's GPU, or the CPU); `one_thread`: torch's
+    CPU work on one thread (always on CPU, where the ranks share the cores)."""
     import torch
+
+    if one_thread or device_type != "cuda":
+        torch.set_num_threads(1)
+    if device_type == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def train_timed(spec_path: str, device_type: str,
+                after_step: Callable[[int], None] | None = None, one_thread: bool = True
+                ) -> tuple[int, list[tuple[int, float, float]], Any, int]:
+    """Run under torchrun: raytrain's loop on the job, one step short of its end (the final
+    checkpoint would add its own buffers to the peak), each step reported. This rank, its
+    (step, time done, data wait) points, its device and its RSS before the model was built;
+    `after_step(step)` is called as each step is reported."""
     import torch.distributed as dist
 
     from raytrain.core.resolve import job_layout
@@ -72,14 +95,8 @@ def worker(spec_path: str, out: str, device_type: str) -> None:
     from raytrain.train.rank import WorkerInfo
 
     spec = JobSpec.model_validate(json.loads(Path(spec_path).read_text()))
-    torch.set_num_threads(1)
     world = int(os.environ.get("WORLD_SIZE", 1))
-    if device_type == "cuda":
-        local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    else:
-        device = torch.device("cpu")
+    device = device_of(device_type, one_thread)
     if world > 1:
         dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
     rank = dist.get_rank() if world > 1 else 0
@@ -87,25 +104,28 @@ def worker(spec_path: str, out: str, device_type: str) -> None:
 
     class StepTimes(NullSink):
         def __init__(self) -> None:
-            self.points: list[tuple[int, float]] = []
+            self.points: list[tuple[int, float, float]] = []
 
         def progress(self, payload: dict[str, Any]) -> None:
-            self.points.append((payload["step"], time.perf_counter()))
+            self.points.append((payload["step"], time.perf_counter(),
+                                payload.get("data_s") or 0.0))
+            if after_step is not None:
+                after_step(payload["step"])
 
     sink = StepTimes()
     with tempfile.TemporaryDirectory() as checkpoints:
-        # One step short of the end: the final checkpoint would add its own buffers to the peak.
         train(spec, WorkerInfo(rank, world, device), sink, Path(checkpoints),
               layout=job_layout(spec), stop_after_steps=spec.training.steps - 1,
               progress_interval_s=0.0)
-    write_record(out, rank, sink.points, device, rss_before)
     if world > 1:
         dist.destroy_process_group()
+    return rank, sink.points, device, rss_before
 
 
-def write_record(out: str, rank: int, points: list[tuple[int, float]], device: Any,
+def write_record(out: str, rank: int, points: list[tuple[int, float, float]], device: Any,
                  rss_before: int) -> None:
-    """What `run` reads back from each rank: its (step, time) points and peak memory."""
+    """What `run` reads back from each rank: its (step, time, data wait) points and peak
+    memory."""
     import torch
 
     if device.type == "cuda":
