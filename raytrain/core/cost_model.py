@@ -266,7 +266,7 @@ def _rank_memory(dims: ModelDims, work: Workload, c: Layout, rank: int) -> float
     # bf16 on one device: FSDP2 over a mesh of one for its bf16 parameters
     # (raytrain.parallel.parallelize), which holds what a sharded layout's gathers hold.
     if c.data_parallel_wrapper == "fsdp" or one_device_shards(
-            c, work.precision, lora=work.trainable_share < 1):
+            c, work.precision, lora=work.frozen_weights):
         if c.pp > 1:  # parameters stay gathered between microbatches
             state += held * param_bytes
         else:
