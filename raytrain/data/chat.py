@@ -52,10 +52,13 @@ def load_template(tokenizer_path: Path) -> tuple[str | None, dict[str, str]]:
     config_path = tokenizer_path.parent / "tokenizer_config.json"
     if not config_path.is_file():
         return None, {}
-    config = json.loads(config_path.read_text(encoding="utf-8"))
+    fix = "To fix: give the tokenizer's folder as save_pretrained wrote it"
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ChatError(f"{config_path} is not a JSON object ({exc}). {fix}") from None
     if not isinstance(config, dict):
-        raise ChatError(f"{config_path} is not a JSON object. To fix: give the tokenizer's "
-                        "folder as save_pretrained wrote it")
+        raise ChatError(f"{config_path} is not a JSON object. {fix}")
     template = config.get("chat_template")
     if isinstance(template, list):  # [{name, template}, ...]
         named = {entry.get("name"): entry.get("template") for entry in template}

@@ -109,6 +109,14 @@ def test_a_bad_input_is_refused_with_the_fix(tmp_path: Path, capsys: pytest.Capt
     assert main(["data", "prepare", inputs(tmp_path)[0], "--tokenizer", str(slow),
                  "--out", str(tmp_path / "out")]) == 2
     assert "To fix" in capsys.readouterr().err
+    # A tokenizer_config.json beside a good tokenizer that is not JSON (read for its
+    # eos_token): named, with the fix.
+    good = tokenizer_file(slow)
+    (slow / "tokenizer_config.json").write_text("{not json")
+    assert main(["data", "prepare", inputs(tmp_path)[0], "--tokenizer", str(good),
+                 "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "tokenizer_config.json is not a JSON object" in err and "To fix" in err
 
 
 def _trained_text(folder: Path, tokenizer: Path) -> list[str]:
