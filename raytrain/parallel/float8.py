@@ -7,12 +7,19 @@ keeps them), as torchtitan converts its models. This module only picks the layer
 nn.Linear whose sizes are multiples of 16 (the scaled matmul's requirement), except the
 output head (`output` or `lm_head`), whose logits want the precision. Conversion keeps
 parameter names, so checkpoints move between precisions and layouts. On a GPU the scaled
-matmul needs FP8 tensor cores (the spec checks the accelerator); on CPU torch emulates it.
+matmul needs FP8 tensor cores (the spec checks the accelerator); on CPU torch runs it through
+oneDNN, which some CPUs (and oneDNN held to an older instruction set with
+ONEDNN_MAX_CPU_ISA) cannot: `cpu_float8_unsupported()` finds out, once per process, by
+training one tiny float8 linear in a child process (a CPU without the kernels raises deep
+in a worker; a child keeps whatever it does away from the caller).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import subprocess
+import sys
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -61,3 +68,44 @@ def float8_layers(model: nn.Module) -> list[str]:
     """Names of the layers that run in float8."""
     return [name for name, module in model.named_modules()
             if type(module).__name__ == "Float8Linear"]
+
+
+# One float8 linear's forward and backward in bf16, as training runs them: the input and
+# weight in e4m3, the output gradient in e5m2 (torchao's casts and torch._scaled_mm).
+_PROBE = """
+import torch
+from torch import nn
+from raytrain.parallel.float8 import to_float8
+layer = to_float8(nn.Sequential(nn.Linear(32, 32))).to(torch.bfloat16)
+x = torch.randn(16, 32, dtype=torch.bfloat16, requires_grad=True)
+layer(x).float().sum().backward()
+assert x.grad is not None and bool(torch.isfinite(x.grad).all())
+"""
+
+
+@functools.cache
+def cpu_float8_unsupported(probe: str = _PROBE, timeout_s: float = 300.0) -> str | None:
+    """None if this machine's CPU runs float8 matmuls; else why not (the child's last
+    error line), for a test's skip reason or a job's refusal. `probe`: the Python code
+    the child runs (a failing one, in its test).
+
+        if (why := cpu_float8_unsupported()) is not None: ...
+    """
+    try:
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                              timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return f"a float8 matmul on this CPU did not finish in {timeout_s:.0f} s"
+    if done.returncode == 0:
+        return None
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    return lines[-1] if lines else f"a float8 matmul on this CPU exited {done.returncode}"
+
+
+def cpu_float8_refusal(why: str) -> str:
+    """What a job asking for fp8 on a CPU that cannot run it is told: the field, the
+    hardware it needs and the fix."""
+    return (f"fp8 needs float8 matmuls, and this node's CPU cannot run them ({why}): on "
+            "CPUs torch runs them through oneDNN, which needs AVX-512 FP16 (Intel Sapphire "
+            "Rapids or later, AMD Zen 4 or later). To fix: use 'bf16', or train fp8 on GPUs "
+            "with FP8 tensor cores (resources.accelerator)")

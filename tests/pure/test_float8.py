@@ -79,3 +79,32 @@ def test_fp8_plans_are_faster_on_an_h100_and_never_tensor_parallel():
         rank_plans(PlanRequest(spec=spec, accelerator="h100-sxm", precision="fp8",
                                layout={"dp_shard": 4, "tp": 2}))
     assert fp8.plans[0].tokens_per_s > 1.1 * bf16.plans[0].tokens_per_s
+
+
+def test_a_cpu_without_float8_kernels_is_named_and_its_fp8_jobs_refused() -> None:
+    """Where oneDNN has no float8 matmul (a CPU before AVX-512 FP16, or ONEDNN_MAX_CPU_ISA
+    below it), the probe's child fails as a worker would, and says why; an fp8 job on CPU
+    workers is then refused at submit naming training.precision and the hardware it needs.
+    Other precisions, and fp8 on GPU workers, never ask."""
+    from raytrain.parallel.float8 import cpu_float8_unsupported
+    from raytrain.serve.jobs.admission import check_cpu_precision
+
+    why = cpu_float8_unsupported(probe="raise RuntimeError('could not create a primitive "
+                                 "descriptor for the matmul primitive')")
+    assert why is not None and "primitive descriptor" in why
+    cpu_fp8 = _job(num_workers=1)
+    with pytest.raises(SpecError) as refused:
+        check_cpu_precision(cpu_fp8, lambda: why)
+    [error] = refused.value.errors
+    assert error.loc == ("training", "precision") and "AVX-512 FP16" in error.msg
+    assert "To fix" in error.msg
+    check_cpu_precision(cpu_fp8, lambda: None)
+
+    def never() -> str:
+        raise AssertionError("asked for a job that does not need float8 on this CPU")
+
+    bf16 = parse_job_spec({**cpu_fp8.model_dump(mode="json"),
+                           "training": {**cpu_fp8.training.model_dump(mode="json"),
+                                        "precision": "bf16"}})
+    check_cpu_precision(bf16, never)
+    check_cpu_precision(_job(gpus_per_worker=1, accelerator="h100-sxm"), never)

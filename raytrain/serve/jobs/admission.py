@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from raytrain.cloud.object_store import checkpoint_committed, is_remote
 from raytrain.core.lifecycle import Record
@@ -21,6 +21,7 @@ from raytrain.core.shuffle import held_out_windows
 from raytrain.data.shards import read_index
 from raytrain.errors import FieldError, JobStateError, ServiceBusyError, SpecError
 from raytrain.spec import JobSpec, JobState, JobStatus, PlanSummary, Progress, parse_job_spec
+from raytrain.spec.local_paths import relative_hint
 
 IDEMPOTENCY_WINDOW_S = 24 * 3600.0
 BUSY_RETRY_AFTER_S = 30
@@ -151,8 +152,9 @@ def check_paths_on_head_node(spec: JobSpec, endpoint: str | None = None) -> None
         if not path.is_file():
             raise SpecError([FieldError(("data", "path"), (
                 f"{spec.data.path} is not a readable file on the service's node"
-                f"{' (it does not exist)' if not path.exists() else ''}. To fix: give the "
-                "absolute path of a token file on storage every node mounts"))])
+                f"{' (it does not exist)' if not path.exists() else ''}"
+                f"{relative_hint(spec.data.path)}. To fix: give the absolute path of a token "
+                "file on storage every node mounts"))])
         tokens = path.stat().st_size // {"uint16": 2, "uint32": 4}[spec.data.dtype]
         if tokens < spec.data.seq_len + 1:  # no window to train on: found here, not by a worker
             raise SpecError([FieldError(("data", "path"), (
@@ -167,6 +169,20 @@ def _check_held_out(spec: JobSpec, tokens: int) -> None:
     validation = spec.data.validation
     if validation is not None and validation.fraction is not None:
         held_out_windows((tokens - 1) // spec.data.seq_len, validation.fraction)
+
+
+def check_cpu_precision(spec: JobSpec, float8_unsupported: Callable[[], str | None]) -> None:
+    """Refuse at submit an fp8 job on CPU workers when this node's CPU cannot run float8
+    matmuls (`float8_unsupported()`: why not, or None; asked only for such a job): its
+    workers would each fail in their first step. CPU workers are this node's kind (the
+    local cluster, or CPU nodes of the same machine type)."""
+    if spec.training.precision != "fp8" or spec.resources.use_gpu:
+        return
+    why = float8_unsupported()
+    if why is not None:
+        from raytrain.parallel.float8 import cpu_float8_refusal
+
+        raise SpecError([FieldError(("training", "precision"), cpu_float8_refusal(why))])
 
 
 def check_fits_the_cluster(spec: JobSpec, nodes: Any) -> None:

@@ -47,6 +47,7 @@ from raytrain.serve.adaptors.pod_cluster import with_pods
 from raytrain.serve.adaptors.ray_cluster import RayCluster
 from raytrain.serve.jobs.admission import (
     check_admission,
+    check_cpu_precision,
     check_deletable,
     check_not_resumed,
     check_paths_on_head_node,
@@ -227,6 +228,7 @@ class JobManager(JobReads):
         for loc, path in spec.import_paths():  # a typo is found now, not on a node bought
             resolve_factory(path, loc)  # for it
         check_paths_on_head_node(spec, self.config.storage_endpoint)
+        check_cpu_precision(spec, _cpu_float8_unsupported)
         check_trackers(spec, self.config)
         self.provisioner.check_capacity(spec, self.cluster.node_resources)
         job = new_job(spec, plan, caller, key, self.cluster.now())
@@ -459,3 +461,11 @@ class JobManager(JobReads):
             except Exception:  # keep scheduling whatever one job did
                 logger.exception("scheduler pass failed")
             self._stopping.wait(self.config.scheduler_interval_s)
+
+
+def _cpu_float8_unsupported() -> str | None:
+    """Why this node's CPU cannot run float8 matmuls, or None (a child process's probe, once
+    per service; asked only for fp8 jobs on CPU workers)."""
+    from raytrain.parallel.float8 import cpu_float8_unsupported  # torch: for these jobs only
+
+    return cpu_float8_unsupported()
