@@ -83,6 +83,10 @@ def build_optimizer(model: nn.Module, spec: JobSpec) -> torch.optim.AdamW:
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": spec.training.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
+    # A group with no parameters (LoRA's adapters are all matrices) is left out: torch's
+    # set_state_dict reads each saved group's first parameter, and a group healed or resumed
+    # with none failed (IndexError) where it loaded.
+    groups = [group for group in groups if group["params"]]
     return torch.optim.AdamW(
         groups, lr=spec.training.learning_rate, betas=spec.training.betas, fused=True
     )

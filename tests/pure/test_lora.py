@@ -128,3 +128,34 @@ def test_the_planner_keeps_no_gradients_or_optimizer_state_for_frozen_weights() 
     ratio = evaluate(dims, work, best.candidate, shape).step_s / \
         evaluate(full_dims, full_work, best.candidate, shape).step_s
     assert 0.6 < ratio < 0.8, ratio
+
+
+def test_a_lora_replica_group_heals_from_a_trained_one(tmp_path: Path) -> None:
+    """What a replica group joining a LoRA job under `data` does: load a live group's state
+    (weights, AdamW moments, step) into its own. Adapters are all matrices, so the optimizer's
+    group for norms and biases has no parameters; torch's set_state_dict read a saved group's
+    first parameter and failed (IndexError) while the second group joined, which then never
+    trained (it fails without the empty group left out of build_optimizer)."""
+    from raytrain.train.checkpoint import _state
+    from raytrain.train.rank import build_rank
+    from raytrain.train.replica_group import _load_local, _local
+
+    spec = JobSpec.model_validate(lora_job(make_folder("llama", tmp_path / "llama")))
+    live, joining = (build_rank(spec, job_layout(spec), WorkerInfo.single_process())[:2]
+                     for _ in range(2))
+    (model, optimizers), (new_model, new_optimizers) = live, joining
+    for param in model.parameters():
+        if param.requires_grad:
+            param.grad = torch.randn_like(param)
+    for optimizer in optimizers:
+        optimizer.step()
+    model_state, optim_state, _ = _state(model.parts, optimizers)
+    _load_local(new_model.parts, new_optimizers,
+                {"model": _local(model_state), "optim": _local(optim_state)})
+    healed_model, healed_optim, _ = _state(new_model.parts, new_optimizers)
+    assert healed_model.keys() == model_state.keys() and healed_optim.keys() == optim_state.keys()
+    for theirs, mine in ((model_state, healed_model), (optim_state, healed_optim)):
+        for key, value in theirs.items():
+            assert torch.equal(mine[key], value) if isinstance(value, torch.Tensor) \
+                else mine[key] == value, key
+    assert any(".lora_" in key for key in optim_state)
