@@ -29,7 +29,10 @@ def export_checkpoint(spec: JobSpec, checkpoint: str, to: str | Path,
     describes as a Hugging Face folder at `to`; the folder. A training.lora job's is its
     adapter as a PEFT folder, or with `merge` the model with the adapter folded in."""
     import torch
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        set_model_state_dict,
+    )
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
     from raytrain.cloud.object_store import is_remote
@@ -57,8 +60,9 @@ def export_checkpoint(spec: JobSpec, checkpoint: str, to: str | Path,
         from raytrain.models.lora import apply_lora
 
         apply_lora(model, lora)
-    state = {"model": {k: v for k, v in model.state_dict().items()
-                       if k in dict(model.named_parameters())}}
+    # The names the checkpoint saved them under (torch's model state dict, as training's
+    # get_state_dict reads it): a tied head's weight included, under its own name too.
+    state = {"model": get_model_state_dict(model, options=_OPTIONS)}
     if is_remote(checkpoint):
         store, name = _locate(checkpoint)
         dcp_load(state, storage_reader=BucketReader(store, name))

@@ -74,22 +74,27 @@ def test_a_folder_exported_from_shards_or_stages_loads_in_transformers(
 
 
 
-@pytest.mark.parametrize("layout", ["fsdp2", "pp2"])
+@pytest.mark.parametrize(("family", "layout"), [
+    ("llama", "fsdp2"), ("llama", "pp2"),
+    ("llama3_tied", "dp2"), ("llama3_tied", "fsdp2"), ("llama3_tied", "tp2")])
 def test_an_export_of_a_sharded_or_staged_checkpoint_is_the_jobs_own_folder(
-        runs: tuple[Path, dict[str, JobSpec]], layout: str, tmp_path: Path) -> None:
+        runs: tuple[Path, dict[str, JobSpec]], family: str, layout: str,
+        tmp_path: Path) -> None:
     """The last checkpoint of a run trained with FSDP's shards or the pipeline's stages,
     exported in this one process (raytrain.train.export, what `raytrain export` runs), is
-    the folder the job wrote at its end, tensor for tensor."""
+    the folder the job wrote at its end, tensor for tensor, and transformers loads it with
+    its logits. Tied embeddings too (Llama 3.2's): the checkpoint holds the head under its
+    own name, which an export reading only the model's distinct parameters missed."""
     from safetensors.torch import load_file
 
     from raytrain.train.checkpoint import latest_checkpoint
     from raytrain.train.export import export_checkpoint
 
     root, specs = runs
-    run = root / "runs" / f"llama_{layout}"
+    run = root / "runs" / f"{family}_{layout}"
     checkpoint = latest_checkpoint(run)
     assert checkpoint is not None
-    exported = export_checkpoint(specs["llama"], str(checkpoint), tmp_path / "exported")
+    exported = export_checkpoint(specs[family], str(checkpoint), tmp_path / "exported")
 
     def tensors(folder: Path) -> dict[str, torch.Tensor]:
         found: dict[str, torch.Tensor] = {}
@@ -99,6 +104,8 @@ def test_an_export_of_a_sharded_or_staged_checkpoint_is_the_jobs_own_folder(
 
     mine, theirs = tensors(exported), tensors(run / "hf")
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    tokens = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(3))
+    assert torch.equal(hf_logits(exported, tokens), hf_logits(run / "hf", tokens))
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
