@@ -186,3 +186,8 @@ class ServiceConfig(Strict):
 
     def job_uri(self, job_id: str) -> str:
         return f"{self.storage_uri}/{job_id}"
+
+    def checkpoints_uri(self, job_id: str) -> str:
+        """Where a job's workers write its checkpoints, and a kind 'hf' job its Hugging Face
+        folder at the end (hf/ beside them: raytrain.train.rank)."""
+        return f"{self.job_uri(job_id)}/checkpoints"

@@ -22,6 +22,7 @@ from tests.support.service import Service, result, small_job
 pytest.importorskip("mlflow")
 
 SECRET = "s3cr3t-token-planted-by-the-test"
+LATE_VAL_LOSS = 3.25
 
 
 def _report(step: int) -> dict[str, Any]:
@@ -32,12 +33,17 @@ def _report(step: int) -> dict[str, Any]:
             "sent_at": 0.0, "steps": [[step, loss, 1e-3 * step, 0.5 + step / 100, 2048]]}
 
 
-def _train(service: Service, job_id: str, steps: range, resumed: int) -> int:
+def _train(service: Service, job_id: str, steps: range, resumed: int,
+           validation_at: int | None = None) -> int:
+    """Rank 0's start and reports; from `validation_at` on, they carry its validation loss."""
     attempt = service.manager.worker_group_started(
         job_id, resumed, {"placement_group": "pg-1", "accelerator": "cpu", "nodes": 1})
     for step in steps:
         service.cluster.advance(1.0)
-        service.manager.report_progress(job_id, attempt, _report(step))
+        validated = validation_at is not None and step >= validation_at
+        service.manager.report_progress(job_id, attempt, {
+            **_report(step), **({"val_loss": 4.5, "val_step": validation_at}
+                                if validated else {})})
     return attempt
 
 
@@ -78,10 +84,11 @@ def test_a_jobs_mlflow_run_through_a_restart_and_an_outage(
         service.manager.tracking.stop()
         service = Service(tmp_path / "state", cluster=service.cluster, **config)
         service.tick()
-        attempt = _train(service, job_id, range(11, 21), 10)
+        attempt = _train(service, job_id, range(11, 21), 10, validation_at=15)
         status = _pump_until(service, job_id,
                              lambda s: s["tracking"]["runs"]["mlflow"]["sent_step"] == 20)
         assert status["tracking"]["runs"]["mlflow"]["run_id"] == run["run_id"]
+        _nothing_sent_twice(service, job_id, status, server.url)
 
         # The server goes down: the job trains on, its status says why its run lags.
         server.stop()
@@ -91,7 +98,8 @@ def test_a_jobs_mlflow_run_through_a_restart_and_an_outage(
         status = _pump_until(service, job_id, lambda s: s["tracking"]["warning"])
         assert "mlflow" in status["tracking"]["warning"] and status["state"] == "RUNNING"
         service.manager.report_checkpoint(job_id, attempt, 30, "/ckpt/30", 0.5)
-        exported = Path(service.config.job_uri(job_id)) / "hf"  # as a kind 'hf' job's end
+        # where a kind 'hf' job's workers write it at its end (checkpoint_root / "hf")
+        exported = Path(service.cluster.runs[job_id].checkpoint_root) / "hf"
         exported.mkdir(parents=True)
         (exported / "config.json").write_text('{"model_type": "llama"}')
         service.manager.report_finished(job_id, attempt, result(30))
@@ -125,13 +133,42 @@ def test_a_jobs_mlflow_run_through_a_restart_and_an_outage(
         server.stop()
 
 
+def _nothing_sent_twice(service: Service, job_id: str, status: dict[str, Any], url: str
+                        ) -> None:
+    """A service killed after MLflow took steps 11-20 (their reports and a validation loss
+    included) and before it saved its cursor: the run opened again with the cursor of step
+    10 has nothing left to send (it fails with the cursor left where the record had it)."""
+    from raytrain.serve.tracking.metrics import metrics_after
+    from raytrain.serve.tracking.mlflow_rest import MlflowTracker
+    from raytrain.spec import JobStatus
+    from raytrain.spec.tracking import MlflowSpec, TrackedRun
+
+    run = TrackedRun.model_validate(status["tracking"]["runs"]["mlflow"])
+    history = service.request("GET", f"/v1/jobs/{job_id}/history").json()
+    assert run.sent_step == 20 and run.sent_val_step == 15
+    stale = run.model_copy(update={"sent_step": 10, "sent_report": 0.0, "sent_val_step": -1})
+    assert metrics_after(history, stale)[0]  # what a stale cursor would send again
+    tracker = MlflowTracker(MlflowSpec(tracking_uri=url, experiment="tracking-test"),
+                            {"MLFLOW_TRACKING_TOKEN": SECRET})
+    try:
+        reopened = tracker.open(JobStatus.model_validate(status), stale, None)
+    finally:
+        tracker.close()
+    assert metrics_after(history, reopened)[0] == []
+
+
 def _tracked_job(service: Service, tracking: dict[str, Any]) -> tuple[str, list[dict]]:
     """A job with `tracking` trained 12 steps to SUCCEEDED, every tracking pass made; its
-    history's step rows."""
+    history's step rows. A validation loss measured after step 6 arrives once the tracker
+    has taken step 12 (a late point)."""
     job_id = service.request("POST", "/v1/jobs", json={**small_job(),
                                                        "tracking": tracking}).json()["id"]
     service.tick()
     attempt = _train(service, job_id, range(1, 13), 0)
+    service.manager.tracking.pass_once()
+    service.cluster.advance(1.0)
+    service.manager.report_progress(job_id, attempt, {
+        **_report(12), "steps": [], "val_loss": LATE_VAL_LOSS, "val_step": 6})
     service.manager.tracking.pass_once()
     service.manager.report_checkpoint(job_id, attempt, 12, "/ckpt/12", 0.5)
     service.manager.report_finished(job_id, attempt, result(12))
@@ -176,6 +213,9 @@ def test_a_wandb_offline_runs_files_hold_the_jobs_history(tmp_path: Path) -> Non
     for key in ("loss", "lr", "grad_norm"):
         assert {step: items[key] for step, items in logged.items() if key in items} == {
             row["step"]: pytest.approx(row[key], rel=1e-12) for row in history}, key
+    # At its own step, though it came after step 12 (W&B's own step drops what is below it)
+    assert {step: items["val_loss"] for step, items in logged.items()
+            if "val_loss" in items} == {6: LATE_VAL_LOSS}
 
 
 def test_a_resumed_job_starts_a_new_run_linked_to_the_old_one(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ class FakeRun:
     spec: JobSpec
     layout: Layout
     worker_resources: dict[str, float] | None
+    checkpoint_root: str = ""  # where the service told its workers to write
     done: bool = False
     error: str | None = None
 
@@ -53,7 +54,7 @@ class FakeRay:
     def launch(self, job_id: str, spec: JobSpec, layout: Layout, checkpoint_root: str,
                run_root: str, worker_resources: dict[str, float] | None,
                notice_endpoint: str | None) -> FakeRun:
-        run = FakeRun(job_id, spec, layout, worker_resources)
+        run = FakeRun(job_id, spec, layout, worker_resources, checkpoint_root)
         self.runs[job_id] = run
         self.calls.append(("launch", job_id))
         return run

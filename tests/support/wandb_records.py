@@ -39,12 +39,13 @@ def records(path: Path) -> Iterator[Any]:
             yield record
 
 
-def history(path: Path) -> dict[int, dict[str, Any]]:
-    """Each logged step's items, by step."""
+def history(path: Path, step_key: str = "raytrain/step") -> dict[int, dict[str, Any]]:
+    """Each logged row's items, by the job's step (`step_key`, the run's step metric); rows
+    logged at one step merged."""
     out: dict[int, dict[str, Any]] = {}
     for record in records(path):
         if record.WhichOneof("record_type") == "history":
             items = {item.key or "/".join(item.nested_key): json.loads(item.value_json)
                      for item in record.history.item}
-            out[int(items["_step"])] = items
+            out.setdefault(int(items[step_key]), {}).update(items)
     return out

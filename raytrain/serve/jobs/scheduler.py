@@ -230,7 +230,8 @@ class Scheduler:
         # folder: with a bucket, the state directory holds it.
         ray_root = str(self.config.state_path / "runs" / job_id) if is_remote(root) \
             else join(root, "ray")
-        handle = self.cluster.launch(job_id, spec, plan.layout, join(root, "checkpoints"),
+        handle = self.cluster.launch(job_id, spec, plan.layout,
+                                     self.config.checkpoints_uri(job_id),
                                      ray_root, worker_resources, notice_endpoint)
         self.manager.handles[job_id] = handle
         bought = set(worker_resources or ())

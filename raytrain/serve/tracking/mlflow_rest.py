@@ -17,13 +17,14 @@ MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD as basic auth), never from
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import quote
 
 import httpx
 
-from raytrain.serve.tracking.metrics import Metric, params_of, tags_of
+from raytrain.serve.tracking.metrics import REPORT_KEYS, STEP_KEYS, Metric, params_of, tags_of
 from raytrain.spec import JobStatus
 from raytrain.spec.tracking import MlflowSpec, TrackedRun
 
@@ -94,14 +95,14 @@ class MlflowTracker:
 
     def open(self, job: JobStatus, run: TrackedRun, resumes: str | None) -> TrackedRun:
         """The job's run: made (with the job's parameters and tags) if it has none yet, else
-        the one it has, with the cursor moved to the last step MLflow holds of it (a service
-        that restarted before saving its cursor sends nothing twice)."""
+        the one it has, with its cursor moved to what MLflow holds of it (a service that
+        restarted before saving its cursor sends nothing twice): the last step of the step
+        metrics, the last report of the report metrics (by its time, which MLflow keeps to
+        the millisecond), the last validation loss's step."""
         if run.run_id is not None:
             found = self._call("GET", "/api/2.0/mlflow/runs/get", params={"run_id": run.run_id})
-            held = [m for m in found["run"].get("data", {}).get("metrics", [])
-                    if m.get("key") == "loss"]
-            step = max((int(m.get("step", -1)) for m in held), default=-1)
-            return run.model_copy(update={"sent_step": max(run.sent_step, step)})
+            latest = found["run"].get("data", {}).get("metrics", [])
+            return run.model_copy(update=held_cursor(run, latest))
         experiment = self._experiment_id()
         tags = {**tags_of(job), "mlflow.runName": f"{job.spec.name}-{job.id}",
                 **({"raytrain.resumes_run": resumes, "mlflow.parentRunId": resumes}
@@ -160,3 +161,19 @@ class MlflowTracker:
                 raise TrackerError(f"MLflow at {self.spec.tracking_uri} refused an artifact "
                                    f"({answer.status_code})")
         return True
+
+
+def held_cursor(run: TrackedRun, latest: list[dict[str, Any]]) -> dict[str, Any]:
+    """The cursor fields of `run` moved past what MLflow holds (`latest`: each metric's
+    latest value, as runs/get answers: key, step, timestamp in milliseconds)."""
+    def last(keys: tuple[str, ...], field: str) -> int:
+        return max((int(m.get(field, -1)) for m in latest if m.get("key") in keys),
+                   default=-1)
+
+    sent_report = run.sent_report
+    stamp = last(REPORT_KEYS, "timestamp")
+    if stamp >= 0:  # a report was sent iff its time, in whole ms, is at most `stamp`
+        sent_report = max(sent_report, math.nextafter((stamp + 1) / 1000, -math.inf))
+    return {"sent_step": max(run.sent_step, last(STEP_KEYS, "step")),
+            "sent_report": sent_report,
+            "sent_val_step": max(run.sent_val_step, last(("val_loss",), "step"))}
