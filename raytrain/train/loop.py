@@ -252,7 +252,8 @@ def train(
                 if reporter:
                     unsynced.note(meter, losses)
                 unsynced = _Unsynced()
-                if meter.record(steps_done, loss_value) and reporter:
+                if meter.record(steps_done, loss_value,
+                                last=rule.stop or steps_done == last_step) and reporter:
                     sink.progress({**meter.snapshot(), **members.progress(turn)})
             # A notice, a stop or the last step waits for the save to be durable; a periodic
             # one goes on behind training (skipped if the last one is still being stored).

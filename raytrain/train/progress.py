@@ -176,13 +176,16 @@ class ProgressMeter:
         self.fixed.update(val_loss=loss, val_step=step, eval_s=seconds)
         self._saving_s += seconds
 
-    def record(self, step: int, loss: float) -> bool:
-        """Note that `step` steps are done with `loss`; True when a publication is due."""
+    def record(self, step: int, loss: float, last: bool = False) -> bool:
+        """Note that `step` steps are done with `loss`; True when a publication is due:
+        every interval, and at the run's `last` step (the job's end, a stop, a cut), whose
+        steps would otherwise ride a publication that never comes."""
         self.step, self.loss = step, loss
         if self.first_loss is None:
             self.first_loss = loss
         now = self.clock()
-        due = now - self._last_publish_at >= self.interval_s or step >= self.total_steps
+        due = now - self._last_publish_at >= self.interval_s or step >= self.total_steps \
+            or last
         if due:
             window_t, window_step = self._window_start
             span = now - window_t - self._warmup_s

@@ -8,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -150,3 +151,25 @@ def test_every_step_is_kept_in_pages_whatever_the_report_rate(tmp_path: Path) ->
     kept.save(job_id)
     again = json.loads(kept.json(job_id))["steps"]
     assert len(again) == 60 and again[29]["loss"] == 9.0
+
+
+@pytest.mark.parametrize("end", ["stop", "cut"])
+def test_a_run_that_ends_early_reports_its_last_steps(tmp_path: Path, end: str) -> None:
+    """A run stopped by the service (a cancel) or cut short (stop_after_steps), with a report
+    interval longer than the run: its last publication carries every step up to the one it
+    ended at (the meter published only every interval and at the job's last step, so a cancel
+    at step 300 left 296-300 in no history)."""
+    from raytrain.core.resolve import job_layout
+    from raytrain.spec import JobSpec
+    from raytrain.train.loop import train
+    from raytrain.train.rank import WorkerInfo
+    from tests.support.jobs import RecordingSink, job
+
+    spec = JobSpec.model_validate(job(steps=12))
+    sink = RecordingSink(stop_at_step=1 if end == "stop" else None)
+    result = train(spec, WorkerInfo.single_process(), sink, tmp_path / "ckpt",
+                   layout=job_layout(spec), progress_interval_s=3600.0,
+                   **({"stop_after_steps": 5} if end == "cut" else {}))
+    assert 1 <= result["steps"] < 12
+    assert sorted(sink.step_rows()) == list(range(1, result["steps"] + 1))
+    assert sink.reports[-1]["step"] == result["steps"]

@@ -78,6 +78,8 @@ from raytrain.spec.tracking import TrackingState
 
 logger = logging.getLogger(__name__)
 
+LAST_REPORT_WAIT_S = 30.0  # how long a run's end waits for its last progress report
+
 
 class JobManager(JobReads):
     """Construct it (no I/O: a value of its config and cluster adaptor), then `start()` it:
@@ -95,6 +97,8 @@ class JobManager(JobReads):
         self.planner = planner  # once at submit; once more per capacity change
         self.cluster: Cluster[Any] = with_pods(cluster or RayCluster(), self.config, self)
         self.lock = threading.RLock()
+        self._reported = threading.Condition(self.lock)  # each progress report applied
+        self._last_row: dict[str, int] = {}  # the latest step row a job's run reported
         self._changed = threading.Condition(self.lock)
         self._schedule = schedule
         self._stopping = threading.Event()
@@ -284,9 +288,9 @@ class JobManager(JobReads):
         return job
 
     def exported_folder(self, job_id: str) -> Path | None:
-        """The Hugging Face folder a kind 'hf' job wrote at its end (hf/ in its storage
-        folder, on a local or mounted path), if it did."""
-        root = self.config.job_uri(job_id)
+        """The Hugging Face folder a kind 'hf' job wrote at its end (hf/ beside its
+        checkpoints, on a local or mounted path), if it did."""
+        root = self.config.checkpoints_uri(job_id)
         folder = Path(root) / "hf"
         return folder if not is_remote(root) and folder.is_dir() else None
 
@@ -407,7 +411,10 @@ class JobManager(JobReads):
                                               job.plan.layout.world_size,
                                               job.resources.accelerator, self.hardware)
             self._history.add_steps(job_id, rows)  # written with the job's next save
+            if rows:
+                self._last_row[job_id] = max(self._last_row.get(job_id, 0), rows[-1][0])
             reply: dict[str, bool] = self.apply(job_id, lc.ProgressReported(attempt, payload))
+            self._reported.notify_all()
             return reply
 
     def report_checkpoint(self, job_id: str, attempt: int, step: int, path: str,
@@ -440,9 +447,27 @@ class JobManager(JobReads):
                     "groups": {g.index: g.state for g in job.groups},
                     "avoid": sorted(run.noticed_nodes) if run is not None else []}
 
-    def report_finished(self, job_id: str, attempt: int, result: dict[str, Any]) -> None:
-        if job_id in self.records:
-            self.apply(job_id, lc.FinalReport(attempt, result))
+    def report_finished(self, job_id: str, attempt: int, result: dict[str, Any],
+                        wait_s: float = LAST_REPORT_WAIT_S) -> None:
+        """Rank 0's end of a run. Its last progress report (the last steps' rows) may still
+        be on its way, on another of the actor's threads: the end is applied once the job's
+        progress has reached the run's last step (at most `wait_s` later), so that a job
+        never reads as ended with steps missing from its history."""
+        with self.lock:
+            if job_id not in self.records:
+                return
+            last = int(result.get("steps") or 0)
+            reached = self._reported.wait_for(
+                lambda: job_id not in self.records or max(
+                    self._last_row.get(job_id, 0),
+                    self.records[job_id].status.progress.step) >= last, timeout=wait_s)
+            if not reached:
+                logger.warning("job %s ended at step %d, and its progress report of that step "
+                               "did not arrive in %.0f s: its history may lack the last steps",
+                               job_id, last, wait_s)
+            self._last_row.pop(job_id, None)
+            if job_id in self.records:
+                self.apply(job_id, lc.FinalReport(attempt, result))
 
     # -------------------------------------------------------------------- scheduling
 
