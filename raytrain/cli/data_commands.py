@@ -35,8 +35,14 @@ def add_data_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
     prepare.add_argument("--chat", action="store_true", help="fine-tuning examples: JSONL "
                          "lines with `messages` ({role, content}) or `prompt` and `response`; "
                          "the loss is taken on the assistant's turns only (rendered by the "
-                         "chat template of the tokenizer_config.json beside the tokenizer, "
-                         "when there is one)")
+                         "tokenizer's chat template when it has one: chat_template.jinja "
+                         "beside it, else tokenizer_config.json's chat_template)")
+    prepare.add_argument("--chat-template", metavar="NAME", help="with --chat: the named "
+                         "template to render with (additional_chat_templates/NAME.jinja, or "
+                         "a named entry of tokenizer_config.json); default: the default one")
+    prepare.add_argument("--skip-bad", action="store_true", help="leave out the examples "
+                         "or documents that cannot be read (each refusal names its file and "
+                         "line), and count them in the summary, where one stops the prepare")
     prepare.set_defaults(func=cmd_data_prepare)
 
     export = command("export", "write a kind 'hf' job's checkpoint as a Hugging Face folder "
@@ -87,6 +93,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_data_prepare(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from raytrain.cloud.object_store import is_remote
     from raytrain.data.prepare import PrepareError, prepare
     from raytrain.errors import RaytrainError
 
@@ -108,14 +115,20 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
         index: dict[str, Any] = prepare(args.inputs, str(tokenizer), args.out,
                                         field=args.field, column=args.column, eod=args.eod,
                                         shard_tokens=args.shard_tokens, progress=progress,
-                                        chat=args.chat)
+                                        chat=args.chat, chat_template=args.chat_template,
+                                        skip_bad=args.skip_bad)
     except (PrepareError, OSError, ValueError, RaytrainError) as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         return 2
     seconds = time.monotonic() - began
     kind = "examples" if args.chat else "documents"
+    # The path a job names: the service resolves a relative one against its own folder.
+    where = args.out if is_remote(args.out) else str(Path(args.out).expanduser().resolve())
     out.print(f"{index['documents']:,} {kind}, {index['tokens']:,} tokens ({index['dtype']}) "
-              f"in {len(index['shards'])} shard(s) at {escape(args.out)} in {seconds:.1f} s; "
-              f"train on it with data.kind token_file, data.path {escape(args.out)}",
+              f"in {len(index['shards'])} shard(s) at {escape(where)} in {seconds:.1f} s; "
+              f"train on it with data.kind token_file, data.path {escape(where)}",
               highlight=False)
+    if index.get("skipped"):
+        err.print(f"[yellow]skipped {index['skipped']:,} bad {kind}[/yellow] (--skip-bad), "
+                  f"the first: {escape(index['skipped_first'][0])}", highlight=False)
     return 0

@@ -4,8 +4,10 @@ whose loss is taken.
 An example is a JSONL record with `messages` (a list of {role, content}) or `prompt` and
 `response` strings. Its loss is taken on the assistant's turns (the response) only:
 
-- with a chat template (`chat_template` in the `tokenizer_config.json` beside the
-  `tokenizer.json`, as Hugging Face ships it), the conversation is rendered by that template
+- with a chat template beside the `tokenizer.json` (where transformers reads it:
+  `chat_template.jinja` and `additional_chat_templates/`, else `chat_template` in
+  `tokenizer_config.json`; `--chat-template NAME` picks a named one), the conversation is
+  rendered by that template
   (Jinja in a sandbox, as transformers renders it: its `{% generation %}` tag, loop
   controls, `tojson`, `raise_exception`; not `strftime_now`, so that the same input gives the
   same bytes on any day: templates that ask whether it is defined use their own date). A
@@ -18,7 +20,9 @@ An example is a JSONL record with `messages` (a list of {role, content}) or `pro
 - without one, the tokens of each message follow each other, the assistant's trained, and
   the end-of-document token after the example is trained too (so the model learns to stop).
 
-A token is trained when the character it starts at lies in a trained turn. Hand-written here:
+A token is trained when it overlaps text a template marks (as transformers' masks take it: a
+token that begins before the mark but ends in it too), or, for turns found by rendering, when
+the character it starts at lies in the turn. Hand-written here:
 transformers' `apply_chat_template(return_assistant_tokens_mask=True)` needs the template to
 mark turns with `{% generation %}`, which few shipped templates do, and transformers is not a
 dependency of the data path; where a template marks them, the masks are transformers' own
@@ -46,23 +50,55 @@ class ChatError(ValueError):
     """An example or template that cannot be made into tokens and spans, with the fix."""
 
 
-def load_template(tokenizer_path: Path) -> tuple[str | None, dict[str, str]]:
-    """The chat template beside `tokenizer_path` (tokenizer_config.json's `chat_template`,
-    or its entry named 'default'), and the special tokens a template may name."""
-    config_path = tokenizer_path.parent / "tokenizer_config.json"
+def load_template(tokenizer_path: Path, name: str | None = None
+                  ) -> tuple[str | None, dict[str, str]]:
+    """The chat template beside `tokenizer_path`, found where transformers finds it:
+    `chat_template.jinja` (what transformers 5 writes, as 'default') and
+    `additional_chat_templates/NAME.jinja`, which take priority over tokenizer_config.json's
+    `chat_template` (a string, or a list of {name, template}). `name` picks one; else the
+    'default'. None if the folder has none; ChatError for a template that cannot be used
+    (unreadable, not text, a name it lacks, several with no default). Also the special
+    tokens a template may name (special_tokens)."""
+    folder = tokenizer_path.parent
+    config = _tokenizer_config(folder)
+    templates = _template_files(folder) or _config_templates(
+        config.get("chat_template"), folder / "tokenizer_config.json")
+    if name is not None:
+        if name not in templates:
+            raise ChatError(f"the tokenizer in {folder} has no chat template named {name!r} "
+                            f"(it has: {', '.join(sorted(templates)) or 'none'}). To fix: "
+                            "name one of those, or leave --chat-template out")
+        return templates[name], _specials(config)
+    if templates and "default" not in templates:
+        raise ChatError(f"the tokenizer in {folder} has several chat templates and no default "
+                        f"({', '.join(sorted(templates))}). To fix: pick one with "
+                        "--chat-template NAME")
+    return templates.get("default"), _specials(config)
+
+
+def special_tokens(tokenizer_path: Path) -> dict[str, str]:
+    """The special tokens (bos_token, eos_token, pad_token, unk_token) that the
+    tokenizer_config.json beside `tokenizer_path` names; {} if there is none."""
+    return _specials(_tokenizer_config(tokenizer_path.parent))
+
+
+_FIX = "To fix: give the tokenizer's folder as save_pretrained wrote it"
+
+
+def _tokenizer_config(folder: Path) -> dict[str, Any]:
+    config_path = folder / "tokenizer_config.json"
     if not config_path.is_file():
-        return None, {}
-    fix = "To fix: give the tokenizer's folder as save_pretrained wrote it"
+        return {}
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
     except ValueError as exc:
-        raise ChatError(f"{config_path} is not a JSON object ({exc}). {fix}") from None
+        raise ChatError(f"{config_path} is not a JSON object ({exc}). {_FIX}") from None
     if not isinstance(config, dict):
-        raise ChatError(f"{config_path} is not a JSON object. {fix}")
-    template = config.get("chat_template")
-    if isinstance(template, list):  # [{name, template}, ...]
-        named = {entry.get("name"): entry.get("template") for entry in template}
-        template = named.get("default")
+        raise ChatError(f"{config_path} is not a JSON object. {_FIX}")
+    return config
+
+
+def _specials(config: dict[str, Any]) -> dict[str, str]:
     specials = {}
     for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
         value = config.get(key)
@@ -70,7 +106,38 @@ def load_template(tokenizer_path: Path) -> tuple[str | None, dict[str, str]]:
             value = value.get("content")
         if isinstance(value, str):
             specials[key] = value
-    return (template if isinstance(template, str) else None), specials
+    return specials
+
+
+def _template_files(folder: Path) -> dict[str, str]:
+    """chat_template.jinja as 'default' and additional_chat_templates/*.jinja by name."""
+    files = [(folder / "chat_template.jinja", "default")]
+    extra = folder / "additional_chat_templates"
+    if extra.is_dir():
+        files += [(path, path.stem) for path in sorted(extra.glob("*.jinja"))]
+    templates = {}
+    for path, name in files:
+        if path.is_file():
+            try:
+                templates[name] = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ChatError(f"{path} cannot be read as a chat template ({exc}). "
+                                f"{_FIX}") from None
+    return templates
+
+
+def _config_templates(entry: Any, config_path: Path) -> dict[str, str]:
+    """tokenizer_config.json's `chat_template`: a string, or [{name, template}, ...]."""
+    if entry is None:
+        return {}
+    if isinstance(entry, str):
+        return {"default": entry}
+    if isinstance(entry, list) and all(
+            isinstance(e, dict) and isinstance(e.get("name"), str)
+            and isinstance(e.get("template"), str) for e in entry):
+        return {e["name"]: e["template"] for e in entry}
+    raise ChatError(f"{config_path}'s chat_template is neither a template nor a list of "
+                    f"{{name, template}} ({type(entry).__name__}). {_FIX}")
 
 
 def _environment() -> Any:
@@ -144,15 +211,37 @@ def _renderer(template: str, specials: dict[str, str]
     return render
 
 
+# Roles the common templates know; one a letter or two from them is a misspelling, refused
+# (another role passes: a template may have its own).
+ROLES = ("system", "user", "assistant", "tool", "developer", "ipython", "function")
+
+
 def messages_of(record: Any, where: str) -> list[dict[str, str]]:
-    """The conversation of one record: its `messages`, or `prompt` and `response`."""
-    if isinstance(record, dict) and isinstance(record.get("messages"), list):
+    """The conversation of one record (`where`: its file and line): its `messages`, or
+    `prompt` and `response`; ChatError naming the field that is wrong, with the fix."""
+    import difflib
+
+    shape = ("To fix: each line holds `messages` (a list of {role, content}) or `prompt` and "
+             "`response` strings")
+    if isinstance(record, dict) and "messages" in record:
         messages = record["messages"]
-        if all(isinstance(m, dict) and isinstance(m.get("role"), str)
-               and isinstance(m.get("content"), str) for m in messages) and messages:
-            return [{"role": m["role"], "content": m["content"]} for m in messages]
-    elif isinstance(record, dict) and isinstance(record.get("prompt"), str) \
-            and isinstance(record.get("response"), str):
+        if not isinstance(messages, list) or not messages:
+            raise ChatError(f"{where}: messages is not a list of turns. {shape}")
+        for n, message in enumerate(messages):
+            for key in ("role", "content"):
+                if not isinstance(message, dict) or not isinstance(message.get(key), str):
+                    raise ChatError(f"{where}: messages[{n}].{key} is not a string. {shape}")
+            role = message["role"]
+            close = difflib.get_close_matches(role, ROLES, n=1, cutoff=0.75)
+            if role not in ROLES and close:
+                raise ChatError(f"{where}: messages[{n}].role is {role!r}; did you mean "
+                                f"{close[0]!r}? To fix: spell the role as the template "
+                                f"names it ({', '.join(ROLES[:4])})")
+        return [{"role": m["role"], "content": m["content"]} for m in messages]
+    if isinstance(record, dict) and ("prompt" in record or "response" in record):
+        for key in ("prompt", "response"):
+            if not isinstance(record.get(key), str):
+                raise ChatError(f"{where}: {key} is not a string. {shape}")
         return [{"role": "user", "content": record["prompt"]},
                 {"role": "assistant", "content": record["response"]}]
     raise ChatError(f"{where} is not an example: with --chat each line holds `messages` (a "
@@ -162,9 +251,10 @@ def messages_of(record: Any, where: str) -> list[dict[str, str]]:
 class ChatEncoder:
     """Examples into (token ids, trained flags), by the template when there is one."""
 
-    def __init__(self, tokenizer: Any, tokenizer_path: Path, eod_id: int) -> None:
+    def __init__(self, tokenizer: Any, tokenizer_path: Path, eod_id: int,
+                 template_name: str | None = None) -> None:
         self.tokenizer, self.eod_id = tokenizer, eod_id
-        template, specials = load_template(tokenizer_path)
+        template, specials = load_template(tokenizer_path, template_name)
         self.render = _renderer(template, specials) if template else None
         self.marked = bool(template and GENERATION_TAG.search(template))
 
@@ -178,7 +268,9 @@ class ChatEncoder:
         whether each id's loss is taken; the templated texts encoded in one batch."""
         for messages, where in examples:
             if not any(m["role"] == "assistant" for m in messages):
-                raise ChatError(f"{where} has no assistant turn to train on")
+                raise ChatError(f"{where} has no assistant turn to train on (roles: "
+                                f"{', '.join(m['role'] for m in messages)}). To fix: give each "
+                                "example an assistant turn, or pass --skip-bad")
         if self.render is None:
             return [self._plain(messages) for messages, _ in examples]
         rendered = [self._rendered(messages, where) for messages, where in examples]
@@ -186,11 +278,15 @@ class ChatEncoder:
                                                 add_special_tokens=False)
         out = []
         for encoding, (_, spans) in zip(encodings, rendered):
-            starts = np.fromiter((start for start, _ in encoding.offsets), dtype=np.int64,
-                                 count=len(encoding.ids))
+            offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
+            starts, ends = offsets[:, 0], offsets[:, 1]
             trained = np.zeros(len(starts), dtype=bool)
             for first, end in spans:
-                trained |= (starts >= first) & (starts < end)
+                # Marked text: every token that overlaps it, one that begins before the
+                # mark included (transformers' assistant masks); a turn found by rendering:
+                # the tokens that begin in it.
+                trained |= (starts < end) & ((ends > first) if self.marked else
+                                             (starts >= first))
             ids = np.asarray(encoding.ids + [self.eod_id], dtype=np.int64)
             out.append((ids, np.append(trained, False)))  # the template closed the turn
         return out

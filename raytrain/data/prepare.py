@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator, TypeVar
 import numpy as np
 
 from raytrain.cloud.object_store import is_remote, open_store
-from raytrain.data.chat import ChatEncoder, ChatError, load_template, messages_of, spans_of
+from raytrain.data.chat import ChatEncoder, ChatError, messages_of, spans_of, special_tokens
 from raytrain.data.shards import INDEX, SPANS_DTYPE
 
 T = TypeVar("T")
@@ -45,17 +45,55 @@ class PrepareError(Exception):
     """A bad input or option, with the fix."""
 
 
-def documents(path: Path, field: str, column: str) -> Iterator[str]:
+class Skipped:
+    """The bad lines a prepare with --skip-bad left out: how many, and the first refusals."""
+
+    KEEP = 20
+
+    def __init__(self, skip: bool) -> None:
+        self.skip, self.count, self.first = skip, 0, []
+
+    def refuse(self, why: str) -> None:
+        """Skip the line `why` refuses, or end the prepare with it."""
+        if not self.skip:
+            raise PrepareError(why + " (or pass --skip-bad to leave such lines out)")
+        self.count += 1
+        if len(self.first) < self.KEEP:
+            self.first.append(why)
+
+    def index(self) -> dict[str, Any]:
+        return {"skipped": self.count, "skipped_first": self.first} if self.count else {}
+
+
+def json_line(line: str, where: str) -> Any:
+    """One JSONL line's value; ChatError naming its file, line and column if it is not
+    JSON."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ChatError(f"{where} is not JSON ({exc.msg} at column {exc.colno}). To fix: "
+                        "mend the line, one JSON object a line") from None
+
+
+def documents(path: Path, field: str, column: str, skipped: Skipped | None = None
+              ) -> Iterator[str]:
     """The documents of one input: a .jsonl's lines' `field`, a .parquet's `column`, a text
-    file whole."""
+    file whole. A bad line is refused, or left out and counted (`skipped`)."""
+    skipped = skipped or Skipped(False)
     if path.suffix == ".jsonl":
         with open(path, encoding="utf-8") as handle:
             for number, line in enumerate(handle, 1):
                 if line.strip():
-                    record = json.loads(line)
+                    where = f"{path}:{number}"
+                    try:
+                        record = json_line(line, where)
+                    except ChatError as exc:
+                        skipped.refuse(str(exc))
+                        continue
                     if not isinstance(record, dict) or not isinstance(record.get(field), str):
-                        raise PrepareError(f"{path}:{number} has no text field {field!r}. "
-                                           "To fix: name the field with --field")
+                        skipped.refuse(f"{where} has no text field {field!r}. To fix: name "
+                                       "the field with --field")
+                        continue
                     yield record[field]
     elif path.suffix == ".parquet":
         import pyarrow.parquet as pq
@@ -86,10 +124,12 @@ def end_of_document(tokenizer: Any, named: str | None, eos_token: str | None = N
 
 def prepare(inputs: list[str], tokenizer_path: str, out: str, field: str = "text",
             column: str = "text", eod: str | None = None, shard_tokens: int = 100_000_000,
-            progress: Callable[[int, int], None] | None = None, chat: bool = False
-            ) -> dict[str, Any]:
+            progress: Callable[[int, int], None] | None = None, chat: bool = False,
+            chat_template: str | None = None, skip_bad: bool = False) -> dict[str, Any]:
     """Tokenize `inputs` into shards under `out`; the index written (module doc).
-    `progress(documents, tokens)` is called after each batch."""
+    `progress(documents, tokens)` is called after each batch. `chat_template`: the named
+    template to render with; `skip_bad`: leave out the lines that cannot be read (counted in
+    the index's `skipped`) where the first ends the prepare."""
     from tokenizers import Tokenizer
 
     paths = [Path(p).expanduser() for p in inputs]
@@ -117,7 +157,7 @@ def prepare(inputs: list[str], tokenizer_path: str, out: str, field: str = "text
                            "wrote") from None
     vocab = tokenizer.get_vocab_size(with_added_tokens=True)
     dtype = np.uint16 if vocab <= 2**16 else np.uint32
-    eod_id = end_of_document(tokenizer, eod, load_template(tokenizer_file)[1].get("eos_token"))
+    eod_id = end_of_document(tokenizer, eod, special_tokens(tokenizer_file).get("eos_token"))
     with tempfile.TemporaryDirectory(prefix="raytrain-prepare-") as staging:
         store = open_store(out) if is_remote(out) else None
         folder = Path(staging) if store is not None else Path(out).expanduser()
@@ -129,13 +169,18 @@ def prepare(inputs: list[str], tokenizer_path: str, out: str, field: str = "text
                 path.unlink()
 
         writer = _ShardWriter(folder, dtype, shard_tokens, finished)
+        skipped = Skipped(skip_bad)
         if chat:
-            encoder = ChatEncoder(tokenizer, tokenizer_file, eod_id)
-            index = _tokenize_chat(paths, encoder, writer, dtype, progress)
+            try:
+                encoder = ChatEncoder(tokenizer, tokenizer_file, eod_id, chat_template)
+            except ChatError as exc:
+                raise PrepareError(str(exc)) from None
+            index = _tokenize_chat(paths, encoder, writer, dtype, progress, skipped)
         else:
-            index = _tokenize(paths, tokenizer, writer, dtype, eod_id, field, column, progress)
+            index = _tokenize(paths, tokenizer, writer, dtype, eod_id, field, column, progress,
+                              skipped)
         index = {"version": 1, "dtype": np.dtype(dtype).name, "vocab_size": vocab,
-                 "eod_token": eod_id, **index}
+                 "eod_token": eod_id, **index, **skipped.index()}
         if chat:
             index = {**index, "masked": True, "chat_template": encoder.templated}
         text = json.dumps(index, indent=1) + "\n"
@@ -148,7 +193,8 @@ def prepare(inputs: list[str], tokenizer_path: str, out: str, field: str = "text
 
 def _tokenize(paths: list[Path], tokenizer: Any, writer: _ShardWriter, dtype: Any,
               eod_id: int, field: str, column: str,
-              progress: Callable[[int, int], None] | None) -> dict[str, Any]:
+              progress: Callable[[int, int], None] | None, skipped: Skipped
+              ) -> dict[str, Any]:
     """Every document into the writer's shards; the index's counts and shards."""
     count = 0
 
@@ -163,7 +209,8 @@ def _tokenize(paths: list[Path], tokenizer: Any, writer: _ShardWriter, dtype: An
     with ThreadPoolExecutor(1, thread_name_prefix="raytrain-encode") as pool:
         pending: Future[np.ndarray] | None = None
         sizes: list[int] = []
-        for batch in _batches((doc for path in paths for doc in documents(path, field, column))):
+        for batch in _batches((doc for path in paths
+                               for doc in documents(path, field, column, skipped))):
             if pending is not None:
                 writer.add(pending.result())
                 count += sizes.pop(0)
@@ -180,8 +227,10 @@ def _tokenize(paths: list[Path], tokenizer: Any, writer: _ShardWriter, dtype: An
 
 
 def _tokenize_chat(paths: list[Path], encoder: ChatEncoder, writer: _ShardWriter, dtype: Any,
-                   progress: Callable[[int, int], None] | None) -> dict[str, Any]:
-    """Every example into the writer's shards with its trained spans."""
+                   progress: Callable[[int, int], None] | None, skipped: Skipped
+                   ) -> dict[str, Any]:
+    """Every example into the writer's shards with its trained spans; a bad one refused, or
+    left out and counted (`skipped`)."""
     def examples() -> Iterator[tuple[list[dict[str, str]], str]]:
         for path in paths:
             with open(path, encoding="utf-8") as handle:
@@ -189,19 +238,26 @@ def _tokenize_chat(paths: list[Path], encoder: ChatEncoder, writer: _ShardWriter
                     if line.strip():
                         where = f"{path}:{number}"
                         try:
-                            yield messages_of(json.loads(line), where), where
-                        except (ChatError, ValueError) as exc:
-                            raise PrepareError(str(exc)) from None
+                            yield messages_of(json_line(line, where), where), where
+                        except ChatError as exc:
+                            skipped.refuse(str(exc))
 
     count = 0
     for batch in _batches(examples()):
         try:
             encoded = encoder.encode(batch)
         except ChatError as exc:
-            raise PrepareError(str(exc)) from None
+            if not skipped.skip:
+                raise PrepareError(str(exc)) from None
+            encoded = []
+            for example in batch:  # find the bad ones
+                try:
+                    encoded += encoder.encode([example])
+                except ChatError as bad:
+                    skipped.refuse(str(bad))
         for ids, trained in encoded:
             writer.add(ids.astype(dtype), trained)
-        count += len(batch)
+        count += len(encoded)
         if progress is not None:
             progress(count, writer.tokens)
     return {"documents": count, "tokens": writer.tokens, "shards": writer.close()}

@@ -241,3 +241,94 @@ def test_a_bad_chat_example_is_refused_with_the_fix(tmp_path: Path,
     assert main(["data", "prepare", str(text), "--chat", "--tokenizer", str(tokenizer),
                  "--out", str(tmp_path / "out")]) == 2
     assert "JSONL" in capsys.readouterr().err
+
+
+# The mark begins inside a word: 'A: th' + marked 'en: ...', whose token 'Ġthen' (' then')
+# begins before the mark; transformers trains it.
+INSIDE = ("{% for m in messages %}{% if m['role'] == 'assistant' %}{{ 'A: th' }}"
+          "{% generation %}{{ 'en: ' + m['content'] + '<|im_end|>' }}{% endgeneration %}"
+          "{{ '\\n' }}{% else %}"
+          "{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endif %}{% endfor %}")
+
+
+@pytest.mark.parametrize("case", ["saved", "named", "inside_a_token"])
+def test_a_tokenizer_saved_by_transformers_gives_its_tokens_and_masks(
+        tmp_path: Path, case: str, capsys: pytest.CaptureFixture) -> None:
+    """A tokenizer folder as transformers 5's save_pretrained writes it: the template in
+    chat_template.jinja (none in tokenizer_config.json), named ones in
+    additional_chat_templates/ (picked with --chat-template; several with no default are
+    refused, naming them). Every example's tokens and trained flags are those of
+    AutoTokenizer.from_pretrained(folder).apply_chat_template(return_assistant_tokens_mask=
+    True), a mark that starts inside a token included (reading only tokenizer_config.json
+    packed plain messages; a token trained only from where it starts missed ' 3')."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from raytrain.data.chat import messages_of
+
+    folder = tmp_path / "tokenizer"
+    folder.mkdir()
+    templates: dict[str, str] | str = {"marked": MARKED, "inside": INSIDE} \
+        if case == "named" else INSIDE if case == "inside_a_token" else MARKED
+    PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file(tmp_path)), eos_token="<|endoftext|>",
+                            chat_template=templates).save_pretrained(folder)
+    assert not json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template")
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps(c) + "\n" for c in CHATS))
+    command = ["data", "prepare", str(chats), "--chat", "--tokenizer", str(folder),
+               "--out", str(tmp_path / "out")]
+    name = None
+    if case == "named":
+        assert main(command) == 2  # no default: which one?
+        err = capsys.readouterr().err
+        assert "--chat-template" in err and "inside" in err and "marked" in err
+        name = "inside"
+        command += ["--chat-template", name]
+    assert main(command) == 0
+    index = json.loads((tmp_path / "out" / "index.json").read_text())
+    assert index["chat_template"]
+    source = TokenShards(str(tmp_path / "out"), seq_len=16, vocab_size=None)
+    stream = source.tokens(0, source.total)
+    trained = source.spans.contains(np.arange(source.total))
+    ends = np.flatnonzero(stream == index["eod_token"])
+    theirs = AutoTokenizer.from_pretrained(folder)
+    for record, first, end in zip(CHATS, np.concatenate([[0], ends[:-1] + 1]), ends):
+        masked = theirs.apply_chat_template(messages_of(record, "-"), tokenize=True,
+                                            return_dict=True, chat_template=name,
+                                            return_assistant_tokens_mask=True)
+        assert stream[first:end].tolist() == masked["input_ids"]
+        assert trained[first:end].astype(int).tolist() == masked["assistant_masks"]
+
+
+def test_each_bad_line_is_named_and_skip_bad_leaves_it_out(
+        tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A line that is not JSON, a misspelt role and a turn that is no string are refused
+    naming the file, the line and the field; --skip-bad leaves them out, trains the rest and
+    counts them. The summary names the shards' absolute path (a job's data.path; the service
+    resolves a relative one against its own folder)."""
+    tokenizer, _ = chat_inputs(tmp_path, CHATML)
+    good = json.dumps(CHATS[0])
+    lines = {2: '{"messages": [{"role": "user", "content": "hi"} {"role"',
+             3: json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                         {"role": "assitant", "content": "hello"}]}),
+             4: json.dumps({"messages": [{"role": "user", "content": 3}]})}
+    says = {2: "is not JSON (Expecting ',' delimiter at column",
+            3: "messages[1].role is 'assitant'; did you mean 'assistant'?",
+            4: "messages[0].content is not a string"}
+    bad = tmp_path / "bad.jsonl"
+    for number, line in lines.items():
+        bad.write_text("\n".join([good] * (number - 1) + [line, good]) + "\n")
+        assert main(["data", "prepare", str(bad), "--chat", "--tokenizer", str(tokenizer),
+                     "--out", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert f"bad.jsonl:{number}" in err and says[number] in err and "--skip-bad" in err
+    bad.write_text("\n".join([good, *lines.values(), good]) + "\n")
+    monkey = tmp_path / "here"
+    monkey.mkdir()
+    monkeypatch.chdir(monkey)
+    assert main(["data", "prepare", str(bad), "--chat", "--tokenizer", str(tokenizer),
+                 "--out", "relative", "--skip-bad"]) == 0
+    printed = capsys.readouterr()
+    index = json.loads((monkey / "relative" / "index.json").read_text())
+    assert index["documents"] == 2 and index["skipped"] == 3
+    assert "skipped 3 bad examples" in printed.err and "bad.jsonl:2" in printed.err
+    assert f"data.path {monkey / 'relative'}" in printed.out.replace("\n", "")
