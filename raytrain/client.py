@@ -105,7 +105,9 @@ class Client:
         given), so it never queues the job twice."""
         headers = {"Idempotency-Key": idempotency_key or uuid.uuid4().hex}
         if isinstance(spec, (str, Path)):
-            document = read_document(Path(spec), "job spec")
+            spec = read_document(Path(spec), "job spec")
+        if isinstance(spec, dict):
+            document = spec
             try:
                 spec = parse_job_spec(document)
             except SpecError as here:

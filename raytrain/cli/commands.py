@@ -29,6 +29,7 @@ from typing import Any
 
 from rich.console import Console
 
+from raytrain.cli.local_paths import absolute_paths
 from raytrain.cli.progress_view import JobProgressView
 from raytrain.cli.views import (
     jobs_table,
@@ -43,6 +44,7 @@ from raytrain.spec import (
     JobStatus,
 )
 from raytrain.spec.files import EXAMPLES_DIR
+from raytrain.spec.job import read_document
 
 out = Console()
 # Errors and warnings are not broken into lines at 80 columns when stderr is not a terminal:
@@ -88,7 +90,7 @@ def _follow_or_leave(client: Client, job_id: str, json_output: bool = False) -> 
         return _follow(client, job_id, json_output)
     except KeyboardInterrupt:
         err.print(f"\nstopped following job {job_id}; it goes on in the service. Follow it "
-                  f"again with `raytrain status {job_id}` or `raytrain logs {job_id} --follow`, "
+                  f"again with `raytrain follow {job_id}` or `raytrain logs {job_id} --follow`, "
                   f"or stop it with `raytrain cancel {job_id}`.", highlight=False)
         raise
 
@@ -98,7 +100,9 @@ def _follow_or_leave(client: Client, job_id: str, json_output: bool = False) -> 
 
 def cmd_submit(args: argparse.Namespace) -> int:
     client = _client(args)
-    job = client.submit(Path(args.file))
+    document = absolute_paths(read_document(Path(args.file), "job spec"), client.url,
+                              Path.cwd())
+    job = client.submit(document)
     if args.json and not args.follow:
         print_json(job.status().model_dump(mode="json"))
         return 0
@@ -106,19 +110,32 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if not args.follow:
         out.print(job.id)
         return 0
-    status = _follow_or_leave(client, job.id, json_output=args.json)
-    if args.json:
+    return _followed(client, job.id, args.json)
+
+
+def _followed(client: Client, job_id: str, json_output: bool) -> int:
+    """Follow a job to its end (`--follow`, `raytrain follow`): 0 if it succeeded."""
+    status = _follow_or_leave(client, job_id, json_output=json_output)
+    if json_output:
         print_json(status.model_dump(mode="json"))
     return 0 if status.state == JobState.SUCCEEDED else 1
 
 
+def cmd_follow(args: argparse.Namespace) -> int:
+    return _followed(_client(args), args.id, args.json)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
+    if args.follow:
+        return _followed(_client(args), args.id, args.json)
     if args.steps:
-        steps = _client(args).history(args.id).steps
+        history = _client(args).history(args.id)
         if args.json:
-            print_json([step.model_dump(mode="json") for step in steps])
+            print_json([step.model_dump(mode="json") for step in history.steps])
         else:
-            out.print(steps_table(steps))
+            validation = {point.val_step: point.val_loss for point in history.points
+                          if point.val_step is not None and point.val_loss is not None}
+            out.print(steps_table(history.steps, validation))
         return 0
     job = _client(args).get(args.id)
     if args.json:
@@ -158,6 +175,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if not args.json:  # the id alone on stdout, as submit prints it: R=$(raytrain resume ID)
         err.print(f"job [bold]{job.id}[/bold] queued, going on from {args.id}'s checkpoint "
                   f"{job.spec.training.resume_from}", soft_wrap=True)
+    if args.follow:
+        return _followed(client, job.id, args.json)
     return _print_job(args, job, job.id)
 
 

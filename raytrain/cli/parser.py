@@ -17,6 +17,7 @@ from raytrain.cli.commands import (
     DEMO_SPEC,
     cmd_cancel,
     cmd_delete,
+    cmd_follow,
     cmd_list,
     cmd_logs,
     cmd_resume,
@@ -165,9 +166,16 @@ def add_job_commands(command: Command) -> None:
     status = command("status", "one job's status", json_flag=True)
     status.add_argument("id")
     status.add_argument("--steps", action="store_true",
-                        help="every step's loss, learning rate, gradient norm and tokens "
-                        "(from the job's history) instead of the status")
+                        help="every step's loss, validation loss, learning rate, gradient "
+                        "norm and tokens (from the job's history) instead of the status")
+    status.add_argument("--follow", action="store_true", help="show progress until the job "
+                        "ends (as `raytrain follow ID`)")
     status.set_defaults(func=cmd_status)
+
+    follow = command("follow", "show a job's progress until it ends, then its summary",
+                     json_flag=True)
+    follow.add_argument("id")
+    follow.set_defaults(func=cmd_follow)
 
     listing = command("list", "all jobs, oldest first", json_flag=True)
     listing.add_argument("--state", action="append", type=str.upper,
@@ -184,6 +192,8 @@ def add_job_commands(command: Command) -> None:
     resume.add_argument("id")
     resume.add_argument("--budget-usd", type=float, default=None,
                         help="the new job's budget (default: the old job's)")
+    resume.add_argument("--follow", action="store_true", help="show the new job's progress "
+                        "until it ends")
     resume.set_defaults(func=cmd_resume)
 
     delete = command("delete", "forget an ended job and delete its checkpoints and logs",

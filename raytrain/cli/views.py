@@ -94,14 +94,17 @@ def jobs_table(jobs: Sequence[JobStatus]) -> Table:
     return table
 
 
-def steps_table(steps: list[StepRecord]) -> Table:
-    """Every step's row of a job's history: step, loss, learning rate, gradient norm."""
+def steps_table(steps: list[StepRecord], validation: dict[int, float] | None = None
+                ) -> Table:
+    """Every step's row of a job's history: step, loss, validation loss (`validation`: by the
+    step it was measured after), learning rate, gradient norm, tokens."""
+    validation = validation or {}
     table = Table(box=None)
-    for name in ("step", "loss", "lr", "grad norm", "tokens"):
+    for name in ("step", "loss", "val loss", "lr", "grad norm", "tokens"):
         table.add_column(name, justify="right")
     for row in steps:
-        table.add_row(str(row.step), *("-" if v is None else f"{v:.6g}"
-                                       for v in (row.loss, row.lr, row.grad_norm)),
+        table.add_row(str(row.step), *("-" if v is None else f"{v:.6g}" for v in (
+            row.loss, validation.get(row.step), row.lr, row.grad_norm)),
                       "-" if row.tokens is None else str(row.tokens))
     return table
 
@@ -126,6 +129,8 @@ def status_table(job: JobStatus) -> Table:
         ("step", f"{p.step}/{p.total_steps}"),
         ("loss", "-" if p.loss is None else f"{p.loss:.4f} (first {p.first_loss:.4f})"
          if p.first_loss is not None else f"{p.loss:.4f}"),
+        *([("validation loss", f"{p.val_loss:.4f} after step {p.val_step}")]
+          if p.val_loss is not None else []),
         ("tokens/s", count_text(p.tokens_per_s) + (" (at the last report)"
                                                   if p.tokens_per_s else "")),
         ("elapsed / ETA", f"{duration_text(p.elapsed_s)} / " + (

@@ -30,6 +30,7 @@ from raytrain.errors import FieldError, RaytrainError, SpecError
 from raytrain.spec._base import Strict
 from raytrain.spec.gpt_config import GPTConfig, RopeScaling
 from raytrain.spec.hf_config import gpt_config_from_hf
+from raytrain.spec.local_paths import relative_hint
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                  "Qwen3ForCausalLM")
@@ -75,7 +76,8 @@ def read_config(source: HFSource) -> dict[str, Any]:
         else:
             document = json.loads(Path(config).read_text())
     except (OSError, ValueError, RaytrainError) as exc:
-        raise SpecError([FieldError(HERE, f"cannot read {config}: {exc}. To fix: give a "
+        raise SpecError([FieldError(HERE, f"cannot read {config}: {exc}"
+                                    f"{relative_hint(source.path)}. To fix: give a "
                                     "Hugging Face model folder (save_pretrained's output) "
                                     "that the service's node can read")]) from None
     if not isinstance(document, dict):
