@@ -152,13 +152,14 @@ class Client:
                                headers={"Idempotency-Key": uuid.uuid4().hex})
         return Job(self, JobStatus.model_validate(answer).id)
 
-    def export(self, job_id: str, step: int | None = None, merge: bool = False
-               ) -> ExportAnswer:
+    def export(self, job_id: str, step: int | None = None, merge: bool = False,
+               dtype: str | None = None) -> ExportAnswer:
         """Write a kind 'hf' job's checkpoint (the latest, or `step`'s) as a Hugging Face
         folder in the job's storage (a LoRA job's adapter, or with `merge` its merged
         model); where it is (`path`). Waits while it is written."""
         return ExportAnswer.model_validate(self._request(
-            "POST", f"/v1/jobs/{job_id}/export", job_id, json={"step": step, "merge": merge},
+            "POST", f"/v1/jobs/{job_id}/export", job_id,
+            json={"step": step, "merge": merge, "dtype": dtype},
             timeout=EXPORT_TIMEOUT_S))
 
     def delete(self, job_id: str) -> JobStatus:

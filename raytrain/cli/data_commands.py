@@ -59,6 +59,9 @@ def add_data_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
     export.add_argument("--merge", action="store_true", help="a training.lora job: the adapter "
                         "folded into the weights (a whole model), not the adapter as a PEFT "
                         "folder")
+    export.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="the "
+                        "dtype to write the weights in (default: the one the source folder's "
+                        "config.json states, as save_pretrained writes)")
     export.set_defaults(func=cmd_export)
 
 
@@ -70,14 +73,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     client = _client(args)
     try:
         if args.in_storage:
-            answer = client.export(args.id, args.step, args.merge)
+            answer = client.export(args.id, args.step, args.merge, args.dtype)
             out.print(answer.path, highlight=False, soft_wrap=True)
             return 0
         status = client.get(args.id)
         _, ref = checkpoint_to_export(status, args.step)
         from raytrain.train.export import export_checkpoint
 
-        folder = export_checkpoint(status.spec, ref, args.to, args.merge)
+        folder = export_checkpoint(status.spec, ref, args.to, args.merge, args.dtype)
     except ImportError as exc:
         err.print(f"[red]error:[/red] export needs the full install ({escape(str(exc))}). "
                   "To fix: pip install raytrain (not the client-only one), or use "

@@ -47,7 +47,9 @@ _TO_HF = (
     (r"^output\.weight$", "lm_head.weight"),
 )
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "tokenizer.model", "generation_config.json", "vocab.json", "merges.txt")
+                   "tokenizer.model", "generation_config.json", "vocab.json", "merges.txt",
+                   "chat_template.jinja")  # transformers 5 keeps the chat template there
+CHAT_TEMPLATES = "additional_chat_templates/"  # and named ones, NAME.jinja, in this folder
 
 
 def to_hf(name: str) -> str:
@@ -80,8 +82,14 @@ def check_shapes(parts: list[nn.Module], folder: str, tied: bool) -> None:
         for tensors in headers(open_store(folder)).values():
             found.update({key: shape for key, (_, shape, _, _) in tensors.items()})
     else:
-        for file in sorted(Path(folder).glob("*.safetensors")):
-            with safe_open(str(file), framework="pt") as handle:
+        from raytrain.models.hf_bucket import INDEX, weight_files
+
+        root = Path(folder).expanduser()
+        index = root / INDEX
+        names = [path.name for path in root.iterdir()] if root.is_dir() else []
+        for name in weight_files(names, index.read_bytes() if index.is_file() else None,
+                                 folder):
+            with safe_open(str(root / name), framework="pt") as handle:
                 for key in handle.keys():
                     found[key] = list(handle.get_slice(key).get_shape())
     here = ("model", "hf", "path")
@@ -137,17 +145,41 @@ def load_pretrained(parts: list[nn.Module], folder: str, tied: bool) -> int:
     return fetched
 
 
-def export_folder(parts: list[nn.Module], source: str, out: str | Path, tied: bool) -> Path:
+# The dtypes a folder is written in, by the name config.json gives them.
+EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                 "float16": torch.float16}
+
+
+def export_dtype(config: dict[str, Any], asked: str | None = None) -> str:
+    """The dtype a folder is written in: `asked`, else the one the source's config.json
+    states (`dtype`, or `torch_dtype` before transformers 5), as save_pretrained of a model
+    in it writes; float32 when it states none (or 'auto')."""
+    if asked is not None:
+        if asked not in EXPORT_DTYPES:
+            raise ValueError(f"{asked!r} is not a dtype to export in. To fix: use one of "
+                             f"{', '.join(EXPORT_DTYPES)}")
+        return asked
+    stated = config.get("dtype") or config.get("torch_dtype")
+    return stated if stated in EXPORT_DTYPES else "float32"
+
+
+def export_folder(parts: list[nn.Module], source: str, out: str | Path, tied: bool,
+                  dtype: str | None = None) -> Path:
     """Write the parts' weights as a Hugging Face folder at `out` (every rank calls it: each
     writes its slices, then they are consolidated into whole tensors), with the source
-    folder's config.json and tokenizer files; `from_pretrained` loads it."""
+    folder's config.json and tokenizer files; `from_pretrained` loads it. In `dtype`, else
+    the source config's (export_dtype), and the config written says so."""
     import torch.distributed as dist
     from torch.distributed.checkpoint import HuggingFaceStorageWriter, save
 
     out = Path(out)
+    store = open_store(source)
+    config = json.loads(store.get_bytes("config.json") or b"{}")
+    written = export_dtype(config, dtype)
     named: dict[str, torch.Tensor] = {}
     for part in parts:
-        named.update(_named(part, tied))
+        named.update({name: tensor.to(EXPORT_DTYPES[written])
+                      for name, tensor in _named(part, tied).items()})
     distributed = dist.is_available() and dist.is_initialized()
     rank = dist.get_rank() if distributed else 0
     save(named, storage_writer=HuggingFaceStorageWriter(
@@ -155,7 +187,10 @@ def export_folder(parts: list[nn.Module], source: str, out: str | Path, tied: bo
         no_dist=not distributed)
     if rank == 0:
         shutil.rmtree(out / "sharded", ignore_errors=True)
-        config = json.loads(_copy_tokenizer(source, out).get_bytes("config.json") or b"{}")
+        _copy_tokenizer(source, out)
+        config["dtype"] = written  # what the weights are in (transformers 5's name)
+        if "torch_dtype" in config:
+            config["torch_dtype"] = written
         (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out
 
@@ -166,6 +201,9 @@ def _copy_tokenizer(source: str, out: Path) -> Any:
     store = open_store(source)
     for name in TOKENIZER_FILES:
         store.get_file(name, out / name)  # False where the source has none
+    for key in store.keys(CHAT_TEMPLATES):
+        if key.startswith(CHAT_TEMPLATES) and key.endswith(".jinja"):
+            store.get_file(key, out / key)
     return store
 
 

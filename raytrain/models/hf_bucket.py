@@ -34,10 +34,14 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
 from raytrain.cloud.object_store import Store
+from raytrain.errors import FieldError, SpecError
 
+# safetensors' dtype names (its format's list), as torch holds them.
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
           "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
-          "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+          "I8": torch.int8, "U64": torch.uint64, "U32": torch.uint32, "U16": torch.uint16,
+          "U8": torch.uint8, "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn,
+          "F8_E5M2": torch.float8_e5m2}
 Header = dict[str, tuple[torch.dtype, list[int], int, int]]  # tensor: (dtype, shape, bytes)
 
 
@@ -51,15 +55,45 @@ def header(store: Store, key: str) -> Header:
         if name == "__metadata__":
             continue
         start, end = info["data_offsets"]
+        if info["dtype"] not in DTYPES:
+            raise SpecError([FieldError(("model", "hf", "path"), (
+                f"{key}'s tensor {name} is {info['dtype']}, which torch does not read. To "
+                "fix: save the folder in a dtype torch reads (bfloat16 or float32)"))])
         found[name] = (DTYPES[info["dtype"]], list(info["shape"]), 8 + size + start,
                        8 + size + end)
     return found
 
 
 def headers(store: Store) -> dict[str, Header]:
-    """Every safetensors file's header in the folder, by key."""
-    return {key: header(store, key) for key in store.keys("")
-            if key.endswith(".safetensors") and "/" not in key}
+    """The header of every safetensors file of the folder's weights (weight_files), by
+    key."""
+    names = [key for key in store.keys("") if "/" not in key]
+    return {key: header(store, key)
+            for key in weight_files(names, store.get_bytes(INDEX), "the folder")}
+
+
+INDEX = "model.safetensors.index.json"
+
+
+def weight_files(names: list[str], index: bytes | None, where: str) -> list[str]:
+    """Which of a folder's files (`names`) hold its weights: those its index
+    (model.safetensors.index.json's weight_map) lists when it has one, as transformers
+    reads it (a stale shard beside them is not the model's), else every .safetensors.
+    SpecError naming model.hf.path for an index that lists a file the folder lacks."""
+    if index is None:
+        return sorted(name for name in names if name.endswith(".safetensors"))
+    try:
+        listed = sorted(set(json.loads(index)["weight_map"].values()))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise SpecError([FieldError(("model", "hf", "path"), (
+            f"{where}'s {INDEX} is not an index of its weights ({exc!r}). To fix: write it "
+            "again with save_pretrained, or remove it"))]) from None
+    missing = [name for name in listed if name not in names]
+    if missing:
+        raise SpecError([FieldError(("model", "hf", "path"), (
+            f"{where}'s {INDEX} lists {', '.join(missing)}, which it lacks. To fix: copy "
+            "the whole folder save_pretrained wrote"))])
+    return listed
 
 
 class BucketHFReader(HuggingFaceStorageReader):

@@ -213,6 +213,9 @@ class ExportRequest(Strict):
                              "latest.")
     merge: bool = Field(False, description="A training.lora job: its adapter folded into the "
                         "weights (a whole model's folder), not the adapter as a PEFT folder.")
+    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(None, description=(
+        "The dtype the weights are written in; default: the one the source folder's "
+        "config.json states (as save_pretrained writes), float32 if none."))
 
 
 class ExportAnswer(Strict):

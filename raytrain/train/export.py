@@ -22,12 +22,15 @@ from raytrain.spec import JobSpec
 
 logger = logging.getLogger(__name__)
 
+EXPORT = "export request"  # what a refusal names: the export's own options, not a job spec
+
 
 def export_checkpoint(spec: JobSpec, checkpoint: str, to: str | Path,
-                      merge: bool = False) -> Path:
+                      merge: bool = False, dtype: str | None = None) -> Path:
     """Write `checkpoint` (a committed checkpoint's folder or s3:// ref) of the job `spec`
     describes as a Hugging Face folder at `to`; the folder. A training.lora job's is its
-    adapter as a PEFT folder, or with `merge` the model with the adapter folded in."""
+    adapter as a PEFT folder, or with `merge` the model with the adapter folded in. The
+    weights in `dtype` (float32, bfloat16, float16), else the source config's."""
     import torch
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
@@ -45,16 +48,17 @@ def export_checkpoint(spec: JobSpec, checkpoint: str, to: str | Path,
     if source is None:
         raise SpecError([FieldError(("model", "kind"), (
             "only a kind 'hf' job's checkpoints are written as a Hugging Face folder (its "
-            "config.json comes from model.hf.path). To fix: export a job of kind 'hf'"))])
+            "config.json comes from model.hf.path). To fix: export a job of kind 'hf'"))],
+            EXPORT)
     if not committed(checkpoint):
         raise SpecError([FieldError(("step",), (
             f"{checkpoint} is not a committed checkpoint. To fix: give a step that "
-            "`raytrain status` lists as checkpointed"))])
+            "`raytrain status` lists as checkpointed"))], EXPORT)
     lora = spec.training.lora
     if merge and lora is None:
         raise SpecError([FieldError(("merge",), (
             "merge folds a training.lora job's adapter into its weights; this job trained "
-            "every weight. To fix: export without merge"))])
+            "every weight. To fix: export without merge"))], EXPORT)
     model = build_model(spec.model, seed=0)
     if lora is not None:
         from raytrain.models.lora import apply_lora
@@ -80,18 +84,19 @@ def export_checkpoint(spec: JobSpec, checkpoint: str, to: str | Path,
             from raytrain.models.lora import merge as merged
 
             merged(model)
-        out = export_folder([model], source.path, to, spec.model.gpt.tie_embeddings)
+        out = export_folder([model], source.path, to, spec.model.gpt.tie_embeddings, dtype)
     logger.info("wrote %s as a Hugging Face folder: %s", checkpoint, out)
     return out
 
 
-def export_to_storage(spec: JobSpec, checkpoint: str, target: str, merge: bool = False) -> str:
+def export_to_storage(spec: JobSpec, checkpoint: str, target: str, merge: bool = False,
+                      dtype: str | None = None) -> str:
     """export_checkpoint into `target` (a folder or an s3:// prefix): written in a local
     folder first, then each file put in place; `target`."""
     from raytrain.cloud.object_store import open_store
 
     with tempfile.TemporaryDirectory(prefix="raytrain-export-") as tmp:
-        folder = export_checkpoint(spec, checkpoint, Path(tmp) / "hf", merge)
+        folder = export_checkpoint(spec, checkpoint, Path(tmp) / "hf", merge, dtype)
         store = open_store(target)
         for path in sorted(p for p in folder.rglob("*") if p.is_file()):
             store.put_file(path, path.relative_to(folder).as_posix())

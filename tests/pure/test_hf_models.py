@@ -119,9 +119,75 @@ def test_what_cannot_be_trained_is_refused_at_submit_naming_the_field(tmp_path: 
         with pytest.raises(SpecError) as refused:
             parse_job_spec(hf_job(folder))
         assert field in str(refused.value) and "To fix" in str(refused.value), folder
+        if field in ("architectures", "rope_parameters", "layer_types"):
+            # what the folder's config holds: the job's field is the folder, named; the
+            # config's own field is in the message
+            assert [e.path for e in refused.value.errors] == ["model.hf.path"], folder
+    with pytest.raises(SpecError) as refused:
+        parse_job_spec(hf_job(gpt2))
+    assert "model.factory" in str(refused.value) and "--allow-import" in str(refused.value)
     wrong = make_folder("llama", tmp_path / "wrong")
     config = json.loads((wrong / "config.json").read_text())
     (wrong / "config.json").write_text(json.dumps({**config, "intermediate_size": 40}))
     spec = JobSpec.model_validate(hf_job(wrong))  # the config alone is fine
     with pytest.raises(SpecError, match=r"mlp.gate_proj.weight is \[48, 32\].*\[40, 32\]"):
         check_paths_on_head_node(spec)
+
+
+def test_an_export_is_in_the_sources_dtype_unless_asked_and_says_so(tmp_path: Path) -> None:
+    """A source whose config.json says bfloat16 exports bfloat16 weights (as save_pretrained
+    of a bf16 model writes; it wrote float32 under a config saying bfloat16), `dtype` another;
+    config.json says what the weights are, and transformers loads both."""
+    from safetensors import safe_open
+
+    from raytrain.models.hf import export_folder
+
+    folder = make_folder("llama", tmp_path / "llama")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
+    spec = JobSpec.model_validate(hf_job(folder))
+    model = build_model(spec.model, seed=0)
+    tokens = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(2))
+    for asked, dtype, name in ((None, torch.bfloat16, "bfloat16"),
+                               ("float32", torch.float32, "float32")):
+        out = export_folder([model], str(folder), tmp_path / f"out-{name}", False, asked)
+        assert json.loads((out / "config.json").read_text())["dtype"] == name
+        for file in out.glob("*.safetensors"):
+            with safe_open(str(file), framework="pt") as handle:
+                assert {handle.get_tensor(k).dtype for k in handle.keys()} == {dtype}
+        loaded = hf_logits(out, tokens)
+        assert loaded.shape == (2, 16, 64) and torch.isfinite(loaded).all()
+
+
+def test_the_folder_readers_follow_its_index_and_read_every_safetensors_dtype(
+        tmp_path: Path) -> None:
+    """With model.safetensors.index.json, a folder's weights are the files it lists (a
+    stale shard beside them is not read; a listed file that is missing is refused naming
+    model.hf.path); the bucket reader's headers know float8 and unsigned tensors, and name
+    a dtype torch cannot read."""
+    from safetensors.torch import save_file
+
+    from raytrain.cloud.object_store import open_store
+    from raytrain.models.hf import check_shapes
+    from raytrain.models.hf_bucket import INDEX, header
+
+    folder = make_folder("llama", tmp_path / "llama")
+    spec = JobSpec.model_validate(hf_job(folder))
+    model = build_model(spec.model, seed=0)
+    [weights] = [p.name for p in folder.glob("*.safetensors")]
+    save_file({"model.embed_tokens.weight": torch.zeros(3, 3)}, str(folder / "stale.safetensors"))
+    with pytest.raises(SpecError):  # without an index every file is the model's
+        check_shapes([model], str(folder), False)
+    (folder / INDEX).write_text(json.dumps({"weight_map": {"x": weights}}))
+    check_shapes([model], str(folder), False)
+    (folder / INDEX).write_text(json.dumps({"weight_map": {"x": "model-00002.safetensors"}}))
+    with pytest.raises(SpecError) as refused:
+        check_shapes([model], str(folder), False)
+    assert "model-00002.safetensors" in str(refused.value)
+    assert [e.path for e in refused.value.errors] == ["model.hf.path"]
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    save_file({"a": torch.zeros(2, dtype=torch.float8_e4m3fn),
+               "b": torch.zeros(2, dtype=torch.uint16)}, str(odd / "w.safetensors"))
+    found = header(open_store(str(odd)), "w.safetensors")
+    assert (found["a"][0], found["b"][0]) == (torch.float8_e4m3fn, torch.uint16)

@@ -221,7 +221,7 @@ def job_routes(api: FastAPI, manager: Any) -> None:
         """Write a kind 'hf' job's committed checkpoint (the latest, or `step`'s) as a
         Hugging Face folder in the job's storage, `exports/step_<N>`, whatever layout trained
         it; answers once it is written (the model is built in the job manager's process)."""
-        return await manager.export.remote(job_id, body.step, body.merge)
+        return await manager.export.remote(job_id, body.step, body.merge, body.dtype)
 
 
 def output_routes(api: FastAPI, manager: Any) -> None:

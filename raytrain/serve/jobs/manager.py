@@ -294,8 +294,8 @@ class JobManager(JobReads):
         folder = Path(root) / "hf"
         return folder if not is_remote(root) and folder.is_dir() else None
 
-    def export(self, job_id: str, step: int | None = None, merge: bool = False
-               ) -> dict[str, Any]:
+    def export(self, job_id: str, step: int | None = None, merge: bool = False,
+               dtype: str | None = None) -> dict[str, Any]:
         """A kind 'hf' job's checkpoint (the latest, or `step`'s) as a Hugging Face folder
         in the job's storage, exports/step_<N> (raytrain.train.export.export_to_storage; a
         LoRA job's adapter, or with `merge` its merged model, exports/step_<N>-merged)."""
@@ -307,7 +307,7 @@ class JobManager(JobReads):
         target = join(self.config.job_uri(job_id), "exports",
                       f"step_{step:09d}" + ("-merged" if merge else ""))
         return {"job_id": job_id, "step": step,
-                "path": export_to_storage(status.spec, ref, target, merge)}
+                "path": export_to_storage(status.spec, ref, target, merge, dtype)}
 
     def offers(self, spec: JobSpec | None, policy: str | None, keep: int,
                job_id: str | None = None) -> dict[str, Any]:
