@@ -236,8 +236,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         url = deploy(config, args.host, args.port)
         remember_service(args.port, config.state_path)
-        err.print(f"raytrain is serving at [bold]{url}[/bold] (its OpenAPI document at "
-                  f"{url}/openapi.json{', with a token' if config.auth else ''})")
+        err.print(serving_banner(url, config.auth))
         if config.auth:
             err.print(f"API tokens: {tokens_path(config.state_path)} (the CLI and client on "
                       "this machine read it; elsewhere set RAYTRAIN_TOKEN to one of them)",
@@ -398,3 +397,11 @@ def cmd_token(args: argparse.Namespace) -> int:
         err.print(f"removed {args.name}'s token; requests with it are refused within seconds",
                   highlight=False)
     return 0
+
+
+def serving_banner(url: str, auth: bool) -> str:
+    """What `raytrain serve` says once the service answers: where, and what needs a token
+    (the OpenAPI document, the API docs and /healthz are open: the API's shape is public)."""
+    return (f"raytrain is serving at [bold]{url}[/bold] (its OpenAPI document at "
+            f"{url}/openapi.json, open to all"
+            + ("; every other call but /healthz takes a token)" if auth else ")"))

@@ -39,12 +39,24 @@ def fix_for(error: dict[str, Any], model: type[BaseModel] | None = None,
         meant = nearest_field(model, loc)
         if meant is not None:
             return f"remove it, or did you mean {meant}?"
+    if kind in ("literal_error", "enum"):  # one of a few words: the one probably meant
+        allowed = _allowed_words(error)
+        close = difflib.get_close_matches(str(error.get("input")), allowed, n=1, cutoff=0.6)
+        if close:
+            return f"did you mean {close[0]!r}?"
     if kind in _FIXES:
         return _FIXES[kind]
     if kind.endswith(("_parsing", "_type")):
         return f"send {_KINDS.get(kind.split('_')[0], 'the type /openapi.json gives')} here"
     where = ".".join(str(part) for part in loc) or "the value"
     return f"change {where} to meet that"
+
+
+def _allowed_words(error: dict[str, Any]) -> list[str]:
+    """The values a literal or enum error allows, from its context ("'a', 'b' or 'c'")."""
+    expected = str((error.get("ctx") or {}).get("expected", ""))
+    return [word.strip(" '\"") for part in expected.split(" or ") for word in part.split(",")
+            if word.strip(" '\"")]
 
 
 def with_fix(error: dict[str, Any], model: type[BaseModel] | None = None,

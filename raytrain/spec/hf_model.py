@@ -41,8 +41,10 @@ HERE = ("model", "hf", "path")
 # None if there is none. s3: raytrain.cloud.object_store registers its reader when imported
 # (the service and every worker import it); spec itself reaches no bucket.
 FOLDER_READERS: dict[str, Callable[[str, str], bytes | None]] = {}
-INSTEAD = ("To fix: train it as model.kind 'import' (a factory returning the transformers "
-           "model) with parallel.strategy 'data' or 'fsdp'")
+INSTEAD = ("To fix: train it as model.kind 'import' with model.factory "
+           "'PACKAGE.MODULE:FUNCTION' (a function of yours returning the transformers model, "
+           "e.g. AutoModelForCausalLM.from_pretrained of the folder) and parallel.strategy "
+           "'data' or 'fsdp', on a service started with --allow-import PACKAGE")
 
 
 class HFSource(Strict):
@@ -89,8 +91,9 @@ def derived_gpt(source: HFSource) -> GPTConfig:
     """The built-in model's configuration for the folder's model (module doc)."""
     config = read_config(source)
     errors = _unsupported(config)
-    if errors:
-        raise SpecError(errors, f"{source.path}/config.json")
+    if errors:  # the job's field is the folder; the message names the config's own field
+        raise SpecError([FieldError(HERE, f"{source.path}/config.json's {error.path}: "
+                                    f"{error.msg}") for error in errors])
     shape = gpt_config_from_hf(config, f"{source.path}/config.json")
     theta, scaling = _rope(config)
     window = _window(config)

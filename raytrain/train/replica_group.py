@@ -104,6 +104,7 @@ class ReplicaGroup:
 
     def start(self, step: int, model: ParallelModel, optimizers: list[torch.optim.Optimizer],
               meter: ProgressMeter) -> None:
+        quiet_torchft()
         self.manager = _torchft_manager(self.setup, self.worker, self.group, model, optimizers,
                                         meter)
         self.manager.load_state_dict({"step": step, "batches_committed": 0})
@@ -243,12 +244,25 @@ def _report_members(events: GroupEvents, members: set[int] | None, flags: torch.
     came back since the last one are reported. Every group reports: a new leader knows no
     history, and the service keeps one record of each change."""
     now_members = {g for g in range(groups) if flags[3 + g] > 0}
+    if now_members != members:  # the one line per change of membership (module doc)
+        logger.info("step %d: replica groups %s in the quorum", step, sorted(now_members))
     if members is not None:
         for gone in sorted(members - now_members):
             events.report(gone, "gone", step, failed, stall_s)
         for back in sorted(now_members - members):
             events.report(back, "training", step, 0, quorum_s)
     return now_members
+
+
+# torchft's own loggers: a line per quorum, commit and step from each rank (780 lines for a
+# 60-step job); this module logs each change of membership instead.
+TORCHFT_LOGGERS = ("torchft", "torchft_quorums", "torchft_commits")
+
+
+def quiet_torchft() -> None:
+    """Keep torchft's per-step INFO lines out of the workers' logs (its warnings stay)."""
+    for name in TORCHFT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _local(state: dict[str, Any]) -> dict[str, Any]:

@@ -5,6 +5,7 @@ alive share a step: every unit once."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -45,3 +46,27 @@ def test_the_groups_alive_run_every_unit_of_a_step_once(units: int, alive: int) 
     shares = [share_of_step(units, alive, rank) for rank in range(alive)]
     assert sorted(u for share in shares for u in share) == list(range(units))
     assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+def test_torchft_logs_no_line_per_step_and_a_change_of_membership_is_one_line(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """torchft's INFO lines (quorum, commit, heal: one per rank per step) are kept out of a
+    group's log; what the group logs instead is a line when the groups in the quorum change."""
+    import logging
+
+    import torch
+
+    from raytrain.train.replica_group import GroupEvents, _report_members, quiet_torchft
+
+    quiet_torchft()
+    caplog.set_level(logging.INFO)
+    for name in ("torchft.manager", "torchft_quorums", "torchft_commits"):
+        logging.getLogger(name).info("quorum for step 7")
+    assert "quorum for step 7" not in caplog.text
+    flags = torch.tensor([0.0, 0.0, 0.0, 1.0, 1.0])
+    members = None
+    for step in range(5):
+        members = _report_members(GroupEvents(), members, flags, 2, step, 0, 0.0, 0.0)
+    flags[4] = 0.0
+    members = _report_members(GroupEvents(), members, flags, 2, 5, 0, 0.0, 0.0)
+    assert caplog.text.count("in the quorum") == 2

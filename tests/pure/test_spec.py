@@ -236,3 +236,29 @@ def test_plan_command_ranks_layouts_offline(tmp_path: Path, capsys: pytest.Captu
                        "training: {global_batch_size: 8, micro_batch_size: 1}\n")
     assert main(["plan", str(too_big), "--gpus", "2", "--gpu", "rtx4090"]) == 1
     assert "To fix" in capsys.readouterr().err
+
+
+def test_a_misspelt_choice_gets_the_word_meant() -> None:
+    """One of a few words (a strategy, a precision): the closest is named."""
+    from raytrain.errors import SpecError
+    from raytrain.spec import parse_job_spec
+
+    for section, field, typed, meant in (("parallel", "strategy", "fdsp", "'fsdp'"),
+                                         ("training", "precision", "bf61", "'bf16'")):
+        with pytest.raises(SpecError) as refused:
+            parse_job_spec({section: {field: typed}})
+        assert f"did you mean {meant}?" in str(refused.value)
+
+
+def test_every_fine_tuning_example_trains_on_data_of_its_own() -> None:
+    """A pretrained folder fine-tuned on synthetic tokens would teach a user nothing: each
+    Hugging Face example reads token shards (`raytrain data prepare`)."""
+    import yaml
+
+    from raytrain.spec.files import EXAMPLES_DIR
+
+    examples = sorted(EXAMPLES_DIR.glob("hf-*.yaml"))
+    assert len(examples) >= 5
+    for example in examples:
+        data = yaml.safe_load(example.read_text())["data"]
+        assert data.get("kind") == "token_file" and data.get("path"), example.name

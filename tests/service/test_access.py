@@ -71,6 +71,10 @@ def test_every_route_but_healthz_needs_a_valid_token_and_a_refusal_does_nothing(
     for page in ("/", "/ui/app.js", "/ui/vendor/uPlot.iife.min.js", "/docs", "/redoc",
                  "/openapi.json"):
         assert service.request("GET", page, token=None).status_code == 200, page
+    from raytrain.cli.service_commands import serving_banner
+
+    banner = serving_banner("http://127.0.0.1:8000", auth=True)  # as `raytrain serve` says
+    assert "/openapi.json, open to all" in banner and "with a token" not in banner
     opened = Service(tmp_path / "open-metrics", open_metrics=True, auth_pace=AT_ONCE)
     assert opened.request("GET", "/metrics", token=None).status_code == 200
     assert opened.request("GET", "/v1/jobs", token=None).status_code == 401
