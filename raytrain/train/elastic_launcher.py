@@ -35,12 +35,13 @@ import ray.train
 import torch
 
 from raytrain.cloud.interruption import Watcher
+from raytrain.errors import TrainingError
 from raytrain.spec import JobSpec, Layout
 from raytrain.train.launcher import ManagerSink, build_trainer, node_endpoint, watching
 from raytrain.train.loop import train
 from raytrain.train.progress import NullSink, ProgressSink
 from raytrain.train.rank import WorkerInfo
-from raytrain.train.replica_group import GroupEvents, GroupSetup, ReplicaGroup
+from raytrain.train.replica_group import HEAL_FAILED, GroupEvents, GroupSetup, ReplicaGroup
 from raytrain.train.worker_logs import stored_output
 
 logger = logging.getLogger(__name__)
@@ -140,7 +141,9 @@ def run_elastic_job(spec: JobSpec, layout: Layout, groups: int, job_id: str,
     """Run the job's `groups` replica groups until one finishes the job (or the service
     stops them); a group that leaves or dies is started again (its fit waits for a node).
     Raises when every group is lost: the job manager then resumes the job from its
-    checkpoint."""
+    checkpoint; and when a group cannot load a live group's state (HealFailed: a defect, which
+    a replacement would meet again), so that the job says so rather than train on with fewer
+    groups than planned."""
     from torch.distributed import TCPStore
     from torchft.coordination import LighthouseServer
 
@@ -196,6 +199,9 @@ def run_elastic_job(spec: JobSpec, layout: Layout, groups: int, job_id: str,
                 except Exception as exc:  # noqa: BLE001 - its node was lost (or it failed)
                     logger.warning("job %s: replica group %d ended: %s", job_id, group, exc)
                     error = exc
+                    if HEAL_FAILED in str(exc):  # a defect: a replacement would fail alike
+                        raise TrainingError(f"job {job_id}: replica group {group} "
+                                            f"{HEAL_FAILED}: {exc}") from None
                 view = _after_its_end(manager, job_id, attempt, group)
                 if view["step"] >= spec.training.steps:
                     finished_at = finished_at or time.monotonic()

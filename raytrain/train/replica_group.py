@@ -41,6 +41,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from raytrain.core.elastic import share_of_step
+from raytrain.errors import TrainingError
 from raytrain.parallel.parallelize import ParallelModel
 from raytrain.train.checkpoint import _state
 from raytrain.train.heartbeats import Heartbeats, wait_watched
@@ -70,6 +71,32 @@ class GroupSetup:
 
 class NoGroupToHeal(RuntimeError):
     """A replacement found no live group to take the job's state from."""
+
+
+HEAL_FAILED = "could not load a live group's state"
+
+
+class HealFailed(TrainingError):
+    """A group could not load the state a live group sent it: a defect, not a lost node.
+    Its runner fails the run (elastic_launcher) rather than start it again and again while
+    the others train on without it."""
+
+
+def healer(group: int, model: ParallelModel, optimizers: list[torch.optim.Optimizer],
+           meter: ProgressMeter) -> Callable[[dict[str, Any]], None]:
+    """The function torchft calls with a live group's state: loads it into this group's
+    model and optimizers; HealFailed, naming the group and the cause, if it cannot."""
+    def load_state_dict(state: dict[str, Any]) -> None:
+        try:
+            _load_local(model.parts, optimizers, state)
+        except Exception as exc:
+            raise HealFailed(f"replica group {group} {HEAL_FAILED} ({type(exc).__name__}: "
+                             f"{exc}), so it cannot train beside the others. To fix: resume "
+                             "the job from its checkpoint (raytrain resume ID), and report "
+                             "this") from exc
+        if meter.first_loss is None:  # the job's, not this group's first step
+            meter.first_loss = state.get("first_loss")
+    return load_state_dict
 
 
 class GroupEvents:
@@ -221,11 +248,7 @@ def _torchft_manager(setup: GroupSetup, worker: WorkerInfo, group: int, model: P
         return {"model": _local(model_state), "optim": _local(optim_state),
                 "first_loss": meter.first_loss}
 
-    def load_state_dict(state: dict[str, Any]) -> None:
-        _load_local(model.parts, optimizers, state)
-        if meter.first_loss is None:  # the job's, not this group's first step
-            meter.first_loss = state.get("first_loss")
-
+    load_state_dict = healer(group, model, optimizers, meter)
     timeout = timedelta(seconds=setup.timeout_s)
     return Manager(
         pg=ProcessGroupGloo(timeout=timeout), min_replica_size=1, use_async_quorum=False,

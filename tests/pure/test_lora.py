@@ -159,3 +159,13 @@ def test_a_lora_replica_group_heals_from_a_trained_one(tmp_path: Path) -> None:
             assert torch.equal(mine[key], value) if isinstance(value, torch.Tensor) \
                 else mine[key] == value, key
     assert any(".lora_" in key for key in optim_state)
+    # A state the group cannot load fails loudly, naming the group (its runner then fails
+    # the run: elastic_launcher), where the group was started again and again unseen.
+    from types import SimpleNamespace
+
+    from raytrain.train.replica_group import HEAL_FAILED, HealFailed, healer
+
+    load = healer(1, new_model, new_optimizers, SimpleNamespace(first_loss=None))
+    with pytest.raises(HealFailed, match=f"replica group 1 {HEAL_FAILED}.*KeyError"):
+        load({"model": {}, "optim": _local(optim_state)})
+    load({"model": _local(model_state), "optim": _local(optim_state), "first_loss": 4.0})
