@@ -60,3 +60,20 @@ def test_a_plain_install_finds_its_data_from_any_directory(tmp_path: Path) -> No
     replay = json.loads(raytrain("simulate", "--json", "--starts", "1", "--nodes", "2",
                                  "--work-hours", "1", "--deadline-hours", "3"))
     assert replay, "the simulator replayed nothing"
+
+
+def test_a_script_beside_the_clone_imports_the_installed_package(tmp_path: Path) -> None:
+    """Run from the folder above a clone, where the clone's folder (`raytrain/`, no
+    __init__.py) is a namespace package on sys.path first: the README's editable install is
+    by path (editable_mode=compat), so the package it installed is still the one imported.
+    With setuptools' default import hook for a flat layout the clone's folder shadowed it
+    (ImportError: cannot import name 'Client' from 'raytrain' (unknown location))."""
+    clone = tmp_path / "raytrain"  # what `git clone .../raytrain` leaves beside the script
+    clone.mkdir()
+    (clone / "README.md").write_text("a clone\n")
+    script = tmp_path / "submit.py"
+    script.write_text("import raytrain\nfrom raytrain import Client\nprint(raytrain.__file__)\n")
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(ROOT / "raytrain" / "__init__.py")
