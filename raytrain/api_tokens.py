@@ -18,6 +18,7 @@ import json
 import os
 import secrets
 import socket
+import tempfile
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -141,13 +142,34 @@ def default_state_dir(given: str | Path | None = None) -> Path:
     return Path(given or os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR).expanduser()
 
 
+def services_file() -> Path | None:
+    """Where this user's services on this machine are noted, {port: state directory}: the
+    user's runtime folder ($XDG_RUNTIME_DIR/raytrain, else raytrain-UID in the temporary
+    folder), never a state directory (each holds one service's state, and only that). None
+    when that folder is not this user's alone (another user could plant entries there)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    folder = Path(runtime) / "raytrain" if runtime else \
+        Path(tempfile.gettempdir()) / f"raytrain-{os.getuid()}"
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        found = folder.stat()
+    except OSError:
+        return None
+    if found.st_uid != os.getuid() or found.st_mode & 0o077:
+        return None
+    return folder / SERVICES_FILE
+
+
 def remember_service(port: int, state_dir: Path) -> None:
     """Note, for clients on this machine, which state directory the service on `port` keeps
-    its tokens in (SERVICES_FILE in ~/.raytrain, owner-only): a second shell then needs
-    neither --state-dir nor RAYTRAIN_STATE_DIR."""
+    its tokens in (services_file, owner-only): a second shell then needs neither
+    --state-dir nor RAYTRAIN_STATE_DIR."""
+    path = services_file()
+    if path is None:
+        return
     known = _remembered_services()
     known[str(port)] = str(state_dir.expanduser().resolve())
-    _write_private_json(Path(DEFAULT_STATE_DIR).expanduser() / SERVICES_FILE, known)
+    _write_private_json(path, known)
 
 
 def remembered_state_dir(port: int) -> Path | None:
@@ -158,8 +180,9 @@ def remembered_state_dir(port: int) -> Path | None:
 
 def _remembered_services() -> dict[str, str]:
     """{port: state directory} as `remember_service` noted them ({} if none or unreadable)."""
+    path = services_file()
     try:
-        known = json.loads((Path(DEFAULT_STATE_DIR).expanduser() / SERVICES_FILE).read_text())
+        known = json.loads(path.read_text()) if path is not None else {}
     except (OSError, ValueError):
         return {}
     return known if isinstance(known, dict) else {}

@@ -146,11 +146,22 @@ def _plan_spec(args: argparse.Namespace) -> JobSpec:
                                         "--model-config without a spec. To fix: set "
                                         "data.seq_len and training.global_batch_size in the "
                                         "spec")], "plan")
-        return load_job_spec(args.file)
+        try:
+            return load_job_spec(args.file)
+        except SpecError as exc:
+            if any(e.path == "model.hf.path" for e in exc.errors):  # a folder not here
+                raise SpecError([*exc.errors, FieldError(("model", "hf", "path"), (
+                    "to plan it on this machine, give the folder's config.json: raytrain "
+                    f"plan {args.file} --model-config CONFIG.json"))], exc.source) from None
+            raise
     path = Path(args.model_config)
     gpt = gpt_config_from_hf(read_document(path, "--model-config"), str(path))
     if args.file is not None:
-        document = load_job_spec(args.file).model_dump(mode="json", exclude_unset=True)
+        # The file's document, not its parsed spec: its model section (a folder, perhaps in
+        # a bucket this machine does not read) is replaced by --model-config's model.
+        document = read_document(Path(args.file), "job spec")
+        if not isinstance(document, dict):
+            return load_job_spec(args.file)  # its own errors
     else:
         seq_len = args.seq_len or min(4096, gpt.max_seq_len)
         document = {"data": {"seq_len": seq_len},

@@ -381,8 +381,13 @@ def test_a_second_shell_finds_the_token_with_only_the_state_dir_or_nothing(
     assert not (home / ".raytrain" / "tokens.json").exists()
     operator = tokens.set_token(state, "operator")
     assert tokens.client_token("http://127.0.0.1:8123") is None  # nothing known of it yet
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    (tmp_path / "run").mkdir(mode=0o700)
     tokens.remember_service(8123, state)  # what `raytrain serve --state-dir D` does
     assert tokens.client_token("http://127.0.0.1:8123") == operator
+    # noted in the user's runtime folder: D holds its service's state, ~/.raytrain nothing
+    assert (tmp_path / "run" / "raytrain" / "services.json").is_file()
+    assert not (home / ".raytrain").exists()
     assert tokens.client_token("http://127.0.0.1:8124") is None  # another service
     monkeypatch.setenv("RAYTRAIN_STATE_DIR", str(state))
     assert tokens.client_token("http://127.0.0.1:8124") == operator

@@ -336,3 +336,19 @@ def test_the_cli_says_first_that_a_job_from_a_file_can_never_start_there(tmp_pat
     alone = run_cli("--server", "http://127.0.0.1:9", "submit", str(huge))
     assert alone.returncode == 2 and "global_batch_size" in alone.stderr
     assert "can never start" not in alone.stderr
+
+
+def test_plan_prices_an_example_whose_model_is_in_a_bucket_from_its_config(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The shipped LoRA example names its model in a bucket this machine does not read:
+    `raytrain plan FILE --model-config config.json` plans it from the folder's config (it
+    failed on the bucket first), and without --model-config the refusal names that flag."""
+    from raytrain.cli import main
+
+    root = Path(__file__).resolve().parents[2]
+    example = str(root / "examples" / "hf-lora.yaml")
+    assert main(["plan", example, "--model-config",
+                 str(root / "examples" / "llama-3-8b-config.json")]) == 0
+    assert "best:" in capsys.readouterr().out
+    assert main(["plan", example]) == 2
+    assert "--model-config CONFIG.json" in capsys.readouterr().err
