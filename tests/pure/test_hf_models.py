@@ -20,6 +20,7 @@ from raytrain.spec import JobSpec, parse_job_spec
 from raytrain.train.checkpoint import latest_checkpoint
 from tests.support.hf_models import FAMILIES, hf_job, hf_logits, make_folder
 from tests.support.runs import run_single
+from tests.support.tolerances import LOGITS, SUM_ORDER
 
 
 def raytrain_logits(spec: JobSpec, tokens: torch.Tensor) -> torch.Tensor:
@@ -39,7 +40,7 @@ def test_each_familys_logits_equal_transformers(family: str, tmp_path: Path) -> 
     spec = JobSpec.model_validate(hf_job(folder))
     tokens = torch.randint(64, (2, 40), generator=torch.Generator().manual_seed(1))
     ours, theirs = raytrain_logits(spec, tokens), hf_logits(folder, tokens)
-    assert torch.allclose(ours, theirs, atol=1e-5, rtol=0), (ours - theirs).abs().max()
+    assert torch.allclose(ours, theirs, atol=LOGITS, rtol=0), (ours - theirs).abs().max()
 
 
 def test_a_job_starts_from_the_pretrained_loss_and_exports_a_folder_transformers_loads(
@@ -59,7 +60,7 @@ def test_a_job_starts_from_the_pretrained_loss_and_exports_a_folder_transformers
     pretrained = sum(F.cross_entropy(hf_logits(folder, b[:, :-1]).flatten(0, 1),
                                      b[:, 1:].flatten()) for b in batches) / 4
     sink = run_single(spec, tmp_path / "run")
-    assert sink.losses()[1] == pytest.approx(float(pretrained), abs=1e-5)
+    assert sink.losses()[1] == pytest.approx(float(pretrained), abs=SUM_ORDER)
     exported = tmp_path / "run" / "hf"
     assert (exported / "config.json").is_file()
     assert (exported / "model.safetensors.index.json").is_file()
@@ -74,7 +75,7 @@ def test_a_job_starts_from_the_pretrained_loss_and_exports_a_folder_transformers
     tokens = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         ours = trained.eval()(tokens)
-    assert torch.allclose(ours, hf_logits(exported, tokens), atol=1e-5, rtol=0)
+    assert torch.allclose(ours, hf_logits(exported, tokens), atol=LOGITS, rtol=0)
 
 
 @pytest.mark.parametrize("family,window", [
@@ -91,7 +92,7 @@ def test_a_sliding_window_trains_sequences_within_it_as_transformers_runs_them(
     assert spec.model.gpt.max_seq_len == 16
     tokens = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(1))
     ours, theirs = raytrain_logits(spec, tokens), hf_logits(folder, tokens)
-    assert torch.allclose(ours, theirs, atol=1e-5, rtol=0), (ours - theirs).abs().max()
+    assert torch.allclose(ours, theirs, atol=LOGITS, rtol=0), (ours - theirs).abs().max()
     with pytest.raises(SpecError, match=r"data.seq_len.*sliding_window.*at most 16"):
         parse_job_spec(hf_job(folder, data={"seq_len": 17}))
 

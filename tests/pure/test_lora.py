@@ -20,6 +20,7 @@ from raytrain.train.loop import train
 from raytrain.train.rank import WorkerInfo
 from tests.support.hf_models import hf_job, hf_logits, make_folder
 from tests.support.jobs import RecordingSink
+from tests.support.tolerances import LOGITS
 
 pytest.importorskip("peft")
 LORA = {"rank": 4, "alpha": 8.0, "targets": ["q_proj", "v_proj", "down_proj"]}
@@ -69,10 +70,10 @@ def test_only_the_adapters_train_and_peft_loads_them_with_raytrains_logits(
     assert (config["r"], config["lora_alpha"]) == (4, 8.0)
     loaded = peft.PeftModel.from_pretrained(base, adapter).eval()
     with torch.no_grad():
-        assert torch.allclose(loaded(tokens).logits, ours, atol=1e-5, rtol=0)
+        assert torch.allclose(loaded(tokens).logits, ours, atol=LOGITS, rtol=0)
     merged = export_checkpoint(spec, str(latest), tmp_path / "merged", merge=True)
     assert not (merged / "adapter_config.json").exists()
-    assert torch.allclose(hf_logits(merged, tokens), ours, atol=1e-5, rtol=0)
+    assert torch.allclose(hf_logits(merged, tokens), ours, atol=LOGITS, rtol=0)
 
 
 @pytest.mark.parametrize(("sections", "says"), [

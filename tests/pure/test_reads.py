@@ -1,5 +1,5 @@
-"""Status reads from the HTTP replica's memory (serve.reads) and replicas sharing one port
-(serve.front), over real HTTP on 127.0.0.1 with a real job manager on the recording fake of
+"""Status reads from the HTTP replica's memory (serve.http.reads) and replicas sharing one port
+(serve.http.front), over real HTTP on 127.0.0.1 with a real job manager on the recording fake of
 Ray."""
 
 from __future__ import annotations

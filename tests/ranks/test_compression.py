@@ -127,4 +127,5 @@ def test_topk_error_feedback_carries_what_it_did_not_send(one_rank: None) -> Non
     sent_total = sum(v.sum().item() for v in values)
     carried = sum(residual.sum().item() for residual in state.residuals.values())
     assert abs(carried) > 1e-3  # something was held back
+    # three fp32 totals over every gradient value, summed in three orders
     assert sent_total + carried == pytest.approx(true_total, rel=1e-4, abs=1e-4)

@@ -37,6 +37,7 @@ from tests.support.parity import (
     job,
     user_job,
 )
+from tests.support.tolerances import SUM_ORDER
 
 # Llama's blocks: grouped-query attention, SwiGLU, rotary positions, tied embeddings (which a
 # pipeline cannot split: its untied twin runs the pipeline layouts).
@@ -158,7 +159,7 @@ def _assert_every_step_matches(run: Path, reference: dict[int, float]) -> None:
     losses = _losses(run / "losses.json")
     assert sorted(losses) == list(range(1, STEPS + 1))
     for step, loss in reference.items():
-        assert losses[step] == pytest.approx(loss, abs=1e-5), (run.name, step)
+        assert losses[step] == pytest.approx(loss, abs=SUM_ORDER), (run.name, step)
 
 
 @pytest.mark.parametrize("name", list(TWO_RANKS))
@@ -193,7 +194,7 @@ def test_llama_style_blocks_change_the_model_and_resume_across_layouts(
     resumed = _losses(two_rank_runs / "llama_resume_fsdp2" / "losses.json")
     assert sorted(resumed) == list(range(7, STEPS + 1))
     for step in resumed:
-        assert resumed[step] == pytest.approx(tied[step], abs=1e-5), step
+        assert resumed[step] == pytest.approx(tied[step], abs=SUM_ORDER), step
 
 
 @pytest.fixture(scope="module")
@@ -325,7 +326,7 @@ def test_a_tp2_checkpoint_resumes_under_dp2_and_one_process(
     for resumed in (under_dp2, under_one):
         assert sorted(resumed) == list(range(7, STEPS + 1))
         for step in resumed:
-            assert resumed[step] == pytest.approx(reference[step], abs=1e-5), step
+            assert resumed[step] == pytest.approx(reference[step], abs=SUM_ORDER), step
 
 
 def test_a_notice_checkpoints_every_rank_at_one_step_and_a_reshaped_job_continues(
@@ -354,7 +355,7 @@ def test_a_notice_checkpoints_every_rank_at_one_step_and_a_reshaped_job_continue
         resumed = _losses(tmp_path / run / "losses.json")
         assert sorted(resumed) == list(range(first, STEPS + 1)), run
         for step in resumed:
-            assert resumed[step] == pytest.approx(reference[step], abs=1e-5), (run, step)
+            assert resumed[step] == pytest.approx(reference[step], abs=SUM_ORDER), (run, step)
 
 
 def test_a_bf16_job_gathers_bf16_parameters_and_reduces_fp32_gradients(

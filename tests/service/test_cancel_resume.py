@@ -21,6 +21,7 @@ from tests.support.fake_ray import TrainingRay
 from tests.support.http_service import served_training
 from tests.support.jobs import job
 from tests.support.s3_server import job_storage
+from tests.support.tolerances import LOGITS
 
 
 def _wait_for(client: httpx.Client, job_id: str, states: set[str]) -> dict:
@@ -140,6 +141,6 @@ def test_raytrain_export_writes_any_checkpoint_as_a_folder_transformers_loads(
     tokens = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         ours = model.eval()(tokens)
-    assert torch.allclose(hf_logits(tmp_path / "e4", tokens), ours, atol=1e-5, rtol=0)
-    assert not torch.allclose(hf_logits(tmp_path / "e2", tokens), ours, atol=1e-5, rtol=0)
+    assert torch.allclose(hf_logits(tmp_path / "e4", tokens), ours, atol=LOGITS, rtol=0)
+    assert not torch.allclose(hf_logits(tmp_path / "e2", tokens), ours, atol=LOGITS, rtol=0)
     assert torch.equal(hf_logits(tmp_path / "stored", tokens), hf_logits(tmp_path / "e2", tokens))

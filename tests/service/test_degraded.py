@@ -51,7 +51,7 @@ def frozen_state(tmp_path: Path) -> Iterator[tuple[Path, list[Path]]]:
 
 def test_an_unwritable_store_degrades_the_service_and_fails_no_job(
         frozen_state: tuple[Path, list[Path]]) -> None:
-    """Without the buffer (serve.durable) the job's next report raises in rank 0 and the job
+    """Without the buffer (serve.jobs.durable) the job's next report raises in rank 0 and the job
     ends FAILED; without the real write probe /readyz stays 200."""
     state, paths = frozen_state
     cluster = TrainingRay(cpus=1, hold_at=40)

@@ -27,6 +27,7 @@ from raytrain.train.worker_logs import read_stored_logs, stored_output
 from tests.support.fake_ray import TrainingRay
 from tests.support.runs import run_single, small_spec
 from tests.support.s3_server import make_bucket, s3_server
+from tests.support.tolerances import SAME_ORDER, SUM_ORDER
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,7 @@ def test_a_job_checkpoints_resumes_and_is_retained_in_a_bucket(endpoint: str,
     assert first.checkpoints == [10]
     rest = run_single(spec, root)
     assert rest.started_at == [10]
-    assert rest.losses() == pytest.approx({s: whole[s] for s in range(11, 31)}, abs=1e-6)
+    assert rest.losses() == pytest.approx({s: whole[s] for s in range(11, 31)}, abs=SAME_ORDER)
     assert committed_steps(open_store(root)) == [20, 30]
     names = {key.split("/")[0] for key in open_store(root).keys("")}
     assert names == {"step_000000020", "step_000000030"}  # older ones removed
@@ -261,7 +262,7 @@ def test_a_new_head_recovers_every_job_from_the_bucket_and_finishes_the_running_
     assert again.records[queued].status.state == JobState.SUCCEEDED
     reference = run_single(JobSpec.model_validate(_job(60, "running")), tmp_path / "reference")
     assert resumed.result.final_loss == pytest.approx(reference.result["final_loss"],
-                                                      abs=1e-5)
+                                                      abs=SUM_ORDER)
     again.shutdown()
 
 

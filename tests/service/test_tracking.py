@@ -193,6 +193,7 @@ def test_tensorboard_event_files_read_back_with_tensorboards_reader(tmp_path: Pa
     events.Reload()
     for key in ("loss", "lr", "grad_norm"):
         assert {e.step: e.value for e in events.Scalars(key)} == {
+            # TensorBoard stores scalars as fp32 (1.2e-7 relative)
             row["step"]: pytest.approx(row[key], rel=1e-6) for row in history}, key
     status = service.request("GET", f"/v1/jobs/{job_id}").json()
     assert status["tracking"]["runs"]["tensorboard"]["url"] == str(folder)
