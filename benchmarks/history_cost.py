@@ -1,5 +1,5 @@
 """What a job's chart history costs the job manager: 100,000 progress reports into one job's
-History (serve.history) with a save every fifth, as the manager saves a running job every few
+History (serve.jobs.history) with a save every fifth, as the manager saves a running job every few
 reports; then the size of what GET /v1/jobs/{id}/history answers.
 
     python -m benchmarks.history_cost

@@ -15,7 +15,7 @@ until then), the last event of an events trace, the last sample plus its duratio
 lines. Lines starting with `#` are comments; a header line of names (`time_ms,count`) is
 skipped. A trace is named after its file; `trace_names` gives files of one name distinct ones.
 
-    trace = load_trace(TRACES_DIR / "bamboo" / "p3-trace.csv")   # raytrain.catalog.TRACES_DIR
+    trace = load_trace(TRACES_DIR / "bamboo" / "p3-trace.csv")   # raytrain.spec.files.TRACES_DIR
 """
 
 from __future__ import annotations

@@ -135,7 +135,7 @@ def _require_free_port(host: str, port: int) -> None:
 def _check_storage(config: ServiceConfig) -> None:
     """Fail before anything starts when the job storage cannot be written (a bucket that
     does not exist, no credentials, access denied, an endpoint that does not answer), and
-    wait for, or refuse, another service's lease on it (serve.durable)."""
+    wait for, or refuse, another service's lease on it (serve.jobs.durable)."""
     import os
 
     from raytrain.cloud.object_store import is_remote, open_store

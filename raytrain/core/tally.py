@@ -11,7 +11,7 @@ asking for an offer's nodes to their being up. Kept in the store with the rest, 
 a restart of the service.
 
 Everything here is a function of two statuses, the job before and after one lifecycle step;
-serve.metrics turns a snapshot into prometheus_client's metric families.
+serve.http.metrics turns a snapshot into prometheus_client's metric families.
 
     tally = Tally()
     tally.observe(before, after, now)          # after each lifecycle step of a job

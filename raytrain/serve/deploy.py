@@ -192,7 +192,7 @@ def deploy(config: ServiceConfig, host: str, port: int, timeout_s: float = 120.0
     # The operator token is written before anything answers: a script that waits for
     # /healthz then reads tokens.json finds it.
     token = operator_token(config)
-    # The replicas serve HTTP themselves (serve.front): Serve runs no proxy.
+    # The replicas serve HTTP themselves (serve.http.front): Serve runs no proxy.
     serving.start(
         proxy_location="Disabled",
         logging_config={"log_level": "WARNING", "enable_access_log": False},

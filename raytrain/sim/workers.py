@@ -55,7 +55,7 @@ class CloudTimes:
 
 
 class SimCloud(Protocol):
-    """What a simulated run needs of its cloud (serve.trace_cloud.TraceCloud): the times it
+    """What a simulated run needs of its cloud (sim.trace_cloud.TraceCloud): the times it
     follows, the clock, the job manager it reports to, every node by id, and each job's latest
     committed checkpoint step."""
 

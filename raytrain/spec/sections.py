@@ -56,7 +56,7 @@ class DataSpec(Strict):
         "status, events and /metrics; null: none."))
     shuffle: bool = Field(False, description=(
         "For 'token_file': read the windows in a seeded order, a new one each epoch (sample i "
-        "is window shuffled(i mod n) of epoch i // n: README, What a step does), the same on "
+        "is window shuffled(i mod n) of epoch i // n: docs, What a step does), the same on "
         "any rank count and across resumes. false: in file order."))
     path: str | None = Field(None, max_length=4096,
                              description="For 'token_file': a token file, or a folder of "
@@ -123,7 +123,7 @@ class TrainingSpec(Strict):
     )
     warmup_steps: int | None = Field(
         None, ge=0, description="Steps of linear warmup W: step s (from 0) uses the peak "
-        "times (s + 1) / W, so the first step already moves; default 10% of steps (README: "
+        "times (s + 1) / W, so the first step already moves; default 10% of steps (docs: "
         "What a step does)."
     )
     weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay on matrices.")

@@ -243,7 +243,7 @@ def optimizer_step(model: ParallelModel, optimizers: list[torch.optim.Optimizer]
 
 def step_learning_rate(step: int, spec: JobSpec) -> float:
     """The learning rate of step `step`'s update (counting from 0): the peak times the
-    schedule's multiplier (raytrain.core.schedule; the README's "What a step does")."""
+    schedule's multiplier (raytrain.core.schedule; docs/reference/step.md, "What a step does")."""
     training = spec.training
     return peak_learning_rate(training) * lr_multiplier(step, training.warmup, training.steps,
                                                         training.min_lr_ratio)

@@ -1,5 +1,5 @@
-"""The client-only install (the README's wheel, or `pip install .`) is the client and the
-command line: submitting, watching, planning
+"""The client-only install (the getting-started page's wheel, or `pip install .`) is the
+client and the command line: submitting, watching, planning
 and ranking offers work without torch, Ray or boto3, and the commands that run the service or
 training say which extra to install instead of a traceback. A Python that cannot import the
 `server` extra's packages (tests/clientonly/sitecustomize.py) stands in for that install."""
@@ -68,12 +68,12 @@ def test_server_commands_name_the_extra_to_install() -> None:
 
 def test_the_readmes_client_wheel_line_builds_a_wheel_that_runs_without_the_server(
         tmp_path: Path) -> None:
-    """The README's line, run as written (python3 -> this Python; the build backend this
-    venv's, so that nothing is fetched) in a copy of the clone: the wheel builds, installs,
-    and its command line runs with no server package importable."""
+    """The getting-started page's line, run as written (python3 -> this Python; the build
+    backend this venv's, so that nothing is fetched) in a copy of the clone: the wheel
+    builds, installs, and its command line runs with no server package importable."""
     import shutil
 
-    line = next(text for text in (ROOT / "README.md").read_text().splitlines()
+    line = next(text for text in (ROOT / "docs" / "index.md").read_text().splitlines()
                 if text.startswith("python3 -m pip wheel"))
     build, install = (part.strip().replace("python3", sys.executable, 1)
                       for part in line.split("&&"))

@@ -241,11 +241,13 @@ def test_plan_says_whose_cpu_figures_it_used_and_finds_them_through_the_state_di
 
 
 def test_the_readmes_plan_and_offers_examples_run_as_written() -> None:
-    """Each `raytrain plan` / `raytrain offers` line of the README that names a shipped file
-    runs from the repository's root as written (subprocesses), and the offers one ranks."""
+    """Each `raytrain plan` / `raytrain offers` line of the README and the docs that names a
+    shipped file runs from the repository's root as written (subprocesses), and the offers
+    one ranks."""
     root = Path(__file__).resolve().parents[2]
-    lines = [line.split("#")[0].split() for line in
-             (root / "README.md").read_text().splitlines()
+    pages = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+    lines = [line.split("#")[0].split() for page in pages for line in
+             page.read_text().splitlines()
              if line.strip().startswith(("raytrain plan examples/", "raytrain offers examples/",
                                          "raytrain plan --model-config examples/"))]
     assert len(lines) >= 6

@@ -177,7 +177,7 @@ def progress(c: Change, event: ProgressReported) -> dict[str, Any]:
     elif job.plan is not None and job.progress.tokens_per_s:  # a worker of an older version
         job.plan.measured_step_s = job.plan.tokens_per_step / job.progress.tokens_per_s
     # sent_at stays in the event: followers can see how fresh each report is. Dollars go
-    # with it, so a follower (the dashboard's charts, serve.history) needs nothing else.
+    # with it, so a follower (the dashboard's charts, serve.jobs.history) needs nothing else.
     c.emit("progress", {**event.payload, "cost_usd": job.cost_usd,
                         "usd_per_hour": job.resources.usd_per_hour,
                         **({"val_perplexity": job.progress.val_perplexity}

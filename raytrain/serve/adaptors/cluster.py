@@ -2,8 +2,8 @@
 runner and see it end, stop it, read nodes and resources, ask for nodes, reclaim what a lost
 manager left, and read the clock. Three classes implement it:
 
-- `serve.ray_cluster.RayCluster`: Ray itself, in the service;
-- `serve.trace_cloud.TraceCloud`: a simulated cloud on a simulated clock, for trace replays;
+- `serve.adaptors.ray_cluster.RayCluster`: Ray itself, in the service;
+- `sim.trace_cloud.TraceCloud`: a simulated cloud on a simulated clock, for trace replays;
 - `tests.support.fake_ray.FakeRay` (and its `TrainingRay`): a recording fake for in-process tests.
 
 Each is checked against this Protocol by the type checker (tests/support/adaptors_conform.py, in

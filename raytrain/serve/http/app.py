@@ -1,5 +1,5 @@
 """The HTTP API: `build_app(manager_handle)` is the FastAPI app over any job manager handle
-(the service's Ray actor, or `InProcess(manager)` in tests); serve.front's `RaytrainAPI` is the
+(the service's Ray actor, or `InProcess(manager)` in tests); serve.http.front's `RaytrainAPI` is the
 Ray Serve deployment whose replicas build it over the service's job manager actor and serve it.
 
 Bodies are validated by the same pydantic JobSpec as files; a bad one answers 422 with the
@@ -10,9 +10,9 @@ path of each bad field and nothing is queued. Every route is a thin call into th
     GET  /v1/jobs/{id}/events   Server-Sent Events         DELETE ...?purge=true  forget
     GET  /v1/jobs/{id}/logs     workers' output by rank    GET  /healthz, /readyz, /metrics
 
-Every route but /healthz needs a bearer token (serve.auth; /metrics too unless opened), and
+Every route but /healthz needs a bearer token (serve.http.auth; /metrics too unless opened), and
 answers 401 without one before its body is read. Bodies over MAX_BODY_BYTES answer 413
-unread, open event streams are limited (serve.http_limits), and an error never echoes more
+unread, open event streams are limited (serve.http.limits), and an error never echoes more
 than a short excerpt of what was sent. While the job manager cannot be reached, job
 endpoints answer 503 with Retry-After rather than 500.
 """
@@ -110,7 +110,7 @@ def build_app(manager: Any, open_metrics: bool = False, auth: bool = True,
     open_metrics: serve /metrics without a token. auth: whether the service asks for tokens
     (the manager's config decides; /healthz says so, for the dashboard's sign-in).
     cached_reads: answer status reads from a copy kept by a long-poll of this many seconds
-    (serve.reads; for a server whose event loop lives as long as the app)."""
+    (serve.http.reads; for a server whose event loop lives as long as the app)."""
     cache = StatusCache(manager, cached_reads) if cached_reads else None
 
     @asynccontextmanager

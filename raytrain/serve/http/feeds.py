@@ -5,7 +5,7 @@ bounded number of threads: fifty dashboards on one job took fifty of them, and a
 progress report could wait behind them. A `Feed` is one pump per job in the HTTP replica that
 waits on the manager and keeps what it got, each event encoded for the wire once; every
 stream of that job reads from it, and the feed stops with the last. (The replica's
-StreamLimits, serve.http_limits, admits the streams.) A batch that changes more than
+StreamLimits, serve.http.limits, admits the streams.) A batch that changes more than
 progress is told to `on_change` (the replica's status copy) before any stream sends it.
 Written here because neither Starlette nor Ray Serve shares one upstream among many SSE
 clients.

@@ -2,9 +2,11 @@
 read, and every body read as JSON whatever its Content-Type says) and open event streams
 (429 past MAX_STREAMS_PER_JOB on one job, MAX_STREAMS in all, or MAX_FOLLOWED_JOBS jobs
 followed at once: each stream holds a connection, and each followed job one waiting call into
-the job manager, whose threads are bounded; serve.feeds). Events kept per job are bounded by the
-job manager's EventLog (serve.events); spec fields by their schema bounds; queued and running
-jobs by ServiceConfig.max_active_jobs (serve.admission).
+the job manager, whose threads are bounded; serve.http.feeds). Events kept per job are bounded by
+the
+job manager's EventLog (serve.jobs.event_log); spec fields by their schema bounds; queued and
+running
+jobs by ServiceConfig.max_active_jobs (serve.jobs.admission).
 
 Written as ASGI middleware and a counter because a size limit must hold before FastAPI
 reads the body, and Starlette has no stream count.
@@ -22,7 +24,7 @@ from fastapi.responses import StreamingResponse
 from raytrain.serve.http.auth import send_json
 
 MAX_BODY_BYTES = 1 * 2**20  # a job spec is a few KB; the schema has no field near this
-MAX_HEAD_BYTES = 64 * 1024  # a request's line and headers (serve.front.BoundedHead: 431)
+MAX_HEAD_BYTES = 64 * 1024  # a request's line and headers (serve.http.front.BoundedHead: 431)
 MAX_HEADERS = 100
 MAX_READ_AHEAD = 256 * 1024  # one read may hold a body's start besides the head
 MAX_STREAMS_PER_JOB = 64

@@ -48,7 +48,7 @@ def request_latency() -> Histogram:
 
 
 def auth_refusals() -> Counter:
-    """Requests refused by the token check, by reason (one app's; serve.auth)."""
+    """Requests refused by the token check, by reason (one app's; serve.http.auth)."""
     return Counter(f"{PREFIX}http_auth_refusals", "Requests refused for want of a valid token: "
                    "missing_token (401), invalid_token (401), slowed (429: the address "
                    "guessed too often).",

@@ -77,7 +77,7 @@ RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before retrying."
 
 def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """`responses=` for a route that can answer these statuses besides 401, 429 (an address
-    guessing tokens is slowed: serve.auth) and 503."""
+    guessing tokens is slowed: serve.http.auth) and 503."""
     answers: dict[int | str, dict[str, Any]] = {}
     for status in sorted({*statuses, 401, 429, 503}):
         answer: dict[str, Any] = {"model": FieldProblems if status == 422 else Problem,

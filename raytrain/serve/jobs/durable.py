@@ -1,7 +1,7 @@
 """The job manager's records, kept through a failing disk and a lost head node.
 
 Two copies, with one promise: what they end up holding is what the API said.
-- SQLite on the head node (serve.store.JobStore), written in the caller's thread. When it
+- SQLite on the head node (serve.jobs.store.JobStore), written in the caller's thread. When it
   cannot be written (a full or read-only disk, an immutable file), nothing raises into the
   caller (a training rank's report, the scheduler): the newest record of each job is kept in
   memory and written, with the tally, once the disk takes writes again (`flush`, every

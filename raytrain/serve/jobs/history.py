@@ -3,7 +3,7 @@ report (time, step, loss, tokens/s, dollars spent, dollars per hour, the latest 
 loss and its step), kept in the store so a
 reloaded page or a restarted service still draws the whole run.
 
-The event stream (serve.events) keeps only its last few thousand events, in memory, for
+The event stream (serve.jobs.event_log) keeps only its last few thousand events, in memory, for
 followers; this keeps fewer, smaller values, durably, and evenly spread over the whole run.
 Each point carries its report's number `n` (0, 1, 2, ...). A job keeps the reports whose
 number is a multiple of its stride, and always its latest. The stride starts at 1 and doubles
@@ -135,7 +135,7 @@ class History:
     def save(self, job_id: str, release: bool = False) -> None:
         """Write what changed of the job's points since the last save; with `release` (the
         job has ended: no more points come), drop them from memory too. A disk that does not
-        take the write keeps them in memory for `retry` (serve.durable)."""
+        take the write keeps them in memory for `retry` (serve.jobs.durable)."""
         steps = self._steps.get(job_id)
         if steps:
             try:

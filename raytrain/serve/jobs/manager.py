@@ -3,10 +3,11 @@
 It validates and queues submissions, keeps one `core.lifecycle.Record` per job, and feeds the
 lifecycle every request, scheduling decision and report from rank 0 as an event; it keeps the
 record the lifecycle returns and carries out its effects: events on the job's stream
-(serve.events), writes to the durable store (serve.store), withdrawing node requests
-(serve.provisioning) and stopping runners (serve.ray_cluster). The scheduling pass is
-serve.scheduler. Nothing here calls Ray or reads the time of day directly: both go through
-the cluster adaptor (the Protocol serve.cluster.Cluster), which tests replace with a recording
+(serve.jobs.event_log), writes to the durable store (serve.jobs.store), withdrawing node requests
+(serve.jobs.provisioning) and stopping runners (serve.adaptors.ray_cluster). The scheduling pass is
+serve.jobs.scheduler. Nothing here calls Ray or reads the time of day directly: both go through
+the cluster adaptor (the Protocol serve.adaptors.cluster.Cluster), which tests replace with a
+recording
 fake (tests/support/fake_ray.py).
 
 The actor outlives the Serve app (it is detached), so redeploying the HTTP layer loses
@@ -16,7 +17,7 @@ again; they resume from their latest checkpoint.
 
 Methods answer typed values (a JobStatus, a page of them, a reply model) and refuse with
 the exceptions of raytrain.errors, which pickle to themselves across the actor boundary; the
-HTTP layer turns each into its status code (serve.answers).
+HTTP layer turns each into its status code (serve.http.answers).
 
     manager = JobManager(config.model_dump(mode="json"), cluster=RayCluster()).start()
     manager.submit(spec) -> JobStatus   # or raises SpecError, ServiceBusyError, ...
@@ -188,7 +189,7 @@ class JobManager(JobReads):
             self._events[job_id].append(job_id, effect.kind, effect.data, now)
             if effect.kind == "progress":
                 self._history.add(job_id, point_of(effect.data, now))
-        elif isinstance(effect, lc.Save):  # never raises for a failing disk (serve.durable)
+        elif isinstance(effect, lc.Save):  # never raises for a failing disk (serve.jobs.durable)
             if not self.persist:
                 return
             status = self.records[job_id].status
@@ -348,7 +349,8 @@ class JobManager(JobReads):
         return merged
 
     def _check_writable(self) -> None:
-        """ServiceUnavailableError (503) while the job store takes no writes (serve.durable)."""
+        """ServiceUnavailableError (503) while the job store takes no writes
+        (serve.jobs.durable)."""
         if not self._store.flush():
             raise ServiceUnavailableError(
                 f"{self._store.degraded}. Nothing was changed. To fix: retry in "
@@ -479,7 +481,7 @@ class JobManager(JobReads):
                 logger.exception("could not start Ray's autoscaling coordinator")
         while not self._stopping.is_set():
             try:
-                with self.lock:  # records kept while the disk was failing (serve.durable)
+                with self.lock:  # records kept while the disk was failing (serve.jobs.durable)
                     if self._store.flush():
                         self._history.retry()
                 self.scheduler.pass_once()

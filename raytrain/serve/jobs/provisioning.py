@@ -9,7 +9,7 @@ land on exactly those nodes. If the nodes do not come within the policy's capaci
 that offer and market are marked unavailable for the job and the policy decides again. When
 the job ends its request is withdrawn and the autoscaler lets the idle nodes go.
 
-Requests go to the autoscaler through the cluster adaptor (serve.ray_cluster says how and
+Requests go to the autoscaler through the cluster adaptor (serve.adaptors.ray_cluster says how and
 why). They cover a job from the decision until its worker group has started, and again from
 a preemption until it resumes (while the group runs, Ray Train's own request holds the
 nodes); they expire unless refreshed, so a lost job manager cannot hold nodes forever.

@@ -61,7 +61,7 @@ class JobReads:
             return self._json(job_id) if job_id in self.records else None
 
     def changes(self, epoch: str | None, since: int, timeout_s: float) -> dict[str, Any]:
-        """serve.reads.Versions.changes over the statuses as JSON text (None: deleted),
+        """serve.jobs.versions.Versions.changes over the statuses as JSON text (None: deleted),
         waiting up to timeout_s for a change after `since`."""
         deadline = time.monotonic() + timeout_s
         with self.lock:

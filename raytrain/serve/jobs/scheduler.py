@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 
 class Jobs(Protocol):
-    """What the scheduler needs of the job manager (serve.manager.JobManager, checked in
+    """What the scheduler needs of the job manager (serve.jobs.manager.JobManager, checked in
     tests/support/adaptors_conform.py): every job's record, read and changed only under `lock`; the
     runners' handles; the adaptors it holds; and `apply`, which feeds a job's lifecycle an
     event and carries out what it decides."""

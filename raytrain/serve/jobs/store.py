@@ -6,7 +6,7 @@ each record it keeps the number the job's next event would take, so event number
 monotonic across restarts (a client resuming with an old Last-Event-ID skips nothing). With
 each write it keeps the service's tally (core.tally), so the counters /metrics shows keep
 growing across a restart rather than starting again at zero. A second table keeps each job's
-progress points (serve.history) for the dashboard's charts.
+progress points (serve.jobs.history) for the dashboard's charts.
 
     store = JobStore(Path("~/.raytrain/jobs.db").expanduser())
     store.put(status, next_event_seq=12, tally={...}); store.load_all(); store.delete(job_id)
@@ -78,7 +78,7 @@ class JobStore:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         # A rollback journal, not WAL: WAL's memory-mapped -shm file turns a disk that stops
-        # taking writes into SIGBUS, where a journal fails the write (serve.durable keeps it).
+        # taking writes into SIGBUS, where a journal fails the write (serve.jobs.durable keeps it).
         # A reader beside a writer may find the file locked: read_tally then reads TALLY_FILE.
         self._db.execute("PRAGMA journal_mode=DELETE")
         self._db.execute("PRAGMA synchronous=FULL")
@@ -89,7 +89,7 @@ class JobStore:
         self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
         self._db.execute("CREATE TABLE IF NOT EXISTS points (job_id TEXT NOT NULL, "
                          "n INTEGER NOT NULL, point TEXT NOT NULL, PRIMARY KEY (job_id, n))")
-        # Every optimizer step's figures (serve.history.StepRows): a step done again after a
+        # Every optimizer step's figures (serve.jobs.history.StepRows): a step done again after a
         # restart replaces its earlier row.
         self._db.execute("CREATE TABLE IF NOT EXISTS steps (job_id TEXT NOT NULL, "
                          "step INTEGER NOT NULL, loss REAL, lr REAL, grad_norm REAL, "

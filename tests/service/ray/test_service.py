@@ -97,17 +97,19 @@ def test_bad_specs_answer_422_with_field_paths_and_start_nothing(service: Servic
     assert "/v1/jobs" in service.http.get(f"{service.url}/openapi.json").json()["paths"]
 
 
-def readme_snippets() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+def snippets(page: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
 
 
 @pytest.mark.timeout(400)  # two demo jobs
 def test_the_readme_trains_the_demo_to_success_streaming_progress_then_cancels_one(
         service: Service, capsys: pytest.CaptureFixture[str]) -> None:
-    """Every Python snippet in the README runs, in order, against the deployed service; the
-    first one's job (the demo) is then checked through the API, the second one's cancelled."""
-    first, second, *rest = readme_snippets()
-    assert not rest, "a new README snippet: run it here too"
+    """Every Python snippet of the jobs guide runs, in order, against the deployed service
+    (the README's is its first); the first one's job (the demo) is then checked through the
+    API, the second one's cancelled."""
+    first, second, *rest = snippets(ROOT / "docs" / "guides" / "jobs.md")
+    assert not rest, "a new snippet in the jobs guide: run it here too"
+    assert snippets(ROOT / "README.md") == [first]
     printed_at: list[tuple[float, tuple[Any, ...]]] = []
 
     def recording_print(*args: Any, **kwargs: Any) -> None:
