@@ -1,8 +1,7 @@
 """The service's HTTP API on a real socket on 127.0.0.1, without Ray: the app `raytrain serve`
-deploys (serve.http.app.build_app), over a real job manager whose Ray adaptor is the recording fake
-(tests/support/fake_ray.py), served as a replica serves it (serve.http.front: uvicorn on a thread,
-status
-reads from memory). For tests and benchmarks that speak HTTP to
+deploys (serve.http.app.build_app), over a real job manager whose Ray adaptor is the recording
+fake (tests/support/fake_ray.py), served as a replica serves it (serve.http.front: uvicorn on a
+thread, status reads from memory). For tests and benchmarks that speak HTTP to
 the API at a rate a Ray cluster on this machine could not take (the fuzzer's hundreds of jobs).
 
     with served(tmp_path) as (url, token):

@@ -2,11 +2,9 @@
 read, and every body read as JSON whatever its Content-Type says) and open event streams
 (429 past MAX_STREAMS_PER_JOB on one job, MAX_STREAMS in all, or MAX_FOLLOWED_JOBS jobs
 followed at once: each stream holds a connection, and each followed job one waiting call into
-the job manager, whose threads are bounded; serve.http.feeds). Events kept per job are bounded by
-the
-job manager's EventLog (serve.jobs.event_log); spec fields by their schema bounds; queued and
-running
-jobs by ServiceConfig.max_active_jobs (serve.jobs.admission).
+the job manager, whose threads are bounded; serve.http.feeds). Events kept per job are
+bounded by the job manager's EventLog (serve.jobs.event_log); spec fields by their schema
+bounds; queued and running jobs by ServiceConfig.max_active_jobs (serve.jobs.admission).
 
 Written as ASGI middleware and a counter because a size limit must hold before FastAPI
 reads the body, and Starlette has no stream count.

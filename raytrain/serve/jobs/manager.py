@@ -7,8 +7,7 @@ record the lifecycle returns and carries out its effects: events on the job's st
 (serve.jobs.provisioning) and stopping runners (serve.adaptors.ray_cluster). The scheduling pass is
 serve.jobs.scheduler. Nothing here calls Ray or reads the time of day directly: both go through
 the cluster adaptor (the Protocol serve.adaptors.cluster.Cluster), which tests replace with a
-recording
-fake (tests/support/fake_ray.py).
+recording fake (tests/support/fake_ray.py).
 
 The actor outlives the Serve app (it is detached), so redeploying the HTTP layer loses
 nothing. If the actor itself is lost, Ray starts a new one, which reloads every record from
@@ -98,7 +97,6 @@ class JobManager(JobReads):
         self.planner = planner  # once at submit; once more per capacity change
         self.cluster: Cluster[Any] = with_pods(cluster or RayCluster(), self.config, self)
         self.lock = threading.RLock()
-        self._reported = threading.Condition(self.lock)  # each progress report applied
         self._last_row: dict[str, int] = {}  # the latest step row a job's run reported
         self._changed = threading.Condition(self.lock)
         self._schedule = schedule
@@ -416,7 +414,6 @@ class JobManager(JobReads):
             if rows:
                 self._last_row[job_id] = max(self._last_row.get(job_id, 0), rows[-1][0])
             reply: dict[str, bool] = self.apply(job_id, lc.ProgressReported(attempt, payload))
-            self._reported.notify_all()
             return reply
 
     def report_checkpoint(self, job_id: str, attempt: int, step: int, path: str,
@@ -453,13 +450,14 @@ class JobManager(JobReads):
                         wait_s: float = LAST_REPORT_WAIT_S) -> None:
         """Rank 0's end of a run. Its last progress report (the last steps' rows) may still
         be on its way, on another of the actor's threads: the end is applied once the job's
-        progress has reached the run's last step (at most `wait_s` later), so that a job
-        never reads as ended with steps missing from its history."""
+        progress has reached the run's last step (at most `wait_s` later; every report's
+        apply wakes the waiters of `_changed`), so that a job never reads as ended with steps
+        missing from its history."""
         with self.lock:
             if job_id not in self.records:
                 return
             last = int(result.get("steps") or 0)
-            reached = self._reported.wait_for(
+            reached = self._changed.wait_for(
                 lambda: job_id not in self.records or max(
                     self._last_row.get(job_id, 0),
                     self.records[job_id].status.progress.step) >= last, timeout=wait_s)
