@@ -171,14 +171,22 @@ def run_elastic_job(spec: JobSpec, layout: Layout, groups: int, job_id: str,
         update={"num_workers": per_group})})
     inner = replace(layout, dp_replicate=1)
 
+    fitting: set[str] = set()  # Ray Train run ids of the fits not yet returned
+
     def fit(group: int, replacement: bool, avoid: list[str]) -> Any:
-        return build_trainer(
+        trainer = build_trainer(
             group_spec, inner, job_id, checkpoint_root, run_root, manager_name,
             worker_resources, interruption_endpoint, train_fn=elastic_group_fn,
             extra_config={"group": group, "groups": groups, "attempt": attempt,
                           "lighthouse": lighthouse.address(), "replacement": replacement,
                           "beats": beats},
-            name=f"job-{job_id}-g{group}-{time.monotonic_ns()}", avoid_nodes=avoid).fit()
+            name=f"job-{job_id}-g{group}-{time.monotonic_ns()}", avoid_nodes=avoid)
+        run_id = trainer.train_run_context.run_id
+        fitting.add(run_id)
+        try:
+            return trainer.fit()
+        finally:
+            fitting.discard(run_id)
 
     pool = ThreadPoolExecutor(max_workers=2 * groups + 2)
     running: dict[Future, int] = {pool.submit(fit, g, False, []): g for g in range(groups)}
@@ -220,7 +228,27 @@ def run_elastic_job(spec: JobSpec, layout: Layout, groups: int, job_id: str,
     finally:
         lighthouse.shutdown()
         pool.shutdown(wait=False, cancel_futures=True)
+        _cancel_node_requests(set(fitting))
         del beat_store
+
+
+def _cancel_node_requests(run_ids: set[str]) -> None:
+    """Withdraw the node requests of fits left starting when the run ends (a replacement
+    still waiting for its node): each Ray Train controller registers its worker group's
+    resources with Ray's autoscaling coordinator as `train-<run id>` and withdraws them only
+    when its run ends, so a controller that goes with this runner left its request standing
+    until it expired (180 s), and the autoscaler kept a node bought for it."""
+    if not run_ids:
+        return
+    from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+        get_or_create_autoscaling_coordinator,
+    )
+
+    coordinator = get_or_create_autoscaling_coordinator()
+    for run_id in run_ids:
+        coordinator.cancel_request.remote(f"train-{run_id}")
+    logger.info("withdrew the node requests of %d replica group(s) still starting",
+                len(run_ids))
 
 
 def _after_its_end(manager: Any, job_id: str, attempt: int, group: int) -> dict[str, Any]:

@@ -62,6 +62,15 @@ def test_the_autoscaling_coordinator_takes_what_raytrain_sends() -> None:
     assert list(inspect.signature(_AutoscalingCoordinatorActor.cancel_request).parameters) == [
         "self", "requester_id"]
     assert ResourceRequestPriority.HIGH.value > ResourceRequestPriority.MEDIUM.value
+    # A Ray Train run's own request, withdrawn by raytrain.train.elastic_launcher for a fit
+    # left starting: its requester id, and the trainer's run id known before fit().
+    from ray.train.v2._internal.execution.scaling_policy.scaling_policy import ScalingPolicy
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    assert 'f"train-{train_run_context.run_id}"' in inspect.getsource(
+        ScalingPolicy.after_controller_start)
+    assert "self.train_run_context = TrainRunContext(" in inspect.getsource(
+        DataParallelTrainer.__init__)
 
 
 def test_rays_config_check_refuses_a_bad_cluster_config() -> None:
