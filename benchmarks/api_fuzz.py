@@ -7,7 +7,7 @@ failures, 5xx answers. The suite runs a bounded version (tests/service/test_api_
     RAYTRAIN_TOKEN=... python -m benchmarks.api_fuzz --url http://127.0.0.1:8000  # a service
 
 Without --url it serves the app `raytrain serve` deploys over a job manager on the recording
-fake of Ray (tests/support/http_service.py), so the hundreds of jobs the fuzzer submits queue and
+fake of Ray (raytrain/testing/http_service.py), so the hundreds of jobs the fuzzer submits queue and
 never train. Against a real service they would: point it at a cluster that cannot run them.
 """
 
@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.support.http_service import served
+from raytrain.testing.http_service import served
 
 CONFIG = Path(__file__).parents[1] / "tests" / "service" / "schemathesis.toml"
 

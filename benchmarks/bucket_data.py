@@ -22,8 +22,8 @@ import numpy as np
 
 from raytrain.cloud.object_store import open_store
 from raytrain.spec import JobSpec
-from tests.support.runs import run_single
-from tests.support.s3_server import make_bucket, s3_server
+from raytrain.testing.runs import run_single
+from raytrain.testing.s3_server import make_bucket, s3_server
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ import torch
 from raytrain.core.batching import BatchPlan
 from raytrain.data.prefetch import Prefetcher
 from raytrain.data.sources import SyntheticTokens
-from tests.support.data import stepped
+from raytrain.testing.data import stepped
 
 
 def best_ms(fn, repeats: int = 5) -> float:

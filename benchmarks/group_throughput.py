@@ -5,7 +5,7 @@ group and joins.
 
     python -m benchmarks.group_throughput [--groups 2 3] [--window-s 20]
 
-Each group is one process of one worker (tests/support/elastic_groups.py: torchft's Manager over
+Each group is one process of one worker (raytrain/testing/elastic_groups.py: torchft's Manager over
 gloo, a Lighthouse in this process), one thread each. The job does the same work per step
 whatever the number of groups (its global batch), so with G groups and one gone the
 survivors should keep (G - 1) / G of the steps per second if each group had a core of its
@@ -26,7 +26,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from tests.support.elastic_groups import group_main, step_times, wait_for_event, wait_for_step
+from raytrain.testing.elastic_groups import group_main, step_times, wait_for_event, wait_for_step
 
 os.environ.setdefault("RUST_LOG", "error")  # before torchft's Lighthouse logs at INFO
 

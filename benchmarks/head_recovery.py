@@ -22,8 +22,8 @@ from raytrain.cloud.object_store import open_store
 from raytrain.serve.jobs.durable import read_mirror
 from raytrain.serve.jobs.manager import JobManager
 from raytrain.spec import JobSpec, ServiceConfig
-from tests.support.fake_ray import FakeRay
-from tests.support.s3_server import make_bucket, s3_server
+from raytrain.testing.fake_ray import FakeRay
+from raytrain.testing.s3_server import make_bucket, s3_server
 
 LEASE_S = 2.0
 

@@ -4,7 +4,8 @@ side in one run.
     python -m benchmarks.list_rate [--seconds 10] [--connections 16]
 
 The service's app with its job manager in one process of its own, as a replica is (the
-recording fake of Ray, as tests/support/http_service.py serves it: uvicorn on a thread, status reads
+recording fake of Ray, as raytrain/testing/http_service.py serves it: uvicorn on a thread, status
+reads
 and list pages from memory), holds 114 jobs; GET /v1/jobs answers its default page (100).
 The plain FastAPI + uvicorn app (benchmarks.load's) answers the bytes of that same page from
 a file, in its own process too. The load comes from this process. Printed: requests/s, the
@@ -23,8 +24,8 @@ from pathlib import Path
 import httpx
 
 from benchmarks.load import PLAIN_APP, closed_loop
-from tests.support.http_service import free_port
-from tests.support.ray_service import job_spec
+from raytrain.testing.http_service import free_port
+from raytrain.testing.ray_service import job_spec
 
 
 def main() -> None:
@@ -53,7 +54,7 @@ def main() -> None:
 SERVICE = """
 import sys, time
 from pathlib import Path
-from tests.support.http_service import served
+from raytrain.testing.http_service import served
 with served(Path(sys.argv[1])) as (url, token):
     print(url, token, flush=True)
     sys.stdin.read()  # until the benchmark ends

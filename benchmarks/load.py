@@ -163,8 +163,8 @@ def main() -> None:
     from benchmarks import local_service
     from raytrain.client import Client
     from raytrain.spec import load_job_spec
-    from tests.support.http_service import free_port, served
-    from tests.support.ray_service import job_spec
+    from raytrain.testing.http_service import free_port, served
+    from raytrain.testing.ray_service import job_spec
 
     url, token, state = local_service.start("raytrain-load-")
     client = Client(url, token=token)

@@ -25,7 +25,7 @@ def start(prefix: str, profile_from: Path | None = None, **config: Any
     from raytrain.serve.http.auth import operator_token
     from raytrain.spec import ServiceConfig
     from raytrain.spec.files import PROFILE_FILE
-    from tests.support.http_service import free_port
+    from raytrain.testing.http_service import free_port
 
     state = Path(tempfile.mkdtemp(prefix=prefix))
     if profile_from is not None:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import tests.support.parity as parity
+import raytrain.testing.parity as parity
 
 
 def cases(ranks: int, tp_micro_batch_size: int) -> list[tuple[str, dict, dict]]:

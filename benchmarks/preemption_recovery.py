@@ -5,7 +5,7 @@ a notice and without one, for a job on 2 and on 4 workers.
     python -m benchmarks.preemption_recovery
 
 Runs the real service, Ray's real autoscaler with its fake multi-node provider and a local
-instance metadata service (tests/support/fake_cluster.py): 2-slot CPU nodes, the small GPT of the
+instance metadata service (raytrain/testing/fake_cluster.py): 2-slot CPU nodes, the small GPT of the
 integration tests, a checkpoint every 50 steps. A notice comes from the metadata service; the
 node is then taken through the autoscaler, as a cloud would take it. Without a notice the
 node is taken while the job trains.
@@ -17,8 +17,8 @@ import time
 
 from raytrain.client import Client
 from raytrain.spec import JobState, PreemptionRecord
-from tests.support.fake_cluster import started_fake_cluster
-from tests.support.ray_service import job_spec, wait_for
+from raytrain.testing.fake_cluster import started_fake_cluster
+from raytrain.testing.ray_service import job_spec, wait_for
 
 
 def _running_past(client: Client, job_id: str, steps: int) -> None:

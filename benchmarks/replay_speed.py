@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.support.replay_cases import outage_trace
+from raytrain.testing.replay_cases import outage_trace
 
 
 def main() -> None:

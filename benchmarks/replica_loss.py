@@ -82,7 +82,7 @@ def main() -> None:
 
     from benchmarks import local_service
     from raytrain.client import Client
-    from tests.support.ray_service import job_spec
+    from raytrain.testing.ray_service import job_spec
 
     for replicas in args.replicas:
         url, token, _ = local_service.start("raytrain-replica-loss-", http_replicas=replicas)

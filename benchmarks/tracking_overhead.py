@@ -25,8 +25,8 @@ def main() -> None:
     args = parser.parse_args()
     from benchmarks.local_service import start, stop
     from raytrain import Client
-    from tests.support.mlflow_server import MlflowServer
-    from tests.support.ray_service import job_spec
+    from raytrain.testing.mlflow_server import MlflowServer
+    from raytrain.testing.ray_service import job_spec
 
     with tempfile.TemporaryDirectory() as tmp:
         server = MlflowServer(Path(tmp) / "mlflow").start()

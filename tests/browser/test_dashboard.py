@@ -23,8 +23,8 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from tests.support.fake_ray import TrainingRay
-from tests.support.http_service import served_training
+from raytrain.testing.fake_ray import TrainingRay
+from raytrain.testing.http_service import served_training
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 expect = playwright_api.expect

@@ -1,5 +1,6 @@
 """The HTTP API in one process: `build_app` over a real job manager whose Ray adaptor is the
-recording fake (tests/support/fake_ray.py), driven through httpx's ASGITransport. Rank 0's reports
+recording fake (raytrain/testing/fake_ray.py), driven through httpx's ASGITransport. Rank 0's
+reports
 are the manager's own methods, called as the workers call them. The same paths also run on a
 real cluster in tests/service/ray/test_service.py; these cover what that one cannot afford
 (every status code, the event stream's order, restarts, a stop that does not come)."""
@@ -20,7 +21,7 @@ from raytrain.serve.http.app import InProcess
 from raytrain.serve.http.feeds import Feeds
 from raytrain.serve.http.limits import MAX_BODY_BYTES
 from raytrain.spec import JobSpec, PlanSummary
-from tests.support.fake_ray import FakeRay
+from raytrain.testing.fake_ray import FakeRay
 from tests.support.service import Service, progress, result, small_job
 
 
@@ -333,12 +334,12 @@ def test_a_factory_that_cannot_be_imported_is_refused_at_submit_and_nothing_star
         tmp_path: Path) -> None:
     """An allowed package, but a name in it that does not exist (or a module that does not):
     422 naming the field, before a worker group starts or a node is bought for it."""
-    service = Service(tmp_path, allowed_import_packages=["tests"])
+    service = Service(tmp_path, allowed_import_packages=["raytrain.testing"])
     good = {**small_job(), "model": {"kind": "import",
-                                     "factory": "tests.support.jobs:make_tiny_model",
+                                     "factory": "raytrain.testing.jobs:make_tiny_model",
                                      "options": {"dim": 8}}}
-    for factory, said in (("tests.support.jobs:nope", "no attribute"),
-                          ("tests.no_such_module:build", "cannot import")):
+    for factory, said in (("raytrain.testing.jobs:nope", "no attribute"),
+                          ("raytrain.testing.no_such_module:build", "cannot import")):
         document = {**good, "model": {**good["model"], "factory": factory}}
         answer = service.request("POST", "/v1/jobs", json=document)
         assert answer.status_code == 422, answer.text

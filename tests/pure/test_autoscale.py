@@ -27,7 +27,7 @@ from raytrain.core.throughput import planner_throughput
 from raytrain.errors import SpecError
 from raytrain.spec import Offer, PolicySpec
 from raytrain.spec.files import DEFAULT_POLICY_DIR, TRACES_DIR, load_policies, snapshot
-from tests.support.jobs import offer
+from raytrain.testing.jobs import offer
 
 TRACES = TRACES_DIR
 POLICIES = load_policies()

@@ -13,8 +13,8 @@ from typing import Any, Callable
 import yaml
 
 from raytrain.spec import JobState, ServiceConfig
-from tests.support.fake_ray import TrainingRay
-from tests.support.jobs import OFFER, SPOT_TEST_POLICY, job
+from raytrain.testing.fake_ray import TrainingRay
+from raytrain.testing.jobs import OFFER, SPOT_TEST_POLICY, job
 
 
 def write_offers(path: Path, interruptions_per_hour: float) -> None:

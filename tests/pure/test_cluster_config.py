@@ -20,7 +20,7 @@ from raytrain.errors import SpecError
 from raytrain.serve.jobs.provisioning import Provisioner
 from raytrain.spec import JobSpec, JobState, JobStatus, ServiceConfig
 from raytrain.spec.files import snapshot
-from tests.support.jobs import gpt_1b_job
+from raytrain.testing.jobs import gpt_1b_job
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER = yaml.safe_load((REPO / "cluster.yaml").read_text())

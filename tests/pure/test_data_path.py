@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from raytrain.core.batching import BatchPlan
 from raytrain.data.prefetch import Prefetcher
 from raytrain.data.sources import SyntheticTokens
-from tests.support.data import stepped
+from raytrain.testing.data import stepped
 
 
 @settings(max_examples=40, deadline=None)

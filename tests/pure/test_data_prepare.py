@@ -14,8 +14,8 @@ import torch
 from raytrain.cli.parser import main
 from raytrain.data.shards import TokenShards
 from raytrain.spec import JobSpec
+from raytrain.testing.runs import run_single
 from tests.support.corpus import CHATML, CHATS, TEXTS, chat_inputs, inputs, tokenizer_file
-from tests.support.runs import run_single
 
 
 def test_shards_decode_back_to_the_documents_and_the_same_input_gives_the_same_bytes(

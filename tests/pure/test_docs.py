@@ -107,7 +107,7 @@ def test_no_docstring_or_page_names_a_module_that_does_not_exist() -> None:
     packages = {p.name for p in (ROOT / "raytrain").iterdir()} | \
         {p.stem for p in (ROOT / "raytrain").glob("*.py")}
     dotted = re.compile(r"\braytrain(?:\.[A-Za-z_]\w*)+")
-    paths = re.compile(r"\braytrain/[\w/]+(?:\.\w+)?")
+    paths = re.compile(r"\braytrain/[\w/-]+(?:\.\w+)?")
     relative = re.compile(r"(?<![\w./])(serve|sim)\.([a-z_]\w*)(?:\.[A-Za-z_]\w*)*")
     ray_serve = {"run", "delete", "shutdown", "start", "deployment", "get_app_handle",
                  "status", "ingress", "batch", "multiplexed", "config", "schema", "handle"}
@@ -143,3 +143,13 @@ def test_the_readme_is_a_short_quick_start() -> None:
     assert commands[1].endswith("python -m pytest")
     ci = (ROOT / ".ci" / "run").read_text()
     assert "mkdocs build --strict" in ci
+
+
+def test_benchmarks_import_no_tests() -> None:
+    """DESIGN: benchmarks import no tests; what they share with the tests (fakes, local servers)
+    is raytrain.testing. Fails on an `import tests...` or `from tests... import` anywhere in
+    benchmarks/, inside a function too."""
+    importing = re.compile(r"^\s*(?:from|import)\s+tests\b", re.MULTILINE)
+    offenders = [path.name for path in sorted((ROOT / "benchmarks").glob("*.py"))
+                 if importing.search(path.read_text())]
+    assert not offenders, offenders

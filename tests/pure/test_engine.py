@@ -16,7 +16,7 @@ from raytrain.core.throughput import job_goal, job_throughput
 from raytrain.serve.jobs.provisioning import Provisioner
 from raytrain.spec import JobSpec, JobState, JobStatus, PlanSummary, ServiceConfig
 from raytrain.spec.files import catalog_for
-from tests.support.jobs import OFFER, gpt_1b_job, job
+from raytrain.testing.jobs import OFFER, gpt_1b_job, job
 
 SPOT_ID = "local/here/cpu-1"
 

@@ -17,9 +17,9 @@ from raytrain.models.hf import load_pretrained
 from raytrain.models.registry import build_model
 from raytrain.serve.jobs.admission import check_paths_on_head_node
 from raytrain.spec import JobSpec, parse_job_spec
+from raytrain.testing.runs import run_single
 from raytrain.train.checkpoint import latest_checkpoint
 from tests.support.hf_models import FAMILIES, hf_job, hf_logits, make_folder
-from tests.support.runs import run_single
 from tests.support.tolerances import LOGITS, SUM_ORDER
 
 

@@ -161,9 +161,9 @@ def test_a_run_that_ends_early_reports_its_last_steps(tmp_path: Path, end: str) 
     at step 300 left 296-300 in no history)."""
     from raytrain.core.resolve import job_layout
     from raytrain.spec import JobSpec
+    from raytrain.testing.jobs import RecordingSink, job
     from raytrain.train.loop import train
     from raytrain.train.rank import WorkerInfo
-    from tests.support.jobs import RecordingSink, job
 
     spec = JobSpec.model_validate(job(steps=12))
     sink = RecordingSink(stop_at_step=1 if end == "stop" else None)

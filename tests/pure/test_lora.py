@@ -15,11 +15,11 @@ from pydantic import ValidationError
 
 from raytrain.core.resolve import job_layout, planner_inputs
 from raytrain.spec import JobSpec
+from raytrain.testing.jobs import RecordingSink
 from raytrain.train.checkpoint import CheckpointManager
 from raytrain.train.loop import train
 from raytrain.train.rank import WorkerInfo
 from tests.support.hf_models import hf_job, hf_logits, make_folder
-from tests.support.jobs import RecordingSink
 from tests.support.tolerances import LOGITS
 
 pytest.importorskip("peft")

@@ -120,7 +120,7 @@ def test_a_users_own_model_with_a_shape_is_planned_data_parallel_by_memory() -> 
     from raytrain.core.resolve import job_layout
 
     shape = gpt_config_from_hf(LLAMA_3_8B, "config.json").model_dump()
-    document = {"model": {"kind": "import", "factory": "tests.support.jobs:make_tiny_model",
+    document = {"model": {"kind": "import", "factory": "raytrain.testing.jobs:make_tiny_model",
                           "shape": shape},
                 "data": {"seq_len": 2048},
                 "training": {"global_batch_size": 64, "micro_batch_size": 1,

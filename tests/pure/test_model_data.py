@@ -63,11 +63,14 @@ def test_token_file_errors_name_the_field(tmp_path: Path) -> None:
 
 def test_user_model_and_dataset_by_import_path() -> None:
     model = build_model(
-        ModelSpec(kind="import", factory="tests.support.jobs:make_tiny_model", options={"dim": 8})
+        ModelSpec(
+            kind="import",
+            factory="raytrain.testing.jobs:make_tiny_model",
+            options={"dim": 8})
     )
     assert model(torch.zeros(2, 5, dtype=torch.int64)).shape == (2, 5, 50)
     source = build_source(
-        DataSpec(kind="import", seq_len=8, factory="tests.support.jobs:make_dataset",
+        DataSpec(kind="import", seq_len=8, factory="raytrain.testing.jobs:make_dataset",
                  options={"seq_len": 8}),
         vocab_size=None,
     )
@@ -78,4 +81,4 @@ def test_unimportable_factory_names_the_field() -> None:
     with pytest.raises(SpecError, match="model.factory"):
         build_model(ModelSpec(kind="import", factory="no_such_package_xyz.models:build"))
     with pytest.raises(SpecError, match="no attribute"):
-        build_model(ModelSpec(kind="import", factory="tests.support.jobs:missing"))
+        build_model(ModelSpec(kind="import", factory="raytrain.testing.jobs:missing"))

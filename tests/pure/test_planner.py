@@ -43,7 +43,7 @@ from raytrain.errors import SpecError
 from raytrain.parallel.parallelize import _cross_entropy
 from raytrain.spec import JobSpec, LayoutChoice, PlanRequest, spec_error_from_validation
 from raytrain.spec.files import snapshot
-from tests.support.jobs import gpt_1b_job
+from raytrain.testing.jobs import gpt_1b_job
 
 
 def test_predictions_hold_on_published_runs_they_were_not_fitted_to() -> None:

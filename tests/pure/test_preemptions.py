@@ -14,9 +14,9 @@ import yaml
 
 from raytrain.serve.jobs.manager import JobManager
 from raytrain.spec import JobSpec, JobState, ServiceConfig
-from tests.support.fake_ray import TrainingRay
-from tests.support.jobs import OFFER, job
-from tests.support.runs import run_single
+from raytrain.testing.fake_ray import TrainingRay
+from raytrain.testing.jobs import OFFER, job
+from raytrain.testing.runs import run_single
 from tests.support.tolerances import SUM_ORDER
 
 STEPS = 160

@@ -20,7 +20,7 @@ from raytrain.serve.http.reads import StatusCache
 from raytrain.serve.jobs.manager import JobManager
 from raytrain.serve.jobs.versions import Versions
 from raytrain.spec import ServiceConfig
-from tests.support.fake_ray import FakeRay
+from raytrain.testing.fake_ray import FakeRay
 from tests.support.service import small_job
 
 CHANGE_SEEN_S = 10.0  # generous: the copy follows within one long-poll answer

@@ -216,7 +216,7 @@ def test_a_job_of_one_group_is_replayed_once_for_its_policy_rows_and_the_notices
     from raytrain.core.hindsight import hindsight
     from raytrain.sim.replay import as_sim_result
     from raytrain.sim.simulation import _one_start, sim_job, simulate_jobs
-    from tests.support.replay_cases import outage_trace
+    from raytrain.testing.replay_cases import outage_trace
 
     trace = outage_trace(hours=30.0)
     offer = next(o for o in snapshot().offers if o.instance_type == "p3.2xlarge")

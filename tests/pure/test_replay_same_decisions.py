@@ -1,9 +1,9 @@
-"""The replay's differential test: every replay of tests/support/replay_cases.py decides,
+"""The replay's differential test: every replay of raytrain/testing/replay_cases.py decides,
 at the same simulated times, and bills what the replay did before its clock jumped from
 event to event and its store writes were left out (the fingerprints in
 tests/data/replay_golden.json, written by that code at 46ec4bb). A change of what the service
 decides, made on purpose, writes the file again in the commit that makes it and says why
-(`python -m tests.support.replay_cases tests/data/replay_golden.json`): since 46ec4bb, once,
+(`python -m raytrain.testing.replay_cases tests/data/replay_golden.json`): since 46ec4bb, once,
 when a replica group lost without a notice had its replacement asked for at once. A pass
 the faster replay skipped that would have decided something, a report it left out, or a
 bill summed differently fails it
@@ -16,7 +16,7 @@ import json
 import math
 from typing import Any
 
-from tests.support.replay_cases import GOLDEN, run_all
+from raytrain.testing.replay_cases import GOLDEN, run_all
 
 
 def same(old: Any, new: Any, where: str) -> list[str]:

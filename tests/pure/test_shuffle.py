@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from raytrain.core.shuffle import shuffled, windows
 from raytrain.spec import JobSpec
-from tests.support.runs import run_single
+from raytrain.testing.runs import run_single
 from tests.support.tolerances import SAME_ORDER
 
 

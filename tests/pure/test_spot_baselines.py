@@ -19,7 +19,7 @@ from raytrain.core.tally import Tally
 from raytrain.serve.jobs.store import JobStore
 from raytrain.spec import JobStatus
 from raytrain.spec.files import load_policies, snapshot
-from tests.support.jobs import offer
+from raytrain.testing.jobs import offer
 from tests.support.service import small_job
 
 COST_FIRST = load_policies()["cost-first"]

@@ -11,9 +11,9 @@ import torch
 from raytrain.catalog.hardware import CATALOG
 from raytrain.core.resolve import measured_mfu, planner_inputs
 from raytrain.spec import JobSpec
+from raytrain.testing.jobs import gpt_1b_job
+from raytrain.testing.runs import run_single, small_spec
 from raytrain.train.progress import ProgressMeter
-from tests.support.jobs import gpt_1b_job
-from tests.support.runs import run_single, small_spec
 from tests.support.service import Service, small_job
 
 

@@ -14,9 +14,9 @@ import torch.nn.functional as F
 
 from raytrain.core.resolve import job_layout
 from raytrain.spec import JobSpec
+from raytrain.testing.jobs import RecordingSink, make_hf_llama
 from raytrain.train.loop import train
 from raytrain.train.rank import WorkerInfo
-from tests.support.jobs import RecordingSink, make_hf_llama
 from tests.support.tolerances import SUM_ORDER
 
 pytest.importorskip("transformers")
@@ -26,7 +26,7 @@ SEED, STEPS, G, M, SEQ, PEAK, W, CLIP, DECAY, MIN_RATIO = 3, 8, 8, 4, 16, 0.01, 
 
 def _job(token_file: Path) -> JobSpec:
     return JobSpec.model_validate({
-        "model": {"kind": "import", "factory": "tests.support.jobs:make_hf_llama"},
+        "model": {"kind": "import", "factory": "raytrain.testing.jobs:make_hf_llama"},
         "data": {"kind": "token_file", "path": str(token_file), "dtype": "uint16",
                  "seq_len": SEQ},
         "training": {"steps": STEPS, "global_batch_size": G, "micro_batch_size": M,

@@ -17,8 +17,8 @@ from raytrain.data.sources import build_source
 from raytrain.data.validation import with_validation
 from raytrain.models.registry import build_model
 from raytrain.spec import JobSpec
+from raytrain.testing.runs import run_single
 from raytrain.train.checkpoint import CheckpointManager
-from tests.support.runs import run_single
 from tests.support.service import Service, small_job
 from tests.support.tolerances import SUM_ORDER
 

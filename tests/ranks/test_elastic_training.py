@@ -3,7 +3,7 @@ replica groups over torchft (a Lighthouse in this process, gloo between the grou
 Two groups start; one leaves on a notice; a third starts and heals from a live group; the
 first is killed mid-step; a fourth heals and joins. The losses, step by step, are those of
 one process training alone, to 1e-5, and the leading group's reports say what each change
-cost. The groups are tests/support/elastic_groups.py's processes."""
+cost. The groups are raytrain/testing/elastic_groups.py's processes."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from raytrain.spec import JobSpec
-from tests.support.elastic_groups import (
+from raytrain.testing.elastic_groups import (
     all_losses,
     events,
     group_main,
@@ -30,8 +30,8 @@ from tests.support.elastic_groups import (
     wait_for_step,
     wait_until_ended,
 )
-from tests.support.jobs import RecordingSink
-from tests.support.runs import run_single
+from raytrain.testing.jobs import RecordingSink
+from raytrain.testing.runs import run_single
 from tests.support.tolerances import SAME_ORDER, SUM_ORDER
 
 STEPS = 60
@@ -237,7 +237,7 @@ def test_groups_of_two_ranks_agree_on_every_decision_and_train_as_one_process(
     peer" after about 21 s)."""
     from torchft.coordination import LighthouseServer
 
-    from tests.support.elastic_groups import start_two_rank_groups
+    from raytrain.testing.elastic_groups import start_two_rank_groups
 
     os.environ.setdefault("RUST_LOG", "error")
     job = {**JOB, "resources": {"num_workers": 2}, "parallel": {"strategy": "fsdp"}}
@@ -286,7 +286,7 @@ def test_a_frozen_rank_costs_its_group_within_10_s_and_the_job_trains_as_one_pro
     from torch.distributed import TCPStore
     from torchft.coordination import LighthouseServer
 
-    from tests.support.elastic_groups import start_two_rank_groups, wait_for_groups
+    from raytrain.testing.elastic_groups import start_two_rank_groups, wait_for_groups
 
     os.environ.setdefault("RUST_LOG", "error")
     job = {**JOB, "resources": {"num_workers": 2}, "parallel": {"strategy": "fsdp"}}
@@ -392,7 +392,7 @@ def test_groups_holding_a_pipeline_each_take_a_left_groups_share_and_train_as_on
     never trained a step together (checked)."""
     from torchft.coordination import LighthouseServer
 
-    from tests.support.elastic_groups import start_two_rank_groups, wait_for_groups
+    from raytrain.testing.elastic_groups import start_two_rank_groups, wait_for_groups
 
     os.environ.setdefault("RUST_LOG", "error")
     job = {**JOB, "resources": {"num_workers": 2},
@@ -437,7 +437,7 @@ def test_groups_of_two_ranks_leave_die_and_are_replaced_twice_and_train_as_one_p
     from torch.distributed import TCPStore
     from torchft.coordination import LighthouseServer
 
-    from tests.support.elastic_groups import (
+    from raytrain.testing.elastic_groups import (
         start_group_of_two,
         start_two_rank_groups,
         wait_for_groups,

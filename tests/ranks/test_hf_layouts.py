@@ -15,9 +15,9 @@ import torch
 from raytrain.models.hf import load_pretrained
 from raytrain.models.registry import build_model
 from raytrain.spec import JobSpec
+from raytrain.testing.parity import _losses, _spawn
+from raytrain.testing.runs import run_single
 from tests.support.hf_models import hf_job, hf_logits, make_folder
-from tests.support.parity import _losses, _spawn
-from tests.support.runs import run_single
 from tests.support.tolerances import LOGITS, SUM_ORDER
 
 # Every family: Llama 3.x's rotary scaling and tied embeddings, Mistral, Qwen2's q/k/v biases,

@@ -21,9 +21,9 @@ from raytrain.data.prepare import prepare
 from raytrain.data.shards import TokenShards
 from raytrain.models.registry import build_model
 from raytrain.spec import JobSpec
+from raytrain.testing.parity import _losses, _spawn
+from raytrain.testing.runs import run_single
 from tests.support.corpus import CHATML, chat_inputs
-from tests.support.parity import _losses, _spawn
-from tests.support.runs import run_single
 from tests.support.tolerances import SUM_ORDER
 
 SEQ, STEPS, G = 16, 6, 8

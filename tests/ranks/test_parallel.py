@@ -19,11 +19,8 @@ import torch
 from raytrain.core.resolve import job_layout
 from raytrain.parallel.float8 import cpu_float8_unsupported
 from raytrain.spec import JobSpec
-from raytrain.train.checkpoint import latest_checkpoint
-from raytrain.train.loop import train
-from raytrain.train.rank import WorkerInfo
-from tests.support.jobs import NoticeAfter, RecordingSink
-from tests.support.parity import (
+from raytrain.testing.jobs import NoticeAfter, RecordingSink
+from raytrain.testing.parity import (
     DEVICE,
     FOUR_RANKS,
     LLAMA,
@@ -37,6 +34,9 @@ from tests.support.parity import (
     job,
     user_job,
 )
+from raytrain.train.checkpoint import latest_checkpoint
+from raytrain.train.loop import train
+from raytrain.train.rank import WorkerInfo
 from tests.support.tolerances import SUM_ORDER
 
 # Llama's blocks: grouped-query attention, SwiGLU, rotary positions, tied embeddings (which a

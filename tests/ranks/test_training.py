@@ -13,13 +13,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from raytrain.core.resolve import job_layout
+from raytrain.testing.jobs import RecordingSink
+from raytrain.testing.runs import _free_port, run_single, small_spec
 from raytrain.train.checkpoint import COMMIT_MARKER, latest_checkpoint
 from raytrain.train.loop import train
 from raytrain.train.progress import ProgressMeter
 from raytrain.train.rank import WorkerInfo
 from raytrain.train.sync import Heard, LossSync
-from tests.support.jobs import RecordingSink
-from tests.support.runs import _free_port, run_single, small_spec
 from tests.support.tolerances import SAME_ORDER, SUM_ORDER
 
 

@@ -26,9 +26,9 @@ from raytrain.errors import SpecError, TrainingError
 from raytrain.models.contract import logits_of
 from raytrain.parallel.blocks import describe_units, transformer_blocks
 from raytrain.spec import JobSpec
+from raytrain.testing.jobs import RecordingSink, make_hf_llama
 from raytrain.train.loop import train
 from raytrain.train.rank import WorkerInfo
-from tests.support.jobs import RecordingSink, make_hf_llama
 from tests.support.tolerances import SUM_ORDER
 
 pytest.importorskip("transformers")
@@ -37,7 +37,7 @@ pytest.importorskip("transformers")
 def _job(num_workers: int, strategy: str, factory: str, **model: Any) -> JobSpec:
     return JobSpec.model_validate({
         "model": {"kind": "import", "factory": factory, **model},
-        "data": {"kind": "import", "seq_len": 16, "factory": "tests.support.jobs:make_dataset",
+        "data": {"kind": "import", "seq_len": 16, "factory": "raytrain.testing.jobs:make_dataset",
                  "options": {"seq_len": 16}},
         "training": {"steps": 6, "global_batch_size": 4, "micro_batch_size": 2,
                      "checkpoint_every_steps": 100, "learning_rate": 0.01},
@@ -63,15 +63,15 @@ def test_logits_come_out_of_a_tensor_a_tuple_a_mapping_or_an_output_object() -> 
 
 def test_a_hugging_face_model_and_a_dict_output_train_and_a_bad_output_says_the_contract(
         tmp_path: Path) -> None:
-    for factory in ("tests.support.jobs:make_hf_llama",
-                    "tests.support.jobs:make_dict_output_model"):
+    for factory in ("raytrain.testing.jobs:make_hf_llama",
+                    "raytrain.testing.jobs:make_dict_output_model"):
         sink = RecordingSink()
         spec = _job(1, "data", factory)
         train(spec, WorkerInfo.single_process(), sink, tmp_path / factory,
               layout=job_layout(spec), progress_interval_s=0.0)
         losses = sink.losses()
         assert len(losses) == 6 and losses[6] < losses[1], factory
-    broken = _job(1, "data", "tests.support.jobs:make_dict_output_model")
+    broken = _job(1, "data", "raytrain.testing.jobs:make_dict_output_model")
     broken = broken.model_copy(update={"model": broken.model.model_copy(
         update={"options": {"broken": True}})})
     with pytest.raises(TrainingError, match="DictOutputModel's forward returned a tensor of "
@@ -142,7 +142,7 @@ def _fsdp_worker(rank: int, port: int, root: str, out: str) -> None:
                  "one_unit": _gathered_peak_bytes(one_unit), "total": total, "block": block,
                  "units": units}
         sink = RecordingSink()
-        spec = _job(2, "fsdp", "tests.support.jobs:make_hf_llama")
+        spec = _job(2, "fsdp", "raytrain.testing.jobs:make_hf_llama")
         train(spec, WorkerInfo.from_process_group(torch.device("cpu")), sink, Path(root),
               layout=job_layout(spec), progress_interval_s=0.0)
         if rank == 0:
@@ -154,7 +154,7 @@ def _fsdp_worker(rank: int, port: int, root: str, out: str) -> None:
 
 def test_fsdp_shards_a_hugging_face_llama_one_decoder_block_at_a_time(tmp_path: Path) -> None:
     reference = RecordingSink()
-    spec = _job(1, "data", "tests.support.jobs:make_hf_llama")
+    spec = _job(1, "data", "raytrain.testing.jobs:make_hf_llama")
     train(spec, WorkerInfo.single_process(), reference, tmp_path / "single",
           layout=job_layout(spec), progress_interval_s=0.0)
     out = tmp_path / "fsdp.json"

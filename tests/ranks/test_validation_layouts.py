@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from raytrain.spec import JobSpec
-from tests.support.parity import _spawn
-from tests.support.runs import run_single
+from raytrain.testing.parity import _spawn
+from raytrain.testing.runs import run_single
 from tests.support.tolerances import SUM_ORDER
 
 LAYOUTS = {"dp2": {"strategy": "data"}, "fsdp2": {"strategy": "fsdp"},

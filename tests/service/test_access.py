@@ -33,7 +33,7 @@ from raytrain.serve.http.auth import (
 )
 from raytrain.serve.http.limits import MAX_BODY_BYTES, MAX_STREAMS_PER_JOB, StreamLimits
 from raytrain.spec import JobStatus, ServiceConfig
-from tests.support.http_service import free_port, served
+from raytrain.testing.http_service import free_port, served
 from tests.support.service import Service, small_job
 
 # Rotations show at once here; the pace of guesses has its own test below.

@@ -3,7 +3,7 @@
 and each must be a status the document lists for the operation, in its content type and
 schema, with the headers it promises. A bounded run (a few hundred requests); the longer one
 is benchmarks/api_fuzz.py. The app is the one `raytrain serve` deploys, over a real job
-manager whose Ray adaptor is the recording fake (tests/support/http_service.py).
+manager whose Ray adaptor is the recording fake (raytrain/testing/http_service.py).
 
 Schemathesis' pytest plugin does not run on this pytest, so each operation's cases are drawn
 from its own hypothesis strategies here, with the same checks the plugin would run."""
@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from raytrain.serve.http.app import build_app
 from raytrain.serve.http.auth import AuthPace
-from tests.support.http_service import served
+from raytrain.testing.http_service import served
 
 FUZZ_CONFIG = Path(__file__).with_name("schemathesis.toml")
 EXAMPLES_PER_OPERATION = 24

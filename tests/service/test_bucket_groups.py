@@ -16,8 +16,7 @@ import pytest
 
 from raytrain.data.prepare import prepare
 from raytrain.spec import JobSpec
-from tests.support.corpus import CHATML, chat_inputs
-from tests.support.elastic_groups import (
+from raytrain.testing.elastic_groups import (
     all_losses,
     group_main,
     kill_group,
@@ -26,8 +25,9 @@ from tests.support.elastic_groups import (
     wait_for_a_step_together,
     wait_for_step,
 )
-from tests.support.runs import run_single
-from tests.support.s3_server import make_bucket, s3_server
+from raytrain.testing.runs import run_single
+from raytrain.testing.s3_server import make_bucket, s3_server
+from tests.support.corpus import CHATML, chat_inputs
 from tests.support.tolerances import SUM_ORDER
 
 STEPS = 40

@@ -3,7 +3,8 @@ checkpoints where the job stopped (a resume redoes no step; before, the last per
 checkpoint was all there was), `raytrain resume ID` prints the new job's id alone (as
 `submit` does: `R=$(raytrain resume ID)`), resuming the same job again is refused while its
 resume runs, and every step of both jobs is in their histories (`raytrain status ID
---steps`). On a service whose runs train for real, in this process (tests/support/fake_ray.py), with
+--steps`). On a service whose runs train for real, in this process (raytrain/testing/fake_ray.py),
+with
 its storage in a folder and in a bucket."""
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ import httpx
 import pytest
 
 from raytrain.cli import main
-from tests.support.fake_ray import TrainingRay
-from tests.support.http_service import served_training
-from tests.support.jobs import job
-from tests.support.s3_server import job_storage
+from raytrain.testing.fake_ray import TrainingRay
+from raytrain.testing.http_service import served_training
+from raytrain.testing.jobs import job
+from raytrain.testing.s3_server import job_storage
 from tests.support.tolerances import LOGITS
 
 

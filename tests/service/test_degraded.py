@@ -17,9 +17,9 @@ import httpx
 import pytest
 
 from raytrain.serve.jobs.store import JobStore
-from tests.support.fake_ray import TrainingRay
-from tests.support.http_service import served_training
-from tests.support.jobs import job
+from raytrain.testing.fake_ray import TrainingRay
+from raytrain.testing.http_service import served_training
+from raytrain.testing.jobs import job
 
 
 def _immutable(paths: list[Path], on: bool) -> None:

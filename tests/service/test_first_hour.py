@@ -325,7 +325,7 @@ def test_the_cli_says_first_that_a_job_from_a_file_can_never_start_there(tmp_pat
     to ask, the file's own errors."""
     import yaml
 
-    from tests.support.http_service import served
+    from raytrain.testing.http_service import served
     from tests.support.service import small_job
 
     huge = tmp_path / "huge.yaml"

@@ -15,8 +15,8 @@ from raytrain.cloud.object_store import open_store
 from raytrain.errors import SpecError
 from raytrain.serve.jobs.admission import check_paths_on_head_node
 from raytrain.spec import JobSpec
+from raytrain.testing.s3_server import make_bucket, s3_server
 from tests.support.hf_models import hf_job, make_folder, pretrained_reads
-from tests.support.s3_server import make_bucket, s3_server
 
 BUCKET = "s3://models/llama"
 
@@ -51,7 +51,7 @@ def test_each_rank_fetches_only_the_rows_it_holds(folder: Path, tmp_path: Path,
     weight's rows are fetched whole by both, the rest by halves."""
     import torch.multiprocessing as mp
 
-    from tests.support.runs import _free_port
+    from raytrain.testing.runs import _free_port
 
     job = hf_job(BUCKET, parallel={"strategy": strategy},  # type: ignore[arg-type]
                  resources={"num_workers": 2})

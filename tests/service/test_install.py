@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.jobs import gpt_1b_job
+from raytrain.testing.jobs import gpt_1b_job
 
 ROOT = Path(__file__).resolve().parents[2]
 

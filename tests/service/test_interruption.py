@@ -6,8 +6,8 @@ import socket
 import time
 
 from raytrain.cloud.interruption import Ec2Metadata, Watcher
-from tests.support.imds_server import MetadataServer
-from tests.support.ray_service import wait_for
+from raytrain.testing.imds_server import MetadataServer
+from raytrain.testing.ray_service import wait_for
 
 
 def test_imdsv2_notices_reach_the_watcher() -> None:

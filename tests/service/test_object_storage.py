@@ -22,11 +22,11 @@ from raytrain.errors import RaytrainError, SpecError, StoreError
 from raytrain.serve.jobs.durable import acquire_lease
 from raytrain.serve.jobs.manager import JobManager
 from raytrain.spec import JobSpec, JobState, ServiceConfig
+from raytrain.testing.fake_ray import TrainingRay
+from raytrain.testing.runs import run_single, small_spec
+from raytrain.testing.s3_server import make_bucket, s3_server
 from raytrain.train.checkpoint import CheckpointManager, committed_steps
 from raytrain.train.worker_logs import read_stored_logs, stored_output
-from tests.support.fake_ray import TrainingRay
-from tests.support.runs import run_single, small_spec
-from tests.support.s3_server import make_bucket, s3_server
 from tests.support.tolerances import SAME_ORDER, SUM_ORDER
 
 
@@ -324,7 +324,7 @@ def test_a_cold_start_on_two_ranks_reads_each_ranks_half_of_the_checkpoint(
     fail with that: 100% each)."""
     import torch.multiprocessing as mp
 
-    from tests.support.runs import _free_port, cold_start_reads
+    from raytrain.testing.runs import _free_port, cold_start_reads
 
     job = {"name": "reads",
            "model": {"gpt": {"vocab_size": 2048, "dim": 128, "num_layers": 2, "num_heads": 4,

@@ -1,5 +1,6 @@
 """A one-pod job on RunPod's interruptible pods, which join no cluster, end to end against
-the fake RunPod (tests/support/runpod_api.py) and its pods' SSH (tests/support/fake_pods.py): the
+the fake RunPod (raytrain/testing/runpod_api.py) and its pods' SSH (raytrain/testing/fake_pods.py):
+the
 real job manager, policy and lifecycle rent an interruptible pod through GraphQL, run the job on it
 over `ssh` (raytrain.train.pod_main, the same training loop), lose the pod mid-run with no
 notice, rent another and resume from the last committed checkpoint, and end SUCCEEDED with
@@ -23,11 +24,11 @@ from raytrain.cloud.runpod import RunPodAPI, pod_env
 from raytrain.serve.adaptors.pod_cluster import WithPods
 from raytrain.serve.jobs.manager import JobManager
 from raytrain.spec import JobSpec, JobState, ServiceConfig
-from tests.support.fake_pods import PodServers
-from tests.support.fake_ray import TrainingRay
-from tests.support.runpod_api import FakeRunPod
-from tests.support.runs import run_single
-from tests.support.s3_server import job_storage
+from raytrain.testing.fake_pods import PodServers
+from raytrain.testing.fake_ray import TrainingRay
+from raytrain.testing.runpod_api import FakeRunPod
+from raytrain.testing.runs import run_single
+from raytrain.testing.s3_server import job_storage
 from tests.support.tolerances import SUM_ORDER
 
 RTX4090 = "NVIDIA GeForce RTX 4090"

@@ -1,6 +1,6 @@
 """RunPod: the API client, the offers it refreshes and the Ray node provider, against a local
 fake of RunPod's REST API v2 (and the GraphQL query still used, spot prices) over real HTTP
-(tests/support/runpod_api.py); the cluster config against Ray's schema and ours; and the policy
+(raytrain/testing/runpod_api.py); the cluster config against Ray's schema and ours; and the policy
 keeping a job on one on-demand pod."""
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from raytrain.core.throughput import job_goal, job_throughput
 from raytrain.errors import SpecError
 from raytrain.spec import JobSpec
 from raytrain.spec.files import load_policies, snapshot
-from tests.support.jobs import gpt_1b_job
-from tests.support.ray_service import wait_for
-from tests.support.runpod_api import FakeRunPod
+from raytrain.testing.jobs import gpt_1b_job
+from raytrain.testing.ray_service import wait_for
+from raytrain.testing.runpod_api import FakeRunPod
 
 REPO = Path(__file__).resolve().parents[2]
 RTX4090 = "NVIDIA GeForce RTX 4090"
@@ -382,11 +382,12 @@ def test_what_a_first_user_gets_wrong_about_the_head_is_refused_with_the_fix(
 def test_rays_command_runner_reaches_a_pod_on_its_mapped_ssh_port_and_copies_files(
         fake: FakeRunPod, api: RunPodAPI, tmp_path: Path) -> None:
     """Ray's SSH runner as the provider hands it out, against a pod of the fake that answers
-    SSH on its own port (tests/support/fake_pods.py): commands run there, and files and folders go
+    SSH on its own port (raytrain/testing/fake_pods.py): commands run there, and files and folders
+    go
     up and come back down with no rsync on either side."""
     import subprocess
 
-    from tests.support.fake_pods import PodServers
+    from raytrain.testing.fake_pods import PodServers
 
     key = tmp_path / "id"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)

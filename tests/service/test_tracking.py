@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.mlflow_server import MlflowServer
+from raytrain.testing.mlflow_server import MlflowServer
 from tests.support.service import Service, result, small_job
 
 pytest.importorskip("mlflow")

@@ -11,7 +11,7 @@ from raytrain.serve.jobs.manager import JobManager
 from raytrain.serve.jobs.scheduler import Jobs
 from raytrain.sim.trace_cloud import TraceCloud
 from raytrain.sim.workers import SimRun
-from tests.support.fake_ray import FakeRay, FakeRun, TrainingRay
+from raytrain.testing.fake_ray import FakeRay, FakeRun, TrainingRay
 
 
 def ray_conforms(cluster: RayCluster) -> Cluster[RunHandle]:

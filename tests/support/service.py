@@ -1,5 +1,5 @@
 """The HTTP API in one process, for tests: a real job manager on the recording fake cluster
-(tests/support/fake_ray.py) behind `build_app`, driven through httpx's ASGITransport, with a
+(raytrain/testing/fake_ray.py) behind `build_app`, driven through httpx's ASGITransport, with a
 small job and rank 0's reports as the workers send them."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from raytrain.serve.http.app import InProcess, build_app
 from raytrain.serve.http.auth import AuthPace, operator_token
 from raytrain.serve.jobs.manager import JobManager
 from raytrain.spec import PlanSummary, ServiceConfig
-from tests.support.fake_ray import FakeRay
+from raytrain.testing.fake_ray import FakeRay
 
 
 def small_job(**resources: Any) -> dict[str, Any]:

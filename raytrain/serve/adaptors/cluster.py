@@ -4,7 +4,8 @@ manager left, and read the clock. Three classes implement it:
 
 - `serve.adaptors.ray_cluster.RayCluster`: Ray itself, in the service;
 - `sim.trace_cloud.TraceCloud`: a simulated cloud on a simulated clock, for trace replays;
-- `tests.support.fake_ray.FakeRay` (and its `TrainingRay`): a recording fake for in-process tests.
+- `raytrain.testing.fake_ray.FakeRay` (and its `TrainingRay`): a recording fake for in-process
+  tests.
 
 Each is checked against this Protocol by the type checker (tests/support/adaptors_conform.py, in
 `.ci/run`'s mypy), so an adaptor that misses a method, or takes other arguments, fails

@@ -3,7 +3,7 @@ see which runners returned and how, stop one, read the cluster's nodes and resou
 the autoscaler for nodes, and reclaim what a lost manager's runs left behind.
 
 `RayCluster` implements the job manager's adaptor, the Protocol
-serve.adaptors.cluster.Cluster (tests pass a recording fake of it, tests/support/fake_ray.py);
+serve.adaptors.cluster.Cluster (tests pass a recording fake of it, raytrain/testing/fake_ray.py);
 the manager never calls Ray itself, so its bookkeeping is tested in-process and only this
 module needs a real cluster.
 

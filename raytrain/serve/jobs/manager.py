@@ -7,7 +7,7 @@ record the lifecycle returns and carries out its effects: events on the job's st
 (serve.jobs.provisioning) and stopping runners (serve.adaptors.ray_cluster). The scheduling pass is
 serve.jobs.scheduler. Nothing here calls Ray or reads the time of day directly: both go through
 the cluster adaptor (the Protocol serve.adaptors.cluster.Cluster), which tests replace with a
-recording fake (tests/support/fake_ray.py).
+recording fake (raytrain/testing/fake_ray.py).
 
 The actor outlives the Serve app (it is detached), so redeploying the HTTP layer loses
 nothing. If the actor itself is lost, Ray starts a new one, which reloads every record from

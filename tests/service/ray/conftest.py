@@ -14,7 +14,7 @@ from typing import Iterator
 import psutil
 import pytest
 
-from tests.support.ray_service import (
+from raytrain.testing.ray_service import (
     NUM_CPUS,
     Service,
     cancel_what_is_left,
@@ -84,7 +84,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     state_dir = tmp_path_factory.mktemp("raytrain-state")
     audit_connections(state_dir / "connections-beyond-this-machine.log")
     connect_ray(None, num_cpus=NUM_CPUS, quiet=True)
-    config = ServiceConfig(state_dir=str(state_dir), allowed_import_packages=["tests"])
+    config = ServiceConfig(state_dir=str(state_dir), allowed_import_packages=["raytrain.testing"])
     url = deploy(config, "127.0.0.1", free_port())
     instance = Service(url, state_dir, operator_token(config))
     os.environ["RAYTRAIN_TOKEN"] = instance.token or ""

@@ -12,7 +12,7 @@ manager, policy and training loop in one process (tests/pure/test_preemptions.py
 the policy's checkpoint interval when the offers change while a job trains
 (tests/pure/test_checkpoint_interval.py).
 
-The fake cluster is a second Ray cluster on this host (tests/support/fake_cluster.py), brought up
+The fake cluster is a second Ray cluster on this host (raytrain/testing/fake_cluster.py), brought up
 and down by this module with Ray's own `ray up` and `ray down`; the service runs on its head
 pod, and the test talks to it only over HTTP, `ray exec` and `ray submit` (and a probe
 process that lists the cluster's nodes).
@@ -39,8 +39,8 @@ from raytrain.cloud.cluster_configs import (
 from raytrain.errors import NotAuthorizedError
 from raytrain.spec import JobSpec, JobState
 from raytrain.spec.files import snapshot
-from tests.support.fake_cluster import FakeCluster, started_fake_cluster
-from tests.support.ray_service import job_spec, reference_run, wait_for
+from raytrain.testing.fake_cluster import FakeCluster, started_fake_cluster
+from raytrain.testing.ray_service import job_spec, reference_run, wait_for
 from tests.support.tolerances import SUM_ORDER
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from raytrain.api_tokens import read_tokens
-from tests.support.ray_service import free_port
+from raytrain.testing.ray_service import free_port
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 

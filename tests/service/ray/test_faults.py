@@ -22,7 +22,7 @@ import ray
 from raytrain import Client, JobSpec, JobState
 from raytrain.cli import main as cli_main
 from raytrain.serve.jobs.actor import StartedJobManager
-from tests.support.ray_service import (
+from raytrain.testing.ray_service import (
     NUM_CPUS,
     Service,
     cancel_what_is_left,

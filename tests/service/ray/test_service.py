@@ -17,7 +17,7 @@ import yaml
 
 from raytrain import Client, JobState
 from raytrain.cli import main as cli_main
-from tests.support.ray_service import (
+from raytrain.testing.ray_service import (
     NUM_CPUS,
     Service,
     cpus_free,

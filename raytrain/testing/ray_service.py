@@ -48,7 +48,7 @@ def reference_run(spec: Any, root: Path) -> Any:
     slower)."""
     import torch
 
-    from tests.support.runs import run_single
+    from raytrain.testing.runs import run_single
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

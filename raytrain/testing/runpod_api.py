@@ -22,7 +22,7 @@ raytrain.cloud.runpod calls:
 
 `on_create(pod)`, `on_terminate(pod)` and `on_reclaim(pod)` let a test start and stop what a
 pod stands for (a local Ray worker node, say); on_create may set the pod's `ssh_port` (where
-its SSH answers, tests/support/fake_pods.py), which `ssh.direct` then names.
+its SSH answers, raytrain/testing/fake_pods.py), which `ssh.direct` then names.
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ import torch.multiprocessing as mp
 
 from raytrain.core.resolve import job_layout
 from raytrain.spec import JobSpec
+from raytrain.testing.jobs import RecordingSink
 from raytrain.train.loop import train
 from raytrain.train.rank import WorkerInfo
-from tests.support.jobs import RecordingSink
 
 STEPS = 8  # enough to compare a curve; the cut cases stop at 6 and resume for the rest
 
@@ -58,9 +58,9 @@ def job(num_workers: int, parallel: dict[str, Any] | None = None,
 def user_job(num_workers: int, strategy: str) -> dict:
     """A model and dataset of the user's own, by import path: data parallel layouts only."""
     document = job(num_workers, {"strategy": strategy})
-    document["model"] = {"kind": "import", "factory": "tests.support.jobs:make_tiny_model"}
+    document["model"] = {"kind": "import", "factory": "raytrain.testing.jobs:make_tiny_model"}
     document["data"] = {"kind": "import", "seq_len": 16,
-                        "factory": "tests.support.jobs:make_dataset", "options": {"seq_len": 16}}
+                        "factory": "raytrain.testing.jobs:make_dataset", "options": {"seq_len": 16}}
     return document
 
 

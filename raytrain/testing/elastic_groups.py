@@ -198,7 +198,7 @@ def start_group_of_two(folder: Path, lighthouse: str, job: dict[str, Any], group
     its own: a replacement (`heals`) for a group that left or died takes its index."""
     import multiprocessing
 
-    from tests.support.runs import _free_port
+    from raytrain.testing.runs import _free_port
 
     context = multiprocessing.get_context("spawn")
     ports = (_free_port(), _free_port())

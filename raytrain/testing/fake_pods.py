@@ -1,4 +1,4 @@
-"""Pods of the fake RunPod (tests/support/runpod_api.py) that answer SSH as RunPod's images do: a
+"""Pods of the fake RunPod (raytrain/testing/runpod_api.py) that answer SSH as RunPod's images do: a
 pod created with a public SSH port is an SSH server (asyncssh) on 127.0.0.1, at the port
 RunPod says it maps the pod's port 22 to. It lets in the key in the pod's PUBLIC_KEY, and
 runs each command with bash in the pod's environment (RunPod's images pass it to SSH
@@ -11,7 +11,7 @@ What the pod runs carries the pod's id in its environment (POD_ENV), so that:
 - terminating the pod kills all of it, as RunPod stopping the container would.
 
     pods = PodServers(); port = pods.start(pod_id, env, home); pods.stop(pod_id)
-    python tests/support/fake_pods.py stop POD_ID    # the pod's `ray stop`
+    python raytrain/testing/fake_pods.py stop POD_ID    # the pod's `ray stop`
 """
 
 from __future__ import annotations

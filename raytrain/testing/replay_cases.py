@@ -3,7 +3,7 @@ each strategy the live service replays, from two start times, on a shipped fleet
 8 nodes and on a seeded single-node trace of long outages, with the cloud's notice and
 without; and what a replay decided and billed, as plain values (`fingerprint`).
 
-`python -m tests.support.replay_cases OUT.json` writes the fingerprints of the code that runs
+`python -m raytrain.testing.replay_cases OUT.json` writes the fingerprints of the code that runs
 it: the file the test compares with was written by the replay before its clock jumped from
 event to event (commit 46ec4bb; written again where the service's decisions changed on
 purpose, tests/pure/test_replay_same_decisions.py says when), and a change that alters a
@@ -35,7 +35,7 @@ from raytrain.sim.workers import CloudTimes
 from raytrain.spec.files import TRACES_DIR, load_policies, snapshot
 
 HOUR = 3600.0
-GOLDEN = Path(__file__).resolve().parent.parent / "data" / "replay_golden.json"
+GOLDEN = Path(__file__).resolve().parents[2] / "tests" / "data" / "replay_golden.json"
 SERVICE_STRATEGIES = ("on-demand", "spot", "failover", "policy-rigid", "policy")
 
 

@@ -10,9 +10,9 @@ from typing import Any
 
 from raytrain.core.resolve import job_layout
 from raytrain.spec import JobSpec
+from raytrain.testing.jobs import RecordingSink
 from raytrain.train.loop import train
 from raytrain.train.rank import WorkerInfo
-from tests.support.jobs import RecordingSink
 
 SMALL = {
     "model": {"gpt": {"vocab_size": 64, "dim": 32, "num_layers": 2, "num_heads": 4,

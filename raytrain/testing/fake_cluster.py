@@ -1,29 +1,28 @@
-"""A multi-node Ray cluster on one machine, started as a user starts one on RunPod: Ray's own
-`ray up` with cluster/runpod.yaml (its head's setup and start commands, run over SSH) against
-a local fake of RunPod's API (tests/support/runpod_api.py), through raytrain's RunPod node provider
-and command runner. The head pod answers SSH on its mapped port (tests/support/fake_pods.py), runs
-Ray, the autoscaler and the service; the autoscaler there buys the worker pods; an instance
+"""A multi-node Ray cluster on one machine, started as a user starts one on RunPod: Ray's own `ray
+up` with cluster/runpod.yaml (its head's setup and start commands, run over SSH) against a local
+fake of RunPod's API (raytrain/testing/runpod_api.py), through raytrain's RunPod node provider
+and command runner. The head pod answers SSH on its mapped port (raytrain/testing/fake_pods.py),
+runs Ray, the autoscaler and the service; the autoscaler there buys the worker pods; an instance
 metadata service gives the nodes' interruption notices; `ray down` ends it. For tests and
 benchmarks of buying capacity and of surviving preemption.
 
-Creating a worker pod runs the pod's own start command (its docker args: `ray start`
-against the head with the node type's resource), so a real Ray worker node joins; RunPod
-terminating or reclaiming a pod kills that node and everything under it, as losing the
-machine would. The service prices the two worker node types as the two markets of one local
-CPU offer (cluster/local-fake-offers.yaml, cluster/local-fake-service.yaml): these pods train
-on CPUs. Both are bought as on-demand pods (RunPod's interruptible pods cannot be Ray nodes:
+Creating a worker pod runs the pod's own start command (its docker args: `ray start` against the
+head with the node type's resource), so a real Ray worker node joins; RunPod terminating or
+reclaiming a pod kills that node and everything under it, as losing the machine would. The
+service prices the two worker node types as the two markets of one local CPU offer
+(cluster/local-fake-offers.yaml, cluster/local-fake-service.yaml): these pods train on CPUs.
+Both are bought as on-demand pods (RunPod's interruptible pods cannot be Ray nodes:
 raytrain.cloud.runpod); "cpu-spot" stands for some cloud's spot nodes, losing them and their
 notices (from the metadata server) are the test's to give.
 
-What differs from cluster/runpod.yaml, and why: the pods share this host and its
-installation (no pip install; the head's Ray on a free port, in this cluster's folder, one
-CPU; the service on a loopback port with this test's offers and policies), the worker node
-types are CPU pods, and the API is the fake's.
+What differs from cluster/runpod.yaml, and why: the pods share this host and its installation
+(no pip install; the head's Ray on a free port, in this cluster's folder, one CPU; the service
+on a loopback port with this test's offers and policies), the worker node types are CPU pods,
+and the API is the fake's.
 
-    with started_fake_cluster(max_spot_nodes=2) as cluster:
-        Client(cluster.url, token=cluster.token).submit(...); cluster.take_node(node_id)
-        cluster.ray("exec", "raytrain token add alice"); cluster.down()
-"""
+with started_fake_cluster(max_spot_nodes=2) as cluster: Client(cluster.url,
+token=cluster.token).submit(...); cluster.take_node(node_id) cluster.ray("exec", "raytrain token
+add alice"); cluster.down()"""
 
 from __future__ import annotations
 
@@ -48,11 +47,11 @@ from raytrain.cloud.runpod import KEY_ENV, pod_env
 from raytrain.cloud.runpod_provider import NODE_ID_ENV
 from raytrain.serve.detached import kill_all, terminate_family
 from raytrain.spec.files import DEFAULT_POLICY_DIR
-from tests.support.fake_pods import PodServers
-from tests.support.imds_server import MetadataServer
-from tests.support.jobs import SPOT_TEST_POLICY
-from tests.support.ray_service import free_port, wait_for
-from tests.support.runpod_api import FakeRunPod
+from raytrain.testing.fake_pods import PodServers
+from raytrain.testing.imds_server import MetadataServer
+from raytrain.testing.jobs import SPOT_TEST_POLICY
+from raytrain.testing.ray_service import free_port, wait_for
+from raytrain.testing.runpod_api import FakeRunPod
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

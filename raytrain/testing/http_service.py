@@ -1,6 +1,6 @@
 """The service's HTTP API on a real socket on 127.0.0.1, without Ray: the app `raytrain serve`
 deploys (serve.http.app.build_app), over a real job manager whose Ray adaptor is the recording
-fake (tests/support/fake_ray.py), served as a replica serves it (serve.http.front: uvicorn on a
+fake (raytrain/testing/fake_ray.py), served as a replica serves it (serve.http.front: uvicorn on a
 thread, status reads from memory). For tests and benchmarks that speak HTTP to
 the API at a rate a Ray cluster on this machine could not take (the fuzzer's hundreds of jobs).
 
@@ -23,7 +23,7 @@ from raytrain.serve.http.auth import AuthPace, operator_token
 from raytrain.serve.http.front import Front
 from raytrain.serve.jobs.manager import JobManager
 from raytrain.spec import ServiceConfig
-from tests.support.fake_ray import FakeRay, TrainingRay
+from raytrain.testing.fake_ray import FakeRay, TrainingRay
 
 # The status copy's long-poll: short, since stopping waits for the thread that holds it.
 POLL_S = 1.0
