@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from raytrain.catalog.hardware import GPUS, LINKS, NODE_SHAPES, NodeShape, network_link
-from raytrain.core.cost_model import ModelDims, Workload
+from raytrain.core.dims import ModelDims, Workload
 from raytrain.spec.layout import Layout
 
 FILE = Path(__file__).with_suffix(".yaml")

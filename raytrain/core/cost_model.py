@@ -1,5 +1,5 @@
-"""The planner's cost model (raytrain.core.planner searches with it): a model's dimensions, a
-workload, one candidate layout, and what that layout costs per device: memory
+"""The planner's cost model (raytrain.core.planner searches with it): a model's dimensions and a
+workload (raytrain.core.dims), one candidate layout, and what that layout costs per device: memory
 (`memory_per_device`) and time per optimizer step (`step_time`), from the GPU's peak rate and
 memory, the links it spans, and the collectives each parallel axis makes.
 
@@ -10,169 +10,23 @@ memory, the links it spans, and the collectives each parallel axis makes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import lru_cache
 
 from raytrain.catalog.hardware import GPUKind, Link, NodeShape
+from raytrain.core.dims import ModelDims, Workload
 from raytrain.core.in_flight import layers_in_flight
 from raytrain.core.kernels import (
-    KERNELS,
-    KernelModel,
     MicrobatchShape,
     microbatch_compute_s,
 )
 from raytrain.spec.layout import (
     Layout,
-    ModelShape,
     one_device_shards,
     stage_layers,
     stages_of_rank,
 )
 
 USABLE_MEMORY = 0.92
-
-
-@dataclass(frozen=True)
-class ModelDims:
-    num_layers: int
-    dim: int
-    num_heads: int
-    ffn_dim: int
-    vocab_size: int
-    seq_len: int
-    num_kv_heads: int | None = None
-    gated_mlp: bool = False
-    position_rows: int = 0  # learned position embeddings (the built-in GPT); 0 for RoPE
-    tied_embeddings: bool = False  # the head's weight is the embeddings' (counted once)
-    built_in: bool = False  # the built-in GPT (its vocabulary and positions shard under tp)
-    head_dim: int | None = None  # each head's width; None: dim / num_heads
-    qk_norm: bool = False  # a norm over each head's query and key (its scales counted)
-
-    @staticmethod
-    def from_gpt(num_layers: int, dim: int, num_heads: int, ffn_dim: int, vocab_size: int,
-                 seq_len: int, max_seq_len: int, num_kv_heads: int | None = None,
-                 gated_mlp: bool = False, rotary: bool = False,
-                 tied_embeddings: bool = False, head_dim: int | None = None,
-                 qk_norm: bool = False) -> ModelDims:
-        """The built-in GPT's dimensions (raytrain.spec.GPTConfig's fields)."""
-        return ModelDims(num_layers, dim, num_heads, ffn_dim, vocab_size, seq_len,
-                         num_kv_heads, gated_mlp, 0 if rotary else max_seq_len,
-                         tied_embeddings, built_in=True, head_dim=head_dim, qk_norm=qk_norm)
-
-    def layout_shape(self) -> ModelShape:
-        """What the layout check needs of the model. Tensor parallelism shards the built-in
-        GPT's vocabulary and learned positions too; other models the planner is given
-        (published runs, a user's config) are checked by heads, MLP and layers."""
-        built_in = self.built_in
-        return ModelShape(num_layers=self.num_layers, num_heads=self.num_heads,
-                          hidden_dim=self.ffn_dim, num_kv_heads=self.num_kv_heads,
-                          vocab_size=self.vocab_size if built_in else None,
-                          max_seq_len=self.position_rows if built_in and self.position_rows
-                          else None, tied_embeddings=self.tied_embeddings)
-
-    @property
-    def q_dim(self) -> int:
-        """The queries' (and the attention output's) width: num_heads x head_dim."""
-        return self.dim if self.head_dim is None else self.num_heads * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        return self.q_dim * (self.num_kv_heads or self.num_heads) // self.num_heads
-
-    @property
-    def block_params(self) -> int:
-        attention = 2 * self.dim * self.q_dim + 2 * self.dim * self.kv_dim
-        mlp = (3 if self.gated_mlp else 2) * self.dim * self.ffn_dim
-        norms = 2 * self.dim + (2 * self.q_dim // self.num_heads if self.qk_norm else 0)
-        return attention + mlp + norms
-
-    @property
-    def embedding_params(self) -> int:
-        return (self.vocab_size + self.position_rows) * self.dim
-
-    @property
-    def head_params(self) -> int:
-        return self.vocab_size * self.dim + self.dim
-
-    @property
-    def params(self) -> int:
-        shared = self.vocab_size * self.dim if self.tied_embeddings else 0
-        return self.num_layers * self.block_params + self.embedding_params + self.head_params \
-            - shared
-
-    @property
-    def flops_per_token(self) -> float:
-        dense = self.num_layers * self.block_params + self.head_params  # tied or not
-        return 6.0 * dense + 12.0 * self.num_layers * self.q_dim * self.seq_len
-
-    @property
-    def activation_values_per_token_layer(self) -> int:
-        return 6 * self.dim + 2 * self.q_dim + 2 * self.kv_dim + \
-            (3 if self.gated_mlp else 2) * self.ffn_dim
-
-    def saved_values_per_token_layer(self, fused: bool) -> int:
-        """Values a block saves for its backward, per token (what memory counts; the timing's
-        count above is the work between the matmuls). Eager PyTorch, as raytrain's block runs
-        and tests/pure/test_memory.py measures with saved-tensor hooks: each RMSNorm keeps
-        its input, its normalised input and its output (3d), q and the attention's output
-        (2d), k and v, and the MLP's hidden tensors (SwiGLU: the gate, its SiLU, the up
-        projection and their product, 4f; GELU: its input and output, 2f). Fused kernels
-        (fused_elementwise: Megatron-LM, Transformer Engine, torch.compile) keep a norm's
-        input and output only and a SwiGLU's two inputs and its product: 2d less, f less."""
-        mlp = (3 if fused else 4) * self.ffn_dim if self.gated_mlp else 2 * self.ffn_dim
-        # A q/k norm (Qwen3) keeps its input and normalised input too (fused: its input).
-        qk = (1 if fused else 2) * (self.q_dim + self.kv_dim) if self.qk_norm else 0
-        return (4 if fused else 6) * self.dim + 2 * self.q_dim + 2 * self.kv_dim + mlp + qk
-
-    def activation_values_on_rank(self, tp: int, sequence_parallel: bool,
-                                  values: float | None = None) -> float:
-        """A block's activation values per token on one tensor-parallel rank (`values`: of
-        the whole block; default the timing's count): all of them split over the ranks under
-        sequence parallelism; without it, the 4*d around the norms whole on every rank."""
-        if values is None:
-            values = self.activation_values_per_token_layer
-        if tp == 1:
-            return values
-        if sequence_parallel:
-            return values / tp
-        return (values - 4 * self.dim) / tp + 4 * self.dim
-
-
-@dataclass(frozen=True)
-class Workload:
-    global_batch: int  # sequences per optimizer step
-    precision: str = "bf16"  # compute precision: bf16 | fp32 | fp8 (bf16, float8 linears)
-    recompute_options: tuple[str, ...] = ("none", "full")
-    micro_batch_options: tuple[int, ...] = (1, 2, 4, 8, 16)
-    loss_parallel: bool = False  # logits sharded over tp for the loss (torchtitan: yes)
-    max_tp: int = 16
-    attention: str = "flash"  # flash (scaled_dot_product_attention) | unfused
-    fused_elementwise: bool = False  # norms, activations fused (torch.compile, Megatron)
-    grad_reduce_bytes: int = 4  # bytes per gradient value data parallelism all-reduces
-    # Bytes per activation value in tensor parallelism's all-gathers (None: act_bytes).
-    # Float8 linears gather their input in float8 (1 byte; torchao's Float8Linear under TP,
-    # torchtitan's default); the reduce-scatters of their outputs stay in act_bytes.
-    tp_gather_bytes: float | None = None
-    data_parallel_only: bool = False  # a model of the user's own: DDP or FSDP, no tp or pp
-    # Sequence parallelism's linears save their input's shard and all-gather it again for
-    # the backward (Megatron-LM's way: less memory, one more all-gather per input); False:
-    # PyTorch's (raytrain's), which saves the gathered input whole.
-    sp_regather: bool = False
-    kernels: KernelModel = KERNELS  # how fast kernels run (raytrain.core.kernels, fitted)
-    # The parameters that train (LoRA: its adapters' share of the model's); the others
-    # keep their weights only: no gradients, no optimizer state.
-    trainable_share: float = 1.0
-    frozen_param_bytes: int = 4  # a frozen weight's bytes (LoRA under bf16 keeps them in it)
-
-    @property
-    def frozen_weights(self) -> bool:
-        """LoRA: the linears' own weights take no gradient (their adapters' small matmuls,
-        rank r against the layer's width, are not counted)."""
-        return self.trainable_share < 1
-
-    @property
-    def act_bytes(self) -> int:
-        return 4 if self.precision == "fp32" else 2
 
 
 def mfu(tokens_per_s: float, dims: ModelDims, devices: int, gpu: GPUKind,

@@ -120,7 +120,7 @@ def _block_linear_s(tokens: float, k: float, n: float, gpu: GPUKind, work: Work,
 
 
 class Dimensions(Protocol):
-    """What a micro-batch's timing reads of a model (cost_model.ModelDims is one)."""
+    """What a micro-batch's timing reads of a model (dims.ModelDims is one)."""
 
     @property
     def dim(self) -> int: ...
@@ -140,7 +140,7 @@ class Dimensions(Protocol):
 
 
 class Work(Protocol):
-    """What a micro-batch's timing reads of a workload (cost_model.Workload is one)."""
+    """What a micro-batch's timing reads of a workload (dims.Workload is one)."""
 
     @property
     def precision(self) -> str: ...

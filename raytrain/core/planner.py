@@ -98,8 +98,6 @@ from raytrain.catalog.hardware import GPUS, GiB, NodeShape, node_shape
 from raytrain.catalog.prices import usd_for
 from raytrain.core.cost_model import (
     USABLE_MEMORY,
-    ModelDims,
-    Workload,
     memory_per_device,
     mfu,
     rank_params,
@@ -107,6 +105,7 @@ from raytrain.core.cost_model import (
     stage_params,
     step_time,
 )
+from raytrain.core.dims import ModelDims, Workload
 from raytrain.spec.layout import Layout, check_layout, divisors
 
 __all__ = [  # the planner's names, and the cost model's for its callers

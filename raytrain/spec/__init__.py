@@ -49,14 +49,8 @@ from raytrain.spec.plans import (
     PlanRow,
     ShapeSpec,
 )
-from raytrain.spec.sections import (
-    CapacitySpec,
-    DataSpec,
-    Market,
-    ParallelSpec,
-    ResourcesSpec,
-    TrainingSpec,
-)
+from raytrain.spec.resources import CapacitySpec, Market, ResourcesSpec
+from raytrain.spec.sections import DataSpec, ParallelSpec, TrainingSpec
 from raytrain.spec.service import (
     ServiceConfig,
 )

@@ -1,5 +1,5 @@
 """What a user writes: the JobSpec, loaded from YAML, JSON or a REST body, and what must agree
-across its sections (raytrain.spec.sections holds each section)."""
+across its sections (raytrain.spec.sections and raytrain.spec.resources hold each section)."""
 
 from __future__ import annotations
 
@@ -25,13 +25,8 @@ from raytrain.spec.layout import (
     resolve_layout,
 )
 from raytrain.spec.model import ModelSpec
-from raytrain.spec.sections import (
-    CapacitySpec,
-    DataSpec,
-    ParallelSpec,
-    ResourcesSpec,
-    TrainingSpec,
-)
+from raytrain.spec.resources import CapacitySpec, ResourcesSpec
+from raytrain.spec.sections import DataSpec, ParallelSpec, TrainingSpec
 from raytrain.spec.tracking import TrackingSpec
 
 

@@ -10,7 +10,7 @@ from pydantic import ConfigDict, Field, model_validator
 from raytrain.catalog.hardware import CATALOG_VERSION, CLOUD_NOTICES, LINKS, NO_NOTICE
 from raytrain.spec._base import Record, Strict, field_error, raise_if_any
 from raytrain.spec.job import JobSpec
-from raytrain.spec.sections import Market, accelerator_errors
+from raytrain.spec.resources import Market, accelerator_errors
 
 
 class Offer(Strict):

@@ -13,7 +13,7 @@ from raytrain.catalog.hardware import LINKS, NODE_SHAPES
 from raytrain.spec._base import Record, Strict, field_error, raise_if_any
 from raytrain.spec.job import JobSpec
 from raytrain.spec.layout import FIELD_DOCS
-from raytrain.spec.sections import accelerator_errors
+from raytrain.spec.resources import accelerator_errors
 
 MAX_DEVICES = 100_000  # the most devices one plan is made for
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raytrain.catalog.hardware import GPUS
-from raytrain.core.cost_model import ModelDims, Workload
+from raytrain.core.dims import ModelDims, Workload
 from raytrain.core.kernels import (
     KERNELS,
     MicrobatchShape,

@@ -1,6 +1,7 @@
 """A job's life as one pure function: `step(record, event, now) -> Outcome(record, effects,
 reply)`. This package is the only place a job's state is assigned (values.enter): values.py
-holds the table, the record, the events and the effects; handlers.py what each event does.
+holds the table, the record, the events and the effects; handlers.py what each event does,
+groups.py what the replica groups' events do.
 
     PENDING -> PROVISIONING -> RUNNING <-> RECOVERING -> SUCCEEDED | FAILED | CANCELLED
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from raytrain.core.lifecycle import groups
 from raytrain.core.lifecycle import handlers as on
 from raytrain.core.lifecycle.endings import run_ended
 from raytrain.core.lifecycle.events import (
@@ -107,7 +109,7 @@ _HANDLERS: dict[type, Callable[[Any, Any], Any]] = {
     CapacityDecided: on.capacity_decided, NodesHeld: on.nodes_held, Launched: on.launched,
     GroupStarted: on.group_started,
     ProgressReported: on.progress, CheckpointCommitted: on.checkpoint,
-    GroupChanged: on.group_changed, FinalReport: on.final_report,
+    GroupChanged: groups.group_changed, FinalReport: on.final_report,
     RunEnded: run_ended, StopOverdue: on.stop_overdue, CancelRequested: on.cancel,
     Reviewed: on.reviewed, ServiceRestarted: on.service_restarted,
     ServiceStopping: on.service_stopping, TrackingNoted: on.tracking_noted,

@@ -11,6 +11,7 @@ from typing import Any, Mapping, Union
 from raytrain.catalog.prices import usd_for
 from raytrain.errors import IllegalTransition
 from raytrain.spec import (
+    CostFigure,
     JobState,
     JobStatus,
 )
@@ -310,3 +311,11 @@ class Change:
         record = Record(self.job, self.run, self.last_failure, self.passed, self.leaving,
                         self.saved_at)
         return Outcome(record, tuple(self.effects), reply)
+
+
+def sampled(figure: CostFigure, value_s: float, mean: bool = False) -> CostFigure:
+    """A measured figure with one more sample: the mean of them all, or the latest."""
+    n = figure.samples
+    if mean and n:
+        value_s = ((figure.measured_s or 0.0) * n + value_s) / (n + 1)
+    return figure.model_copy(update={"measured_s": value_s, "samples": n + 1})

@@ -12,7 +12,8 @@ the job ends its request is withdrawn and the autoscaler lets the idle nodes go.
 Requests go to the autoscaler through the cluster adaptor (serve.adaptors.ray_cluster says how and
 why). They cover a job from the decision until its worker group has started, and again from
 a preemption until it resumes (while the group runs, Ray Train's own request holds the
-nodes); they expire unless refreshed, so a lost job manager cannot hold nodes forever.
+nodes); they expire unless refreshed, so a lost job manager cannot hold nodes forever. Their
+books (placements, requests sent, node-ready times) are serve.jobs.node_requests'.
 
     provisioner = Provisioner(config, request=cluster.request_nodes)
     placement, decided = provisioner.place(job, now)
@@ -34,7 +35,7 @@ from typing import Any, Callable
 
 from raytrain.catalog.hardware import CATALOG, Catalog
 from raytrain.core.autoscale import Decision, Observed, Option, Throughput, decision_record, options
-from raytrain.core.costs import Costs, costs_shown, job_costs, ready_key
+from raytrain.core.costs import Costs, costs_shown, job_costs
 from raytrain.core.engine import CapacityEngine, EngineEvent, Missing
 from raytrain.core.interval import interval_moved
 from raytrain.core.lifecycle import CapacityDecided
@@ -44,6 +45,7 @@ from raytrain.core.spending import within_service_limits
 from raytrain.core.throughput import device_mismatch, job_goal, job_throughput, limit_nodes
 from raytrain.errors import FieldError, SpecError
 from raytrain.serve.jobs.admission import check_fits_the_cluster
+from raytrain.serve.jobs.node_requests import NodeRequests, Placement
 from raytrain.spec import (
     JobCosts,
     JobSpec,
@@ -65,44 +67,14 @@ from raytrain.spec.files import (
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class Placement:
-    """Where a job runs: `nodes` nodes of `node_type`, `workers` workers spread evenly."""
-
-    node_type: str
-    nodes: int
-    workers: int
-    option: Option
-    spec: JobSpec  # the job's spec with its worker count and accelerator set to the choice
-    plan: PlanSummary  # its layout on that capacity, decided here once
-    requested_at: float  # when this decision asked for the nodes (the wait runs from here)
-    missing: Missing = field(default_factory=dict)  # capacity found missing, and when
-    requesting: bool = True  # False while the job's worker group holds the nodes
-    sent_at: float = 0.0
-    asked_at: float = 0.0  # when nodes of this type were first asked for, since the job last
-    # had them up (the node-ready time is measured from here)
-    extra: int = 0  # replacements bought ahead for an elastic job's leaving nodes
-    lost: int = 0  # an elastic job's nodes lost without a notice, their replacements asked for
-
-    @property
-    def worker_resources(self) -> dict[str, float]:
-        """The share of the node type's resource each worker asks for (1 per node)."""
-        return {self.node_type: round(self.nodes / self.workers, 4)}
-
-    @property
-    def demand(self) -> dict[str, float]:
-        return {self.node_type: float(self.nodes)}
-
-
 # The placement the job has now (None: nothing fits), and the decision made by this call.
 Decided = tuple[Placement | None, CapacityDecided | None]
 
 PLANNED_KEPT = 256  # jobs whose planned throughput is kept (Provisioner._throughput)
-REQUEST_REFRESH_S = 60.0  # requests are sent again this often (they expire: ray_cluster)
 
 
 @dataclass
-class Provisioner:
+class Provisioner(NodeRequests):
     config: ServiceConfig
     # Sends the job's node request to the autoscaler ([] withdraws): the cluster
     # adaptor's request_nodes.
@@ -230,41 +202,6 @@ class Provisioner:
         if old is None:
             return self.place(job, now)
         return self._decide(job, now, EngineEvent.PREEMPTION, old.missing, old.option)
-
-    def handed_over(self, job_id: str) -> None:
-        """The job's worker group is up: Ray Train's request holds the nodes now."""
-        placement = self.placements.get(job_id)
-        if placement is not None and placement.requesting:
-            placement.requesting = False
-            self.request(job_id, [])
-
-    def replace(self, job_id: str, leaving: int, now: float, lost: int = 0) -> None:
-        """An elastic job's nodes are being taken (`leaving` of them, on a notice: still up)
-        or were lost (`lost`, without one). Ask for the job's nodes and the leaving ones'
-        replacements at once (a request is for the cluster's whole size, so the job's own
-        count buys the lost ones' replacements, and its count plus the leaving ones buys
-        theirs now); 0 and 0, once the replacements heal: withdraw (the groups' worker groups
-        hold their nodes)."""
-        placement = self.placements.get(job_id)
-        if placement is None or (placement.extra, placement.lost) == (leaving, lost):
-            return
-        placement.extra, placement.lost = leaving, lost
-        placement.requesting = leaving + lost > 0
-        if placement.requesting:
-            placement.asked_at = placement.asked_at or now
-            self._send(job_id, placement, now)
-        else:
-            self.request(job_id, [])
-
-    def refresh(self, now: float) -> None:
-        """Renew requests before they expire (call it every scheduling pass)."""
-        for job_id, placement in self.placements.items():
-            if placement.requesting and now - placement.sent_at > REQUEST_REFRESH_S:
-                self._send(job_id, placement, now)
-
-    def release(self, job_id: str) -> None:
-        if self.placements.pop(job_id, None) is not None:
-            self.request(job_id, [])
 
     def _bound_offers(self) -> tuple[list[Offer], dict[tuple[str, str], str]]:
         """One offer per bound node type, priced in its market only (so that each node
@@ -422,28 +359,7 @@ class Provisioner:
         run_spec = JobSpec.model_validate(run_spec.model_dump())  # checked on what it holds
         return run_spec, self.planner(run_spec, hardware=self.hardware)
 
-    def nodes_up(self, job_id: str, now: float) -> None:
-        """The job's nodes are all up: the time since they were asked for is a measured
-        node-ready time for the offer in its market (the policy's ready_s from now on), up to
-        capacity_wait_s: a longer wait is capacity the market lacked, which the capacity-
-        missing rule prices, not a cloud's time to bring up nodes it has (counted whole, one
-        start that waited hours would price every later preemption at those hours)."""
-        placement = self.placements.get(job_id)
-        if placement is None or not placement.asked_at:
-            return
-        key = ready_key(placement.option.offer.id, placement.option.market)
-        count, total = self.ready.get(key, (0, 0.0))
-        waited = min(max(0.0, now - placement.asked_at),
-                     self.policy_for(placement.spec).capacity_wait_s)
-        self.ready[key] = (count + 1, total + waited)
-        placement.asked_at = 0.0
-
     def _node_limits(self, node_type: dict[tuple[str, str], str]) -> dict[tuple[str, str], int]:
         # Each (offer, market)'s node limit: its node type's max_workers.
         return {key: self.config.node_types[name].max_nodes or 10**9
                 for key, name in node_type.items()}
-
-    def _send(self, job_id: str, placement: Placement, now: float) -> None:
-        placement.sent_at = now
-        count = placement.nodes + placement.extra
-        self.request(job_id, [{placement.node_type: 1.0}] * count)

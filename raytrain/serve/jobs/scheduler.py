@@ -25,7 +25,8 @@ from raytrain.core.billing import attribute
 from raytrain.core.elastic import run_groups
 from raytrain.core.queue import Queued, admit, backfill, worker_group_demand
 from raytrain.serve.adaptors.cluster import Cluster
-from raytrain.serve.jobs.provisioning import REQUEST_REFRESH_S, Provisioner
+from raytrain.serve.jobs.node_requests import REQUEST_REFRESH_S
+from raytrain.serve.jobs.provisioning import Provisioner
 from raytrain.spec import JobSpec, JobState, PlanSummary, ServiceConfig
 
 logger = logging.getLogger(__name__)
