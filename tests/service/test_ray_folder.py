@@ -1,5 +1,6 @@
 """Where a Ray cluster raytrain starts keeps its session folders (its logs and sockets): under
-the state directory, not in /tmp/ray (tests/service/ray/test_getting_started.py starts one there)."""
+the state directory, not in /tmp/ray (tests/service/ray/test_getting_started.py starts one
+there)."""
 
 from __future__ import annotations
 
