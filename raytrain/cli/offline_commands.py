@@ -125,6 +125,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         err.print(f"[yellow]warning:[/yellow] {best.layout} does not fit: it needs "
                   f"{best.memory_gib:.1f} GiB per device of {best.memory_limit_gib:.1f} usable")
     out.print(f"{'best' if args.layout is None else 'plan'}: {best.reason}")
+    if response.active_params < response.params:
+        out.print(f"a mixture of experts: {response.params / 1e9:.2f}B parameters (memory), "
+                  f"{response.active_params / 1e9:.2f}B active a token (compute)")
     if args.gpu == "cpu":  # whose figures the CPU predictions are
         calibration = hardware.gpus["cpu"].calibration
         err.print(f"CPU profile: {calibration}" if hardware is not CATALOG else

@@ -83,7 +83,7 @@ def rank_flops_per_token(dims: ModelDims, pp: int, v: int, rank: int) -> float:
     """FLOPs per token of pipeline rank `rank`: its blocks, plus the head on the rank holding
     the last stage (the embedding lookup has none)."""
     _, layers, last = rank_params(dims, pp, v, rank)
-    per_block = 6.0 * dims.block_params + 12.0 * dims.q_dim * dims.seq_len
+    per_block = 6.0 * dims.active_block_params + 12.0 * dims.q_dim * dims.seq_len
     return layers * per_block + (6.0 * dims.head_params if last else 0.0)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from raytrain.core.kernels import KERNELS, KernelModel
+from raytrain.spec.gpt_config import MoEConfig
 from raytrain.spec.layout import ModelShape
 
 
@@ -32,17 +33,31 @@ class ModelDims:
     built_in: bool = False  # the built-in GPT (its vocabulary and positions shard under tp)
     head_dim: int | None = None  # each head's width; None: dim / num_heads
     qk_norm: bool = False  # a norm over each head's query and key (its scales counted)
+    # A mixture of experts (GPTConfig.moe) in `sparse_layers` of the blocks: `experts` SwiGLU
+    # experts of expert_ffn_dim, `top_k` of them run per token, beside a shared expert of
+    # shared_ffn_dim (0: none); the other blocks' MLPs are dense, of ffn_dim. Memory counts
+    # every expert (params); compute the ones a token runs (active_params, mlp_width).
+    experts: int = 0
+    top_k: int = 0
+    expert_ffn_dim: int = 0
+    shared_ffn_dim: int = 0
+    sparse_layers: int = 0
 
     @staticmethod
     def from_gpt(num_layers: int, dim: int, num_heads: int, ffn_dim: int, vocab_size: int,
                  seq_len: int, max_seq_len: int, num_kv_heads: int | None = None,
                  gated_mlp: bool = False, rotary: bool = False,
                  tied_embeddings: bool = False, head_dim: int | None = None,
-                 qk_norm: bool = False) -> ModelDims:
+                 qk_norm: bool = False, moe: MoEConfig | None = None) -> ModelDims:
         """The built-in GPT's dimensions (raytrain.spec.GPTConfig's fields)."""
+        experts = {} if moe is None else {
+            "experts": moe.num_experts, "top_k": moe.top_k,
+            "expert_ffn_dim": moe.expert_ffn_dim, "shared_ffn_dim": moe.shared_ffn_dim,
+            "sparse_layers": num_layers - len(moe.dense_layers)}
         return ModelDims(num_layers, dim, num_heads, ffn_dim, vocab_size, seq_len,
                          num_kv_heads, gated_mlp, 0 if rotary else max_seq_len,
-                         tied_embeddings, built_in=True, head_dim=head_dim, qk_norm=qk_norm)
+                         tied_embeddings, built_in=True, head_dim=head_dim, qk_norm=qk_norm,
+                         **experts)
 
     def layout_shape(self) -> ModelShape:
         """What the layout check needs of the model. Tensor parallelism shards the built-in
@@ -64,12 +79,46 @@ class ModelDims:
     def kv_dim(self) -> int:
         return self.q_dim * (self.num_kv_heads or self.num_heads) // self.num_heads
 
+    def _mlp(self, width: int) -> int:
+        return (3 if self.gated_mlp else 2) * self.dim * width
+
+    def _block_without_mlp(self) -> int:
+        attention = 2 * self.dim * self.q_dim + 2 * self.dim * self.kv_dim
+        norms = 2 * self.dim + (2 * self.q_dim // self.num_heads if self.qk_norm else 0)
+        return attention + norms
+
+    def _mean_mlp(self, routed: int) -> int:
+        """A block's MLP parameters, the mean over the blocks, with `routed` experts counted
+        in each sparse block (its router and shared expert too)."""
+        if not self.sparse_layers:
+            return self._mlp(self.ffn_dim)
+        sparse = routed * self._mlp(self.expert_ffn_dim) + self._mlp(self.shared_ffn_dim) + \
+            self.dim * (self.experts + (1 if self.shared_ffn_dim else 0))
+        dense = self.num_layers - self.sparse_layers
+        return (dense * self._mlp(self.ffn_dim) + self.sparse_layers * sparse) \
+            // self.num_layers
+
     @property
     def block_params(self) -> int:
-        attention = 2 * self.dim * self.q_dim + 2 * self.dim * self.kv_dim
-        mlp = (3 if self.gated_mlp else 2) * self.dim * self.ffn_dim
-        norms = 2 * self.dim + (2 * self.q_dim // self.num_heads if self.qk_norm else 0)
-        return attention + mlp + norms
+        """A block's parameters (the mean over the blocks, every expert counted)."""
+        return self._block_without_mlp() + self._mean_mlp(self.experts)
+
+    @property
+    def active_block_params(self) -> int:
+        """The parameters a token's compute goes through in a block: a mixture of experts'
+        top_k experts (and shared expert, and router), not all of them."""
+        return self._block_without_mlp() + self._mean_mlp(self.top_k)
+
+    @property
+    def mlp_width(self) -> float:
+        """The MLP hidden width a token goes through, the mean over the blocks (the timing's
+        and the activations' width): ffn_dim dense; top_k experts' and the shared expert's
+        in a sparse block."""
+        if not self.sparse_layers:
+            return self.ffn_dim
+        dense = self.num_layers - self.sparse_layers
+        sparse = self.top_k * self.expert_ffn_dim + self.shared_ffn_dim
+        return (dense * self.ffn_dim + self.sparse_layers * sparse) / self.num_layers
 
     @property
     def embedding_params(self) -> int:
@@ -86,14 +135,19 @@ class ModelDims:
             - shared
 
     @property
+    def active_params(self) -> int:
+        """The parameters a token's forward goes through (all of them for a dense model)."""
+        return self.params - self.num_layers * (self.block_params - self.active_block_params)
+
+    @property
     def flops_per_token(self) -> float:
-        dense = self.num_layers * self.block_params + self.head_params  # tied or not
-        return 6.0 * dense + 12.0 * self.num_layers * self.q_dim * self.seq_len
+        active = self.num_layers * self.active_block_params + self.head_params  # tied or not
+        return 6.0 * active + 12.0 * self.num_layers * self.q_dim * self.seq_len
 
     @property
     def activation_values_per_token_layer(self) -> int:
-        return 6 * self.dim + 2 * self.q_dim + 2 * self.kv_dim + \
-            (3 if self.gated_mlp else 2) * self.ffn_dim
+        return int(6 * self.dim + 2 * self.q_dim + 2 * self.kv_dim +
+                   (3 if self.gated_mlp else 2) * self.mlp_width)
 
     def saved_values_per_token_layer(self, fused: bool) -> int:
         """Values a block saves for its backward, per token (what memory counts; the timing's
@@ -104,10 +158,10 @@ class ModelDims:
         projection and their product, 4f; GELU: its input and output, 2f). Fused kernels
         (fused_elementwise: Megatron-LM, Transformer Engine, torch.compile) keep a norm's
         input and output only and a SwiGLU's two inputs and its product: 2d less, f less."""
-        mlp = (3 if fused else 4) * self.ffn_dim if self.gated_mlp else 2 * self.ffn_dim
+        mlp = (3 if fused else 4) * self.mlp_width if self.gated_mlp else 2 * self.mlp_width
         # A q/k norm (Qwen3) keeps its input and normalised input too (fused: its input).
         qk = (1 if fused else 2) * (self.q_dim + self.kv_dim) if self.qk_norm else 0
-        return (4 if fused else 6) * self.dim + 2 * self.q_dim + 2 * self.kv_dim + mlp + qk
+        return int((4 if fused else 6) * self.dim + 2 * self.q_dim + 2 * self.kv_dim + mlp + qk)
 
     def activation_values_on_rank(self, tp: int, sequence_parallel: bool,
                                   values: float | None = None) -> float:

@@ -127,7 +127,7 @@ class Dimensions(Protocol):
     @property
     def seq_len(self) -> int: ...
     @property
-    def ffn_dim(self) -> int: ...
+    def mlp_width(self) -> float: ...
     @property
     def gated_mlp(self) -> bool: ...
     @property
@@ -172,10 +172,10 @@ def microbatch_compute_s(dims: Dimensions, work: Work, gpu: GPUKind, c: Microbat
     rate = gpu.gemm_efficiency * work.kernels.sustained
     b = work.act_bytes
     d, tp = dims.dim, c.tp
-    mlp_out = dims.ffn_dim * (2 if dims.gated_mlp else 1)
+    mlp_out = dims.mlp_width * (2 if dims.gated_mlp else 1)
     # (in, out) of the block's four linears on this rank
     linears = ((d, (d + 2 * dims.kv_dim) / tp), (d / tp, d), (d, mlp_out / tp),
-               (dims.ffn_dim / tp, d))
+               (dims.mlp_width / tp, d))
     block = sum(_block_linear_s(tokens, k, n, gpu, work, flops, rate) for k, n in linears)
     heads = dims.num_heads / tp
     sequences = c.micro_batch_size * heads

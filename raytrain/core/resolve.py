@@ -54,13 +54,14 @@ def planner_inputs(spec: JobSpec, gpus: int | None = None, accelerator: str | No
     dims = ModelDims.from_gpt(gpt.num_layers, gpt.dim, gpt.num_heads, gpt.hidden_dim,
                               gpt.vocab_size, spec.data.seq_len, gpt.max_seq_len,
                               gpt.num_kv_heads, gpt.mlp == "swiglu", gpt.positions == "rotary",
-                              gpt.tie_embeddings, gpt.head_dim, gpt.qk_norm)
+                              gpt.tie_embeddings, gpt.head_dim, gpt.qk_norm, gpt.moe)
     work = Workload(
         global_batch=spec.training.global_batch_size,
         precision=planned_precision(spec.training.precision),
         recompute_options=(spec.parallel.recompute_mode,),
         micro_batch_options=(spec.training.micro_batch_size,),
-        data_parallel_only=not spec.model.builtin or spec.training.lora is not None,
+        data_parallel_only=not spec.model.builtin or spec.training.lora is not None
+        or gpt.moe is not None,  # a mixture of experts: data parallel or FSDP (spec.job)
         trainable_share=lora_share(spec, dims),
         frozen_param_bytes=2 if spec.training.lora is not None
         and spec.training.precision == "bf16" else 4,
@@ -194,7 +195,8 @@ def rank_plans(request: PlanRequest, offers: Sequence[Offer] = (),
         for index, p in enumerate(plans, start=1)
     ]
     return PlanResponse(accelerator=kind, gpus=gpus, shape=shape.name, precision=work.precision,
-                        catalog_version=CATALOG_VERSION, plans=rows)
+                        catalog_version=CATALOG_VERSION, params=dims.params,
+                        active_params=dims.active_params, plans=rows)
 
 
 # GPUs whose half precision is fp16 only (no bf16): planned in fp32 unless told otherwise.

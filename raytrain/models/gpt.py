@@ -8,7 +8,8 @@ the whole model, so checkpoints line up), and every top-level part optional in `
 Attention reshapes with -1 heads, so it runs unchanged on a tensor-parallel shard of heads.
 GPT-2's choices are the defaults; Llama's are options (GPTConfig): grouped-query attention
 (`num_kv_heads`), the SwiGLU MLP (`mlp`, a third matrix `w3`), rotary positions
-(`positions`) and tied embeddings (`tie_embeddings`). The norms are RMSNorm in both.
+(`positions`) and tied embeddings (`tie_embeddings`). The norms are RMSNorm in both. A
+mixture of experts (`moe`, raytrain.models.moe) takes the MLP's place in the sparse blocks.
 
 Initial weights depend only on the seed and each parameter's name (`init_weights`), not on
 which other parameters a rank holds or in what order they are created. So a pipeline stage,
@@ -31,6 +32,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.utils.checkpoint import checkpoint
 
+from raytrain.models.moe import MoE
 from raytrain.spec import GPTConfig
 from raytrain.spec.gpt_config import RopeScaling
 
@@ -131,12 +133,13 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, layer: int = 0) -> None:
         super().__init__()
         self.attention_norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
         self.attention = Attention(config)
         self.ffn_norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
-        self.feed_forward = FeedForward(config)
+        self.feed_forward: nn.Module = MoE(config) if config.sparse(layer) \
+            else FeedForward(config)
 
         self.recompute = False  # activation checkpointing: recompute in the backward pass
 
@@ -158,7 +161,7 @@ class GPT(nn.Module):
         self.pos_embeddings: nn.Embedding | None = nn.Embedding(config.max_seq_len, config.dim) \
             if config.positions == "learned" else None
         self.layers = nn.ModuleDict(
-            {str(i): TransformerBlock(config) for i in range(config.num_layers)}
+            {str(i): TransformerBlock(config, i) for i in range(config.num_layers)}
         )
         self.norm: nn.RMSNorm | None = nn.RMSNorm(config.dim, eps=config.norm_eps)
         self.output: nn.Linear | None = nn.Linear(config.dim, config.vocab_size, bias=False)
@@ -182,12 +185,17 @@ class GPT(nn.Module):
             if param.dim() < 2:  # norms' scales 1, biases 0
                 param.fill_(0.0 if name.endswith(".bias") else 1.0)
                 continue
-            std = residual_std if name.endswith(("wo.weight", "w2.weight")) else 0.02
+            std = residual_std if name.endswith(("wo.weight", "w2.weight", "experts.w2")) \
+                else 0.02
             generator = torch.Generator().manual_seed(
                 zlib.crc32(f"{self.seed}:{name}".encode())
             )
             full = torch.normal(0.0, std, size=tuple(param.shape), generator=generator)
             _copy_into(param, full)
+
+    def experts(self) -> list[MoE]:
+        """This model's (or stage's) mixtures of experts, block by block."""
+        return [m for m in self.modules() if isinstance(m, MoE)]
 
     def tie_weights(self) -> None:
         """The head's weight is the token embeddings' (tie_embeddings), again after

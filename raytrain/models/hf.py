@@ -25,6 +25,13 @@ from torch import nn
 
 from raytrain.cloud.object_store import is_remote, open_store
 from raytrain.errors import FieldError, SpecError
+from raytrain.models.hf_experts import (
+    expert_style,
+    expert_tensors,
+    is_expert,
+    load_experts,
+    style_of_folder,
+)
 from raytrain.spec.gpt_config import GPTConfig
 from raytrain.spec.lora import LoraSpec
 
@@ -43,6 +50,18 @@ _TO_HF = (
     (r"^layers\.(\d+)\.attention_norm\.weight$", r"model.layers.\1.input_layernorm.weight"),
     (r"^layers\.(\d+)\.ffn_norm\.weight$",
      r"model.layers.\1.post_attention_layernorm.weight"),
+    # A mixture of experts (Qwen's names; Mixtral's are `mixtral_names`): the router, and
+    # the shared expert with its gate. The routed experts are packed here and one tensor
+    # per expert in a folder: expert_names and the functions below.
+    (r"^layers\.(\d+)\.feed_forward\.router\.weight$", r"model.layers.\1.mlp.gate.weight"),
+    (r"^layers\.(\d+)\.feed_forward\.shared\.w1\.weight$",
+     r"model.layers.\1.mlp.shared_expert.gate_proj.weight"),
+    (r"^layers\.(\d+)\.feed_forward\.shared\.w3\.weight$",
+     r"model.layers.\1.mlp.shared_expert.up_proj.weight"),
+    (r"^layers\.(\d+)\.feed_forward\.shared\.w2\.weight$",
+     r"model.layers.\1.mlp.shared_expert.down_proj.weight"),
+    (r"^layers\.(\d+)\.feed_forward\.shared_gate\.weight$",
+     r"model.layers.\1.mlp.shared_expert_gate.weight"),
     (r"^norm\.weight$", "model.norm.weight"),
     (r"^output\.weight$", "lm_head.weight"),
 )
@@ -60,14 +79,23 @@ def to_hf(name: str) -> str:
     raise KeyError(f"{name}: no Hugging Face name for this parameter")
 
 
-def _named(part: nn.Module, tied: bool) -> dict[str, torch.Tensor]:
+def _named(part: nn.Module, tied: bool, style: str = "qwen") -> dict[str, torch.Tensor]:
     """This part's parameters under their Hugging Face names (a tied head is the
-    embeddings': not a tensor of its own in the folder)."""
+    embeddings': not a tensor of its own in the folder), the routed experts' left out
+    (raytrain.models.hf_experts reads and writes those)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     state = get_model_state_dict(part)
-    return {to_hf(k): v for k, v in state.items()
-            if not (tied and k == "output.weight") and ".lora_" not in k}  # adapters: ours
+    return {hf_name(k, style): v for k, v in state.items()
+            if not (tied and k == "output.weight") and ".lora_" not in k  # adapters: ours
+            and not is_expert(k)}
+
+
+def hf_name(name: str, style: str) -> str:
+    """Our parameter's Hugging Face name in a folder of `style` (expert_style)."""
+    hf = to_hf(name)
+    return hf.replace(".mlp.gate.weight", ".block_sparse_moe.gate.weight") \
+        if style == "mixtral" else hf
 
 
 def check_shapes(parts: list[nn.Module], folder: str, tied: bool) -> None:
@@ -93,8 +121,10 @@ def check_shapes(parts: list[nn.Module], folder: str, tied: bool) -> None:
                 for key in handle.keys():
                     found[key] = list(handle.get_slice(key).get_shape())
     here = ("model", "hf", "path")
+    style = style_of_folder(found)
     for part in parts:
-        for name, tensor in _named(part, tied).items():
+        expected = {**_named(part, tied, style), **expert_tensors(part, style, found)}
+        for name, tensor in expected.items():
             if name not in found:
                 raise SpecError([FieldError(here, f"{folder} has no tensor {name}. To fix: "
                                             "give the folder whose config.json this is")])
@@ -127,7 +157,8 @@ def load_pretrained(parts: list[nn.Module], folder: str, tied: bool) -> int:
     check_shapes(parts, folder, tied)
     fetched = 0
     for part in parts:
-        named = _named(part, tied)
+        style = style_of_folder(None, folder)
+        named = _named(part, tied, style)
         if is_remote(folder):
             from raytrain.models.hf_bucket import BucketHFReader
 
@@ -136,9 +167,11 @@ def load_pretrained(parts: list[nn.Module], folder: str, tied: bool) -> int:
             fetched += reader.bytes_read
         else:
             load(named, storage_reader=HuggingFaceStorageReader(folder))
-        inverse = {to_hf(k): k for k in part.state_dict() if ".lora_" not in k}
+        inverse = {hf_name(k, style): k for k in part.state_dict()
+                   if ".lora_" not in k and not is_expert(k)}
         set_model_state_dict(part, {inverse[k]: v for k, v in named.items()},
                              options=StateDictOptions(strict=False))
+        fetched += load_experts(part, folder, style)
         tie = getattr(part, "tie_weights", None)
         if callable(tie):
             tie()
@@ -177,9 +210,10 @@ def export_folder(parts: list[nn.Module], source: str, out: str | Path, tied: bo
     config = json.loads(store.get_bytes("config.json") or b"{}")
     written = export_dtype(config, dtype)
     named: dict[str, torch.Tensor] = {}
+    style = expert_style(config)
     for part in parts:
-        named.update({name: tensor.to(EXPORT_DTYPES[written])
-                      for name, tensor in _named(part, tied).items()})
+        named.update({name: tensor.to(EXPORT_DTYPES[written]) for name, tensor in
+                      {**_named(part, tied, style), **expert_tensors(part, style)}.items()})
     distributed = dist.is_available() and dist.is_initialized()
     rank = dist.get_rank() if distributed else 0
     save(named, storage_writer=HuggingFaceStorageWriter(

@@ -51,6 +51,7 @@ from raytrain.data.masks import IGNORE, inputs_and_targets
 from raytrain.models.contract import logits_of
 from raytrain.models.gpt import GPT
 from raytrain.models.lora import apply_lora, freeze_in, init_lora
+from raytrain.models.moe import balancing
 from raytrain.models.registry import build_model
 from raytrain.parallel.blocks import describe_units, transformer_blocks
 from raytrain.parallel.compression import register_compression
@@ -193,6 +194,11 @@ class ParallelModel:
     # every target trained, each micro-batch's mean.
     loss_scale: float | None = None
     owns_process_group: bool = False  # holds the mesh of one's group: close() gives it back
+    # A mixture of experts: the load-balancing loss's weight in the objective, and the last
+    # step's balancing loss (mean over its micro-batches) and expert imbalance (the busiest
+    # expert's tokens over the mean, at the worst block and micro-batch); None: dense.
+    balance_coef: float = 0.0
+    balance: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def close(self) -> None:
         """End what building the model started in this process (a one-device bf16 model's
@@ -240,9 +246,27 @@ class ParallelModel:
             with sync:
                 with self._autocast():
                     loss = self._loss(runner, tokens) / count
-                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+                    objective = self._balanced(loss, count, first=index == 0)
+                (self.scaler.scale(objective) if self.scaler is not None
+                 else objective).backward()
             total += loss.detach()
         return total if self.owns_loss else torch.zeros((), device=self.device)
+
+    def _balanced(self, loss: torch.Tensor, count: int, first: bool) -> torch.Tensor:
+        """The micro-batch's objective: its loss, plus the experts' load-balancing loss of
+        its forward times balance_coef (raytrain.models.moe.balancing); kept apart in
+        `balance`, so the reported loss stays the language model's."""
+        part = self.parts[0]
+        found = balancing(part.experts()) if isinstance(part, GPT) else None
+        if found is None:
+            return loss
+        aux, imbalance = found
+        if first or self.balance is None:
+            self.balance = (aux.detach() / count, imbalance)
+        else:
+            self.balance = (self.balance[0] + aux.detach() / count,
+                            torch.maximum(self.balance[1], imbalance))
+        return loss + self.balance_coef * aux / count if self.balance_coef else loss
 
     def _loss(self, runner: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
         """The mean next-token loss of one micro-batch. The built-in model computes it a
@@ -346,7 +370,8 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
         if compiled:
             compile_blocks(model, spec.model.block_class)
         return ParallelModel(layout, device, [model], [model], precision=training.precision,
-                             scaler=scaler, compiled=compiled)
+                             scaler=scaler, compiled=compiled,
+                             balance_coef=balance_coef(spec))
 
     owns_group = one_device_fsdp and _one_rank_process_group(device)
     mesh = build_mesh(layout, device)
@@ -412,12 +437,22 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
         owns_loss=(pp_rank == layout.pp - 1 and tp_rank == 0),
         precision=training.precision, scaler=scaler,
         fsdp_units="; ".join(units) if units else None, compiled=compiled,
-        owns_process_group=owns_group,
+        owns_process_group=owns_group, balance_coef=balance_coef(spec),
     )
     if layout.pp > 1:
         model.pipeline = Pipeline(runners, stage_ids, layout, device, mesh["pp"].get_group(),
                                   model.stage_loss)
     return model
+
+
+def balance_coef(spec: JobSpec) -> float:
+    """The load-balancing loss's weight: training.moe.aux_loss_coef, else the model's (its
+    config's router_aux_loss_coef); 0 for a dense model."""
+    moe = spec.model.gpt.moe if spec.model.builtin else None
+    if moe is None:
+        return 0.0
+    asked = spec.training.moe.aux_loss_coef if spec.training.moe is not None else None
+    return moe.aux_loss_coef if asked is None else asked
 
 
 def _one_rank_process_group(device: torch.device) -> bool:

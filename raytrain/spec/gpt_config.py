@@ -24,6 +24,37 @@ class RopeScaling(Strict):
         "The context the model was pretrained at."))
 
 
+class MoEConfig(Strict):
+    """A mixture of experts in place of the MLP of every sparse block: a router scores the
+    experts for each token, the top `top_k` run (SwiGLU MLPs of `expert_ffn_dim`), and their
+    outputs are summed by the routing weights; beside them an optional shared expert runs on
+    every token. As Qwen3-MoE, Qwen2-MoE and Mixtral define it (raytrain.models.moe)."""
+
+    num_experts: int = Field(ge=2, le=4_096, description="Routed experts per sparse block.")
+    top_k: int = Field(ge=1, le=64, description="Experts each token is routed to.")
+    expert_ffn_dim: int = Field(ge=1, le=1_048_576, description="Each expert's hidden width.")
+    norm_topk: bool = Field(True, description=(
+        "Normalise the top-k routing weights to sum to 1 (Mixtral always; Qwen's "
+        "norm_topk_prob)."))
+    shared_ffn_dim: int = Field(0, ge=0, le=1_048_576, description=(
+        "Hidden width of a shared expert every token goes through (Qwen2-MoE); 0: none."))
+    shared_gate: bool = Field(False, description=(
+        "The shared expert's output scaled by sigmoid(a learned gate of the token) "
+        "(Qwen2-MoE's shared_expert_gate)."))
+    dense_layers: list[int] = Field(default_factory=list, max_length=2_048, description=(
+        "Blocks with a dense MLP of ffn_dim instead (Qwen's mlp_only_layers and "
+        "decoder_sparse_step)."))
+    aux_loss_coef: float = Field(0.0, ge=0, le=1e3, description=(
+        "The router's load-balancing loss (Switch Transformer's, as transformers computes "
+        "it) times this is added to the objective (a config's router_aux_loss_coef); the "
+        "reported loss stays the language model's."))
+
+    @property
+    def active_share(self) -> float:
+        """The routed experts' share that runs for a token."""
+        return self.top_k / self.num_experts
+
+
 class GPTConfig(Strict):
     """Dimensions of the built-in GPT-style decoder."""
 
@@ -68,6 +99,9 @@ class GPTConfig(Strict):
     rope_scaling: RopeScaling | None = Field(
         None, description="Llama 3's rotary frequency scaling (a config's rope_scaling with "
         "rope_type 'llama3'); null: none.")
+    moe: MoEConfig | None = Field(
+        None, description="A mixture of experts in the sparse blocks (mlp 'swiglu'); null: "
+        "every block's MLP is dense.")
 
     @model_validator(mode="after")
     def _heads_divide_dim(self) -> GPTConfig:
@@ -86,6 +120,19 @@ class GPTConfig(Strict):
                 f"rotary positions rotate pairs of each head's {self.attention_head_dim} "
                 "values, an odd number. To fix: make the heads' width even, or use positions "
                 "'learned'", self.positions))
+        if self.moe is not None and self.moe.top_k > self.moe.num_experts:
+            errors.append(field_error(
+                ("moe", "top_k"), f"top_k={self.moe.top_k} routes each token to more experts "
+                f"than the {self.moe.num_experts} there are. To fix: at most num_experts",
+                self.moe.top_k))
+        if self.moe is not None and self.mlp != "swiglu":
+            errors.append(field_error(
+                ("mlp",), "the experts are SwiGLU MLPs. To fix: mlp 'swiglu'", self.mlp))
+        if self.moe is not None and any(i >= self.num_layers for i in self.moe.dense_layers):
+            errors.append(field_error(
+                ("moe", "dense_layers"), f"{self.moe.dense_layers} names blocks past the "
+                f"model's {self.num_layers}. To fix: indices from 0 to {self.num_layers - 1}",
+                self.moe.dense_layers))
         if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
             errors.append(field_error(
                 ("num_kv_heads",),
@@ -102,6 +149,10 @@ class GPTConfig(Strict):
     @property
     def kv_heads(self) -> int:
         return self.num_kv_heads or self.num_heads
+
+    def sparse(self, layer: int) -> bool:
+        """Whether block `layer` holds the mixture of experts (else a dense MLP)."""
+        return self.moe is not None and layer not in self.moe.dense_layers
 
     @property
     def hidden_dim(self) -> int:

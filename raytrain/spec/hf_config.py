@@ -6,7 +6,8 @@ Read by hand because the mapping is ours: which of a config's fields change what
 prices (widths, heads, layers, the MLP's gate, positions, tied embeddings) and which do not
 (token ids, norm epsilons, dropout, dtypes, initialisation, rope scaling). A field that is
 neither is an error naming it, as is a missing one and a model the built-in blocks cannot
-describe (mixture of experts), so a plan is never of some other model than the user's.
+describe, so a plan is never of some other model than the user's. A mixture of experts as
+Qwen3-MoE, Qwen2-MoE and Mixtral write it maps onto GPTConfig.moe (`moe_config`).
 
     shape = gpt_config_from_hf(json.loads(Path("config.json").read_text()), "config.json")
 """
@@ -50,8 +51,20 @@ IGNORED = {
 }
 IGNORED_SUFFIXES = ("_token_id", "_token_ids", "_dropout", "_pdrop", "_eps", "_epsilon")
 IGNORED_PREFIXES = ("_", "summary_")
-MIXTURE_OF_EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts",
-                      "num_experts_per_tok", "moe_intermediate_size")
+# A mixture of experts: the fields moe_config reads (the experts' count under each family's
+# name; transformers 5 writes Qwen3-MoE's num_experts as num_local_experts), and those it
+# reads as what they do not change (output_router_logits: whether transformers' forward adds
+# the balancing loss; raytrain always does, with its coefficient).
+EXPERT_COUNT = ("num_experts", "num_local_experts")
+MIXTURE_OF_EXPERTS = (*EXPERT_COUNT, "num_experts_per_tok", "moe_intermediate_size",
+                      "norm_topk_prob", "shared_expert_intermediate_size",
+                      "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef",
+                      "router_jitter_noise", "output_router_logits", "qkv_bias")
+# DeepSeek's fields: its multi-head latent attention and group-limited routing are not in
+# the built-in blocks.
+DEEPSEEK = ("n_routed_experts", "kv_lora_rank", "q_lora_rank", "topk_method",
+            "scoring_func", "n_group", "topk_group", "first_k_dense_replace",
+            "routed_scaling_factor", "n_shared_experts", "qk_rope_head_dim")
 
 
 def gpt_config_from_hf(config: Any, source: str) -> GPTConfig:
@@ -65,10 +78,13 @@ def gpt_config_from_hf(config: Any, source: str) -> GPTConfig:
     model_type = str(config.get("model_type", ""))
     known = {name for names in NAMES.values() for name in names}
     for key in config:
-        if key in MIXTURE_OF_EXPERTS:
-            errors.append(FieldError((key,), "a mixture-of-experts model, which the planner "
-                                     "does not price (dense blocks only). To fix: plan a "
-                                     "dense model"))
+        if key in DEEPSEEK:
+            errors.append(FieldError((key,), "DeepSeek's multi-head latent attention and "
+                                     "group-limited routing are not in the built-in blocks "
+                                     "(mixtures of experts as Qwen3-MoE, Qwen2-MoE and Mixtral "
+                                     "write them are). To fix: plan one of those"))
+        elif key in MIXTURE_OF_EXPERTS:
+            continue  # moe_config's
         elif key not in known and key not in IGNORED and not key.endswith(
                 IGNORED_SUFFIXES) and not key.startswith(IGNORED_PREFIXES):
             errors.append(FieldError((key,), "not a field the planner knows, so it cannot "
@@ -99,6 +115,10 @@ def gpt_config_from_hf(config: Any, source: str) -> GPTConfig:
     if head_dim is not None and isinstance(dim, int) and isinstance(heads, int) and heads \
             and head_dim * heads != dim:
         found["head_dim"] = head_dim  # heads of their own width (Qwen3)
+    moe, moe_errors = moe_config(config)
+    errors += moe_errors
+    if moe is not None:
+        found["moe"] = moe
     if errors:
         raise SpecError(errors, source)
     try:
@@ -109,3 +129,36 @@ def gpt_config_from_hf(config: Any, source: str) -> GPTConfig:
             tuple(back.get(str(part), str(part)) for part in error["loc"]),
             f"{error['msg']} (read as model.gpt.{'.'.join(map(str, error['loc']))})")
             for error in exc.errors()], source) from None
+
+
+def moe_config(config: dict[str, Any]) -> tuple[dict[str, Any] | None, list[FieldError]]:
+    """GPTConfig.moe's fields for a config of Qwen3-MoE's, Qwen2-MoE's or Mixtral's, or None
+    for a dense one; with an error for each field whose meaning the blocks do not have."""
+    count = next((config[k] for k in EXPERT_COUNT if config.get(k)), None)
+    if not count:
+        return None, []
+    errors = []
+    layers = config.get("num_hidden_layers") or 0
+    step = config.get("decoder_sparse_step") or 1
+    only = config.get("mlp_only_layers") or []
+    if not isinstance(step, int) or step < 1 or not isinstance(only, list):
+        errors.append(FieldError(("decoder_sparse_step",), f"{step!r} / mlp_only_layers "
+                                 f"{only!r}: a positive step and a list of block indices. "
+                                 "To fix: give those"))
+        step, only = 1, []
+    if config.get("router_jitter_noise"):
+        errors.append(FieldError(("router_jitter_noise",), "noise on the router's logits in "
+                                 "training is not implemented. To fix: set it to 0"))
+    dense = sorted({i for i in range(layers) if i in only or (i + 1) % step})
+    mixtral = "num_experts" not in config and "moe_intermediate_size" not in config
+    return {
+        "num_experts": count, "top_k": config.get("num_experts_per_tok", 2),
+        # Mixtral's experts are its MLPs: intermediate_size wide, top-k always normalised.
+        "expert_ffn_dim": config.get("moe_intermediate_size") or config.get(
+            "intermediate_size") or 1,
+        "norm_topk": True if mixtral else bool(config.get("norm_topk_prob", False)),
+        "shared_ffn_dim": config.get("shared_expert_intermediate_size") or 0,
+        "shared_gate": bool(config.get("shared_expert_intermediate_size")),
+        "dense_layers": dense,
+        "aux_loss_coef": float(config.get("router_aux_loss_coef", 0.001)),
+    }, errors

@@ -169,6 +169,8 @@ class JobSpec(Strict):
             ))
         if training.lora is not None:
             problems += _lora_problems(self, layout)
+        if self.model.builtin and self.model.gpt.moe is not None:
+            problems += _experts_problems(self, layout)
         if training.precision == "fp16" and layout.pp > 1:
             problems.append(Problem(
                 ("training", "precision"),
@@ -280,6 +282,27 @@ def _fp8_errors(spec: JobSpec) -> list[InitErrorDetails]:
         f"use 'bf16', or set resources.accelerator to one of {', '.join(able)}",
         "fp8",
     )]
+
+
+def _experts_problems(spec: JobSpec, layout: Layout) -> list[Problem]:
+    """What a mixture of experts does not combine with (yet), each with the fix."""
+    problems = []
+    for degree, name in ((layout.tp, "tp"), (layout.pp, "pp")):
+        if degree > 1:
+            problems.append(Problem(("parallel", name), f"a mixture of experts trains under "
+                                    f"data parallelism or FSDP, not {name}={degree} "
+                                    f"({layout.describe()}). To fix: set parallel.strategy to "
+                                    "'data' or 'fsdp'"))
+    if spec.training.precision == "fp8":
+        problems.append(Problem(("training", "precision"), "float8 is not applied to the "
+                                "experts' packed weights. To fix: use 'bf16'"))
+    if spec.training.lora is not None and {"gate_proj", "up_proj", "down_proj"} & set(
+            spec.training.lora.targets):
+        problems.append(Problem(("training", "lora", "targets"), "adapters on the experts' "
+                                "projections are not implemented; the experts stay frozen. "
+                                "To fix: target the attention's q_proj, k_proj, v_proj, "
+                                "o_proj"))
+    return problems
 
 
 def _lora_problems(spec: JobSpec, layout: Layout) -> list[Problem]:

@@ -174,4 +174,8 @@ class PlanResponse(Record):
     precision: str = Field(description="The compute precision planned for: fp32, bf16 or "
                            "fp8.")
     catalog_version: str = Field(description="The hardware catalog the plans were made with.")
+    params: int = Field(0, description="The model's parameters (memory counts them all).")
+    active_params: int = Field(0, description="The parameters a token's compute goes through "
+                               "(a mixture of experts' top-k experts, not all; the FLOPs "
+                               "are counted from these). Equal to params for a dense model.")
     plans: list[PlanRow] = Field(description="Feasible layouts, fastest first.")

@@ -101,6 +101,15 @@ class DataSpec(Strict):
         return self
 
 
+class MoETraining(Strict):
+    """Balancing a mixture of experts' routing."""
+
+    aux_loss_coef: float | None = Field(None, ge=0, le=1e3, description=(
+        "The weight of the router's load-balancing loss in the objective; null: the model's "
+        "own (its config's router_aux_loss_coef); 0: none. The loss reported stays the "
+        "language model's; the balancing loss is kept beside it."))
+
+
 class TrainingSpec(Strict):
     """The optimisation: steps, batch, AdamW with linear warmup and cosine decay, checkpoints."""
 
@@ -179,6 +188,9 @@ class TrainingSpec(Strict):
         "weights), under data parallelism or FSDP; the job ends with the adapter as a PEFT "
         "folder (`raytrain export --merge`: merged into the weights). Null: every weight "
         "trains.")
+    moe: MoETraining | None = Field(
+        None, description="How a mixture of experts is balanced (null: as its family "
+        "balances it).")
     lr_scaling: Literal["none", "linear", "sqrt"] = Field(
         "none",
         description="Scale learning_rate with the global batch: 'linear' multiplies it by "

@@ -75,7 +75,7 @@ def test_qwen3s_own_head_width_and_qk_norms_are_counted_as_transformers_builds_t
 
 @pytest.mark.parametrize(("change", "field", "says"), [
     ({"hidden_size": None}, "hidden_size", "missing"),
-    ({"num_local_experts": 8}, "num_local_experts", "mixture-of-experts"),
+    ({"kv_lora_rank": 512}, "kv_lora_rank", "DeepSeek"),
     ({"hidden_act": "relu"}, "hidden_act", "To fix"),
     ({"cross_layer_sharing": True}, "cross_layer_sharing", "not a field the planner knows"),
     ({"num_key_value_heads": 5}, "num_key_value_heads", "must divide num_heads"),
@@ -104,11 +104,11 @@ def test_raytrain_plan_model_config_plans_a_70b_llama_on_64_h100s(tmp_path: Path
     assert planned.returncode == 0, planned.stderr
     plans = json.loads(planned.stdout)["plans"]
     assert plans and plans[0]["fits"] and "tp" in plans[0]["layout"]
-    path.write_text(json.dumps({**config, "num_local_experts": 8}))
+    path.write_text(json.dumps({**config, "kv_lora_rank": 512}))
     refused = subprocess.run([sys.executable, "-m", "raytrain.cli", "plan", "--model-config",
                               str(path), "--gpus", "64", "--gpu", "h100-sxm"],
                              capture_output=True, text=True, timeout=120)
-    assert refused.returncode == 2 and "num_local_experts" in refused.stderr, refused.stderr
+    assert refused.returncode == 2 and "kv_lora_rank" in refused.stderr, refused.stderr
 
 
 def test_a_users_own_model_with_a_shape_is_planned_data_parallel_by_memory() -> None:
@@ -135,3 +135,34 @@ def test_a_users_own_model_with_a_shape_is_planned_data_parallel_by_memory() -> 
     assert job_layout(JobSpec.model_validate(unknown)).dp_replicate == 16
     with pytest.raises(Exception, match="shape means nothing"):
         JobSpec.model_validate({"model": {"gpt": {}, "shape": shape}})
+
+
+def test_a_mixture_of_experts_is_priced_by_its_active_parameters_and_held_by_all() -> None:
+    """Qwen3-30B-A3B's config (tests/data, as the hub ships it): 30.5B parameters, 3.3B
+    active, as Qwen publishes them; its FLOPs a token follow the active ones (twice the
+    experts at the same top-k: the same FLOPs but the router's, about twice the expert
+    parameters; counting the FLOPs from every parameter fails it: undone once), and a
+    dense model's active parameters are all of them."""
+    from raytrain.core.dims import ModelDims
+
+    config = json.loads((ROOT / "tests" / "data" / "qwen3-30b-a3b-config.json").read_text())
+
+    def dims_of(document: dict[str, object]) -> ModelDims:
+        g = gpt_config_from_hf(document, "config.json")
+        return ModelDims.from_gpt(g.num_layers, g.dim, g.num_heads, g.hidden_dim, g.vocab_size,
+                                  4096, g.max_seq_len, g.num_kv_heads, True, True,
+                                  g.tie_embeddings, g.head_dim, g.qk_norm, g.moe)
+
+    dims = dims_of(config)
+    assert dims.params == pytest.approx(30.5e9, rel=0.01)
+    assert dims.active_params == pytest.approx(3.3e9, rel=0.02)
+    attention = 12.0 * dims.num_layers * dims.q_dim * dims.seq_len
+    lookups = dims.embedding_params  # the embeddings are looked up, not multiplied
+    assert dims.flops_per_token == pytest.approx(6 * (dims.active_params - lookups) + attention,
+                                                 rel=1e-6)
+    doubled = dims_of({**config, "num_experts": 256})
+    # only the router grows (dim x experts a block): 0.3% more FLOPs
+    assert doubled.flops_per_token == pytest.approx(dims.flops_per_token, rel=5e-3)
+    assert doubled.params > 1.9 * dims.params - dims.active_params
+    dense = dims_of(LLAMA_3_8B)
+    assert dense.active_params == dense.params

@@ -37,10 +37,11 @@ def _job(token_file: Path) -> JobSpec:
     })
 
 
-def _plain_loop(ids: np.ndarray, model: torch.nn.Module | None = None
+def _plain_loop(ids: np.ndarray, model: torch.nn.Module | None = None, balance: float = 0.0
                 ) -> tuple[list[float], list[float], list[float]]:
     """Each step's loss, learning rate and gradient norm, as docs/reference/step.md says they
-    are (the model trained in place)."""
+    are (the model trained in place); with `balance`, a mixture of experts' objective adds
+    transformers' load-balancing loss times it (the loss reported is the model's alone)."""
     torch.manual_seed(SEED)
     model = make_hf_llama() if model is None else model
     params = list(model.parameters())
@@ -65,9 +66,11 @@ def _plain_loop(ids: np.ndarray, model: torch.nn.Module | None = None
             batch = torch.from_numpy(np.stack([
                 ids[(i % windows) * SEQ:(i % windows) * SEQ + SEQ + 1].astype(np.int64)
                 for i in range(first, first + M)]))
-            logits = model(batch[:, :-1]).logits
-            loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
-            (loss / micro_batches).backward()
+            out = model(batch[:, :-1], output_router_logits=True) if balance \
+                else model(batch[:, :-1])
+            loss = F.cross_entropy(out.logits.float().flatten(0, 1), batch[:, 1:].flatten())
+            objective = loss + balance * out.aux_loss if balance else loss
+            (objective / micro_batches).backward()
             total += float(loss) / micro_batches
         norm = torch.sqrt(sum(p.grad.pow(2).sum() for p in params))
         for p in params:
@@ -98,13 +101,15 @@ def test_a_plain_loop_from_the_readme_reproduces_a_jobs_losses(tmp_path: Path) -
     assert max(norms) > CLIP  # clipping took part
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral"])
 def test_a_pretrained_folder_trained_then_exported_is_a_plain_transformers_loops_model(
         tmp_path: Path, family: str) -> None:
     """A kind 'hf' job from a pretrained folder, trained for a few steps, writes `hf/` at its
     end; the same folder trained by the plain loop above in transformers, on the same data,
     has the same losses (1e-5) and, loaded back with `from_pretrained`, the same weights
-    (1e-4)."""
+    (1e-4). A mixture of experts with its family's balancing: transformers' load-balancing
+    loss times router_aux_loss_coef in the objective (without it in ours, the weights
+    differ: undone once), its balancing loss and imbalance kept beside the loss."""
     import transformers
 
     from tests.support.hf_models import make_folder
@@ -121,7 +126,9 @@ def test_a_pretrained_folder_trained_then_exported_is_a_plain_transformers_loops
           progress_interval_s=0.0)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(folder,
                                                                torch_dtype=torch.float32)
-    losses, _, _ = _plain_loop(ids, theirs.train())
+    balance = float(getattr(theirs.config, "router_aux_loss_coef", 0.0) or 0.0) \
+        if "moe" in family or family == "mixtral" else 0.0
+    losses, _, _ = _plain_loop(ids, theirs.train(), balance)
     rows = sink.step_rows()
     assert [rows[s + 1][1] for s in range(STEPS)] == pytest.approx(losses, abs=SUM_ORDER)
     ours = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt" / "hf",

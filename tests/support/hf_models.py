@@ -25,13 +25,30 @@ FAMILIES = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"tie_word_embeddings": False,
                                                   "head_dim": 16, "use_sliding_window": False}),
 }
+# Mixtures of experts, each option of the mapping taken: Qwen3-MoE's normalised top-k, heads
+# of their own width and a dense block (mlp_only_layers); Qwen2-MoE's gated shared expert,
+# top-k left unnormalised and a dense first block (decoder_sparse_step 2); Mixtral's.
+MOE_FAMILIES = {
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {
+        "tie_word_embeddings": False, "head_dim": 16, "use_sliding_window": False,
+        "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
+        "norm_topk_prob": True, "mlp_only_layers": [1], "router_aux_loss_coef": 0.05}),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", {
+        "tie_word_embeddings": False, "use_sliding_window": False, "num_experts": 4,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 24, "norm_topk_prob": False,
+        "shared_expert_intermediate_size": 40, "decoder_sparse_step": 2,
+        "num_hidden_layers": 3, "router_aux_loss_coef": 0.05}),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {
+        "tie_word_embeddings": False, "num_local_experts": 4, "num_experts_per_tok": 2,
+        "router_aux_loss_coef": 0.05}),
+}
 
 
 def make_folder(family: str, folder: Path, seed: int = 0, **overrides: Any) -> Path:
     """A randomly initialised `family` model saved to `folder` (fp32 safetensors)."""
     import transformers
 
-    config_name, model_name, extra = FAMILIES[family]
+    config_name, model_name, extra = {**FAMILIES, **MOE_FAMILIES}[family]
     config = getattr(transformers, config_name)(**{**SHAPE, **extra, **overrides})
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(config).float().eval()
@@ -41,6 +58,8 @@ def make_folder(family: str, folder: Path, seed: int = 0, **overrides: Any) -> P
                 param.normal_(0.0, 0.1)
             elif name.endswith("norm.weight"):
                 param.normal_(1.0, 0.1)
+            elif name.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):
+                param.normal_(0.0, 1.0)  # routing far from uniform: ties never decide it
     model.save_pretrained(folder, safe_serialization=True)
     return folder
 

@@ -1,0 +1,118 @@
+"""Mixtures of experts from Hugging Face folders (tiny models made with transformers and
+`save_pretrained`, one process): each family's logits equal transformers' forward, from the
+hub's layout (one tensor per expert) and from the packed one transformers keeps in memory;
+an export loads back with `from_pretrained` to the same logits; what is not in the built-in
+blocks is refused naming the field."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from raytrain.errors import SpecError
+from raytrain.models.hf import export_folder, load_pretrained
+from raytrain.models.moe import MoE, balancing
+from raytrain.models.registry import build_model
+from raytrain.spec import JobSpec
+from tests.support.hf_models import MOE_FAMILIES, hf_job, hf_logits, make_folder
+from tests.support.tolerances import LOGITS
+
+pytest.importorskip("transformers")
+
+
+def _ours(folder: Path) -> torch.nn.Module:
+    spec = JobSpec.model_validate(hf_job(folder))
+    model = build_model(spec.model, seed=0)
+    load_pretrained([model], str(folder), spec.model.gpt.tie_embeddings)
+    return model.eval()
+
+
+def _packed(folder: Path, out: Path) -> Path:
+    """The folder's model as transformers holds it in memory (experts packed), written with
+    safetensors beside the same config."""
+    import transformers
+    from safetensors.torch import save_file
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    out.mkdir()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()},
+              str(out / "model.safetensors"))
+    shutil.copy(folder / "config.json", out / "config.json")
+    return out
+
+
+@pytest.mark.parametrize("family", sorted(MOE_FAMILIES))
+def test_each_moe_familys_logits_equal_transformers_from_either_layout(
+        family: str, tmp_path: Path) -> None:
+    """Routing, the top-k's normalisation, the shared expert's gate and the dense blocks are
+    all in play (the routers' weights are drawn wide, so routing is far from uniform);
+    leaving out Qwen2-MoE's shared gate or Qwen3-MoE's normalisation fails it (each undone
+    once)."""
+    folder = make_folder(family, tmp_path / family)
+    tokens = torch.randint(64, (2, 24), generator=torch.Generator().manual_seed(1))
+    theirs = hf_logits(folder, tokens)
+    with torch.no_grad():
+        ours = _ours(folder)(tokens)
+        packed = _ours(_packed(folder, tmp_path / "packed"))(tokens)
+    assert torch.allclose(ours, theirs, atol=LOGITS, rtol=0), (ours - theirs).abs().max()
+    assert torch.equal(ours, packed)
+    config = json.loads((folder / "config.json").read_text())
+    sparse = [m for m in _ours(folder).modules() if isinstance(m, MoE)]
+    expected = {"qwen3_moe": 1, "qwen2_moe": 1, "mixtral": 2}[family]  # the dense blocks'
+    assert len(sparse) == expected, config
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_an_moe_export_is_the_hubs_layout_and_loads_to_the_same_logits(
+        family: str, tmp_path: Path) -> None:
+    from safetensors import safe_open
+
+    folder = make_folder(family, tmp_path / family)
+    model = _ours(folder)
+    out = export_folder([model], str(folder), tmp_path / "out", tied=False)
+    tokens = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ours = model(tokens)
+    assert torch.allclose(hf_logits(out, tokens), ours, atol=LOGITS, rtol=0)
+    written = set(json.loads((out / "model.safetensors.index.json").read_text())["weight_map"])
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as handle:
+        assert written == set(handle.keys())  # the hub's names, one tensor per expert
+
+
+def test_the_balancing_loss_is_transformers_and_imbalance_is_the_busiest_over_the_mean(
+        tmp_path: Path) -> None:
+    """`balancing` over a forward's blocks equals transformers' load_balancing_loss_func of
+    the same router logits; the imbalance is at least 1 and at most experts / top_k."""
+    import transformers
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+    folder = make_folder("mixtral", tmp_path / "mixtral")
+    tokens = torch.randint(64, (2, 24), generator=torch.Generator().manual_seed(3))
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    out = theirs(tokens, output_router_logits=True)
+    expected = load_balancing_loss_func(out.router_logits, 4, 2)
+    model = _ours(folder)
+    model(tokens)
+    loss, imbalance = balancing([m for m in model.modules() if isinstance(m, MoE)])
+    assert float(loss) == pytest.approx(float(expected), abs=1e-6)
+    assert 1.0 <= float(imbalance) <= 2.0
+
+
+@pytest.mark.parametrize(("architecture", "extra", "field"), [
+    ("GptOssForCausalLM", {}, "architectures"),
+    ("DeepseekV3ForCausalLM", {"kv_lora_rank": 512}, "architectures"),
+    ("MixtralForCausalLM", {"router_jitter_noise": 0.1}, "router_jitter_noise"),
+])
+def test_what_the_experts_blocks_do_not_implement_is_refused_naming_the_field(
+        architecture: str, extra: dict[str, object], field: str, tmp_path: Path) -> None:
+    folder = make_folder("mixtral", tmp_path / "m")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(
+        {**config, "architectures": [architecture], **extra}))
+    with pytest.raises(SpecError) as refused:
+        JobSpec.model_validate(hf_job(folder))
+    assert field in str(refused.value) and "To fix" in str(refused.value)
