@@ -131,6 +131,9 @@ def status_table(job: JobStatus) -> Table:
          if p.first_loss is not None else f"{p.loss:.4f}"),
         *([("validation loss", f"{p.val_loss:.4f} after step {p.val_step}")]
           if p.val_loss is not None else []),
+        *([("experts", f"balancing loss {p.balance_loss:.4f}, busiest expert "
+                       f"{p.expert_imbalance or 0:.2f}x the mean")]
+          if p.balance_loss is not None else []),
         ("tokens/s", count_text(p.tokens_per_s) + (" (at the last report)"
                                                   if p.tokens_per_s else "")),
         ("elapsed / ETA", f"{duration_text(p.elapsed_s)} / " + (

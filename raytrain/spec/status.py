@@ -48,6 +48,13 @@ class Progress(Record):
         "not an elastic job)."))
     val_loss: float | None = Field(None, description=(
         "The latest validation loss (data.validation), measured at val_step."))
+    balance_loss: float | None = Field(None, description=(
+        "A mixture of experts: the router's load-balancing loss of the latest step (rank 0's "
+        "micro-batches), kept apart from `loss`, which is the language model's; null for a "
+        "dense model."))
+    expert_imbalance: float | None = Field(None, description=(
+        "A mixture of experts: the busiest expert's tokens over the mean in the latest step "
+        "(1: perfectly balanced), at its most unbalanced block."))
     val_step: int | None = Field(None, description="The step val_loss was measured after.")
     val_perplexity: float | None = Field(None, description=(
         "exp(val_loss): the validation perplexity (null without a validation loss)."))
@@ -297,6 +304,10 @@ class ProgressPoint(Record):
     val_loss: float | None = Field(None, description="The latest validation loss then.")
     val_step: int | None = Field(None, description="The step val_loss was measured after.")
     mfu: float | None = Field(None, description="Model FLOPs utilization then.")
+    balance_loss: float | None = Field(None, description="A mixture of experts' "
+                                       "load-balancing loss then.")
+    expert_imbalance: float | None = Field(None, description="Its busiest expert's tokens "
+                                           "over the mean then.")
 
 
 class StepRecord(Record):

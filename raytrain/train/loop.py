@@ -251,6 +251,9 @@ def train(
                 loss_value = losses[-1]
                 if reporter:
                     unsynced.note(meter, losses)
+                    if model.balance is not None:  # a mixture of experts: one read a report
+                        balance, imbalance = torch.stack(model.balance).tolist()
+                        meter.fixed.update(balance_loss=balance, expert_imbalance=imbalance)
                 unsynced = _Unsynced()
                 if meter.record(steps_done, loss_value,
                                 last=rule.stop or steps_done == last_step) and reporter:

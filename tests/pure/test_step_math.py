@@ -131,6 +131,11 @@ def test_a_pretrained_folder_trained_then_exported_is_a_plain_transformers_loops
     losses, _, _ = _plain_loop(ids, theirs.train(), balance)
     rows = sink.step_rows()
     assert [rows[s + 1][1] for s in range(STEPS)] == pytest.approx(losses, abs=SUM_ORDER)
+    last = sink.reports[-1]
+    if balance:
+        assert last["balance_loss"] > 0 and 1.0 <= last["expert_imbalance"] <= 2.0
+    else:
+        assert "balance_loss" not in last
     ours = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt" / "hf",
                                                              torch_dtype=torch.float32)
     mine = dict(ours.named_parameters())

@@ -80,7 +80,8 @@ def point_of(data: Mapping[str, Any], now: float) -> dict[str, Any]:
             "cost_usd": float(data.get("cost_usd") or 0.0),
             "usd_per_hour": float(data.get("usd_per_hour") or 0.0),
             "val_loss": data.get("val_loss"), "val_step": data.get("val_step"),
-            "mfu": data.get("mfu")}
+            "mfu": data.get("mfu"), "balance_loss": data.get("balance_loss"),
+            "expert_imbalance": data.get("expert_imbalance")}
 
 
 class History:

@@ -3,7 +3,8 @@ parameters and tags. Pure (no tracker, no clock): the pump (raytrain.serve.track
 reads the job's history and status and hands these to each tracker.
 
 Per step (the history's step rows, never thinned): `loss`, `lr`, `grad_norm`, `tokens`.
-Per progress report, at its step: `tokens_per_s`, `mfu`, `cost_usd`, `usd_per_hour`; and the
+Per progress report, at its step: `tokens_per_s`, `mfu`, `cost_usd`, `usd_per_hour` (and a
+mixture of experts' `balance_loss` and `expert_imbalance`); and the
 validation loss at the step it was measured: `val_loss`, `val_perplexity`. A step already sent
 is not sent again (a run that resumed from a checkpoint does a few steps again, with the same
 losses to fp32 rounding: the tracker keeps the first).
@@ -23,7 +24,8 @@ from raytrain.spec import JobState, JobStatus
 from raytrain.spec.tracking import TrackedRun
 
 STEP_KEYS = ("loss", "lr", "grad_norm", "tokens")
-REPORT_KEYS = ("tokens_per_s", "mfu", "cost_usd", "usd_per_hour")
+REPORT_KEYS = ("tokens_per_s", "mfu", "cost_usd", "usd_per_hour", "balance_loss",
+               "expert_imbalance")
 
 
 @dataclass(frozen=True)
