@@ -48,7 +48,8 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """x: tokens sorted by expert, `counts[e]` of them for this module's expert e."""
-        w1, w2, w3 = (_local(w) for w in (self.w1, self.w2, self.w3))
+        # FSDP's bf16 parameters do not reach experts it leaves to expert parallelism
+        w1, w2, w3 = (_local(w).to(x.dtype) for w in (self.w1, self.w2, self.w3))
         grouped = getattr(torch, "_grouped_mm", None)  # torch's grouped GEMM (private API)
         if x.is_cuda and grouped is not None:
             offsets = torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)

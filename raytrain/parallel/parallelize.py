@@ -55,6 +55,12 @@ from raytrain.models.moe import balancing
 from raytrain.models.registry import build_model
 from raytrain.parallel.blocks import describe_units, transformer_blocks
 from raytrain.parallel.compression import register_compression
+from raytrain.parallel.experts import (
+    apply_expert_parallel,
+    expert_mesh,
+    expert_params,
+    sync_expert_grads,
+)
 from raytrain.parallel.pipeline import Pipeline
 from raytrain.spec import JobSpec
 from raytrain.spec.layout import Layout, one_device_shards, stage_layers, stages_of_rank
@@ -132,7 +138,8 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bo
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool,
                reduce_dtype: torch.dtype | None = None, block_class: str | None = None,
-               param_dtype: torch.dtype | None = None) -> str:
+               param_dtype: torch.dtype | None = None,
+               ignored: set[nn.Parameter] | None = None) -> str:
     """FSDP2 per transformer block (one all-gather each), then the rest at the root;
     `param_dtype`: the dtype parameters are gathered and computed in (bf16 for a bf16 job:
     half the bytes gathered, and the residual stream in bf16, as the planner prices it; the
@@ -140,7 +147,8 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: boo
     reduce-scatter (None: fp32 with bf16 parameters, else the parameters'). The
     blocks: the built-in GPT's `layers` (a pipeline stage's share of them), or a user
     model's repeated blocks (raytrain.parallel.blocks, `block_class` from model.block_class).
-    Returns what was made, in words, for the job's status.
+    Returns what was made, in words, for the job's status. `ignored`: parameters FSDP leaves
+    alone (expert parallelism's experts, raytrain.parallel.experts).
 
     The root (embeddings, final norm, head) is never resharded after forward: the backward
     starts with the head at once. That is FSDP2's own default for the root, but only when no
@@ -156,8 +164,9 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: boo
     units = describe_units(model, blocks)  # before fully_shard renames the classes
     for block in blocks:
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
-                    mp_policy=policy)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=False, mp_policy=policy)
+                    mp_policy=policy, ignored_params=ignored)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=False, mp_policy=policy,
+                ignored_params=ignored)
     return units
 
 
@@ -199,6 +208,7 @@ class ParallelModel:
     # expert's tokens over the mean, at the worst block and micro-batch); None: dense.
     balance_coef: float = 0.0
     balance: tuple[torch.Tensor, torch.Tensor] | None = None
+    ep_mesh: DeviceMesh | None = None  # expert parallelism's ("edp", "ep") mesh, if ep > 1
 
     def close(self) -> None:
         """End what building the model started in this process (a one-device bf16 model's
@@ -250,6 +260,9 @@ class ParallelModel:
                 (self.scaler.scale(objective) if self.scaler is not None
                  else objective).backward()
             total += loss.detach()
+        if self.ep_mesh is not None:
+            for part in self.parts:
+                sync_expert_grads(part, self.ep_mesh, self.layout.dp_shard)
         return total if self.owns_loss else torch.zeros((), device=self.device)
 
     def _balanced(self, loss: torch.Tensor, count: int, first: bool) -> torch.Tensor:
@@ -378,6 +391,7 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
     pp_rank, rep_rank, shard_rank, tp_rank = mesh.get_coordinate()
     stage_ids = stages_of_rank(pp_rank, layout.pp, layout.num_stages)
     wrapper = "fsdp" if one_device_fsdp else layout.data_parallel_wrapper
+    ep_mesh = expert_mesh(mesh, layout) if layout.ep > 1 else None
     parts: list[nn.Module] = []
     runners: list[nn.Module] = []
     units: list[str] = []
@@ -397,6 +411,8 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
                     freeze_in(part, torch.bfloat16)
             if layout.tp > 1:
                 apply_tensor_parallel(part, mesh["tp"], layout.sequence_parallel)
+            if ep_mesh is not None:
+                apply_expert_parallel(part, ep_mesh)
         else:  # a user model: data parallel only (the spec rejects anything else)
             part = _in_precision(build_model(spec.model, seed=training.seed),
                                  training.precision).to(device)
@@ -410,7 +426,8 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
                 part, dp_mesh, reshard_after_forward=layout.pp == 1 and not layout.zero2,
                 reduce_dtype=torch.bfloat16 if parallel.grad_reduce_dtype == "bf16" else None,
                 block_class=spec.model.block_class,
-                param_dtype=torch.bfloat16 if spec.training.precision == "bf16" else None))
+                param_dtype=torch.bfloat16 if spec.training.precision == "bf16" else None,
+                ignored=expert_params(part) if ep_mesh is not None else None))
         if isinstance(part, GPT) and _on_meta(part):
             part.to_empty(device=device)
             part.init_weights()
@@ -437,7 +454,7 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
         owns_loss=(pp_rank == layout.pp - 1 and tp_rank == 0),
         precision=training.precision, scaler=scaler,
         fsdp_units="; ".join(units) if units else None, compiled=compiled,
-        owns_process_group=owns_group, balance_coef=balance_coef(spec),
+        owns_process_group=owns_group, balance_coef=balance_coef(spec), ep_mesh=ep_mesh,
     )
     if layout.pp > 1:
         model.pipeline = Pipeline(runners, stage_ids, layout, device, mesh["pp"].get_group(),

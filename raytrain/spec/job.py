@@ -22,6 +22,7 @@ from raytrain.spec.layout import (
     ModelShape,
     Problem,
     check_layout,
+    divisors,
     resolve_layout,
 )
 from raytrain.spec.model import ModelSpec
@@ -119,6 +120,7 @@ class JobSpec(Strict):
             recompute=recompute,
             reduce_scatter_once=parallel.reduce_scatter_once,
             zero2=parallel.zero2,
+            ep=parallel.ep,
         )
         return self._with_batch(layout), problems
 
@@ -171,6 +173,10 @@ class JobSpec(Strict):
             problems += _lora_problems(self, layout)
         if self.model.builtin and self.model.gpt.moe is not None:
             problems += _experts_problems(self, layout)
+        elif layout.ep > 1:
+            problems.append(Problem(("parallel", "ep"), "expert parallelism splits a mixture "
+                                    "of experts' experts, and this model has none. To fix: "
+                                    "leave parallel.ep out (or 1), and strategy 'fsdp'"))
         if training.precision == "fp16" and layout.pp > 1:
             problems.append(Problem(
                 ("training", "precision"),
@@ -293,6 +299,17 @@ def _experts_problems(spec: JobSpec, layout: Layout) -> list[Problem]:
                                     f"data parallelism or FSDP, not {name}={degree} "
                                     f"({layout.describe()}). To fix: set parallel.strategy to "
                                     "'data' or 'fsdp'"))
+    experts = spec.model.gpt.moe.num_experts if spec.model.gpt.moe is not None else 1
+    if layout.ep > 1 and (layout.dp_shard % layout.ep or experts % layout.ep):
+        fits = [d for d in divisors(layout.dp_shard) if experts % d == 0]
+        problems.append(Problem(("parallel", "ep"), f"ep={layout.ep} must divide the fully "
+                                f"sharded ranks (dp_shard={layout.dp_shard}), which it reuses, "
+                                f"and the {experts} experts, which it splits. To fix: use one "
+                                f"of {fits}"))
+    if layout.ep > 1 and layout.dp_replicate > 1:
+        problems.append(Problem(("parallel", "ep"), "expert parallelism runs within one "
+                                "fully sharded replica (dp_replicate 1). To fix: set "
+                                "dp_replicate to 1, or ep to 1"))
     if spec.training.precision == "fp8":
         problems.append(Problem(("training", "precision"), "float8 is not applied to the "
                                 "experts' packed weights. To fix: use 'bf16'"))

@@ -32,6 +32,7 @@ from pydantic import Field
 FREE_DEGREE = {
     "data": "dp_replicate",
     "fsdp": "dp_shard",
+    "expert": "dp_shard",  # fully sharded, with the experts over every data rank (ep)
     "tensor": "tp",
     "pipeline": "pp",
     "hybrid": None,
@@ -60,6 +61,8 @@ FIELD_DOCS = {
                            "unsharded fp32 gradients between micro-batches (fewer collectives, "
                            "more memory). Strategy 'auto' chooses it when it is faster and "
                            "fits.",
+    "ep": "Expert-parallel degree: a mixture of experts' experts split over this many of the "
+          "fully sharded data ranks, tokens exchanged by all-to-all.",
     "zero2": "FSDP2 without a pipeline: each block's parameters stay gathered from its "
              "forward to its backward (ZeRO-2: gradients and optimizer state sharded, "
              "parameters whole during the step), so the backward does not gather them again "
@@ -84,9 +87,10 @@ class Layout:
     reduce_scatter_once: Annotated[bool, Field(
         description=FIELD_DOCS["reduce_scatter_once"])] = False
     zero2: Annotated[bool, Field(description=FIELD_DOCS["zero2"])] = False
+    ep: Annotated[int, Field(description=FIELD_DOCS["ep"])] = 1
 
     def __post_init__(self) -> None:
-        for name in (*DEGREES, "virtual_stages", "micro_batch_size", "microbatches"):
+        for name in (*DEGREES, "virtual_stages", "micro_batch_size", "microbatches", "ep"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"Layout.{name} must be a positive integer, not {value!r}")
@@ -145,6 +149,8 @@ class Layout:
             parts.append("reduce-scatter once")
         if self.zero2:
             parts.append("zero2")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
         return " ".join(parts)
 
 
@@ -216,6 +222,7 @@ def resolve_layout(
     recompute: str = "none",
     reduce_scatter_once: bool = False,
     zero2: bool = False,
+    ep: int | None = None,
 ) -> tuple[Layout, list[Problem]]:
     """Fill the strategy's free degree from the given ones; report a product that is not
     `world_size` at the field a user would change."""
@@ -247,6 +254,7 @@ def resolve_layout(
         recompute=recompute,
         reduce_scatter_once=reduce_scatter_once,
         zero2=zero2,
+        ep=ep or (degrees["dp_shard"] if strategy == "expert" else 1),
     )
     if not problems and layout.world_size != world_size:
         stated = " x ".join(f"{n}={degrees[n]}" for n in DEGREES if degrees[n] > 1) or "1"

@@ -232,11 +232,13 @@ class ParallelSpec(Strict):
     """How the model is spread over the workers: one DeviceMesh of four degrees whose product
     is resources.num_workers. The strategy names the degree left out to fill the rest."""
 
-    strategy: Literal["data", "fsdp", "tensor", "pipeline", "hybrid", "auto"] = Field(
+    strategy: Literal["data", "fsdp", "expert", "tensor", "pipeline", "hybrid", "auto"] = Field(
         "data",
         description="'data': whole model per worker (DDP); 'fsdp': weights, gradients and "
         "optimizer state sharded (FSDP2); 'tensor': each layer split over workers; "
         "'pipeline': layers split into stages; 'hybrid': every degree given explicitly; "
+        "'expert': a mixture of experts fully sharded, its experts split over every data "
+        "rank (ep = dp_shard); "
         "'auto': the planner's fastest layout that fits (built-in GPT). The strategy's own "
         "degree defaults to num_workers over the others.",
     )
@@ -248,6 +250,11 @@ class ParallelSpec(Strict):
         None, ge=1, le=100_000, description="Ranks each replica's weights are sharded over (FSDP2)."
     )
     tp: int | None = Field(None, ge=1, le=100_000, description="Tensor-parallel degree.")
+    ep: int | None = Field(None, ge=1, le=100_000, description=(
+        "Expert parallelism for a mixture of experts: its experts split over this many of "
+        "the fully sharded data ranks (it must divide dp_shard and the experts), tokens "
+        "exchanged by all-to-all; the other weights stay fully sharded. Default: dp_shard "
+        "with strategy 'expert', else 1."))
     pp: int | None = Field(None, ge=1, le=100_000, description="Pipeline-parallel ranks.")
     virtual_stages: int = Field(
         1, ge=1, le=1_024, description="Pipeline stages per pipeline rank (interleaved_1f1b only)."

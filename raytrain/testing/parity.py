@@ -181,3 +181,26 @@ def _spawn(world_size: int, cases: list[tuple[str, dict, dict]], out_dir: Path) 
 
 def _losses(path: Path) -> dict[int, float]:
     return {int(k): v for k, v in json.loads(path.read_text()).items()}
+
+
+def held_expert_bytes(rank: int, world_size: int, port: int, document: dict[str, Any],
+                      out: str) -> None:
+    """One of `world_size` gloo ranks (mp.spawn): build the job's model under its layout and
+    write the bytes of the experts' weights this rank holds to OUT/experts-RANK.txt, after
+    a training step's forward and backward (nothing gathered stays)."""
+    from raytrain.models.moe import Experts
+    from raytrain.parallel.parallelize import build_parallel_model
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        spec = JobSpec.model_validate(document)
+        model = build_parallel_model(spec, job_layout(spec), torch.device("cpu"))
+        model.forward_backward([torch.randint(0, 64, (2, 17))])
+        held = sum((p.to_local() if hasattr(p, "to_local") else p).nbytes
+                   for part in model.parts for m in part.modules() if isinstance(m, Experts)
+                   for p in m.parameters())
+        (Path(out) / f"experts-{rank}.txt").write_text(str(held))
+    finally:
+        dist.destroy_process_group()
