@@ -114,9 +114,14 @@ def _rank_memory(dims: ModelDims, work: Workload, c: Layout, rank: int) -> float
     params, _, last = rank_params(dims, c.pp, c.virtual_stages, rank)
     held = params / c.tp
     share = work.trainable_share  # of `held`, with gradients and optimizer state
-    state = held / c.dp_shard * (16 * share + work.frozen_param_bytes * (1 - share))
+    per_param = 16 * share + work.frozen_param_bytes * (1 - share)
+    # Expert parallelism: the experts split over ep ranks (replicated over the expert
+    # groups, never gathered), the rest fully sharded as usual.
+    experts = dims.expert_params if c.ep > 1 else 0
+    held -= experts
+    state = held / c.dp_shard * per_param + experts / c.ep * per_param
     param_bytes = work.act_bytes
-    block_held = dims.block_params / c.tp
+    block_held = (dims.block_params - experts / dims.num_layers) / c.tp
     # bf16 on one device: FSDP2 over a mesh of one for its bf16 parameters
     # (raytrain.parallel.parallelize), which holds what a sharded layout's gathers hold.
     if c.data_parallel_wrapper == "fsdp" or one_device_shards(
@@ -254,8 +259,24 @@ def step_time(dims: ModelDims, work: Workload, c: Layout,
         pp_mb = 2 * c.virtual_stages * (message / (pp_link.bandwidth * pp_link.efficiency)
                                          + pp_link.latency_s)
     held = stage_params(dims, c.pp, c.virtual_stages) / c.tp
+    experts = dims.expert_params if c.ep > 1 else 0
+    held -= experts  # expert parallelism's experts: never gathered by FSDP
     fsdp_mb, dp_step = (_fsdp_s(dims, work, c, shape, compute_mb, layers_here, held)
                         if c.data_parallel_wrapper == "fsdp" else (0.0, 0.0))
+    ep_mb = 0.0
+    if c.ep > 1:
+        # Per sparse block and micro-batch: dispatch and combine in the forward, their
+        # gradients in the backward (and the forward's again when recomputed), on the
+        # critical path; the experts' gradients summed over the expert groups once a step.
+        ep_link = _link_for_span(c.ep, shape)
+        transfers = 6 if c.recompute == "full" else 4
+        message = dims.all_to_all_bytes(tokens, work.act_bytes, c.ep)
+        ep_mb = dims.sparse_layers * transfers * (
+            message / (ep_link.bandwidth * ep_link.efficiency) + _latency_s(ep_link, c.ep))
+        groups = c.dp_shard // c.ep
+        if groups > 1:
+            dp_step += 2 * _collective_s(experts / c.ep * work.grad_reduce_bytes, groups,
+                                         _link_for_span(c.dp_shard, shape))
     overlap = gpu.overlaps_communication
     if c.dp_replicate > 1:
         replicate_link = _link_for_span(c.world_size // c.pp, shape)
@@ -268,9 +289,10 @@ def step_time(dims: ModelDims, work: Workload, c: Layout,
             # Once per optimizer step: FSDP2 holds the all-reduce across replicas back until
             # the last micro-batch (raytrain.parallel), as a pipeline does; not hidden.
             dp_step += allreduce
-    per_mb = compute_mb + tp_mb + pp_mb + fsdp_mb
+    per_mb = compute_mb + tp_mb + pp_mb + fsdp_mb + ep_mb
     slots = c.microbatches + ((c.pp - 1) / c.virtual_stages if c.pp > 1 else 0.0)
-    optimizer = held / c.dp_shard * 28 / gpu.memory_bandwidth + gpu.step_overhead_s
+    optimizer = (held / c.dp_shard + experts / c.ep) * 28 / gpu.memory_bandwidth + \
+        gpu.step_overhead_s
     total = per_mb * slots + dp_step + optimizer
     return {
         "compute": compute_mb * c.microbatches,
@@ -278,6 +300,7 @@ def step_time(dims: ModelDims, work: Workload, c: Layout,
         "pipeline_p2p": pp_mb * c.microbatches,
         "bubble": per_mb * (slots - c.microbatches),
         "data_parallel": fsdp_mb * c.microbatches + dp_step,
+        "expert_parallel": ep_mb * c.microbatches,
         "optimizer": optimizer,
         "total": total,
     }

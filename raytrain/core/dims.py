@@ -104,6 +104,18 @@ class ModelDims:
         return self._block_without_mlp() + self._mean_mlp(self.experts)
 
     @property
+    def expert_params(self) -> int:
+        """The routed experts' parameters, every sparse block's (what expert parallelism
+        splits and FSDP then leaves alone)."""
+        return self.sparse_layers * self.experts * self._mlp(self.expert_ffn_dim)
+
+    def all_to_all_bytes(self, tokens: int, act_bytes: int, ep: int) -> float:
+        """Bytes one rank sends in one all-to-all of a sparse block under expert parallelism
+        (`tokens` its micro-batch's): each token's hidden state to each of its top_k
+        experts, those held elsewhere ((ep - 1) / ep of them, routing balanced)."""
+        return tokens * self.top_k * self.dim * act_bytes * (ep - 1) / ep
+
+    @property
     def active_block_params(self) -> int:
         """The parameters a token's compute goes through in a block: a mixture of experts'
         top_k experts (and shared expert, and router), not all of them."""

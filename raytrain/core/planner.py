@@ -233,6 +233,11 @@ def candidates(dims: ModelDims, work: Workload, world: int,
                             # ZeRO-2: parameters kept gathered through the step's backward.
                             if shard > 1 and pp == 1:
                                 found.append(replace(layout, zero2=True))
+                            # Expert parallelism over some of the sharded ranks (one
+                            # replica): the experts never gathered, tokens all-to-all.
+                            if dims.experts and shard == dp and tp == pp == 1:
+                                found += [replace(layout, ep=ep) for ep in divisors(shard)
+                                          if ep > 1 and dims.experts % ep == 0]
     return found
 
 

@@ -166,3 +166,30 @@ def test_a_mixture_of_experts_is_priced_by_its_active_parameters_and_held_by_all
     assert doubled.params > 1.9 * dims.params - dims.active_params
     dense = dims_of(LLAMA_3_8B)
     assert dense.active_params == dense.params
+
+
+def test_the_planner_chooses_expert_parallelism_by_the_links_it_would_cross() -> None:
+    """Qwen3-30B-A3B fully fine-tuned on 16 H100s (two nodes of 8): FSDP alone all-gathers all
+    30.5B parameters for a 3.3B-active step, and expert parallelism beats it; over the
+    nodes' network (50 GB/s a GPU against NVLink's 450) its all-to-alls stay within a node
+    (ep 8), and with a network as fast as NVLink they span both (ep 16)."""
+    from dataclasses import replace
+
+    from raytrain.catalog.hardware import node_shape
+    from raytrain.core.dims import ModelDims, Workload
+    from raytrain.core.planner import plan
+
+    config = json.loads((ROOT / "tests" / "data" / "qwen3-30b-a3b-config.json").read_text())
+    g = gpt_config_from_hf(config, "config.json")
+    dims = ModelDims.from_gpt(g.num_layers, g.dim, g.num_heads, g.hidden_dim, g.vocab_size,
+                              4096, g.max_seq_len, g.num_kv_heads, True, True, False,
+                              g.head_dim, g.qk_norm, g.moe)
+    work = Workload(global_batch=64, data_parallel_only=True)
+    shape = node_shape("h100-sxm")
+    plans = plan(dims, work, "h100-sxm", 16, shape=shape, keep=200)
+    best, fsdp = plans[0], min((p for p in plans if p.candidate.ep == 1),
+                               key=lambda p: p.step_s)
+    assert best.candidate.ep == 8 and best.step_s < 0.7 * fsdp.step_s
+    fast = replace(shape, inter=replace(shape.inter, bandwidth=shape.intra.bandwidth,
+                                        latency_s=shape.intra.latency_s))
+    assert plan(dims, work, "h100-sxm", 16, shape=fast)[0].candidate.ep == 16
