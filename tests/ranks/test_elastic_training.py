@@ -43,14 +43,23 @@ JOB = {"name": "elastic",
                     "checkpoint_every_steps": 1000, "learning_rate": 0.01},
        "resources": {"num_workers": 1}}
 GROUPS = 4
+# A mixture of experts (4 experts, 2 a token, the family's balancing loss in the objective)
+MOE = {**JOB, "model": {"gpt": {**JOB["model"]["gpt"], "mlp": "swiglu", "moe": {
+    "num_experts": 4, "top_k": 2, "expert_ffn_dim": 24, "aux_loss_coef": 0.05}}}}
 
 
 @pytest.mark.timeout(240)
-def test_groups_leave_die_and_join_and_train_exactly_as_one_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("model", ["dense", "moe"])
+def test_groups_leave_die_and_join_and_train_exactly_as_one_process(tmp_path: Path,
+                                                                     model: str) -> None:
+    """Four replica groups, one process each: two train, one leaves on a notice, a
+    replacement heals and joins, one dies mid-step, another replaces it; every step is one
+    process's, for a dense model and a mixture of experts alike."""
     from torchft.coordination import LighthouseServer
 
+    job = MOE if model == "moe" else JOB
     os.environ.setdefault("RUST_LOG", "error")
-    reference = run_single(JobSpec.model_validate(JOB), tmp_path / "reference")
+    reference = run_single(JobSpec.model_validate(job), tmp_path / "reference")
     expected = reference.losses()
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=200,
                                   heartbeat_timeout_ms=1500)
@@ -58,7 +67,7 @@ def test_groups_leave_die_and_join_and_train_exactly_as_one_process(tmp_path: Pa
     processes: dict[int, Any] = {}
 
     for group in range(GROUPS):  # all imported up front; each starts when told
-        processes[group] = context.Process(target=partial(group_main, job=JOB, groups=GROUPS),
+        processes[group] = context.Process(target=partial(group_main, job=job, groups=GROUPS),
                                            args=(group, lighthouse.address(), str(tmp_path)),
                                            daemon=True)
         processes[group].start()
