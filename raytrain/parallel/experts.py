@@ -86,7 +86,10 @@ class Dispatch:
 
     def __init__(self, group: dist.ProcessGroup, ep: int, local: int) -> None:
         self.group, self.ep, self.local = group, ep, local
-        self.sent_bytes = 0  # the all-to-all bytes this rank sent, both ways (measured)
+        self.me = dist.get_rank(group)
+        # The forward's all-to-all bytes this rank sent to other ranks (dispatch and
+        # combine; the backward sends as many again), as the planner counts them.
+        self.sent_bytes = 0
 
     def __call__(self, experts: Experts, tokens: torch.Tensor, counts: torch.Tensor
                  ) -> torch.Tensor:
@@ -101,6 +104,7 @@ class Dispatch:
         order = torch.repeat_interleave(expert_of, recv.flatten()).argsort(stable=True)
         done = experts(received[order], recv.sum(dim=0).tolist())
         back = done[order.argsort()]
-        self.sent_bytes += (tokens.numel() + back.numel()) * tokens.element_size()
+        away = sum(in_splits) - in_splits[self.me] + sum(out_splits) - out_splits[self.me]
+        self.sent_bytes += away * tokens.shape[1] * tokens.element_size()
         return all_to_all_single(tokens.new_empty((sum(in_splits), tokens.shape[1])), back,
                                  in_splits, out_splits, group=self.group)

@@ -187,7 +187,8 @@ def held_expert_bytes(rank: int, world_size: int, port: int, document: dict[str,
                       out: str) -> None:
     """One of `world_size` gloo ranks (mp.spawn): build the job's model under its layout and
     write the bytes of the experts' weights this rank holds to OUT/experts-RANK.txt, after
-    a training step's forward and backward (nothing gathered stays)."""
+    a training step's forward and backward (nothing gathered stays), and the bytes its
+    forward's all-to-alls sent to other ranks to OUT/all-to-all-RANK.txt."""
     from raytrain.models.moe import Experts
     from raytrain.parallel.parallelize import build_parallel_model
 
@@ -197,10 +198,14 @@ def held_expert_bytes(rank: int, world_size: int, port: int, document: dict[str,
     try:
         spec = JobSpec.model_validate(document)
         model = build_parallel_model(spec, job_layout(spec), torch.device("cpu"))
-        model.forward_backward([torch.randint(0, 64, (2, 17))])
+        tokens = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(rank))
+        model.forward_backward([tokens])
         held = sum((p.to_local() if hasattr(p, "to_local") else p).nbytes
                    for part in model.parts for m in part.modules() if isinstance(m, Experts)
                    for p in m.parameters())
         (Path(out) / f"experts-{rank}.txt").write_text(str(held))
+        sent = sum(m.dispatch.sent_bytes for part in model.parts for m in part.modules()
+                   if getattr(m, "dispatch", None) is not None)
+        (Path(out) / f"all-to-all-{rank}.txt").write_text(str(sent))
     finally:
         dist.destroy_process_group()

@@ -102,6 +102,17 @@ def test_under_ep_2_each_rank_holds_half_the_experts(runs: tuple[Path, Path],
                                       str(tmp_path)), nprocs=2)
     held = [int((tmp_path / f"experts-{rank}.txt").read_text()) for rank in range(2)]
     assert held == [whole // 2, whole // 2], (held, whole)
+    # The all-to-all bytes a rank sent, against the planner's count for the same shapes
+    # (balanced routing: each token's top-k hidden states, the other rank's share of them,
+    # dispatched and combined in each sparse block).
+    from raytrain.core.resolve import planner_inputs
+
+    spec = JobSpec.model_validate(_job(folder, {"strategy": "expert"}))
+    dims = planner_inputs(spec)[0]
+    predicted = 2 * dims.sparse_layers * dims.all_to_all_bytes(2 * 16, 4, 2)
+    sent = [int((tmp_path / f"all-to-all-{rank}.txt").read_text()) for rank in range(2)]
+    print(f"all-to-all bytes a rank sent: {sent}, the planner's {predicted:.0f}")
+    assert all(0.5 * predicted <= s <= 1.5 * predicted for s in sent), (sent, predicted)
 
 
 def test_experts_over_two_of_four_fully_sharded_ranks_take_fsdps_steps(
