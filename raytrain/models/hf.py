@@ -26,6 +26,7 @@ from torch import nn
 from raytrain.cloud.object_store import is_remote, open_store
 from raytrain.errors import FieldError, SpecError
 from raytrain.models.hf_experts import (
+    FolderTensors,
     expert_style,
     expert_tensors,
     is_expert,
@@ -156,8 +157,10 @@ def load_pretrained(parts: list[nn.Module], folder: str, tied: bool) -> int:
 
     check_shapes(parts, folder, tied)
     fetched = 0
+    stored = FolderTensors(folder) if any(is_expert(k) for part in parts
+                                          for k in part.state_dict()) else None
+    style = style_of_folder(stored.keys()) if stored is not None else "qwen"
     for part in parts:
-        style = style_of_folder(None, folder)
         named = _named(part, tied, style)
         if is_remote(folder):
             from raytrain.models.hf_bucket import BucketHFReader
@@ -171,11 +174,12 @@ def load_pretrained(parts: list[nn.Module], folder: str, tied: bool) -> int:
                    if ".lora_" not in k and not is_expert(k)}
         set_model_state_dict(part, {inverse[k]: v for k, v in named.items()},
                              options=StateDictOptions(strict=False))
-        fetched += load_experts(part, folder, style)
+        if stored is not None:
+            load_experts(part, stored, style)
         tie = getattr(part, "tie_weights", None)
         if callable(tie):
             tie()
-    return fetched
+    return fetched + (stored.bytes_read if stored is not None else 0)
 
 
 # The dtypes a folder is written in, by the name config.json gives them.

@@ -12,8 +12,8 @@ the hub's layout, which `from_pretrained` loads.
 Written by hand: DCP's Hugging Face reader maps one stored tensor to one tensor of ours, and
 here one tensor of ours is many stored ones (or a slice of one stored pair).
 
-    style = style_of_folder(None, "/models/qwen3-moe")      # "qwen", "mixtral" or "packed"
-    fetched = load_experts(model, "/models/qwen3-moe", style)
+    stored = FolderTensors("/models/qwen3-moe")
+    load_experts(model, stored, style_of_folder(stored.keys()))  # "qwen", "mixtral", "packed"
 """
 
 from __future__ import annotations
@@ -45,9 +45,8 @@ def expert_style(config: dict[str, Any]) -> str:
         else "qwen"
 
 
-def style_of_folder(found: dict[str, Any] | None, folder: str | None = None) -> str:
-    """How the folder's tensors name its experts, from its keys (`found`, or read)."""
-    keys = found if found is not None else FolderTensors(str(folder)).keys()
+def style_of_folder(keys: Any) -> str:
+    """How a folder's tensors name its experts, from their names."""
     if any(key.endswith(".mlp.experts.gate_up_proj") for key in keys):
         return "packed"
     return "mixtral" if any(".block_sparse_moe." in key for key in keys) else "qwen"
@@ -114,14 +113,10 @@ def _local_rows(param: torch.Tensor, module: Experts) -> tuple[int, int, torch.T
 
 
 @torch.no_grad()
-def load_experts(part: nn.Module, folder: str, style: str) -> int:
-    """Read this rank's experts of every block from the folder into the part, in place; the
-    bytes fetched from a bucket (0 from a folder on disk, memory-mapped)."""
-    experts = _experts(part)
-    if not experts:
-        return 0
-    tensors = FolderTensors(folder)
-    for layer, module in experts:
+def load_experts(part: nn.Module, tensors: FolderTensors, style: str) -> None:
+    """Read this rank's experts of every block from the folder's tensors into the part, in
+    place (the bytes fetched from a bucket: tensors.bytes_read)."""
+    for layer, module in _experts(part):
         for w in ("w1", "w3", "w2"):
             first, count, local = _local_rows(getattr(module, w), module)
             if not count:
@@ -138,7 +133,6 @@ def load_experts(part: nn.Module, folder: str, style: str) -> int:
                 rows = torch.stack([tensors.whole(_per_expert_name(layer, e, w, style))
                                     for e in range(first, first + count)])
             local.copy_(rows.to(local.dtype))
-    return tensors.bytes_read
 
 
 class FolderTensors:
@@ -153,6 +147,7 @@ class FolderTensors:
         if is_remote(folder):
             self._store = open_store(folder)
             for key, tensors in headers(self._store).items():
+                self.bytes_read += min((t[2] for t in tensors.values()), default=0)  # header
                 for name, header in tensors.items():
                     self._where[name] = (key, header)
             self._handles: dict[str, Any] = {}

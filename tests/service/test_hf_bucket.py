@@ -67,3 +67,43 @@ def test_each_rank_fetches_only_the_rows_it_holds(folder: Path, tmp_path: Path,
     assert all(r["same"] for r in reads)
     bound = 1.2 if strategy == "fsdp" else 2.0
     assert all(share <= bound for share in shares), shares
+
+
+@pytest.fixture(scope="module")
+def moe_folder(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen3-MoE (8 experts a block), on disk and in the bucket beside the Llama."""
+    local = make_folder("qwen3_moe", tmp_path_factory.mktemp("hf") / "qwen3_moe",
+                        num_experts=8, hidden_size=64, moe_intermediate_size=128,
+                        vocab_size=512)
+    store = open_store(MOE_BUCKET)
+    for path in sorted(local.iterdir()):
+        store.put_file(path, path.name)
+    return local
+
+
+MOE_BUCKET = "s3://models/qwen3-moe"
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "expert"])
+def test_each_rank_fetches_only_its_experts(moe_folder: Path, tmp_path: Path,
+                                            strategy: str) -> None:
+    """A mixture of experts from the bucket, on 2 ranks: the same weights as from the disk,
+    each rank fetching its half of the experts (FSDP's shard of them, or expert
+    parallelism's slice) and of the rest: at most 1.2 times its share of the folder."""
+    import torch.multiprocessing as mp
+
+    from raytrain.testing.runs import _free_port
+
+    job = hf_job(MOE_BUCKET, parallel={"strategy": strategy},  # type: ignore[arg-type]
+                 resources={"num_workers": 2})
+    mp.spawn(pretrained_reads, args=(2, _free_port(), job, str(moe_folder), str(tmp_path)),
+             nprocs=2)
+    reads = [json.loads((tmp_path / f"read-{rank}.json").read_text()) for rank in (0, 1)]
+    total = sum(p.stat().st_size for p in moe_folder.glob("*.safetensors"))
+    shares = [r["bytes"] / (total / 2) for r in reads]
+    print(f"\nQwen3-MoE under {strategy} on 2 ranks, a {total:,}-byte folder: bytes fetched "
+          f"per rank {reads[0]['bytes']:,} and {reads[1]['bytes']:,} ({shares[0]:.2f}x and "
+          f"{shares[1]:.2f}x its share); load {reads[0]['bucket_s']:.2f} s from the bucket, "
+          f"{reads[0]['disk_s']:.2f} s from disk (rank 0)")
+    assert all(r["same"] for r in reads)
+    assert all(share <= 1.2 for share in shares), shares
