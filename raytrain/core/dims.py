@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from raytrain.core.kernels import KERNELS, KernelModel
-from raytrain.spec.gpt_config import MoEConfig
+from raytrain.spec.gpt_config import LatentAttention, MoEConfig
 from raytrain.spec.layout import ModelShape
 
 
@@ -42,13 +42,17 @@ class ModelDims:
     expert_ffn_dim: int = 0
     shared_ffn_dim: int = 0
     sparse_layers: int = 0
+    # Multi-head latent attention (DeepSeek): one block's attention parameters (its
+    # projections and latents' norms), which then replace the grouped-query count; 0: none.
+    latent_attention: int = 0
 
     @staticmethod
     def from_gpt(num_layers: int, dim: int, num_heads: int, ffn_dim: int, vocab_size: int,
                  seq_len: int, max_seq_len: int, num_kv_heads: int | None = None,
                  gated_mlp: bool = False, rotary: bool = False,
                  tied_embeddings: bool = False, head_dim: int | None = None,
-                 qk_norm: bool = False, moe: MoEConfig | None = None) -> ModelDims:
+                 qk_norm: bool = False, moe: MoEConfig | None = None,
+                 mla: LatentAttention | None = None) -> ModelDims:
         """The built-in GPT's dimensions (raytrain.spec.GPTConfig's fields)."""
         experts = {} if moe is None else {
             "experts": moe.num_experts, "top_k": moe.top_k,
@@ -57,6 +61,8 @@ class ModelDims:
         return ModelDims(num_layers, dim, num_heads, ffn_dim, vocab_size, seq_len,
                          num_kv_heads, gated_mlp, 0 if rotary else max_seq_len,
                          tied_embeddings, built_in=True, head_dim=head_dim, qk_norm=qk_norm,
+                         latent_attention=0 if mla is None else _latent_params(dim, num_heads,
+                                                                                mla),
                          **experts)
 
     def layout_shape(self) -> ModelShape:
@@ -83,7 +89,7 @@ class ModelDims:
         return (3 if self.gated_mlp else 2) * self.dim * width
 
     def _block_without_mlp(self) -> int:
-        attention = 2 * self.dim * self.q_dim + 2 * self.dim * self.kv_dim
+        attention = self.latent_attention or 2 * self.dim * self.q_dim + 2 * self.dim * self.kv_dim
         norms = 2 * self.dim + (2 * self.q_dim // self.num_heads if self.qk_norm else 0)
         return attention + norms
 
@@ -187,6 +193,16 @@ class ModelDims:
         if sequence_parallel:
             return values / tp
         return (values - 4 * self.dim) / tp + 4 * self.dim
+
+
+def _latent_params(dim: int, heads: int, mla: LatentAttention) -> int:
+    """A latent attention block's parameters: the queries' projection (direct, or through
+    their latent and its norm), the keys' and values' latent with the shared rotary key, its
+    norm, its expansion to every head, and the output."""
+    qk, q_lora, kv_lora = mla.qk_head_dim, mla.q_lora_rank, mla.kv_lora_rank
+    query = dim * heads * qk if q_lora is None else dim * q_lora + q_lora + q_lora * heads * qk
+    return query + dim * (kv_lora + mla.qk_rope_head_dim) + kv_lora + \
+        kv_lora * heads * (mla.qk_nope_head_dim + mla.v_head_dim) + heads * mla.v_head_dim * dim
 
 
 @dataclass(frozen=True)

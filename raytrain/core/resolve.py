@@ -54,7 +54,8 @@ def planner_inputs(spec: JobSpec, gpus: int | None = None, accelerator: str | No
     dims = ModelDims.from_gpt(gpt.num_layers, gpt.dim, gpt.num_heads, gpt.hidden_dim,
                               gpt.vocab_size, spec.data.seq_len, gpt.max_seq_len,
                               gpt.num_kv_heads, gpt.mlp == "swiglu", gpt.positions == "rotary",
-                              gpt.tie_embeddings, gpt.head_dim, gpt.qk_norm, gpt.moe)
+                              gpt.tie_embeddings, gpt.head_dim, gpt.qk_norm, gpt.moe,
+                              gpt.mla)
     work = Workload(
         global_batch=spec.training.global_batch_size,
         precision=planned_precision(spec.training.precision),

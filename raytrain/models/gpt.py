@@ -32,9 +32,10 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.utils.checkpoint import checkpoint
 
+from raytrain.models.mla import LatentAttention
 from raytrain.models.moe import MoE
+from raytrain.models.rotary import rotary_tables, rotate
 from raytrain.spec import GPTConfig
-from raytrain.spec.gpt_config import RopeScaling
 
 
 class Attention(nn.Module):
@@ -80,43 +81,6 @@ def _attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
                                           enable_gqa=q.shape[1] != k.shape[1])
 
 
-def rotary_tables(seq: int, head_dim: int, theta: float, device: torch.device,
-                  scaling: RopeScaling | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of each position's angles, [seq, head_dim] (each half repeated): the
-    rotary embedding of Su et al. as Hugging Face's Llama applies it (rotate_half), with
-    Llama 3's frequency scaling when given."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32,
-                                            device=device) / head_dim)
-    if scaling is not None:
-        inv_freq = _llama3_scaled(inv_freq, scaling)
-    angles = torch.outer(torch.arange(seq, dtype=torch.float32, device=device), inv_freq)
-    angles = torch.cat((angles, angles), dim=-1)
-    return angles.cos(), angles.sin()
-
-
-def _llama3_scaled(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
-    """Llama 3's scaling of the rotary frequencies, as transformers computes it
-    (`_compute_llama3_parameters`): long wavelengths slowed by `factor`, short ones kept,
-    and those between blended."""
-    original = scaling.original_max_position_embeddings
-    low_wavelen = original / scaling.low_freq_factor
-    high_wavelen = original / scaling.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
-    smooth = (original / wavelen - scaling.low_freq_factor) / (
-        scaling.high_freq_factor - scaling.low_freq_factor)
-    blended = (1 - smooth) * scaled / scaling.factor + smooth * scaled
-    between = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return torch.where(between, blended, scaled)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [batch, heads, seq, head_dim] rotated by each position's angles."""
-    first, second = x.chunk(2, dim=-1)
-    turned = torch.cat((-second, first), dim=-1)
-    return (x * cos + turned * sin).to(x.dtype)
-
-
 class FeedForward(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -136,7 +100,8 @@ class TransformerBlock(nn.Module):
     def __init__(self, config: GPTConfig, layer: int = 0) -> None:
         super().__init__()
         self.attention_norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
-        self.attention = Attention(config)
+        self.attention: nn.Module = LatentAttention(config) if config.mla is not None \
+            else Attention(config)
         self.ffn_norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
         self.feed_forward: nn.Module = MoE(config) if config.sparse(layer) \
             else FeedForward(config)

@@ -63,6 +63,19 @@ _TO_HF = (
      r"model.layers.\1.mlp.shared_expert.down_proj.weight"),
     (r"^layers\.(\d+)\.feed_forward\.shared_gate\.weight$",
      r"model.layers.\1.mlp.shared_expert_gate.weight"),
+    # DeepSeek's multi-head latent attention (wq and wo are the rows above), and V3's score
+    # correction bias.
+    (r"^layers\.(\d+)\.attention\.wq_a\.weight$", r"model.layers.\1.self_attn.q_a_proj.weight"),
+    (r"^layers\.(\d+)\.attention\.q_a_norm\.weight$",
+     r"model.layers.\1.self_attn.q_a_layernorm.weight"),
+    (r"^layers\.(\d+)\.attention\.wq_b\.weight$", r"model.layers.\1.self_attn.q_b_proj.weight"),
+    (r"^layers\.(\d+)\.attention\.wkv_a\.weight$",
+     r"model.layers.\1.self_attn.kv_a_proj_with_mqa.weight"),
+    (r"^layers\.(\d+)\.attention\.kv_norm\.weight$",
+     r"model.layers.\1.self_attn.kv_a_layernorm.weight"),
+    (r"^layers\.(\d+)\.attention\.wkv_b\.weight$", r"model.layers.\1.self_attn.kv_b_proj.weight"),
+    (r"^layers\.(\d+)\.feed_forward\.score_bias$",
+     r"model.layers.\1.mlp.gate.e_score_correction_bias"),
     (r"^norm\.weight$", "model.norm.weight"),
     (r"^output\.weight$", "lm_head.weight"),
 )
@@ -95,8 +108,10 @@ def _named(part: nn.Module, tied: bool, style: str = "qwen") -> dict[str, torch.
 def hf_name(name: str, style: str) -> str:
     """Our parameter's Hugging Face name in a folder of `style` (expert_style)."""
     hf = to_hf(name)
-    return hf.replace(".mlp.gate.weight", ".block_sparse_moe.gate.weight") \
-        if style == "mixtral" else hf
+    if style == "mixtral":
+        return hf.replace(".mlp.gate.weight", ".block_sparse_moe.gate.weight")
+    return hf.replace(".mlp.shared_expert.", ".mlp.shared_experts.") if "deepseek" in style \
+        else hf
 
 
 def check_shapes(parts: list[nn.Module], folder: str, tied: bool) -> None:

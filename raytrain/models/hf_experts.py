@@ -31,7 +31,8 @@ from raytrain.models.moe import Experts
 
 PER_EXPERT = {"qwen": {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"},
               "mixtral": {"w1": "w1", "w3": "w3", "w2": "w2"}}
-BLOCK = {"qwen": "mlp", "mixtral": "block_sparse_moe", "packed": "mlp"}
+PER_EXPERT["deepseek"] = PER_EXPERT["qwen"]  # and its shared experts' names (models.hf)
+BLOCK = {"qwen": "mlp", "mixtral": "block_sparse_moe", "deepseek": "mlp"}
 
 
 def is_expert(name: str) -> bool:
@@ -41,14 +42,19 @@ def is_expert(name: str) -> bool:
 
 def expert_style(config: dict[str, Any]) -> str:
     """How a folder of this config names its experts when written (the hub's layout)."""
-    return "mixtral" if (config.get("architectures") or [""])[0] == "MixtralForCausalLM" \
-        else "qwen"
+    architecture = (config.get("architectures") or [""])[0]
+    if architecture.startswith("Deepseek"):
+        return "deepseek"
+    return "mixtral" if architecture == "MixtralForCausalLM" else "qwen"
 
 
 def style_of_folder(keys: Any) -> str:
     """How a folder's tensors name its experts, from their names."""
+    deepseek = any(".mlp.shared_experts." in key for key in keys)
     if any(key.endswith(".mlp.experts.gate_up_proj") for key in keys):
-        return "packed"
+        return "packed_deepseek" if deepseek else "packed"
+    if deepseek:
+        return "deepseek"
     return "mixtral" if any(".block_sparse_moe." in key for key in keys) else "qwen"
 
 
@@ -75,7 +81,7 @@ def expert_tensors(part: nn.Module, style: str, found: dict[str, Any] | None = N
         weights = {w: getattr(module, w) for w in ("w1", "w3", "w2")}
         if found is not None:
             shapes = {w: (module.total, *p.shape[1:]) for w, p in weights.items()}
-            if style == "packed":
+            if style.startswith("packed"):
                 ffn, dim = shapes["w1"][1:]
                 named[f"model.layers.{layer}.mlp.experts.gate_up_proj"] = torch.empty(
                     (module.total, 2 * ffn, dim), device="meta")
@@ -121,7 +127,7 @@ def load_experts(part: nn.Module, tensors: FolderTensors, style: str) -> None:
             first, count, local = _local_rows(getattr(module, w), module)
             if not count:
                 continue
-            if style == "packed":
+            if style.startswith("packed"):
                 prefix = f"model.layers.{layer}.mlp.experts."
                 if w == "w2":
                     rows = tensors.rows(prefix + "down_proj", first, count)

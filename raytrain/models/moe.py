@@ -99,19 +99,23 @@ class MoE(nn.Module):
         # What the last forward routed (balancing): per expert, the probabilities' sum (with
         # its gradient) and the tokens routed to it; and the tokens seen.
         self.stats: tuple[torch.Tensor, torch.Tensor, int] | None = None
+        # DeepSeek-V3's score correction: added to the scores for the choice only, moved after
+        # each step by update_bias; and the tokens each expert got since (training forwards).
+        if moe.score_bias:
+            self.register_buffer("score_bias", torch.zeros(moe.num_experts))
+            self.register_buffer("routed_since", torch.zeros(moe.num_experts),
+                                 persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, dim = x.shape
         flat = x.reshape(-1, dim)
-        logits = self.router(flat)
-        probs = F.softmax(logits.float(), dim=-1)
-        weights, chosen = torch.topk(probs, self.moe.top_k, dim=-1)
-        if self.moe.norm_topk:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights, chosen, probs = self._route(flat)
         weights = weights.to(x.dtype)
         routed = torch.zeros(self.moe.num_experts, device=x.device, dtype=torch.float32)
         routed.scatter_add_(0, chosen.flatten(), torch.ones(chosen.numel(), device=x.device))
         self.stats = (probs.sum(dim=0), routed, flat.shape[0])
+        if self.moe.score_bias and self.training:
+            self.routed_since += routed.detach()
         out = self._routed(flat, chosen, weights)
         if self.shared is not None:
             shared = self.shared(flat)
@@ -119,6 +123,38 @@ class MoE(nn.Module):
                 shared = torch.sigmoid(self.shared_gate(flat)) * shared
             out = out + shared
         return out.reshape(batch, seq, dim)
+
+    def _route(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each token's routing weights and experts (top_k), and the softmax probabilities
+        the balancing loss reads: scores by softmax or sigmoid, chosen within the best groups
+        (group-limited routing) by the scores plus the correction bias where there is one,
+        weighted by the scores, normalised where the family does, times routed_scaling."""
+        moe = self.moe
+        logits = self.router(flat).float()
+        probs = F.softmax(logits, dim=-1)
+        scores = probs if moe.scoring == "softmax" else torch.sigmoid(logits)
+        choice = scores + self.score_bias if moe.score_bias else scores
+        if moe.groups > 1:
+            grouped = choice.view(-1, moe.groups, moe.num_experts // moe.groups)
+            best = grouped.max(dim=-1).values if moe.group_score == "max" \
+                else grouped.topk(2, dim=-1).values.sum(dim=-1)
+            kept = torch.zeros_like(best, dtype=torch.bool).scatter_(
+                1, best.topk(moe.top_groups, dim=-1).indices, True)
+            choice = grouped.masked_fill(~kept.unsqueeze(-1), float("-inf")).flatten(1)
+        chosen = choice.topk(moe.top_k, dim=-1).indices
+        weights = scores.gather(1, chosen)
+        if moe.norm_topk:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * moe.routed_scaling, chosen, probs
+
+    @torch.no_grad()
+    def update_bias(self, rate: float, routed: torch.Tensor) -> None:
+        """DeepSeek-V3's balancing without a loss: each expert's bias up by `rate` if it got
+        fewer than the mean of the tokens `routed` (every rank's, since the last update),
+        down if more, the changes centred (torchtitan's rule); the count starts again."""
+        change = rate * torch.sign(routed.mean() - routed)
+        self.score_bias += change - change.mean()
+        self.routed_since.zero_()
 
     def _routed(self, flat: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor
                 ) -> torch.Tensor:

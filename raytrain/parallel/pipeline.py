@@ -10,6 +10,7 @@ the stages wrap the same modules, whose gradients they accumulate alike.
 Written here because torch.distributed.pipelining builds a schedule for one micro-batch
 count and leaves a count that varies to its caller.
 
+    part = gpt_stage(model, stage, num_stages)     # the built-in GPT cut to one stage
     pipeline = Pipeline(runners, stage_ids, layout, device, pp_group, loss_fn)
     pipeline(4).step(tokens, target=..., losses=...)   # the schedule for 4 micro-batches
 """
@@ -22,7 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from raytrain.spec.layout import Layout
+from raytrain.models.gpt import GPT
+from raytrain.spec.layout import Layout, stage_layers
 
 # torch.distributed.pipelining imports torch._dynamo (0.7 s a process here): only a pipelined
 # layout pays for it, not every data-parallel worker's start.
@@ -53,3 +55,20 @@ class Pipeline:
                 stages if interleaved else stages[0], n_microbatches=microbatches,
                 loss_fn=self.loss_fn)
         return self._built[microbatches]
+
+
+def gpt_stage(model: GPT, stage: int, num_stages: int) -> GPT:
+    """Cut `model` (usually on the meta device) down to stage `stage` of `num_stages`, in place.
+
+    Layer names stay those of the whole model, so checkpoints line up across layouts."""
+    keep = {str(i) for i in stage_layers(model.config.num_layers, num_stages)[stage]}
+    for name in list(model.layers.keys()):
+        if name not in keep:
+            del model.layers[name]
+    if stage > 0:
+        model.tok_embeddings = None
+        model.pos_embeddings = None
+    if stage < num_stages - 1:
+        model.norm = None
+        model.output = None
+    return model

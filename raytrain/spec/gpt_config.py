@@ -24,6 +24,44 @@ class RopeScaling(Strict):
         "The context the model was pretrained at."))
 
 
+class YarnScaling(Strict):
+    """YaRN's rotary scaling (DeepSeek's `rope_type: yarn`), as transformers computes it
+    (`_compute_yarn_parameters`): frequencies interpolated by `factor` below a ramp between
+    beta_fast and beta_slow rotations, cos and sin scaled by the attention factor, and the
+    softmax's scale by mscale_all_dim's square."""
+
+    factor: float = Field(gt=0, le=1e4, description="How much the context was stretched.")
+    original_max_position_embeddings: int = Field(ge=1, le=4_194_304, description=(
+        "The context the model was pretrained at."))
+    beta_fast: float = Field(32.0, gt=0, le=1e4, description="The ramp's fast end (rotations).")
+    beta_slow: float = Field(1.0, gt=0, le=1e4, description="The ramp's slow end (rotations).")
+    mscale: float = Field(0.0, ge=0, le=1e3, description="YaRN's mscale (0: from factor).")
+    mscale_all_dim: float = Field(0.0, ge=0, le=1e3, description=(
+        "The mscale of every dimension (0: none): the softmax scale times its square."))
+    truncate: bool = Field(True, description="Round the ramp's ends to whole dimensions.")
+
+
+class LatentAttention(Strict):
+    """Multi-head latent attention (DeepSeek-V2 and V3): keys and values from a low-rank latent
+    (`kv_lora_rank`) shared by the heads plus one rotary key, queries direct or through their
+    own latent (`q_lora_rank`), each head's query and key split into a part without positions
+    and a rotary part (rotated in interleaved pairs)."""
+
+    q_lora_rank: int | None = Field(None, ge=1, le=65_536, description=(
+        "The queries' latent width; null: queries projected directly."))
+    kv_lora_rank: int = Field(ge=1, le=65_536, description="The keys' and values' latent width.")
+    qk_nope_head_dim: int = Field(ge=1, le=4_096, description="A head's query/key width "
+                                  "without positions.")
+    qk_rope_head_dim: int = Field(ge=2, le=4_096, description="A head's rotary query/key width.")
+    v_head_dim: int = Field(ge=1, le=4_096, description="A head's value width.")
+    rope_interleave: bool = Field(True, description=(
+        "The rotary part rotated in interleaved pairs (DeepSeek's layout); false: in halves."))
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
 class MoEConfig(Strict):
     """A mixture of experts in place of the MLP of every sparse block: a router scores the
     experts for each token, the top `top_k` run (SwiGLU MLPs of `expert_ffn_dim`), and their
@@ -44,6 +82,21 @@ class MoEConfig(Strict):
     dense_layers: list[int] = Field(default_factory=list, max_length=2_048, description=(
         "Blocks with a dense MLP of ffn_dim instead (Qwen's mlp_only_layers and "
         "decoder_sparse_step)."))
+    scoring: Literal["softmax", "sigmoid"] = Field("softmax", description=(
+        "The router's scores: a softmax over the experts (Qwen, Mixtral, DeepSeek-V2) or each "
+        "expert's sigmoid (DeepSeek-V3)."))
+    groups: int = Field(1, ge=1, le=4_096, description=(
+        "Group-limited routing (DeepSeek's n_group): the experts in this many groups, a token "
+        "routed within its `top_groups` best groups only; 1: none."))
+    top_groups: int = Field(1, ge=1, le=4_096, description="Groups a token may use (topk_group).")
+    group_score: Literal["max", "top2"] = Field("max", description=(
+        "A group's score: its best expert's (DeepSeek-V2) or its best two's sum (V3)."))
+    routed_scaling: float = Field(1.0, gt=0, le=1e3, description=(
+        "The routing weights' multiplier (DeepSeek's routed_scaling_factor)."))
+    score_bias: bool = Field(False, description=(
+        "A per-expert bias added to the scores for the choice only (DeepSeek-V3's "
+        "e_score_correction_bias), moved after each step towards balance "
+        "(training.moe.bias_update_rate)."))
     aux_loss_coef: float = Field(0.0, ge=0, le=1e3, description=(
         "The router's load-balancing loss (Switch Transformer's, as transformers computes "
         "it) times this is added to the objective (a config's router_aux_loss_coef); the "
@@ -99,6 +152,11 @@ class GPTConfig(Strict):
     rope_scaling: RopeScaling | None = Field(
         None, description="Llama 3's rotary frequency scaling (a config's rope_scaling with "
         "rope_type 'llama3'); null: none.")
+    mla: LatentAttention | None = Field(
+        None, description="Multi-head latent attention (DeepSeek) in place of grouped-query "
+        "attention; null: the latter.")
+    rope_yarn: YarnScaling | None = Field(
+        None, description="YaRN's rotary scaling (a config's rope_type 'yarn'); null: none.")
     moe: MoEConfig | None = Field(
         None, description="A mixture of experts in the sparse blocks (mlp 'swiglu'); null: "
         "every block's MLP is dense.")

@@ -60,11 +60,18 @@ MIXTURE_OF_EXPERTS = (*EXPERT_COUNT, "num_experts_per_tok", "moe_intermediate_si
                       "norm_topk_prob", "shared_expert_intermediate_size",
                       "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef",
                       "router_jitter_noise", "output_router_logits", "qkv_bias")
-# DeepSeek's fields: its multi-head latent attention and group-limited routing are not in
-# the built-in blocks.
+# DeepSeek-V2's and V3's: multi-head latent attention (mla_config) and group-limited routing;
+# and what does not change the model (its multi-token prediction layers are not trained:
+# the checkpoint's tensors for them are left unread).
 DEEPSEEK = ("n_routed_experts", "kv_lora_rank", "q_lora_rank", "topk_method",
             "scoring_func", "n_group", "topk_group", "first_k_dense_replace",
-            "routed_scaling_factor", "n_shared_experts", "qk_rope_head_dim")
+            "routed_scaling_factor", "n_shared_experts", "qk_rope_head_dim",
+            "qk_nope_head_dim", "v_head_dim", "rope_interleave")
+DEEPSEEK_IGNORED = ("num_nextn_predict_layers", "qk_head_dim", "ep_size", "moe_layer_freq",
+                    "aux_loss_alpha", "seq_aux", "moe_intermediate_size")
+SCORING = {"DeepseekV2ForCausalLM": "softmax", "DeepseekV3ForCausalLM": "sigmoid"}
+TOPK_METHODS = {"DeepseekV2ForCausalLM": ("greedy", "group_limited_greedy"),
+                "DeepseekV3ForCausalLM": ("noaux_tc",)}
 
 
 def gpt_config_from_hf(config: Any, source: str) -> GPTConfig:
@@ -78,13 +85,8 @@ def gpt_config_from_hf(config: Any, source: str) -> GPTConfig:
     model_type = str(config.get("model_type", ""))
     known = {name for names in NAMES.values() for name in names}
     for key in config:
-        if key in DEEPSEEK:
-            errors.append(FieldError((key,), "DeepSeek's multi-head latent attention and "
-                                     "group-limited routing are not in the built-in blocks "
-                                     "(mixtures of experts as Qwen3-MoE, Qwen2-MoE and Mixtral "
-                                     "write them are). To fix: plan one of those"))
-        elif key in MIXTURE_OF_EXPERTS:
-            continue  # moe_config's
+        if key in DEEPSEEK or key in DEEPSEEK_IGNORED or key in MIXTURE_OF_EXPERTS:
+            continue  # moe_config's and mla_config's
         elif key not in known and key not in IGNORED and not key.endswith(
                 IGNORED_SUFFIXES) and not key.startswith(IGNORED_PREFIXES):
             errors.append(FieldError((key,), "not a field the planner knows, so it cannot "
@@ -119,6 +121,15 @@ def gpt_config_from_hf(config: Any, source: str) -> GPTConfig:
     errors += moe_errors
     if moe is not None:
         found["moe"] = moe
+    if config.get("kv_lora_rank"):
+        widths = ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+        lacking = [k for k in widths if not isinstance(config.get(k), int)]
+        errors += [FieldError((k,), "multi-head latent attention (kv_lora_rank) needs each "
+                              f"head's widths. To fix: add {k}") for k in lacking]
+        if not lacking:
+            found["mla"] = {k: config.get(k) for k in ("q_lora_rank", "kv_lora_rank", *widths)}
+            found["mla"]["rope_interleave"] = bool(config.get("rope_interleave", True))
+            found["head_dim"] = config["qk_nope_head_dim"] + config["qk_rope_head_dim"]
     if errors:
         raise SpecError(errors, source)
     try:
@@ -134,9 +145,13 @@ def gpt_config_from_hf(config: Any, source: str) -> GPTConfig:
 def moe_config(config: dict[str, Any]) -> tuple[dict[str, Any] | None, list[FieldError]]:
     """GPTConfig.moe's fields for a config of Qwen3-MoE's, Qwen2-MoE's or Mixtral's, or None
     for a dense one; with an error for each field whose meaning the blocks do not have."""
-    count = next((config[k] for k in EXPERT_COUNT if config.get(k)), None)
+    count = next((config[k] for k in (*EXPERT_COUNT, "n_routed_experts") if config.get(k)),
+                 None)
     if not count:
         return None, []
+    architecture = (config.get("architectures") or [""])[0]
+    if architecture in SCORING:
+        return _deepseek_moe(config, architecture, count)
     errors = []
     layers = config.get("num_hidden_layers") or 0
     step = config.get("decoder_sparse_step") or 1
@@ -161,4 +176,40 @@ def moe_config(config: dict[str, Any]) -> tuple[dict[str, Any] | None, list[Fiel
         "shared_gate": bool(config.get("shared_expert_intermediate_size")),
         "dense_layers": dense,
         "aux_loss_coef": float(config.get("router_aux_loss_coef", 0.001)),
+    }, errors
+
+
+def _deepseek_moe(config: dict[str, Any], architecture: str, count: int
+                  ) -> tuple[dict[str, Any], list[FieldError]]:
+    """GPTConfig.moe for DeepSeek-V2 (softmax scores, greedy or group-limited by each group's
+    best expert) and V3 (sigmoid scores with the correction bias, group-limited by each
+    group's best two, normalised); the first first_k_dense_replace blocks dense."""
+    errors = []
+    scoring = config.get("scoring_func", SCORING[architecture])
+    if scoring != SCORING[architecture]:
+        errors.append(FieldError(("scoring_func",), f"{scoring!r}: {architecture} scores "
+                                 f"experts by {SCORING[architecture]}, as transformers "
+                                 f"does. To fix: {SCORING[architecture]!r}"))
+    method = config.get("topk_method", TOPK_METHODS[architecture][0])
+    if method not in TOPK_METHODS[architecture]:
+        errors.append(FieldError(("topk_method",), f"{method!r}: {architecture} routes by "
+                                 f"{', '.join(TOPK_METHODS[architecture])}. To fix: one of "
+                                 "those"))
+    v3 = architecture == "DeepseekV3ForCausalLM"
+    groups = int(config.get("n_group") or 1)
+    if not v3 and method == "greedy":
+        groups = 1
+    dense = int(config.get("first_k_dense_replace") or 0)
+    return {
+        "num_experts": count, "top_k": config.get("num_experts_per_tok", 2),
+        "expert_ffn_dim": config.get("moe_intermediate_size") or 1,
+        "norm_topk": bool(config.get("norm_topk_prob", True)) if v3 else False,
+        "shared_ffn_dim": (config.get("moe_intermediate_size") or 0) * int(
+            config.get("n_shared_experts") or 0),
+        "dense_layers": list(range(min(dense, config.get("num_hidden_layers") or 0))),
+        "scoring": SCORING[architecture], "groups": groups,
+        "top_groups": int(config.get("topk_group") or 1) if groups > 1 else 1,
+        "group_score": "top2" if v3 else "max",
+        "routed_scaling": float(config.get("routed_scaling_factor") or 1.0),
+        "score_bias": v3, "aux_loss_coef": 0.0,  # transformers adds no balancing loss
     }, errors

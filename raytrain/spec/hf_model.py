@@ -9,7 +9,11 @@ rotary scaling and the tied embeddings of the 1B and 3B models), `MistralForCaus
 normalised, heads of their own width, `head_dim`); and the mixtures of experts
 `Qwen3MoeForCausalLM` (normalised top-k, `decoder_sparse_step`, `mlp_only_layers`),
 `Qwen2MoeForCausalLM` (the gated shared expert) and `MixtralForCausalLM`, their experts in
-the sparse blocks (raytrain.models.moe). A sliding window (Mistral's
+the sparse blocks (raytrain.models.moe); and `DeepseekV2ForCausalLM` and
+`DeepseekV3ForCausalLM` (multi-head latent attention with or without the queries' latent,
+YaRN's rotary scaling, dense first blocks, shared experts, softmax or sigmoid scores,
+group-limited routing, routed_scaling_factor, V3's score correction bias).
+A sliding window (Mistral's
 `sliding_window`, 4,096 in transformers' own default; Qwen's `use_sliding_window` and
 `layer_types`) is trained for sequences within it, where it is exactly full causal attention
 (every position sees all before it): the model's positions are then the window's, and a
@@ -31,20 +35,17 @@ from pydantic import Field
 
 from raytrain.errors import FieldError, RaytrainError, SpecError
 from raytrain.spec._base import Strict
-from raytrain.spec.gpt_config import GPTConfig, RopeScaling
+from raytrain.spec.gpt_config import GPTConfig, RopeScaling, YarnScaling
 from raytrain.spec.hf_config import gpt_config_from_hf
 from raytrain.spec.local_paths import relative_hint
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                  "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM",
-                 "MixtralForCausalLM")
+                 "MixtralForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 QKV_BIAS = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")  # q, k, v biases (Qwen2-MoE: qkv_bias)
 QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")  # each head's query and key normalised
 # Mixtures of experts not (yet) in the built-in blocks, and why, for the refusal.
 NOT_YET = {
-    "DeepseekV2ForCausalLM": "multi-head latent attention (kv_lora_rank) and group-limited "
-    "routing", "DeepseekV3ForCausalLM": "multi-head latent attention (kv_lora_rank), "
-    "sigmoid scores with a correction bias and group-limited routing",
     "GptOssForCausalLM": "attention sinks, biased experts and a clamped SwiGLU",
 }
 HERE = ("model", "hf", "path")
@@ -115,9 +116,17 @@ def derived_gpt(source: HFSource) -> GPTConfig:
         "qkv_bias": config["architectures"][0] in QKV_BIAS and bool(
             config.get("qkv_bias", True)),
         "qk_norm": config["architectures"][0] in QK_NORM,
-        "rope_scaling": None if scaling is None else RopeScaling.model_validate(
-            {k: scaling[k] for k in RopeScaling.model_fields}),
+        "rope_scaling": None if scaling is None or _kind(scaling) != "llama3" else
+        RopeScaling.model_validate({k: scaling[k] for k in RopeScaling.model_fields}),
+        "rope_yarn": None if scaling is None or _kind(scaling) != "yarn" else
+        YarnScaling.model_validate({k: scaling[k] for k in YarnScaling.model_fields
+                                    if scaling.get(k) is not None}),
     })
+
+
+def _kind(scaling: Any) -> Any:
+    return scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) \
+        else scaling
 
 
 def _rope(config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
@@ -149,7 +158,8 @@ def _unsupported(config: dict[str, Any]) -> list[FieldError]:
         errors.append(FieldError(("architectures",), f"{architectures[0]}: its "
                                  f"{NOT_YET[architectures[0]]} are not in the built-in blocks; "
                                  f"the mixtures of experts trained are Qwen3MoeForCausalLM, "
-                                 f"Qwen2MoeForCausalLM and MixtralForCausalLM. {INSTEAD}"))
+                                 f"Qwen2MoeForCausalLM, MixtralForCausalLM and DeepSeek-V2 and "
+                                 f"V3. {INSTEAD}"))
         return errors
     if len(architectures) != 1 or architectures[0] not in ARCHITECTURES:
         errors.append(FieldError(("architectures",), f"{architectures}: the architectures "
@@ -175,9 +185,13 @@ def _unsupported(config: dict[str, Any]) -> list[FieldError]:
                                  "trained attend in full, or over a sliding_window (within "
                                  f"which sequences are kept). {INSTEAD}"))
     _, scaling = _rope(config)
-    if scaling is not None:
-        kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) \
-            else scaling
+    if scaling is not None and _kind(scaling) == "yarn" and config.get("kv_lora_rank"):
+        if not all(scaling.get(k) for k in ("factor", "original_max_position_embeddings")):
+            errors.append(FieldError(("rope_parameters",), f"{scaling!r}: YaRN needs factor "
+                                     "and original_max_position_embeddings. To fix: give "
+                                     "them"))
+    elif scaling is not None:
+        kind = _kind(scaling)
         if kind != "llama3" or not all(k in scaling for k in RopeScaling.model_fields):
             name = "rope_parameters" if "rope_parameters" in config else "rope_scaling"
             errors.append(FieldError((name,), f"{scaling!r}: the rotary scaling "

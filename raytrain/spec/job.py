@@ -310,6 +310,15 @@ def _experts_problems(spec: JobSpec, layout: Layout) -> list[Problem]:
         problems.append(Problem(("parallel", "ep"), "expert parallelism runs within one "
                                 "fully sharded replica (dp_replicate 1). To fix: set "
                                 "dp_replicate to 1, or ep to 1"))
+    moe = spec.model.gpt.moe
+    rate = spec.training.moe.bias_update_rate if spec.training.moe is not None else None
+    if moe is not None and moe.score_bias and rate != 0 and layout.dp_replicate > 1 and \
+            spec.parallel.elastic:
+        problems.append(Problem(("training", "moe", "bias_update_rate"), "the experts' bias "
+                                "moves with every replica group's routing, which elastic "
+                                "replica groups do not share. To fix: set it to 0, set "
+                                "parallel.elastic to false, or use strategy 'fsdp' or "
+                                "'expert'"))
     if spec.training.precision == "fp8":
         problems.append(Problem(("training", "precision"), "float8 is not applied to the "
                                 "experts' packed weights. To fix: use 'bf16'"))

@@ -108,6 +108,10 @@ class MoETraining(Strict):
         "The weight of the router's load-balancing loss in the objective; null: the model's "
         "own (its config's router_aux_loss_coef); 0: none. The loss reported stays the "
         "language model's; the balancing loss is kept beside it."))
+    bias_update_rate: float | None = Field(None, ge=0, le=1.0, description=(
+        "DeepSeek-V3's balancing without a loss: after each step every expert's score "
+        "correction bias moves by this towards balance (up if it got fewer tokens than the "
+        "mean, down if more); null: DeepSeek-V3's 0.001; 0: the bias stays as loaded."))
 
 
 class TrainingSpec(Strict):

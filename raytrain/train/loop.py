@@ -145,12 +145,16 @@ class _Unsynced:
         self.steps.append((steps_done, lr, exchanged.loss, grad_norm, tokens))
         self.stop, self.move = self.stop or exchanged.stop, self.move or exchanged.move
 
-    def note(self, meter: ProgressMeter, losses: tuple[float, ...]) -> None:
+    def note(self, meter: ProgressMeter, losses: tuple[float, ...],
+             balance: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """Every step's figures into the meter, the gradient norms in one read of the
-        device."""
+        device; a mixture of experts' latest balancing loss and imbalance in another."""
         norms = torch.stack([s[3] for s in self.steps]).tolist()
         for (done, lr, _, _, tokens), loss, norm in zip(self.steps, losses, norms):
             meter.add_step(done, loss, lr, norm, tokens)
+        if balance is not None:
+            figure, imbalance = torch.stack(balance).tolist()
+            meter.fixed.update(balance_loss=figure, expert_imbalance=imbalance)
 
 
 @dataclass
@@ -250,10 +254,7 @@ def train(
                                       steps_done, since_save_s, ending)
                 loss_value = losses[-1]
                 if reporter:
-                    unsynced.note(meter, losses)
-                    if model.balance is not None:  # a mixture of experts: one read a report
-                        balance, imbalance = torch.stack(model.balance).tolist()
-                        meter.fixed.update(balance_loss=balance, expert_imbalance=imbalance)
+                    unsynced.note(meter, losses, model.balance)
                 unsynced = _Unsynced()
                 if meter.record(steps_done, loss_value,
                                 last=rule.stop or steps_done == last_step) and reporter:

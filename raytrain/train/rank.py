@@ -26,7 +26,8 @@ from raytrain.core.schedule import lr_multiplier, peak_learning_rate
 from raytrain.data.prefetch import loss_scale, trained_targets
 from raytrain.data.sources import TokenSource, build_source
 from raytrain.models.hf import export_adapter, export_folder, load_pretrained
-from raytrain.parallel.parallelize import ParallelModel, build_parallel_model, clip_grad_norm
+from raytrain.parallel.model import ParallelModel, clip_grad_norm
+from raytrain.parallel.parallelize import build_parallel_model
 from raytrain.spec import JobSpec
 from raytrain.spec.layout import Layout
 from raytrain.train.checkpoint import CheckpointManager
@@ -238,6 +239,7 @@ def optimizer_step(model: ParallelModel, optimizers: list[torch.optim.Optimizer]
             optimizer.step()
     if scaler is not None:
         scaler.update()
+    model.update_expert_bias()
     return lr, grad_norm
 
 

@@ -42,7 +42,7 @@ from torch.distributed.tensor import DTensor
 
 from raytrain.core.elastic import share_of_step
 from raytrain.errors import TrainingError
-from raytrain.parallel.parallelize import ParallelModel
+from raytrain.parallel.model import ParallelModel
 from raytrain.train.checkpoint import _state
 from raytrain.train.heartbeats import Heartbeats, wait_watched
 from raytrain.train.loop import Exchanged, Turn

@@ -75,7 +75,8 @@ def test_qwen3s_own_head_width_and_qk_norms_are_counted_as_transformers_builds_t
 
 @pytest.mark.parametrize(("change", "field", "says"), [
     ({"hidden_size": None}, "hidden_size", "missing"),
-    ({"kv_lora_rank": 512}, "kv_lora_rank", "DeepSeek"),
+    ({"kv_lora_rank": 512, "qk_rope_head_dim": 64, "v_head_dim": 128}, "qk_nope_head_dim",
+     "latent attention"),
     ({"hidden_act": "relu"}, "hidden_act", "To fix"),
     ({"cross_layer_sharing": True}, "cross_layer_sharing", "not a field the planner knows"),
     ({"num_key_value_heads": 5}, "num_key_value_heads", "must divide num_heads"),
@@ -104,11 +105,11 @@ def test_raytrain_plan_model_config_plans_a_70b_llama_on_64_h100s(tmp_path: Path
     assert planned.returncode == 0, planned.stderr
     plans = json.loads(planned.stdout)["plans"]
     assert plans and plans[0]["fits"] and "tp" in plans[0]["layout"]
-    path.write_text(json.dumps({**config, "kv_lora_rank": 512}))
+    path.write_text(json.dumps({**config, "activation_function": "relu", "hidden_act": "relu"}))
     refused = subprocess.run([sys.executable, "-m", "raytrain.cli", "plan", "--model-config",
                               str(path), "--gpus", "64", "--gpu", "h100-sxm"],
                              capture_output=True, text=True, timeout=120)
-    assert refused.returncode == 2 and "kv_lora_rank" in refused.stderr, refused.stderr
+    assert refused.returncode == 2 and "hidden_act" in refused.stderr, refused.stderr
 
 
 def test_a_users_own_model_with_a_shape_is_planned_data_parallel_by_memory() -> None:
@@ -193,3 +194,27 @@ def test_the_planner_chooses_expert_parallelism_by_the_links_it_would_cross() ->
     fast = replace(shape, inter=replace(shape.inter, bandwidth=shape.intra.bandwidth,
                                         latency_s=shape.intra.latency_s))
     assert plan(dims, work, "h100-sxm", 16, shape=fast)[0].candidate.ep == 16
+
+
+def test_deepseeks_parameters_are_counted_as_published() -> None:
+    """DeepSeek-V3's and V2-Lite's configs as the hub ships them (benchmarks/configs): 671B
+    parameters with 37B active, and 15.7B; latent attention counted by its own projections
+    (counting it as multi-head attention of its query width gives 703B: undone once)."""
+    from raytrain.core.resolve import planner_inputs
+    from raytrain.spec import JobSpec
+
+    counts = {}
+    for name in ("deepseek-v3", "deepseek-v2-lite"):
+        with tempfile.TemporaryDirectory() as folder:
+            (Path(folder) / "config.json").write_text(
+                (ROOT / "benchmarks" / "configs" / f"{name}.json").read_text())
+            spec = JobSpec.model_validate({
+                "model": {"kind": "hf", "hf": {"path": folder, "weights": "random"}},
+                "data": {"seq_len": 4096}, "parallel": {"strategy": "fsdp"},
+                "training": {"global_batch_size": 64, "micro_batch_size": 1},
+                "resources": {"num_workers": 8}})
+            dims = planner_inputs(spec)[0]
+        counts[name] = (dims.params, dims.active_params)
+    assert counts["deepseek-v3"][0] == pytest.approx(671e9, rel=0.005)
+    assert counts["deepseek-v3"][1] == pytest.approx(37e9, rel=0.03)
+    assert counts["deepseek-v2-lite"][0] == pytest.approx(15.7e9, rel=0.01)

@@ -62,7 +62,8 @@ def test_each_moe_familys_logits_equal_transformers_from_either_layout(
     assert torch.equal(ours, packed)
     config = json.loads((folder / "config.json").read_text())
     sparse = [m for m in _ours(folder).modules() if isinstance(m, MoE)]
-    expected = {"qwen3_moe": 1, "qwen2_moe": 1, "mixtral": 2}[family]  # the dense blocks'
+    expected = {"qwen3_moe": 1, "qwen2_moe": 1, "mixtral": 2, "deepseek_v3": 2,
+                "deepseek_v2": 2}[family]  # the dense blocks'
     assert len(sparse) == expected, config
 
 
@@ -104,7 +105,8 @@ def test_the_balancing_loss_is_transformers_and_imbalance_is_the_busiest_over_th
 
 @pytest.mark.parametrize(("architecture", "extra", "field"), [
     ("GptOssForCausalLM", {}, "architectures"),
-    ("DeepseekV3ForCausalLM", {"kv_lora_rank": 512}, "architectures"),
+    ("DeepseekV3ForCausalLM", {"scoring_func": "softmax"}, "scoring_func"),
+    ("DeepseekV2ForCausalLM", {"topk_method": "noaux_tc"}, "topk_method"),
     ("MixtralForCausalLM", {"router_jitter_noise": 0.1}, "router_jitter_noise"),
 ])
 def test_what_the_experts_blocks_do_not_implement_is_refused_naming_the_field(
@@ -116,3 +118,34 @@ def test_what_the_experts_blocks_do_not_implement_is_refused_naming_the_field(
     with pytest.raises(SpecError) as refused:
         JobSpec.model_validate(hf_job(folder))
     assert field in str(refused.value) and "To fix" in str(refused.value)
+
+
+def test_deepseek_v3s_bias_moves_towards_balance_and_a_dense_model_is_left_alone(
+        tmp_path: Path) -> None:
+    """training.moe.bias_update_rate: after a step every expert's score correction bias has
+    moved by the rate, up for those that got fewer tokens than the mean and down for those
+    that got more (centred); at 0 it stays as loaded, as transformers leaves it (the parity
+    of steps in tests/pure/test_step_math.py runs with 0)."""
+    from raytrain.core.resolve import job_layout
+    from raytrain.testing.jobs import RecordingSink
+    from raytrain.train.loop import train
+    from raytrain.train.rank import WorkerInfo
+
+    folder = make_folder("deepseek_v3", tmp_path / "v3")
+    loaded = [m.score_bias.clone() for m in _ours(folder).modules() if isinstance(m, MoE)]
+    for rate in (0.0, 0.01):
+        document = hf_job(folder, steps=1)
+        document["training"] = {**document["training"], "moe": {"bias_update_rate": rate}}
+        spec = JobSpec.model_validate(document)
+        sink = RecordingSink()
+        train(spec, WorkerInfo.single_process(), sink, tmp_path / f"run-{rate}",
+              layout=job_layout(spec), progress_interval_s=0.0)
+        trained = _ours(tmp_path / f"run-{rate}" / "hf")
+        moved = [m.score_bias - before for m, before in zip(
+            (m for m in trained.modules() if isinstance(m, MoE)), loaded)]
+        if rate == 0:
+            assert all(torch.equal(d, torch.zeros_like(d)) for d in moved)
+            continue
+        for change in moved:
+            assert change.abs().max() <= 2 * rate and change.abs().max() > 0
+            assert float(change.sum()) == pytest.approx(0.0, abs=1e-6)

@@ -40,7 +40,7 @@ from raytrain.core.planner import (
 )
 from raytrain.core.resolve import planner_inputs, rank_plans
 from raytrain.errors import SpecError
-from raytrain.parallel.parallelize import _cross_entropy
+from raytrain.parallel.model import _cross_entropy
 from raytrain.spec import JobSpec, LayoutChoice, PlanRequest, spec_error_from_validation
 from raytrain.spec.files import snapshot
 from raytrain.testing.jobs import gpt_1b_job

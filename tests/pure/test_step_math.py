@@ -101,7 +101,8 @@ def test_a_plain_loop_from_the_readme_reproduces_a_jobs_losses(tmp_path: Path) -
     assert max(norms) > CLIP  # clipping took part
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral",
+                                    "deepseek_v3", "deepseek_v2"])
 def test_a_pretrained_folder_trained_then_exported_is_a_plain_transformers_loops_model(
         tmp_path: Path, family: str) -> None:
     """A kind 'hf' job from a pretrained folder, trained for a few steps, writes `hf/` at its
@@ -112,13 +113,15 @@ def test_a_pretrained_folder_trained_then_exported_is_a_plain_transformers_loops
     differ: undone once), its balancing loss and imbalance kept beside the loss."""
     import transformers
 
-    from tests.support.hf_models import make_folder
+    from tests.support.hf_models import MOE_FAMILIES, make_folder
 
     ids = np.random.default_rng(1).integers(0, 64, size=SEQ * 23 + 5).astype(np.uint16)
     token_file = tmp_path / "tokens.bin"
     ids.tofile(token_file)
     folder = make_folder(family, tmp_path / family)
     document = _job(token_file).model_dump(mode="json", exclude_unset=True)
+    if family == "deepseek_v3":  # transformers leaves the bias as loaded
+        document["training"] = {**document["training"], "moe": {"bias_update_rate": 0.0}}
     spec = JobSpec.model_validate({**document, "model": {"kind": "hf",
                                                          "hf": {"path": str(folder)}}})
     sink = RecordingSink()
@@ -132,8 +135,8 @@ def test_a_pretrained_folder_trained_then_exported_is_a_plain_transformers_loops
     rows = sink.step_rows()
     assert [rows[s + 1][1] for s in range(STEPS)] == pytest.approx(losses, abs=SUM_ORDER)
     last = sink.reports[-1]
-    if balance:
-        assert last["balance_loss"] > 0 and 1.0 <= last["expert_imbalance"] <= 2.0
+    if family in MOE_FAMILIES:  # reported with or without the loss in the objective
+        assert last["balance_loss"] > 0 and 1.0 <= last["expert_imbalance"] <= 4.0
     else:
         assert "balance_loss" not in last
     ours = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt" / "hf",

@@ -1,4 +1,5 @@
-"""A mixture of experts on 2 gloo ranks (a pretrained Qwen3-MoE folder made with transformers):
+"""A mixture of experts on 2 gloo ranks (pretrained Qwen3-MoE and DeepSeek-V3 folders made with
+transformers):
 data parallel, fully sharded and expert parallel (`strategy: expert`, ep 2: the experts split
 over the ranks, tokens exchanged by all-to-all) take the same steps, with the family's
 balancing loss in the objective (each rank balances its own micro-batches, alike in the three);
@@ -45,6 +46,15 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         ("resume_fsdp2", _job(folder, {"strategy": "fsdp"}),
          {"resume_from": str(root / "runs" / "ep2" / "step_000000002")}),
     ]
+    # DeepSeek-V3 (latent attention, sigmoid group-limited routing, the correction bias). Its
+    # bias held (rate 0): moving it drives experts' loads to the margin where a token's
+    # choice is a near tie, which the layouts' last-bit differences then decide apart (the
+    # losses 2.5e-5 apart after a step, measured); the update is tests/pure/test_moe.py's.
+    v3 = make_folder("deepseek_v3", root / "deepseek_v3")
+    held = {"moe": {"bias_update_rate": 0.0}}
+    cases += [(f"v3_{name}", _job(v3, parallel, **held), {}) for name, parallel in (
+        ("dp2", {"strategy": "data", "elastic": False}), ("fsdp2", {"strategy": "fsdp"}),
+        ("ep2", {"strategy": "expert"}))]
     _spawn(2, cases, root / "runs")
     return root, folder
 
@@ -57,6 +67,11 @@ def test_data_fsdp_and_expert_parallel_take_the_same_steps(runs: tuple[Path, Pat
     for step in ep2:
         assert ep2[step] == pytest.approx(dp2[step], abs=SUM_ORDER), step
         assert fsdp2[step] == pytest.approx(dp2[step], abs=SUM_ORDER), step
+    v3 = {name: _losses(root / "runs" / f"v3_{name}" / "losses.json")
+          for name in ("dp2", "fsdp2", "ep2")}
+    for step in v3["ep2"]:
+        assert v3["ep2"][step] == pytest.approx(v3["dp2"][step], abs=SUM_ORDER), step
+        assert v3["fsdp2"][step] == pytest.approx(v3["dp2"][step], abs=SUM_ORDER), step
     resumed = _losses(root / "runs" / "resume_fsdp2" / "losses.json")
     assert sorted(resumed) == [3, 4]
     for step in resumed:

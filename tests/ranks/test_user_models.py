@@ -128,7 +128,7 @@ def _fsdp_worker(rank: int, port: int, root: str, out: str) -> None:
     try:
         from torch.distributed.device_mesh import init_device_mesh
 
-        from raytrain.parallel.parallelize import apply_fsdp
+        from raytrain.parallel.fsdp import apply_fsdp
 
         mesh = init_device_mesh("cpu", (2,))
         per_block = make_hf_llama(hidden_size=64, num_layers=6)

@@ -41,6 +41,26 @@ MOE_FAMILIES = {
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", {
         "tie_word_embeddings": False, "num_local_experts": 4, "num_experts_per_tok": 2,
         "router_aux_loss_coef": 0.05}),
+    # DeepSeek-V3: the queries' latent, YaRN over a sequence past its original context,
+    # sigmoid scores with a correction bias (drawn at random), groups scored by their best
+    # two, a dense first block, a shared expert, routed_scaling_factor. DeepSeek-V2: queries
+    # projected directly, softmax scores, group-limited by each group's best, two shared.
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", {
+        "tie_word_embeddings": False, "num_hidden_layers": 3, "num_key_value_heads": 4,
+        "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+        "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 4, "topk_group": 2,
+        "q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8,
+        "v_head_dim": 12, "routed_scaling_factor": 2.5, "rope_parameters": {
+            "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+            "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.707,
+            "rope_theta": 10000.0}}),
+    "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", {
+        "tie_word_embeddings": False, "num_hidden_layers": 3, "num_key_value_heads": 4,
+        "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+        "n_shared_experts": 2, "first_k_dense_replace": 1, "n_group": 4, "topk_group": 2,
+        "topk_method": "group_limited_greedy", "q_lora_rank": None, "kv_lora_rank": 16,
+        "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 12,
+        "routed_scaling_factor": 1.5}),
 }
 
 
@@ -60,6 +80,9 @@ def make_folder(family: str, folder: Path, seed: int = 0, **overrides: Any) -> P
                 param.normal_(1.0, 0.1)
             elif name.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):
                 param.normal_(0.0, 1.0)  # routing far from uniform: ties never decide it
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.normal_(0.0, 0.5)  # the choice differs from the scores' own
     model.save_pretrained(folder, safe_serialization=True)
     return folder
 
