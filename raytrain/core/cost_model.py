@@ -27,6 +27,9 @@ from raytrain.spec.layout import (
 )
 
 USABLE_MEMORY = 0.92
+# The fp32 logits one chunk of the built-in model's loss holds: raytrain.models.gpt's
+# LOSS_CHUNK_BYTES (core imports no models; tests/pure/test_memory.py holds them equal).
+LOSS_CHUNK_BYTES = 256 * 2**20
 
 
 def mfu(tokens_per_s: float, dims: ModelDims, devices: int, gpu: GPUKind,
@@ -163,7 +166,12 @@ def _rank_memory(dims: ModelDims, work: Workload, c: Layout, rank: int) -> float
     loss_and_head = 0.0  # what only the last stage holds
     if last:
         logits_in_flight = c.microbatches if (c.gpipe and c.pp > 1) else 1
-        loss_and_head = tokens * dims.vocab_size * loss_bytes_per_logit(work, c, logits_in_flight)
+        logits = tokens * dims.vocab_size
+        if work.chunked_loss and c.tp == 1 and c.pp == 1:
+            # raytrain's own loss, a chunk of tokens at a time, each chunk's logits recomputed
+            # in the backward: one chunk's logits at most (models.gpt.chunked_cross_entropy)
+            logits = min(logits, LOSS_CHUNK_BYTES // 4)
+        loss_and_head = logits * loss_bytes_per_logit(work, c, logits_in_flight)
         if work.loss_parallel:
             loss_and_head /= c.tp
         # Outside every block (no recomputation there): the final norm keeps its input, the

@@ -230,6 +230,9 @@ class Workload:
     # keep their weights only: no gradients, no optimizer state.
     trainable_share: float = 1.0
     frozen_param_bytes: int = 4  # a frozen weight's bytes (LoRA under bf16 keeps them in it)
+    # raytrain's built-in model computes the loss a chunk of tokens at a time (no tensor or
+    # pipeline parallelism): its logits never whole (cost_model.LOSS_CHUNK_BYTES)
+    chunked_loss: bool = False
 
     @property
     def frozen_weights(self) -> bool:

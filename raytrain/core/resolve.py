@@ -67,6 +67,7 @@ def planner_inputs(spec: JobSpec, gpus: int | None = None, accelerator: str | No
         frozen_param_bytes=2 if spec.training.lora is not None
         and spec.training.precision == "bf16" else 4,
         grad_reduce_bytes=2 if spec.parallel.grad_reduce_dtype == "bf16" else 4,
+        chunked_loss=spec.model.builtin,
     )
     kind = accelerator or spec.resources.device_kind or "cpu"
     return dims, work, kind, gpus or spec.resources.num_workers
