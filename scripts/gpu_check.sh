@@ -13,6 +13,8 @@
 #    (compiled, FSDP2 with bf16 parameters): step time with the data wait apart, tokens/s,
 #    MFU, peak memory, the planner's prediction beside each, and the top kernels of
 #    raytrain's bf16 compiled step. About 7 minutes on one H100, most of it compiling.
+#    Then a mixture of experts' grouped GEMM (torch._grouped_mm) against the loop of experts
+#    the CPU runs (tests/pure/test_moe.py, marked gpu).
 # 2. With 2 GPUs or more: the same rows over FSDP on all of them (the 1.4B GPT), the layout
 #    parity tests over NCCL, and the strategies' throughput and memory.
 # Nothing is fetched: the models are built in place and the data are synthetic tokens.
@@ -34,6 +36,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,
 echo "== the truth table, one GPU"
 "$PY" -m benchmarks.gpu_truth --ranks 1 --json "$RESULTS/truth_1gpu.json"
 echo "== ($(( SECONDS - began )) s so far)"
+echo "== a mixture of experts' grouped GEMM against the loop of experts"
+"$PY" -m pytest -q -m gpu tests/pure/test_moe.py
 if [ "$GPUS" -ge 2 ]; then
   echo "== the truth table, $GPUS GPUs (FSDP)"
   "$PY" -m benchmarks.gpu_truth --ranks "$GPUS" --models gpt-1.4b \

@@ -6,6 +6,7 @@ blocks is refused naming the field."""
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 from pathlib import Path
@@ -149,3 +150,28 @@ def test_deepseek_v3s_bias_moves_towards_balance_and_a_dense_model_is_left_alone
         for change in moved:
             assert change.abs().max() <= 2 * rate and change.abs().max() > 0
             assert float(change.sum()) == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: "
+                    "scripts/gpu_check.sh runs it")
+def test_the_grouped_gemm_equals_the_loop_of_experts_on_a_gpu() -> None:
+    """On CUDA the experts run as one grouped GEMM (torch._grouped_mm); its outputs and
+    gradients equal the loop of one matmul per expert the CPU runs, in bf16 at bf16's
+    precision (every shape a multiple of 16 bytes, as the grouped GEMM needs)."""
+    from raytrain.models.moe import Experts
+
+    torch.manual_seed(0)
+    experts = Experts(8, 64, 128).cuda().bfloat16()
+    for p in experts.parameters():
+        torch.nn.init.normal_(p, std=0.05)
+    counts = [5, 0, 17, 3, 9, 0, 21, 9]
+    x = torch.randn(sum(counts), 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    grouped = experts(x, counts)
+    grouped.float().pow(2).sum().backward()
+    on_cpu = copy.deepcopy(experts).cpu()  # the CPU's path (a loop), on the same weights
+    x_cpu = x.detach().cpu().requires_grad_()
+    looped = on_cpu(x_cpu, counts)
+    assert torch.allclose(grouped.float().cpu(), looped.float(), atol=2e-2, rtol=2e-2)
+    looped.float().pow(2).sum().backward()
+    assert torch.allclose(x.grad.float().cpu(), x_cpu.grad.float(), atol=5e-2, rtol=5e-2)
