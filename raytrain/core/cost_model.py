@@ -120,7 +120,7 @@ def _rank_memory(dims: ModelDims, work: Workload, c: Layout, rank: int) -> float
     per_param = 16 * share + work.frozen_param_bytes * (1 - share)
     # Expert parallelism: the experts split over ep ranks (replicated over the expert
     # groups, never gathered), the rest fully sharded as usual.
-    experts = dims.expert_params if c.ep > 1 else 0
+    experts = dims.expert_params if c.ep_enabled else 0
     held -= experts
     state = held / c.dp_shard * per_param + experts / c.ep * per_param
     param_bytes = work.act_bytes
@@ -129,7 +129,7 @@ def _rank_memory(dims: ModelDims, work: Workload, c: Layout, rank: int) -> float
     # (raytrain.parallel.parallelize), which holds what a sharded layout's gathers hold.
     if c.data_parallel_wrapper == "fsdp" or one_device_shards(
             c, work.precision, lora=work.frozen_weights):
-        if c.pp > 1:  # parameters stay gathered between microbatches
+        if c.pp_enabled:  # parameters stay gathered between microbatches
             state += held * param_bytes
         else:
             # The root unit (embeddings, final norm, head) stays gathered from forward to
@@ -150,7 +150,7 @@ def _rank_memory(dims: ModelDims, work: Workload, c: Layout, rank: int) -> float
     fused = work.fused_elementwise or c.recompute == "selective"
     per_layer = dims.activation_values_on_rank(c.tp, c.sequence_parallel,
                                                dims.saved_values_per_token_layer(fused))
-    if c.tp > 1 and c.sequence_parallel and not work.sp_regather:
+    if c.tp_enabled and c.sequence_parallel and not work.sp_regather:
         # PyTorch's sequence parallelism all-gathers the attention's and the MLP's input to
         # the whole sequence, and the column-wise linears save it whole for their backward.
         per_layer += 2 * dims.dim * (1 - 1 / c.tp)
@@ -165,7 +165,7 @@ def _rank_memory(dims: ModelDims, work: Workload, c: Layout, rank: int) -> float
     activations = layers_in_flight(dims.num_layers, c, rank) * layer_bytes + extra_once
     loss_and_head = 0.0  # what only the last stage holds
     if last:
-        logits_in_flight = c.microbatches if (c.gpipe and c.pp > 1) else 1
+        logits_in_flight = c.microbatches if (c.gpipe and c.pp_enabled) else 1
         logits = tokens * dims.vocab_size
         if work.chunked_loss and c.tp == 1 and c.pp == 1:
             # raytrain's own loss, a chunk of tokens at a time, each chunk's logits recomputed
@@ -177,7 +177,7 @@ def _rank_memory(dims: ModelDims, work: Workload, c: Layout, rank: int) -> float
         # Outside every block (no recomputation there): the final norm keeps its input, the
         # head its own (the norm's output), all-gathered whole when the norm is sequence
         # parallel, as a column-wise linear's input is.
-        norm_share = 1 / c.tp if (c.tp > 1 and c.sequence_parallel) else 1.0
+        norm_share = 1 / c.tp if (c.tp_enabled and c.sequence_parallel) else 1.0
         loss_and_head += logits_in_flight * tokens * dims.dim * work.act_bytes * (norm_share + 1)
     # raytrain's fused AdamW updates in place: no temporaries after the backward pass.
     return state + activations + loss_and_head
@@ -190,7 +190,7 @@ def loss_bytes_per_logit(work: Workload, c: Layout, in_flight: int = 1) -> float
     the log-softmax's output and of its input). The logits themselves (compute precision) and
     their fp32 copy are freed after the loss's forward, except that a pipeline stage keeps its
     outputs until their backward. tests/pure/test_planner.py measures the real loss on CPU."""
-    kept = 4 + (work.act_bytes if c.pp > 1 else 0)
+    kept = 4 + (work.act_bytes if c.pp_enabled else 0)
     return kept * in_flight + 8
 
 
@@ -217,7 +217,7 @@ def _fsdp_s(dims: ModelDims, work: Workload, c: Layout, shape: NodeShape, comput
     n = c.dp_shard
     gather_copies = (1 + 1 / n if n > 1 else 1.0) * work.act_bytes
     scatter_copies = (2 + 1 / n + (1 if n == 1 else 0)) * 4
-    if c.pp > 1:
+    if c.pp_enabled:
         traffic = gather + scatter
         hidden = c.microbatches * compute_mb if overlap else 0.0
         dp_step += max(0.0, traffic - hidden) + (traffic / groups if overlap else 0.0)
@@ -251,7 +251,7 @@ def step_time(dims: ModelDims, work: Workload, c: Layout,
     act_bytes_mb = tokens * dims.dim * work.act_bytes
     tp_link = _link_for_span(c.tp, shape)
     tp_mb = 0.0
-    if c.tp > 1:
+    if c.tp_enabled:
         # Half the passes are all-gathers, half reduce-scatters.
         gather_bytes = act_bytes_mb if work.tp_gather_bytes is None else \
             tokens * dims.dim * work.tp_gather_bytes
@@ -260,19 +260,19 @@ def step_time(dims: ModelDims, work: Workload, c: Layout,
         regather = 2 if (c.sequence_parallel and work.sp_regather) else 0
         tp_mb = layers_here * ((tp_passes / 2 + regather) * gather + tp_passes / 2 * scatter)
         tp_mb += layers_here * gpu.tp_block_overhead_s
-    pp_link = _link_for_span(c.world_size, shape) if c.pp > 1 else shape.intra
+    pp_link = _link_for_span(c.world_size, shape) if c.pp_enabled else shape.intra
     pp_mb = 0.0
-    if c.pp > 1:
+    if c.pp_enabled:
         message = act_bytes_mb / c.tp
         pp_mb = 2 * c.virtual_stages * (message / (pp_link.bandwidth * pp_link.efficiency)
                                          + pp_link.latency_s)
     held = stage_params(dims, c.pp, c.virtual_stages) / c.tp
-    experts = dims.expert_params if c.ep > 1 else 0
+    experts = dims.expert_params if c.ep_enabled else 0
     held -= experts  # expert parallelism's experts: never gathered by FSDP
     fsdp_mb, dp_step = (_fsdp_s(dims, work, c, shape, compute_mb, layers_here, held)
                         if c.data_parallel_wrapper == "fsdp" else (0.0, 0.0))
     ep_mb = 0.0
-    if c.ep > 1:
+    if c.ep_enabled:
         # Per sparse block and micro-batch: dispatch and combine in the forward, their
         # gradients in the backward (and the forward's again when recomputed), on the
         # critical path; the experts' gradients summed over the expert groups once a step.
@@ -286,7 +286,7 @@ def step_time(dims: ModelDims, work: Workload, c: Layout,
             dp_step += 2 * _collective_s(experts / c.ep * work.grad_reduce_bytes, groups,
                                          _link_for_span(c.dp_shard, shape))
     overlap = gpu.overlaps_communication
-    if c.dp_replicate > 1:
+    if c.dp_replicate_enabled:
         replicate_link = _link_for_span(c.world_size // c.pp, shape)
         grads = held / c.dp_shard * work.grad_reduce_bytes
         allreduce = 2 * _collective_s(grads, c.dp_replicate, replicate_link)
@@ -298,7 +298,7 @@ def step_time(dims: ModelDims, work: Workload, c: Layout,
             # the last micro-batch (raytrain.parallel), as a pipeline does; not hidden.
             dp_step += allreduce
     per_mb = compute_mb + tp_mb + pp_mb + fsdp_mb + ep_mb
-    slots = c.microbatches + ((c.pp - 1) / c.virtual_stages if c.pp > 1 else 0.0)
+    slots = c.microbatches + ((c.pp - 1) / c.virtual_stages if c.pp_enabled else 0.0)
     optimizer = (held / c.dp_shard + experts / c.ep) * 28 / gpu.memory_bandwidth + \
         gpu.step_overhead_s
     total = per_mb * slots + dp_step + optimizer

@@ -41,7 +41,7 @@ def elastic_groups(spec: JobSpec, layout: Layout, nodes: int) -> int:
 
 
 def _interleaved(layout: Layout) -> bool:
-    return layout.pp > 1 and layout.schedule == "interleaved_1f1b"
+    return layout.pp_enabled and layout.schedule == "interleaved_1f1b"
 
 
 def bought_nodes(spec: JobSpec, worker_resources: Mapping[str, float] | None) -> int:

@@ -172,7 +172,7 @@ def rank_plans(request: PlanRequest, offers: Sequence[Offer] = (),
             f"{', '.join(fp8_kinds(hardware.gpus))}"))])
     if choice is not None:
         chosen = chosen_layout(choice, spec, dims, work, gpus)
-        if work.precision == "fp8" and chosen.tp > 1:
+        if work.precision == "fp8" and chosen.tp_enabled:
             raise SpecError([FieldError(("layout", "tp"), (
                 "fp8 does not combine with tensor parallelism yet. To fix: set tp to 1, or "
                 "plan for bf16"))])

@@ -86,7 +86,9 @@ class ParallelModel:
 
     @property
     def pp_group(self) -> dist.ProcessGroup | None:
-        return self.mesh["pp"].get_group() if self.mesh is not None and self.layout.pp > 1 else None
+        if self.mesh is None or not self.layout.pp_enabled:
+            return None
+        return self.mesh["pp"].get_group()
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for part in self.parts for p in part.parameters() if p.requires_grad]
@@ -115,7 +117,7 @@ class ParallelModel:
             # layout holds it back too (reduce_scatter_once: a planner decision by memory).
             if isinstance(runner, FSDPModule) and self.layout.reduce_scatter_once:
                 runner.set_requires_gradient_sync(last, recurse=True)
-            elif isinstance(runner, FSDPModule) and self.layout.dp_replicate > 1:
+            elif isinstance(runner, FSDPModule) and self.layout.dp_replicate_enabled:
                 runner.set_requires_all_reduce(last, recurse=True)
             sync = runner.no_sync() if (not last and isinstance(runner, DistributedDataParallel)) \
                 else nullcontext()

@@ -102,7 +102,7 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
     pp_rank, rep_rank, shard_rank, tp_rank = mesh.get_coordinate()
     stage_ids = stages_of_rank(pp_rank, layout.pp, layout.num_stages)
     wrapper = "fsdp" if one_device_fsdp else layout.data_parallel_wrapper
-    ep_mesh = expert_mesh(mesh, layout) if layout.ep > 1 else None
+    ep_mesh = expert_mesh(mesh, layout) if layout.ep_enabled else None
     parts: list[nn.Module] = []
     runners: list[nn.Module] = []
     units: list[str] = []
@@ -114,13 +114,13 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
             with torch.device("meta"):
                 part = _in_precision(build_model(spec.model, seed=training.seed),
                                      training.precision, float8_gathers)
-            if layout.pp > 1:
+            if layout.pp_enabled:
                 gpt_stage(part, stage, layout.num_stages)
             if training.lora is not None:  # before FSDP: its units hold the adapters too
                 apply_lora(part, training.lora)
                 if training.precision == "bf16":
                     freeze_in(part, torch.bfloat16)
-            if layout.tp > 1:
+            if layout.tp_enabled:
                 apply_tensor_parallel(part, mesh["tp"], layout.sequence_parallel)
             if ep_mesh is not None:
                 apply_expert_parallel(part, ep_mesh)
@@ -131,7 +131,7 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
         if compiled:
             compile_blocks(part, spec.model.block_class)
         if wrapper == "fsdp":
-            dp_mesh = (mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1
+            dp_mesh = (mesh["dp_replicate", "dp_shard"] if layout.dp_replicate_enabled
                        else mesh["dp_shard"])
             units.append(apply_fsdp(
                 part, dp_mesh, reshard_after_forward=layout.pp == 1 and not layout.zero2,
@@ -168,7 +168,7 @@ def build_parallel_model(spec: JobSpec, layout: Layout, device: torch.device) ->
         owns_process_group=owns_group, balance_coef=balance_coef(spec), ep_mesh=ep_mesh,
         bias_rate=bias_rate(spec),
     )
-    if layout.pp > 1:
+    if layout.pp_enabled:
         model.pipeline = Pipeline(runners, stage_ids, layout, device, mesh["pp"].get_group(),
                                   model.stage_loss)
     return model

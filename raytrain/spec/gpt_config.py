@@ -160,6 +160,10 @@ class GPTConfig(Strict):
     moe: MoEConfig | None = Field(
         None, description="A mixture of experts in the sparse blocks (mlp 'swiglu'); null: "
         "every block's MLP is dense.")
+    unread_layers: int = Field(0, ge=0, le=64, description=(
+        "Layers a Hugging Face checkpoint holds beyond the model's blocks, which are not read "
+        "or trained (DeepSeek-V3's multi-token prediction layers, num_nextn_predict_layers); "
+        "the job's status says so."))
 
     @model_validator(mode="after")
     def _heads_divide_dim(self) -> GPTConfig:

@@ -116,6 +116,7 @@ def derived_gpt(source: HFSource) -> GPTConfig:
         "qkv_bias": config["architectures"][0] in QKV_BIAS and bool(
             config.get("qkv_bias", True)),
         "qk_norm": config["architectures"][0] in QK_NORM,
+        "unread_layers": int(config.get("num_nextn_predict_layers") or 0),
         "rope_scaling": None if scaling is None or _kind(scaling) != "llama3" else
         RopeScaling.model_validate({k: scaling[k] for k in RopeScaling.model_fields}),
         "rope_yarn": None if scaling is None or _kind(scaling) != "yarn" else

@@ -162,7 +162,7 @@ class JobSpec(Strict):
                 + ". To fix: set compression to 'none', or use data parallelism "
                 "(dp_replicate > 1) without tp or dp_shard",
             ))
-        if training.precision == "fp8" and layout.tp > 1:
+        if training.precision == "fp8" and layout.tp_enabled:
             problems.append(Problem(
                 ("training", "precision"),
                 "fp8 does not combine with tensor parallelism yet (its linears would need "
@@ -173,11 +173,11 @@ class JobSpec(Strict):
             problems += _lora_problems(self, layout)
         if self.model.builtin and self.model.gpt.moe is not None:
             problems += _experts_problems(self, layout)
-        elif layout.ep > 1:
+        elif layout.ep_enabled:
             problems.append(Problem(("parallel", "ep"), "expert parallelism splits a mixture "
                                     "of experts' experts, and this model has none. To fix: "
                                     "leave parallel.ep out (or 1), and strategy 'fsdp'"))
-        if training.precision == "fp16" and layout.pp > 1:
+        if training.precision == "fp16" and layout.pp_enabled:
             problems.append(Problem(
                 ("training", "precision"),
                 "fp16 loss scaling is not wired through pipeline schedules. To fix: use "
@@ -300,19 +300,19 @@ def _experts_problems(spec: JobSpec, layout: Layout) -> list[Problem]:
                                     f"({layout.describe()}). To fix: set parallel.strategy to "
                                     "'data' or 'fsdp'"))
     experts = spec.model.gpt.moe.num_experts if spec.model.gpt.moe is not None else 1
-    if layout.ep > 1 and (layout.dp_shard % layout.ep or experts % layout.ep):
+    if layout.ep_enabled and (layout.dp_shard % layout.ep or experts % layout.ep):
         fits = [d for d in divisors(layout.dp_shard) if experts % d == 0]
         problems.append(Problem(("parallel", "ep"), f"ep={layout.ep} must divide the fully "
                                 f"sharded ranks (dp_shard={layout.dp_shard}), which it reuses, "
                                 f"and the {experts} experts, which it splits. To fix: use one "
                                 f"of {fits}"))
-    if layout.ep > 1 and layout.dp_replicate > 1:
+    if layout.ep_enabled and layout.dp_replicate_enabled:
         problems.append(Problem(("parallel", "ep"), "expert parallelism runs within one "
                                 "fully sharded replica (dp_replicate 1). To fix: set "
                                 "dp_replicate to 1, or ep to 1"))
     moe = spec.model.gpt.moe
     rate = spec.training.moe.bias_update_rate if spec.training.moe is not None else None
-    if moe is not None and moe.score_bias and rate != 0 and layout.dp_replicate > 1 and \
+    if moe is not None and moe.score_bias and rate != 0 and layout.dp_replicate_enabled and \
             spec.parallel.elastic:
         problems.append(Problem(("training", "moe", "bias_update_rate"), "the experts' bias "
                                 "moves with every replica group's routing, which elastic "
@@ -338,7 +338,7 @@ def _lora_problems(spec: JobSpec, layout: Layout) -> list[Problem]:
         problems.append(Problem(here, "adapters are put on the built-in model's linears "
                                 "(kind 'gpt' or 'hf'). To fix: train a Hugging Face folder "
                                 "as model.kind 'hf', or apply PEFT in your own factory"))
-    if layout.tp > 1 or layout.pp > 1:
+    if layout.tp_enabled or layout.pp_enabled:
         problems.append(Problem(here, f"adapters train under data parallelism or FSDP, not "
                                 f"this layout ({layout.describe()}). To fix: set "
                                 "parallel.strategy to 'data' or 'fsdp'"))

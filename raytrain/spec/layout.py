@@ -99,6 +99,28 @@ class Layout:
         if self.recompute not in RECOMPUTE:
             raise ValueError(f"Layout.recompute {self.recompute!r} is not one of {RECOMPUTE}")
 
+    # Which techniques the layout uses, by name (torchtitan's ParallelDims has the same):
+    # read these rather than comparing degrees.
+    @property
+    def tp_enabled(self) -> bool:
+        return self.tp > 1
+
+    @property
+    def pp_enabled(self) -> bool:
+        return self.pp > 1
+
+    @property
+    def ep_enabled(self) -> bool:
+        return self.ep > 1
+
+    @property
+    def dp_shard_enabled(self) -> bool:
+        return self.dp_shard > 1
+
+    @property
+    def dp_replicate_enabled(self) -> bool:
+        return self.dp_replicate > 1
+
     @property
     def world_size(self) -> int:
         return self.dp_replicate * self.dp_shard * self.tp * self.pp
@@ -114,7 +136,7 @@ class Layout:
 
     @property
     def gpipe(self) -> bool:
-        return self.pp > 1 and self.schedule == "gpipe"
+        return self.pp_enabled and self.schedule == "gpipe"
 
     @property
     def data_parallel_wrapper(self) -> str:
@@ -125,9 +147,10 @@ class Layout:
         or pipeline parallelism is FSDP2 over a (replicate, shard) mesh even when nothing is
         sharded.
         """
-        if self.dp_shard > 1 or (self.dp_replicate > 1 and (self.tp > 1 or self.pp > 1)):
+        if self.dp_shard_enabled or (
+                self.dp_replicate_enabled and (self.tp_enabled or self.pp_enabled)):
             return "fsdp"
-        return "ddp" if self.dp_replicate > 1 else "none"
+        return "ddp" if self.dp_replicate_enabled else "none"
 
     def degrees(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in DEGREES}
@@ -137,19 +160,19 @@ class Layout:
         parallel': the same text wherever raytrain shows a layout."""
         parts = [f"{name}{getattr(self, name)}" for name in DEGREES if getattr(self, name) > 1]
         parts = parts or ["1 device"]
-        if self.pp > 1:
+        if self.pp_enabled:
             parts.append(self.schedule + (f" v{self.virtual_stages}"
                                           if self.virtual_stages > 1 else ""))
         parts.append(f"mb{self.micro_batch_size}x{self.microbatches}")
         if self.recompute != "none":
             parts.append(f"recompute {self.recompute}")
-        if self.tp > 1 and self.sequence_parallel:
+        if self.tp_enabled and self.sequence_parallel:
             parts.append("sequence parallel")
         if self.reduce_scatter_once:
             parts.append("reduce-scatter once")
         if self.zero2:
             parts.append("zero2")
-        if self.ep > 1:
+        if self.ep_enabled:
             parts.append(f"ep{self.ep}")
         return " ".join(parts)
 
@@ -279,7 +302,7 @@ def check_layout(
 ) -> list[Problem]:
     """Everything that makes a layout impossible for this model, each with what would fit."""
     problems: list[Problem] = []
-    if layout.reduce_scatter_once and (layout.data_parallel_wrapper != "fsdp" or layout.pp > 1):
+    if layout.reduce_scatter_once and (layout.data_parallel_wrapper != "fsdp" or layout.pp_enabled):
         problems.append(Problem(
             ("parallel", "reduce_scatter_once"),
             f"reduce_scatter_once holds back FSDP2's gradient reduce-scatter, and this layout "
@@ -287,17 +310,17 @@ def check_layout(
             "already). To fix: set it to false, or use strategy 'fsdp' (or 'hybrid' with "
             "dp_shard > 1) without pp",
         ))
-    if layout.zero2 and (layout.dp_shard == 1 or layout.pp > 1):
+    if layout.zero2 and (layout.dp_shard == 1 or layout.pp_enabled):
         problems.append(Problem(
             ("parallel", "zero2"),
             f"zero2 keeps FSDP2's sharded parameters gathered from forward to backward, and "
             f"this layout ({layout.describe()}) " + (
                 "keeps them so already (a pipeline does not reshard between micro-batches)"
-                if layout.pp > 1 else "does not shard them (dp_shard is 1)")
+                if layout.pp_enabled else "does not shard them (dp_shard is 1)")
             + ". To fix: set it to false, or use strategy 'fsdp' (or 'hybrid' with "
             "dp_shard > 1) without pp",
         ))
-    if layout.pp > 1 and shape.tied_embeddings:
+    if layout.pp_enabled and shape.tied_embeddings:
         problems.append(Problem(
             ("parallel", "pp"),
             "model.gpt.tie_embeddings shares the token embeddings with the output head, "
@@ -313,7 +336,7 @@ def _tensor_problems(layout: Layout, shape: ModelShape, seq_len: int, built_in_m
                      ) -> list[Problem]:
     """What stops tensor parallelism: a model it cannot cut, sizes tp does not divide."""
     problems: list[Problem] = []
-    if layout.tp > 1:
+    if layout.tp_enabled:
         if not built_in_model:
             problems.append(_needs_built_in("tp", "tensor parallelism", "its plan cuts "
                                             "layers by name", "'fsdp' or 'data'"))
@@ -352,13 +375,13 @@ def _pipeline_problems(layout: Layout, shape: ModelShape, built_in_model: bool
             f"virtual_stages={layout.virtual_stages} needs pipeline_schedule "
             f"'interleaved_1f1b', not '{layout.schedule}'. To fix: set one or the other",
         ))
-    if layout.schedule == "interleaved_1f1b" and layout.pp > 1 and layout.virtual_stages < 2:
+    if layout.schedule == "interleaved_1f1b" and layout.pp_enabled and layout.virtual_stages < 2:
         problems.append(Problem(
             ("parallel", "virtual_stages"),
             "pipeline_schedule 'interleaved_1f1b' needs at least 2 stages per pipeline rank. "
             "To fix: set virtual_stages to 2 or more, or use schedule '1f1b'",
         ))
-    if layout.pp > 1:
+    if layout.pp_enabled:
         if not built_in_model:
             problems.append(_needs_built_in("pp", "pipeline parallelism", "it is split by "
                                             "layer", "'fsdp'"))

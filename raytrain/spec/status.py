@@ -73,6 +73,9 @@ class Progress(Record):
     fsdp_units: str | None = Field(None, max_length=500, description=(
         "What FSDP shards one unit at a time, e.g. '4 x LlamaDecoderLayer, then the rest at "
         "the root' (null: no FSDP)."))
+    left_out: str | None = Field(None, max_length=500, description=(
+        "What of the model's checkpoint the run does not train (DeepSeek-V3's multi-token "
+        "prediction layers); null: nothing."))
 
 
 class Resources(Record):

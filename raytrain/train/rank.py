@@ -120,6 +120,11 @@ def start_meter(spec: JobSpec, model: ParallelModel, start_step: int,
                           interval_s=interval_s, first_loss=first_loss)
     if model.fsdp_units is not None:
         meter.fixed["fsdp_units"] = model.fsdp_units
+    unread = spec.model.gpt.unread_layers if spec.model.builtin else 0
+    if unread:
+        meter.fixed["left_out"] = (f"the checkpoint's {unread} multi-token prediction "
+                                   f"layer(s) past block {spec.model.gpt.num_layers - 1}: "
+                                   "not read, not trained")
     return meter
 
 
