@@ -33,6 +33,7 @@ from raytrain.models.hf_experts import (
     load_experts,
     style_of_folder,
 )
+from raytrain.models.moe import Experts
 from raytrain.spec.gpt_config import GPTConfig
 from raytrain.spec.lora import LoraSpec
 
@@ -51,9 +52,9 @@ _TO_HF = (
     (r"^layers\.(\d+)\.attention_norm\.weight$", r"model.layers.\1.input_layernorm.weight"),
     (r"^layers\.(\d+)\.ffn_norm\.weight$",
      r"model.layers.\1.post_attention_layernorm.weight"),
-    # A mixture of experts (Qwen's names; Mixtral's are `mixtral_names`): the router, and
-    # the shared expert with its gate. The routed experts are packed here and one tensor
-    # per expert in a folder: expert_names and the functions below.
+    # A mixture of experts (Qwen's names; Mixtral's and DeepSeek's differ: hf_name): the
+    # router, and the shared expert with its gate. The routed experts are packed here and
+    # one tensor per expert in a folder: raytrain.models.hf_experts.
     (r"^layers\.(\d+)\.feed_forward\.router\.weight$", r"model.layers.\1.mlp.gate.weight"),
     (r"^layers\.(\d+)\.feed_forward\.shared\.w1\.weight$",
      r"model.layers.\1.mlp.shared_expert.gate_proj.weight"),
@@ -172,8 +173,8 @@ def load_pretrained(parts: list[nn.Module], folder: str, tied: bool) -> int:
 
     check_shapes(parts, folder, tied)
     fetched = 0
-    stored = FolderTensors(folder) if any(is_expert(k) for part in parts
-                                          for k in part.state_dict()) else None
+    stored = FolderTensors(folder) if any(isinstance(m, Experts) for part in parts
+                                          for m in part.modules()) else None
     style = style_of_folder(stored.keys()) if stored is not None else "qwen"
     for part in parts:
         named = _named(part, tied, style)

@@ -68,7 +68,7 @@ DEEPSEEK = ("n_routed_experts", "kv_lora_rank", "q_lora_rank", "topk_method",
             "routed_scaling_factor", "n_shared_experts", "qk_rope_head_dim",
             "qk_nope_head_dim", "v_head_dim", "rope_interleave")
 DEEPSEEK_IGNORED = ("num_nextn_predict_layers", "qk_head_dim", "ep_size", "moe_layer_freq",
-                    "aux_loss_alpha", "seq_aux", "moe_intermediate_size")
+                    "aux_loss_alpha", "seq_aux")
 SCORING = {"DeepseekV2ForCausalLM": "softmax", "DeepseekV3ForCausalLM": "sigmoid"}
 TOPK_METHODS = {"DeepseekV2ForCausalLM": ("greedy", "group_limited_greedy"),
                 "DeepseekV3ForCausalLM": ("noaux_tc",)}

@@ -56,13 +56,14 @@ def test_each_moe_familys_logits_equal_transformers_from_either_layout(
     folder = make_folder(family, tmp_path / family)
     tokens = torch.randint(64, (2, 24), generator=torch.Generator().manual_seed(1))
     theirs = hf_logits(folder, tokens)
+    model = _ours(folder)
     with torch.no_grad():
-        ours = _ours(folder)(tokens)
+        ours = model(tokens)
         packed = _ours(_packed(folder, tmp_path / "packed"))(tokens)
     assert torch.allclose(ours, theirs, atol=LOGITS, rtol=0), (ours - theirs).abs().max()
     assert torch.equal(ours, packed)
     config = json.loads((folder / "config.json").read_text())
-    sparse = [m for m in _ours(folder).modules() if isinstance(m, MoE)]
+    sparse = [m for m in model.modules() if isinstance(m, MoE)]
     expected = {"qwen3_moe": 1, "qwen2_moe": 1, "mixtral": 2, "deepseek_v3": 2,
                 "deepseek_v2": 2}[family]  # the dense blocks'
     assert len(sparse) == expected, config

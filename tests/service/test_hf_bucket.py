@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -49,24 +49,32 @@ def test_each_rank_fetches_only_the_rows_it_holds(folder: Path, tmp_path: Path,
     fetches its half of every tensor (at most 1.2 times its share of the folder's bytes: with
     each rank fetching every tensor whole it is 2); under tensor parallelism a row-wise
     weight's rows are fetched whole by both, the rest by halves."""
+    reads, shares = _two_rank_reads(BUCKET, folder, strategy, tmp_path, strategy)
+    assert all(r["same"] for r in reads)
+    bound = 1.2 if strategy == "fsdp" else 2.0
+    assert all(share <= bound for share in shares), shares
+
+
+def _two_rank_reads(bucket: str, folder: Path, strategy: str, out: Path, title: str
+                    ) -> tuple[list[dict[str, Any]], list[float]]:
+    """Two ranks load the job's model from `bucket` and from `folder` on disk under
+    `strategy`: what each fetched and found (pretrained_reads), and its bytes over its
+    share of the folder's; printed under `title`."""
     import torch.multiprocessing as mp
 
     from raytrain.testing.runs import _free_port
 
-    job = hf_job(BUCKET, parallel={"strategy": strategy},  # type: ignore[arg-type]
+    job = hf_job(bucket, parallel={"strategy": strategy},  # type: ignore[arg-type]
                  resources={"num_workers": 2})
-    mp.spawn(pretrained_reads, args=(2, _free_port(), job, str(folder), str(tmp_path)),
-             nprocs=2)
-    reads = [json.loads((tmp_path / f"read-{rank}.json").read_text()) for rank in (0, 1)]
+    mp.spawn(pretrained_reads, args=(2, _free_port(), job, str(folder), str(out)), nprocs=2)
+    reads = [json.loads((out / f"read-{rank}.json").read_text()) for rank in (0, 1)]
     total = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
     shares = [r["bytes"] / (total / 2) for r in reads]
-    print(f"\n{strategy} on 2 ranks, a {total:,}-byte folder: bytes fetched per rank "
+    print(f"\n{title} on 2 ranks, a {total:,}-byte folder: bytes fetched per rank "
           f"{reads[0]['bytes']:,} and {reads[1]['bytes']:,} ({shares[0]:.2f}x and "
           f"{shares[1]:.2f}x its share); load {reads[0]['bucket_s']:.2f} s from the bucket, "
           f"{reads[0]['disk_s']:.2f} s from disk (rank 0)")
-    assert all(r["same"] for r in reads)
-    bound = 1.2 if strategy == "fsdp" else 2.0
-    assert all(share <= bound for share in shares), shares
+    return reads, shares
 
 
 @pytest.fixture(scope="module")
@@ -89,21 +97,7 @@ def test_each_rank_fetches_only_its_experts(moe_folder: Path, tmp_path: Path) ->
     weights as from the disk, each rank fetching its half of the experts (its slice) and of
     the rest (FSDP's shards): at most 1.2 times its share of the folder (FSDP's shard of the
     experts reads the same rows: measured 1.01x too)."""
-    strategy = "expert"
-    import torch.multiprocessing as mp
-
-    from raytrain.testing.runs import _free_port
-
-    job = hf_job(MOE_BUCKET, parallel={"strategy": strategy},  # type: ignore[arg-type]
-                 resources={"num_workers": 2})
-    mp.spawn(pretrained_reads, args=(2, _free_port(), job, str(moe_folder), str(tmp_path)),
-             nprocs=2)
-    reads = [json.loads((tmp_path / f"read-{rank}.json").read_text()) for rank in (0, 1)]
-    total = sum(p.stat().st_size for p in moe_folder.glob("*.safetensors"))
-    shares = [r["bytes"] / (total / 2) for r in reads]
-    print(f"\nQwen3-MoE under {strategy} on 2 ranks, a {total:,}-byte folder: bytes fetched "
-          f"per rank {reads[0]['bytes']:,} and {reads[1]['bytes']:,} ({shares[0]:.2f}x and "
-          f"{shares[1]:.2f}x its share); load {reads[0]['bucket_s']:.2f} s from the bucket, "
-          f"{reads[0]['disk_s']:.2f} s from disk (rank 0)")
+    reads, shares = _two_rank_reads(MOE_BUCKET, moe_folder, "expert", tmp_path,
+                                    "Qwen3-MoE under expert parallelism")
     assert all(r["same"] for r in reads)
     assert all(share <= 1.2 for share in shares), shares
